@@ -1,0 +1,197 @@
+"""Backends: which array module holds the bytes, which kernel table runs on them, how to wait.
+
+Layers never ask "which backend am I on?". They call ``backend.kernels.<op>(...)`` and the table
+they get already points at the right implementation: Numba ``@njit`` kernels on ``cpu``,
+``numba.cuda`` kernels on ``cuda`` (CuPy arrays) and on ``cudasim`` (NumPy arrays, the same CUDA
+kernels run by Numba's simulator). ``auto`` picks ``cuda`` when CuPy sees a usable GPU, else ``cpu``.
+
+Importing this module imports neither CuPy nor numba: both are loaded on first use, so
+``import engine`` works on any machine, and ``cudasim`` can still set ``NUMBA_ENABLE_CUDASIM``
+before numba is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+BACKEND_NAMES = ("cpu", "cuda", "cudasim", "auto")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend asked for cannot run here; the message says why and what to do."""
+
+
+class KernelTable:
+    """The ops a backend offers, by name; every call validates and unwraps workspace tensors.
+
+    An argument that knows how to hand itself to a kernel (an ``engine.memory.Tensor``) is asked
+    for its array through ``_kernel_array(op, argument)``, which raises a clear error when the tensor
+    lives in a closed or reset workspace. Everything else (arrays, numbers, None) passes as it is.
+    """
+
+    def __init__(self, backend_name: str, functions: dict[str, Callable[..., Any]]):
+        self.backend_name = backend_name
+        self._functions = dict(functions)
+        self._callers: dict[str, Callable[..., Any]] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._functions)
+
+    def raw(self, op: str) -> Callable[..., Any]:
+        """The kernel itself, without argument checks (for benchmarks)."""
+        return self._functions[op]
+
+    def __contains__(self, op: str) -> bool:
+        return op in self._functions
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        caller = self._callers.get(op)
+        if caller is None:
+            try:
+                function = self._functions[op]
+            except KeyError:
+                raise AttributeError(
+                    f"backend {self.backend_name!r} has no kernel {op!r}; it has: {', '.join(self.names())}"
+                ) from None
+            caller = _checked_caller(op, function)
+            self._callers[op] = caller
+        return caller
+
+
+def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(
+            a._kernel_array(op, f"argument {i}") if hasattr(a, "_kernel_array") else a
+            for i, a in enumerate(args)
+        )
+        if kwargs:
+            kwargs = {
+                k: (v._kernel_array(op, k) if hasattr(v, "_kernel_array") else v) for k, v in kwargs.items()
+            }
+        return function(*args, **kwargs)
+
+    call.__name__ = op
+    call.__doc__ = function.__doc__
+    return call
+
+
+@dataclass
+class Backend:
+    """What a layer needs from the hardware: arrays, blocks of bytes, kernels and a way to wait."""
+
+    name: str
+    xp: ModuleType
+    _kernel_module: str
+    _table: KernelTable | None = field(default=None, repr=False)
+
+    @property
+    def kernels(self) -> KernelTable:
+        if self._table is None:
+            module = importlib.import_module(self._kernel_module)
+            self._table = KernelTable(self.name, module.TABLE)
+        return self._table
+
+    @property
+    def is_device(self) -> bool:
+        """True when arrays live in GPU memory (copies to the host are needed to read them)."""
+        return self.name == "cuda"
+
+    def alloc_block(self, nbytes: int) -> Any:
+        """One raw block of bytes; workspaces carve typed views out of it."""
+        return self.xp.empty(int(nbytes), dtype=np.uint8)
+
+    def synchronize(self) -> None:
+        if self.name == "cuda":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def to_host(self, array: Any) -> np.ndarray:
+        if self.name == "cuda":
+            return self.xp.asnumpy(array)
+        return np.asarray(array)
+
+    def to_device(self, array: np.ndarray) -> Any:
+        return self.xp.asarray(array)
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the real CUDA backend cannot run here, or None when it can."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy not installed (pip install 'numba-offload-engine[cuda]')"
+    except Exception as exc:  # a broken CuPy install must not break the engine
+        return f"CuPy failed to import: {exc}"
+    try:
+        if not cupy.is_available():
+            return "no GPU driver or no usable GPU (cupy.is_available() is False)"
+    except Exception as exc:
+        return f"no usable GPU: {exc}"
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "NUMBA_ENABLE_CUDASIM=1 is set: numba.cuda is the simulator in this process"
+    return None
+
+
+def cudasim_unavailable_reason() -> str | None:
+    """Why the simulator cannot run in this process, or None when it can."""
+    if "numba" in sys.modules:
+        from numba import config
+
+        if not config.ENABLE_CUDASIM:
+            return (
+                "numba was already imported without NUMBA_ENABLE_CUDASIM=1; the variable is read once per "
+                "process: start the process with NUMBA_ENABLE_CUDASIM=1 (for example "
+                "'NUMBA_ENABLE_CUDASIM=1 python ...'), or use 'engine --backend cudasim ...', which sets it"
+            )
+    return None
+
+
+def enable_cudasim() -> None:
+    """Switch numba.cuda to the simulator for this process; must run before numba is imported."""
+    reason = cudasim_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"cudasim: {reason}")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """The backend called ``name``; raises BackendUnavailable with the reason when it cannot run."""
+    if name not in BACKEND_NAMES:
+        raise BackendUnavailable(f"unknown backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        name = auto_choice()
+    if name == "cpu":
+        return Backend("cpu", np, "kernels.cpu")
+    if name == "cudasim":
+        enable_cudasim()
+        return Backend("cudasim", np, "kernels.cuda")
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"cuda: {reason}. Use --backend cpu, or --backend cudasim to simulate.")
+    import cupy
+
+    return Backend("cuda", cupy, "kernels.cuda")
+
+
+def backend_report() -> dict[str, str | None]:
+    """Each backend name → None when available, else the reason it is not."""
+    cuda = cuda_unavailable_reason()
+    return {
+        "cpu": None,
+        "cuda": cuda,
+        "cudasim": cudasim_unavailable_reason(),
+    }
+
+
+def auto_choice() -> str:
+    """The backend ``auto`` resolves to on this machine."""
+    return "cuda" if cuda_unavailable_reason() is None else "cpu"

@@ -1,0 +1,114 @@
+"""`engine info`: what this machine offers the engine, and why a backend is missing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from typing import Any
+
+from engine.backend import auto_choice, backend_report
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_version() -> str | None:
+    for name in ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"):
+        version = _version(name)
+        if version:
+            return version
+    return None
+
+
+def _blas() -> dict[str, Any]:
+    """The BLAS NumPy and SciPy use (what @njit's np.dot calls through SciPy)."""
+    try:
+        import numpy  # noqa: F401  (loads NumPy's BLAS so threadpoolctl can see it)
+        import scipy.linalg  # noqa: F401
+        from threadpoolctl import threadpool_info
+
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+        return {
+            "libraries": sorted({f"{p.get('internal_api')} {p.get('version') or ''}".strip() for p in pools}),
+            "threads": max((p.get("num_threads", 0) for p in pools), default=None),
+        }
+    except Exception as exc:  # threadpoolctl comes with scikit-learn; report rather than fail
+        return {"libraries": [], "threads": None, "error": str(exc)}
+
+
+def _numba_threads() -> dict[str, Any]:
+    import numba
+    from numba import config
+
+    layer = None
+    try:
+        from numba.np.ufunc import parallel
+
+        parallel._launch_threads()
+        layer = numba.threading_layer()
+    except Exception as exc:
+        layer = f"unavailable ({exc})"
+    cache_dir = config.CACHE_DIR or "__pycache__ next to each kernel module (NUMBA_CACHE_DIR unset)"
+    return {
+        "threads": numba.get_num_threads(),
+        "threading_layer": layer,
+        "cache_dir": cache_dir,
+    }
+
+
+def collect_info() -> dict[str, Any]:
+    """Everything `engine info` shows, as plain data (also what `--json` prints)."""
+    backends = {name: {"available": reason is None, "reason": reason} for name, reason in backend_report().items()}
+    backends["auto"] = {"available": True, "reason": None, "resolves_to": auto_choice()}
+    return {
+        "versions": {
+            "engine": _version("numba-offload-engine"),
+            "python": platform.python_version(),
+            "numpy": _version("numpy"),
+            "scipy": _version("scipy"),
+            "numba": _version("numba"),
+            "numba-cuda": _version("numba-cuda"),
+            "llvmlite": _version("llvmlite"),
+            "cupy": _cupy_version(),
+        },
+        "backends": backends,
+        "cpu": {"logical_cpus": os.cpu_count(), "machine": platform.machine(), **_numba_threads()},
+        "blas": _blas(),
+    }
+
+
+def render_info(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    versions = Table(title="Versions", show_header=False)
+    for name, version in report["versions"].items():
+        versions.add_row(name, version or "[dim]not installed[/dim]")
+    console.print(versions)
+
+    backends = Table(title="Backends")
+    backends.add_column("backend")
+    backends.add_column("available")
+    backends.add_column("why not / note")
+    for name, entry in report["backends"].items():
+        note = entry["reason"] or (f"resolves to {entry['resolves_to']}" if "resolves_to" in entry else "")
+        backends.add_row(name, "yes" if entry["available"] else "[red]no[/red]", escape(note))
+    console.print(backends)
+
+    cpu = report["cpu"]
+    blas = report["blas"]
+    machine = Table(title="CPU", show_header=False)
+    machine.add_row("logical CPUs", str(cpu["logical_cpus"]))
+    machine.add_row("Numba threads", str(cpu["threads"]))
+    machine.add_row("Numba threading layer", str(cpu["threading_layer"]))
+    machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
+    machine.add_row("BLAS", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
+    machine.add_row("BLAS threads", str(blas["threads"]))
+    console.print(machine)
