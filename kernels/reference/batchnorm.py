@@ -1,0 +1,89 @@
+"""Batch normalization (2-D, per channel) in plain NumPy, with PyTorch's semantics.
+
+Training normalizes with the batch mean and the *biased* batch variance, saves mean and 1/std for
+backward, and moves the running statistics towards the batch ones by ``momentum``, using the
+*unbiased* variance (n / (n - 1) times the biased one) for running_var. Inference uses the running
+statistics only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def batchnorm_forward_train(
+    x: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    out: np.ndarray,
+    save_mean: np.ndarray,
+    save_invstd: np.ndarray,
+    momentum: float,
+    eps: float,
+) -> None:
+    N, C, H, W = x.shape
+    count = N * H * W
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=(0, 2, 3))
+    var = ((x64 - mean[None, :, None, None]) ** 2).mean(axis=(0, 2, 3))  # biased: normalizes
+    invstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x64 - mean[None, :, None, None]) * invstd[None, :, None, None]
+    out[...] = gamma[None, :, None, None] * xhat + beta[None, :, None, None]
+    save_mean[...] = mean
+    save_invstd[...] = invstd
+    unbiased_var = var * count / (count - 1)
+    running_mean[...] = (1 - momentum) * running_mean + momentum * mean
+    running_var[...] = (1 - momentum) * running_var + momentum * unbiased_var
+
+
+def batchnorm_forward_infer(
+    x: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    out: np.ndarray,
+    eps: float,
+) -> None:
+    invstd = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
+    scale = gamma * invstd
+    shift = beta - running_mean * scale
+    out[...] = x * scale[None, :, None, None] + shift[None, :, None, None]
+
+
+def batchnorm_backward(
+    x: np.ndarray,
+    dout: np.ndarray,
+    gamma: np.ndarray,
+    save_mean: np.ndarray,
+    save_invstd: np.ndarray,
+    dx: np.ndarray,
+    dgamma: np.ndarray,
+    dbeta: np.ndarray,
+) -> None:
+    """Gradients of the training forward (batch statistics depend on x, so dx has three terms).
+
+    With xhat = (x - mean) * invstd and M = N*H*W per channel:
+        dbeta  = sum(dout)
+        dgamma = sum(dout * xhat)
+        dx     = gamma * invstd / M * (M * dout - dbeta - xhat * dgamma)
+    """
+    N, C, H, W = x.shape
+    count = N * H * W
+    mean = save_mean.astype(np.float64)[None, :, None, None]
+    invstd = save_invstd.astype(np.float64)[None, :, None, None]
+    dout64 = dout.astype(np.float64)
+    xhat = (x - mean) * invstd
+    sum_dout = dout64.sum(axis=(0, 2, 3))
+    sum_dout_xhat = (dout64 * xhat).sum(axis=(0, 2, 3))
+    dbeta[...] = sum_dout
+    dgamma[...] = sum_dout_xhat
+    g = gamma.astype(np.float64)[None, :, None, None]
+    dx[...] = (
+        g
+        * invstd
+        / count
+        * (count * dout64 - sum_dout[None, :, None, None] - xhat * sum_dout_xhat[None, :, None, None])
+    )
