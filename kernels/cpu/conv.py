@@ -1,0 +1,564 @@
+"""Convolution on the CPU: im2col tiles that stay in cache, one BLAS GEMM per tile, and a direct
+depthwise kernel.
+
+Why this shape. A 3×3 convolution is a matrix product once the input is unrolled into columns
+(im2col): ``out[K, pixels] = w[K, C·R·S] @ cols[C·R·S, pixels]``. The GEMM is where the flops are,
+and BLAS (OpenBLAS, reached through ``np.dot`` inside ``@njit``) runs it at 100+ GFLOP/s on two
+cores. Unrolling the whole batch at once would write a buffer nine times the input (75 MB for a
+64-channel 32×32 layer at batch 32) and run at ~20 GFLOP/s, starved by memory traffic. So the
+columns are built one *tile* at a time, a block of images small enough to stay in cache and large
+enough to give the GEMM at least ``TARGET_COLUMNS`` columns, into the caller's ``scratch``.
+
+The versions, numbered as in llm.c's dev/cuda, are kept side by side so the benchmark
+(``engine kernels``) can show what each step bought:
+
+- ``conv2d_forward_v1_direct``: seven nested loops, parallel over (image, output channel).
+- ``conv2d_forward_v2_im2col``: im2col of one image into scratch, then one GEMM straight into
+  ``out[n]``.
+- ``conv2d_forward_v3_tiled``: blocks of images per tile, so the small late layers (8×8, 4×4) still
+  hand BLAS a wide matrix; the tile's result is scattered back to NCHW. The table exports this one.
+
+Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
+back into the pixels it came from. Backward to weights accumulates ``dw += dout_tile @ cols_tile.T``
+over tiles in a fixed order. The im2col/col2im loops run in parallel (``prange``) and the GEMMs run
+between them on BLAS's own threads, so the two thread pools never compete.
+
+1×1 convolutions with stride 1 and no padding skip im2col entirely: the image already *is* its
+column matrix. Depthwise convolutions (``groups == C == K``) have one input channel per filter, a
+9-long dot product per pixel, far too thin for a GEMM: they use a direct kernel, one image plane
+per parallel iteration.
+
+Determinism: each output element is written by exactly one thread, weight gradients are summed
+tile after tile in a fixed order, and BLAS splits its work the same way for the same thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.reference.conv import check_conv2d_shapes
+
+TARGET_COLUMNS = 1024
+"""A tile holds whole images until its GEMM has at least this many columns (pixels)."""
+
+TILE_BUDGET_ELEMENTS = 1 << 20
+"""At most this many float32 (4 MiB) in one column tile, so it stays in the L2/L3 caches."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning: how many images per tile, and how much scratch that needs
+# ----------------------------------------------------------------------------------------------
+
+
+def images_per_tile(x_shape, w_shape, stride: int, pad: int, groups: int, target_columns: int = TARGET_COLUMNS) -> int:
+    """Images unrolled together into one column tile (1 = one image at a time)."""
+    n = x_shape[0]
+    oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+    rows = w_shape[1] * w_shape[2] * w_shape[3]
+    pixels = oh * ow
+    wanted = -(-target_columns // pixels)
+    fits = max(1, TILE_BUDGET_ELEMENTS // (rows * pixels))
+    return max(1, min(n, wanted, fits))
+
+
+def _is_depthwise(x_shape, w_shape, groups: int) -> bool:
+    return groups > 1 and groups == x_shape[1] and groups == w_shape[0]
+
+
+def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
+    return w_shape[2] == 1 and stride == 1 and pad == 0
+
+
+def _scratch_parts(x_shape, w_shape, stride, pad, groups, tile_images) -> tuple[int, int, int]:
+    """(column tile, K-side tile, weight-gradient partial) sizes in float32 elements."""
+    oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+    rows = w_shape[1] * w_shape[2] * w_shape[3]
+    k_per_group = w_shape[0] // groups
+    columns = tile_images * oh * ow
+    cols = 0 if (_is_plain_1x1(w_shape, stride, pad) and tile_images == 1) else rows * columns
+    k_side = k_per_group * columns if tile_images > 1 else 0
+    partial = k_per_group * rows if tile_images < x_shape[0] else 0
+    return cols, k_side, partial
+
+
+def _workspace_size(x_shape, w_shape, stride, pad, groups, with_partial: bool, target_columns: int) -> int:
+    if _is_depthwise(x_shape, w_shape, groups):
+        return 0
+    tile = images_per_tile(x_shape, w_shape, stride, pad, groups, target_columns)
+    cols, k_side, partial = _scratch_parts(x_shape, w_shape, stride, pad, groups, tile)
+    return cols + k_side + (partial if with_partial else 0)
+
+
+def conv2d_forward_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
+    """Scratch (float32 elements) for ``conv2d_forward``: one column tile plus its output tile."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, False, TARGET_COLUMNS)
+
+
+def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
+    """Scratch for ``conv2d_backward_data``: a gradient-column tile plus the gathered dout tile."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, False, TARGET_COLUMNS)
+
+
+def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
+    """Scratch for ``conv2d_backward_weight``: column and dout tiles plus one tile's partial dw."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, True, TARGET_COLUMNS)
+
+
+def conv2d_v2_im2col_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
+    """Scratch for the one-image-per-tile versions (v2) of all three directions."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, True, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tile movers: im2col, col2im, gather and scatter between NCHW and a [channels, tile pixels] tile
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) -> tuple[int, int]:
+    """Output positions o in [lo, hi) whose input o·stride + offset − pad lies inside [0, size)."""
+    lo = 0
+    shift = pad - offset
+    if shift > 0:
+        lo = (shift + stride - 1) // stride
+    hi = (size - 1 + pad - offset) // stride + 1 if size - 1 + pad - offset >= 0 else 0
+    if hi > out_size:
+        hi = out_size
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@njit(parallel=True, cache=True)
+def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
+    """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
+    height, width = x.shape[2], x.shape[3]
+    pixels = out_h * out_w
+    kk = kernel * kernel
+    for row in prange(cols.shape[0]):
+        c = row // kk
+        r = (row // kernel) % kernel
+        s = row % kernel
+        y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+        x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+        for i in range(images):
+            plane = x[n0 + i, c0 + c]
+            line = cols[row, i * pixels : (i + 1) * pixels]
+            for y in range(out_h):
+                dst = y * out_w
+                if y < y_lo or y >= y_hi:
+                    line[dst : dst + out_w] = 0.0
+                    continue
+                src = plane[y * stride + r - pad]
+                for ox in range(x_lo):
+                    line[dst + ox] = 0.0
+                for ox in range(x_lo, x_hi):
+                    line[dst + ox] = src[ox * stride + s - pad]
+                for ox in range(x_hi, out_w):
+                    line[dst + ox] = 0.0
+
+
+@njit(parallel=True, cache=True)
+def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
+    """The transpose of im2col: dx[n0 + i, c0 + c] = Σ over the columns that read each pixel.
+
+    One parallel iteration owns one whole (image, channel) plane and adds its R·S rows in order,
+    so there are no write races and the sum order is fixed.
+    """
+    height, width = dx.shape[2], dx.shape[3]
+    pixels = out_h * out_w
+    for job in prange(channels * images):
+        c = job // images
+        i = job % images
+        plane = dx[n0 + i, c0 + c]
+        plane[:, :] = 0.0
+        for r in range(kernel):
+            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            for s in range(kernel):
+                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                line = dcols[(c * kernel + r) * kernel + s, i * pixels : (i + 1) * pixels]
+                for y in range(y_lo, y_hi):
+                    dst = plane[y * stride + r - pad]
+                    for ox in range(x_lo, x_hi):
+                        dst[ox * stride + s - pad] += line[y * out_w + ox]
+
+
+@njit(parallel=True, cache=True)
+def gather_tile(a, n0, images, k0, tile):
+    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): NCHW channels of several images side by side."""
+    channels = tile.shape[0]
+    pixels = a.shape[2] * a.shape[3]
+    for job in prange(channels * images):
+        k = job // images
+        i = job % images
+        src = a[n0 + i, k0 + k].reshape(pixels)
+        tile[k, i * pixels : (i + 1) * pixels] = src
+
+
+@njit(parallel=True, cache=True)
+def scatter_tile(tile, n0, images, k0, a):
+    """The inverse of gather_tile: a[n0 + i, k0 + k, p] = tile[k, i·P + p]."""
+    channels = tile.shape[0]
+    pixels = a.shape[2] * a.shape[3]
+    for job in prange(channels * images):
+        k = job // images
+        i = job % images
+        dst = a[n0 + i, k0 + k].reshape(pixels)
+        dst[:] = tile[k, i * pixels : (i + 1) * pixels]
+
+
+@njit(parallel=True, cache=True)
+def add_bias(out, bias):
+    n, k = out.shape[0], out.shape[1]
+    for job in prange(n * k):
+        plane = out[job // k, job % k]
+        plane += bias[job % k]
+
+
+@njit(parallel=True, cache=True)
+def bias_gradient(dout, dbias):
+    """dbias[k] = Σ_{n, p} dout[n, k, p]: one channel per parallel iteration, summed in a fixed order."""
+    n, k = dout.shape[0], dout.shape[1]
+    for kk in prange(k):
+        total = 0.0
+        for i in range(n):
+            total += dout[i, kk].sum()
+        dbias[kk] = total
+
+
+# ----------------------------------------------------------------------------------------------
+# The GEMM convolutions (any stride, padding and groups)
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
+    n_images = x.shape[0]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = out.shape[2], out.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+            if images == 1:
+                np.dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
+            else:
+                start = rows * columns
+                result = scratch[start : start + k_group * columns].reshape(k_group, columns)
+                np.dot(w_g, cols, result)
+                scatter_tile(result, n0, images, g * k_group, out)
+
+
+@njit(cache=True)
+def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
+    n_images = dx.shape[0]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[: k_group * columns].reshape(k_group, columns)
+                gather_tile(dout, n0, images, g * k_group, d_tile)
+            if plain_1x1 and images == 1:
+                np.dot(w_g.T, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
+            else:
+                start = k_group * columns if images > 1 else 0
+                dcols = scratch[start : start + rows * columns].reshape(rows, columns)
+                np.dot(w_g.T, d_tile, dcols)
+                col2im_tile(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
+
+
+@njit(cache=True)
+def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch):
+    n_images = x.shape[0]
+    k_total, c_group, kernel = dw.shape[0], dw.shape[1], dw.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            used = 0
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                used = rows * columns
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[used : used + k_group * columns].reshape(k_group, columns)
+                gather_tile(dout, n0, images, g * k_group, d_tile)
+                used += k_group * columns
+            dw_g = dw[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if n0 == 0:
+                np.dot(d_tile, cols.T, dw_g)
+            else:
+                partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
+                np.dot(d_tile, cols.T, partial)
+                dw_g += partial
+
+
+# ----------------------------------------------------------------------------------------------
+# Direct kernels: depthwise (groups == C == K) and the naive v1 baseline
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def depthwise_forward(x, w, out, stride, pad):
+    """out[n, c] = Σ_{r, s} w[c, 0, r, s] · x_padded[n, c, ...]: one (n, c) plane per parallel iteration.
+
+    The loops run offset-major (r, s outermost) so the innermost loop walks a row of the output
+    and, at stride 1, a row of the input: contiguous and vectorizable.
+    """
+    n, c = x.shape[0], x.shape[1]
+    height, width = x.shape[2], x.shape[3]
+    out_h, out_w = out.shape[2], out.shape[3]
+    kernel = w.shape[2]
+    for job in prange(n * c):
+        ch = job % c
+        src = x[job // c, ch]
+        dst = out[job // c, ch]
+        dst[:, :] = 0.0
+        for r in range(kernel):
+            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            for s in range(kernel):
+                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                weight = w[ch, 0, r, s]
+                for y in range(y_lo, y_hi):
+                    row_in = src[y * stride + r - pad]
+                    row_out = dst[y]
+                    for ox in range(x_lo, x_hi):
+                        row_out[ox] += weight * row_in[ox * stride + s - pad]
+
+
+@njit(parallel=True, cache=True)
+def depthwise_backward_data(dout, w, dx, stride, pad):
+    """dx[n, c] gets each output gradient times the weight that read the pixel; one plane per iteration."""
+    n, c = dx.shape[0], dx.shape[1]
+    height, width = dx.shape[2], dx.shape[3]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    kernel = w.shape[2]
+    for job in prange(n * c):
+        ch = job % c
+        src = dout[job // c, ch]
+        dst = dx[job // c, ch]
+        dst[:, :] = 0.0
+        for r in range(kernel):
+            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            for s in range(kernel):
+                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                weight = w[ch, 0, r, s]
+                for y in range(y_lo, y_hi):
+                    row_in = src[y]
+                    row_out = dst[y * stride + r - pad]
+                    for ox in range(x_lo, x_hi):
+                        row_out[ox * stride + s - pad] += weight * row_in[ox]
+
+
+@njit(parallel=True, cache=True)
+def depthwise_backward_weight(x, dout, dw, stride, pad):
+    """dw[c, 0, r, s] = Σ_{n, oh, ow} dout · x_padded: one channel per parallel iteration, fixed order."""
+    n, c = x.shape[0], x.shape[1]
+    height, width = x.shape[2], x.shape[3]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    kernel = dw.shape[2]
+    for ch in prange(c):
+        for r in range(kernel):
+            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            for s in range(kernel):
+                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                total = np.float32(0.0)
+                for i in range(n):
+                    src = x[i, ch]
+                    grad = dout[i, ch]
+                    for y in range(y_lo, y_hi):
+                        row_in = src[y * stride + r - pad]
+                        row_grad = grad[y]
+                        for ox in range(x_lo, x_hi):
+                            total += row_grad[ox] * row_in[ox * stride + s - pad]
+                dw[ch, 0, r, s] = total
+
+
+@njit(parallel=True, cache=True)
+def direct_forward(x, w, out, stride, pad, groups):
+    """The textbook loop nest, parallel over (image, output channel): no reuse, ~3 GFLOP/s."""
+    n = x.shape[0]
+    height, width = x.shape[2], x.shape[3]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    k_group = k_total // groups
+    out_h, out_w = out.shape[2], out.shape[3]
+    for job in prange(n * k_total):
+        i = job // k_total
+        k = job % k_total
+        c0 = (k // k_group) * c_group
+        for y in range(out_h):
+            for ox in range(out_w):
+                total = np.float32(0.0)
+                for c in range(c_group):
+                    for r in range(kernel):
+                        iy = y * stride + r - pad
+                        if iy < 0 or iy >= height:
+                            continue
+                        for s in range(kernel):
+                            ix = ox * stride + s - pad
+                            if 0 <= ix < width:
+                                total += w[k, c, r, s] * x[i, c0 + c, iy, ix]
+                out[i, k, y, ox] = total
+
+
+# ----------------------------------------------------------------------------------------------
+# The table entries: check arguments, pick the path, run it
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_array(name: str, a, shape) -> None:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"conv2d: {name} must be a NumPy array on the cpu backend, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"conv2d: {name} must be float32, got {a.dtype}; convert with .astype(np.float32)")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"conv2d: {name} must be C-contiguous; pass np.ascontiguousarray({name})")
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"conv2d: {name} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+
+
+def _check_scratch(scratch, needed: int, size_function: str) -> np.ndarray:
+    if needed == 0:
+        return np.empty(0, np.float32) if scratch is None else scratch.reshape(-1)[:0]
+    if scratch is None or scratch.size < needed:
+        have = 0 if scratch is None else scratch.size
+        raise ValueError(
+            f"conv2d: scratch holds {have} float32 elements but this shape needs {needed}; "
+            f"size it with {size_function}(x_shape, w_shape, stride, pad, groups)"
+        )
+    if scratch.dtype != np.float32 or scratch.ndim != 1 or not scratch.flags.c_contiguous:
+        raise ValueError("conv2d: scratch must be a 1-D C-contiguous float32 array")
+    return scratch
+
+
+def _check_conv(x_shape, w, stride, pad, groups):
+    oh, ow = check_conv2d_shapes(tuple(x_shape), w.shape, stride, pad, groups)
+    return (x_shape[0], w.shape[0], oh, ow)
+
+
+def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
+    """out = conv2d(x, w) + bias, written into ``out``; scratch sized by conv2d_forward_workspace_size."""
+    _forward(x, w, bias, out, stride, pad, groups, scratch, TARGET_COLUMNS)
+
+
+def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
+    """dx = the gradient of conv2d's output ``dout`` with respect to its input."""
+    _backward_data(dout, w, dx, stride, pad, groups, scratch, TARGET_COLUMNS)
+
+
+def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
+    """dw (and dbias when given) = the gradients of conv2d's output ``dout`` w.r.t. weights and bias."""
+    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, TARGET_COLUMNS)
+
+
+def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int, scratch=None) -> None:
+    """Version 1: the direct loop nest (no scratch). The baseline the tour starts from."""
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    _check_forward_args(x, w, bias, out, stride, pad, groups)
+    direct_forward(x, w, out, stride, pad, groups)
+    if bias is not None:
+        add_bias(out, bias)
+
+
+def conv2d_forward_v2_im2col(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
+    """Version 2: im2col one image at a time, GEMM straight into out[n] (no image blocks, no direct depthwise)."""
+    _forward(x, w, bias, out, stride, pad, groups, scratch, 1, allow_depthwise=False)
+
+
+def conv2d_backward_data_v2_im2col(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
+    """Version 2 of backward to data: one image per tile."""
+    _backward_data(dout, w, dx, stride, pad, groups, scratch, 1, allow_depthwise=False)
+
+
+def conv2d_backward_weight_v2_im2col(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
+    """Version 2 of backward to weights: one image per tile, a partial dw per image."""
+    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, 1, allow_depthwise=False)
+
+
+conv2d_forward_v3_tiled = conv2d_forward
+conv2d_backward_data_v3_tiled = conv2d_backward_data
+conv2d_backward_weight_v3_tiled = conv2d_backward_weight
+
+
+def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
+    _check_array("x", x, x.shape)
+    _check_array("w", w, w.shape)
+    _check_array("out", out, _check_conv(x.shape, w, stride, pad, groups))
+    if bias is not None:
+        _check_array("bias", bias, (w.shape[0],))
+
+
+def _forward(x, w, bias, out, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    _check_forward_args(x, w, bias, out, stride, pad, groups)
+    if allow_depthwise and _is_depthwise(x.shape, w.shape, groups):
+        depthwise_forward(x, w, out, stride, pad)
+    else:
+        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, False, target_columns)
+        scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
+        tile = images_per_tile(x.shape, w.shape, stride, pad, groups, target_columns)
+        _forward_gemm(x, w, out, stride, pad, groups, tile, scratch)
+    if bias is not None:
+        add_bias(out, bias)
+
+
+def _backward_data(dout, w, dx, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    _check_array("dx", dx, dx.shape)
+    _check_array("w", w, w.shape)
+    _check_array("dout", dout, _check_conv(dx.shape, w, stride, pad, groups))
+    if allow_depthwise and _is_depthwise(dx.shape, w.shape, groups):
+        depthwise_backward_data(dout, w, dx, stride, pad)
+        return
+    needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, False, target_columns)
+    scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
+    tile = images_per_tile(dx.shape, w.shape, stride, pad, groups, target_columns)
+    _backward_data_gemm(dout, w, dx, stride, pad, groups, tile, scratch)
+
+
+def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    _check_array("x", x, x.shape)
+    _check_array("dw", dw, dw.shape)
+    _check_array("dout", dout, _check_conv(x.shape, dw, stride, pad, groups))
+    if dbias is not None:
+        _check_array("dbias", dbias, (dw.shape[0],))
+    if allow_depthwise and _is_depthwise(x.shape, dw.shape, groups):
+        depthwise_backward_weight(x, dout, dw, stride, pad)
+    else:
+        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, True, target_columns)
+        scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
+        tile = images_per_tile(x.shape, dw.shape, stride, pad, groups, target_columns)
+        _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile, scratch)
+    if dbias is not None:
+        bias_gradient(dout, dbias)

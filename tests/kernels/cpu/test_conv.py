@@ -1,0 +1,131 @@
+"""The Numba CPU conv against the NumPy reference and against torch, plus determinism and bad input."""
+
+import numpy as np
+import pytest
+
+from kernels.cpu import conv as cpu
+from kernels.reference import conv as ref
+
+# (N, C, H, W, K, kernel, stride, pad, groups): odd sizes, stride 2, pad 0/1, groups 2 and = C,
+# batch 1, 1×1 at stride 1 and 2, and shapes whose late-layer tiles hold several images.
+SHAPES = [
+    (2, 3, 7, 9, 5, 3, 1, 1, 1),
+    (2, 4, 7, 7, 6, 3, 2, 1, 1),
+    (1, 4, 5, 5, 4, 3, 1, 0, 2),
+    (3, 6, 9, 9, 6, 3, 2, 1, 6),
+    (2, 5, 6, 7, 5, 3, 1, 1, 5),
+    (2, 8, 6, 6, 16, 1, 2, 0, 1),
+    (2, 8, 6, 6, 12, 1, 1, 0, 1),
+    (1, 3, 5, 5, 4, 3, 1, 1, 1),
+    (37, 8, 4, 4, 8, 3, 1, 1, 1),
+    (40, 6, 2, 2, 4, 1, 1, 0, 2),
+]
+IDS = ["x".join(map(str, s)) for s in SHAPES]
+
+
+def _case(shape, seed=0):
+    n, c, h, wd, k, r, stride, pad, groups = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((k, c // groups, r, r), dtype=np.float32)
+    b = rng.standard_normal(k, dtype=np.float32)
+    oh, ow = ref.check_conv2d_shapes(x.shape, w.shape, stride, pad, groups)
+    dout = rng.standard_normal((n, k, oh, ow), dtype=np.float32)
+    return x, w, b, dout, (stride, pad, groups)
+
+
+def _scratch(size_function, x, w, args):
+    return np.full(size_function(x.shape, w.shape, *args), np.nan, np.float32)  # NaN: unwritten scratch shows
+
+
+def _run_cpu(x, w, b, dout, args):
+    out = np.full(dout.shape, np.nan, np.float32)
+    dx = np.full(x.shape, np.nan, np.float32)
+    dw = np.full(w.shape, np.nan, np.float32)
+    db = np.full(b.shape, np.nan, np.float32)
+    cpu.conv2d_forward(x, w, b, out, *args, _scratch(cpu.conv2d_forward_workspace_size, x, w, args))
+    cpu.conv2d_backward_data(dout, w, dx, *args, _scratch(cpu.conv2d_backward_data_workspace_size, x, w, args))
+    cpu.conv2d_backward_weight(
+        x, dout, dw, db, *args, _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
+    )
+    return out, dx, dw, db
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_cpu_conv_matches_reference(shape):
+    x, w, b, dout, args = _case(shape)
+    out, dx, dw, db = _run_cpu(x, w, b, dout, args)
+    expected = [np.empty_like(a) for a in (out, dx, dw, db)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    for got, want in zip((out, dx, dw, db), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:6], ids=IDS[:6])
+def test_cpu_conv_matches_torch_autograd(shape):
+    torch = pytest.importorskip("torch")
+    x, w, b, dout, (stride, pad, groups) = _case(shape, seed=3)
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    yt = torch.nn.functional.conv2d(xt, wt, bt, stride=stride, padding=pad, groups=groups)
+    yt.backward(torch.from_numpy(dout))
+    got = _run_cpu(x, w, b, dout, (stride, pad, groups))
+    for a, t in zip(got, (yt, xt.grad, wt.grad, bt.grad)):
+        np.testing.assert_allclose(a, t.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_conv_without_bias_leaves_no_bias_term():
+    x, w, b, dout, args = _case(SHAPES[0])
+    out = np.empty(dout.shape, np.float32)
+    cpu.conv2d_forward(x, w, None, out, *args, _scratch(cpu.conv2d_forward_workspace_size, x, w, args))
+    expected = np.empty_like(out)
+    ref.conv2d_forward(x, w, None, expected, *args)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    dw, expected_dw = np.empty_like(w), np.empty_like(w)
+    scratch = _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
+    cpu.conv2d_backward_weight(x, dout, dw, None, *args, scratch)
+    ref.conv2d_backward_weight(x, dout, expected_dw, None, *args)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4], SHAPES[8]], ids=[IDS[0], IDS[4], IDS[8]])
+def test_cpu_conv_gives_the_same_bits_every_call(shape):
+    x, w, b, dout, args = _case(shape)
+    first = _run_cpu(x, w, b, dout, args)
+    second = _run_cpu(x, w, b, dout, args)
+    for a, c in zip(first, second):
+        assert np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("version", [cpu.conv2d_forward_v1_direct, cpu.conv2d_forward_v2_im2col])
+def test_numbered_forward_versions_match_reference(version):
+    x, w, b, dout, args = _case(SHAPES[1])
+    out = np.empty(dout.shape, np.float32)
+    scratch = np.empty(cpu.conv2d_v2_im2col_workspace_size(x.shape, w.shape, *args), np.float32)
+    version(x, w, b, out, *args, scratch)
+    expected = np.empty_like(out)
+    ref.conv2d_forward(x, w, b, expected, *args)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_too_small_scratch_says_how_to_size_it():
+    x, w, b, dout, args = _case(SHAPES[0])
+    out = np.empty(dout.shape, np.float32)
+    with pytest.raises(ValueError, match="conv2d_forward_workspace_size"):
+        cpu.conv2d_forward(x, w, b, out, *args, np.empty(1, np.float32))
+
+
+def test_wrong_dtype_and_shape_are_named():
+    x, w, b, dout, args = _case(SHAPES[0])
+    scratch = _scratch(cpu.conv2d_forward_workspace_size, x, w, args)
+    with pytest.raises(TypeError, match="float32"):
+        cpu.conv2d_forward(x.astype(np.float64), w, b, np.empty(dout.shape, np.float32), *args, scratch)
+    with pytest.raises(ValueError, match="out has shape"):
+        cpu.conv2d_forward(x, w, b, np.empty((1, 1, 1, 1), np.float32), *args, scratch)
+
+
+def test_scratch_stays_modest_on_resnet_shapes():
+    # the column tile is a few MB, never the whole batch's columns (75 MB for this layer)
+    size = cpu.conv2d_backward_weight_workspace_size((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1)
+    assert size * 4 <= 6 * 2**20
