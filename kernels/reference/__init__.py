@@ -10,8 +10,6 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from kernels.reference import batchnorm, dense, elementwise, loss, optim, pool
-
 CONV_NAMES = (
     "conv2d_forward",
     "conv2d_backward_data",
@@ -21,9 +19,10 @@ CONV_NAMES = (
     "conv2d_backward_weight_workspace_size",
 )
 
-FAMILY_NAMES: dict[Any, tuple[str, ...]] = {
-    dense: ("dense_forward", "dense_backward"),
-    elementwise: (
+# family module -> the table names it defines; every backend package has modules of these names
+FAMILY_NAMES: dict[str, tuple[str, ...]] = {
+    "dense": ("dense_forward", "dense_backward"),
+    "elementwise": (
         "relu_forward",
         "relu_backward",
         "relu6_forward",
@@ -32,7 +31,7 @@ FAMILY_NAMES: dict[Any, tuple[str, ...]] = {
         "dropout_forward",
         "dropout_backward",
     ),
-    pool: (
+    "pool": (
         "maxpool2d_forward",
         "maxpool2d_backward",
         "avgpool2d_forward",
@@ -40,19 +39,22 @@ FAMILY_NAMES: dict[Any, tuple[str, ...]] = {
         "global_avgpool_forward",
         "global_avgpool_backward",
     ),
-    batchnorm: ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward"),
-    loss: ("softmax_xent_forward", "softmax_xent_backward"),
-    optim: ("sgd_update", "adam_update"),
+    "batchnorm": ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward"),
+    "loss": ("softmax_xent_forward", "softmax_xent_backward"),
+    "optim": ("sgd_update", "adam_update"),
 }
 
 
-def build_table(package: str, family_names: dict[Any, tuple[str, ...]]) -> dict[str, Callable[..., Any]]:
-    """Collect the named functions of each family module, plus conv's once ``<package>.conv`` exists.
+def build_table(package: str) -> dict[str, Callable[..., Any]]:
+    """Collect the table's functions from ``<package>.<family>``, and conv's once ``<package>.conv`` exists.
 
     Convolution is written separately; until its module lands the table simply lacks its names
     (a layer asking for one gets the table's "has no kernel" error) instead of failing to import.
     """
-    table = {name: getattr(module, name) for module, names in family_names.items() for name in names}
+    table = {}
+    for family, names in FAMILY_NAMES.items():
+        module = importlib.import_module(f"{package}.{family}")
+        table.update({name: getattr(module, name) for name in names})
     try:
         conv = importlib.import_module(f"{package}.conv")
     except ModuleNotFoundError as exc:
@@ -63,4 +65,4 @@ def build_table(package: str, family_names: dict[Any, tuple[str, ...]]) -> dict[
     return table
 
 
-TABLE: dict[str, Callable[..., Any]] = build_table(__name__, FAMILY_NAMES)
+TABLE: dict[str, Callable[..., Any]] = build_table(__name__)

@@ -1,0 +1,159 @@
+"""Batch-norm CPU kernels (per channel, NCHW), with PyTorch's semantics.
+
+``prange`` runs over channels: each channel's sums (mean, variance, the two backward sums) run in
+one thread, over n then h*w, in float64. No partial sums cross threads, so the bits do not depend on
+the thread count, and the float64 accumulators keep the statistics accurate over large batches.
+Arrays are viewed as [N, C, H*W] so one compiled version serves every spatial size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.checks import check_array
+
+
+@njit(cache=True, parallel=True)
+def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
+    N, C, area = x.shape
+    count = N * area
+    for c in prange(C):
+        total = 0.0
+        for n in range(N):
+            for i in range(area):
+                total += x[n, c, i]
+        mean = total / count
+        squares = 0.0  # second pass over centred values: no cancellation, unlike E[x^2] - E[x]^2
+        for n in range(N):
+            for i in range(area):
+                d = x[n, c, i] - mean
+                squares += d * d
+        var = squares / count  # biased: what the batch is normalized with
+        invstd = 1.0 / math.sqrt(var + eps)
+        scale = gamma[c] * invstd
+        shift = beta[c] - mean * scale
+        for n in range(N):
+            for i in range(area):
+                out[n, c, i] = x[n, c, i] * scale + shift
+        save_mean[c] = mean
+        save_invstd[c] = invstd
+        unbiased_var = squares / (count - 1)  # what the running estimate tracks
+        running_mean[c] = (1.0 - momentum) * running_mean[c] + momentum * mean
+        running_var[c] = (1.0 - momentum) * running_var[c] + momentum * unbiased_var
+
+
+@njit(cache=True, parallel=True)
+def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
+    N, C, area = x.shape
+    for c in prange(C):
+        scale = gamma[c] / math.sqrt(running_var[c] + eps)
+        shift = beta[c] - running_mean[c] * scale
+        for n in range(N):
+            for i in range(area):
+                out[n, c, i] = x[n, c, i] * scale + shift
+
+
+@njit(cache=True, parallel=True)
+def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
+    N, C, area = x.shape
+    count = N * area
+    for c in prange(C):
+        mean = np.float64(save_mean[c])
+        invstd = np.float64(save_invstd[c])
+        sum_dout = 0.0
+        sum_dout_xhat = 0.0
+        for n in range(N):
+            for i in range(area):
+                g = np.float64(dout[n, c, i])
+                sum_dout += g
+                sum_dout_xhat += g * (x[n, c, i] - mean) * invstd
+        dbeta[c] = sum_dout
+        dgamma[c] = sum_dout_xhat
+        # dx = gamma * invstd / M * (M * dout - sum_dout - xhat * sum_dout_xhat), expanded per element
+        k = gamma[c] * invstd
+        mean_dout = sum_dout / count
+        mean_dout_xhat = sum_dout_xhat / count
+        for n in range(N):
+            for i in range(area):
+                xhat = (x[n, c, i] - mean) * invstd
+                dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
+
+
+def _channels(op: str, x: np.ndarray) -> tuple[int, int, int]:
+    check_array(op, "x", x)
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x must be NCHW (4-D), got shape {x.shape}")
+    N, C, H, W = x.shape
+    return N, C, H * W
+
+
+def batchnorm_forward_train(
+    x: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    out: np.ndarray,
+    save_mean: np.ndarray,
+    save_invstd: np.ndarray,
+    momentum: float,
+    eps: float,
+) -> None:
+    """Normalize with batch statistics; save mean and 1/std for backward; update the running stats."""
+    op = "batchnorm_forward_train"
+    N, C, area = _channels(op, x)
+    if N * area < 2:
+        raise ValueError(f"{op}: training needs more than one value per channel, got input shape {x.shape}")
+    check_array(op, "out", out, x.shape)
+    for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var),
+                        ("save_mean", save_mean), ("save_invstd", save_invstd)]:  # fmt: skip
+        check_array(op, name, array, (C,))
+    _forward_train(
+        x.reshape(N, C, area), gamma, beta, running_mean, running_var, out.reshape(N, C, area),
+        save_mean, save_invstd, float(momentum), float(eps),
+    )  # fmt: skip
+
+
+def batchnorm_forward_infer(
+    x: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    out: np.ndarray,
+    eps: float,
+) -> None:
+    """out = (x - running_mean) / sqrt(running_var + eps) * gamma + beta."""
+    op = "batchnorm_forward_infer"
+    N, C, area = _channels(op, x)
+    check_array(op, "out", out, x.shape)
+    for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)]:
+        check_array(op, name, array, (C,))
+    _forward_infer(x.reshape(N, C, area), gamma, beta, running_mean, running_var, out.reshape(N, C, area), float(eps))
+
+
+def batchnorm_backward(
+    x: np.ndarray,
+    dout: np.ndarray,
+    gamma: np.ndarray,
+    save_mean: np.ndarray,
+    save_invstd: np.ndarray,
+    dx: np.ndarray,
+    dgamma: np.ndarray,
+    dbeta: np.ndarray,
+) -> None:
+    """Gradients of the training forward from the saved mean and 1/std."""
+    op = "batchnorm_backward"
+    N, C, area = _channels(op, x)
+    check_array(op, "dout", dout, x.shape)
+    check_array(op, "dx", dx, x.shape)
+    for name, array in [("gamma", gamma), ("save_mean", save_mean), ("save_invstd", save_invstd),
+                        ("dgamma", dgamma), ("dbeta", dbeta)]:  # fmt: skip
+        check_array(op, name, array, (C,))
+    _backward(
+        x.reshape(N, C, area), dout.reshape(N, C, area), gamma, save_mean, save_invstd, dx.reshape(N, C, area),
+        dgamma, dbeta,
+    )  # fmt: skip

@@ -1,0 +1,85 @@
+"""Dense CPU kernels: out = x @ w.T + bias, with the matrix products done by BLAS sgemm.
+
+``np.dot(a, b, out)`` inside ``@njit`` calls SciPy's BLAS and writes straight into the caller's
+array; ``w.T`` is a free view (Fortran-ordered), which BLAS takes as a transpose flag, so nothing is
+copied. A hand-written loop cannot beat sgemm on these shapes; the kernels around it only add the
+bias and sum the bias gradient. BLAS gives the same bits on every call with the same thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.checks import check_array
+
+
+@njit(cache=True)
+def _matmul_transposed_weight(x, w, out):
+    np.dot(x, w.T, out)  # [N,I] @ [I,O]
+
+
+@njit(cache=True)
+def _matmul(a, b, out):
+    np.dot(a, b, out)
+
+
+@njit(cache=True)
+def _matmul_transposed_left(a, b, out):
+    np.dot(a.T, b, out)  # dw[O,I] = dout.T[O,N] @ x[N,I]
+
+
+@njit(cache=True, parallel=True)
+def _add_bias(out, bias):
+    for n in prange(out.shape[0]):
+        for o in range(out.shape[1]):
+            out[n, o] += bias[o]
+
+
+@njit(cache=True, parallel=True)
+def _sum_over_batch(dout, dbias):
+    """dbias[o] = sum over n of dout[n, o]: one thread per column, a float64 sum in row order."""
+    N, O = dout.shape
+    for o in prange(O):
+        total = 0.0
+        for n in range(N):
+            total += dout[n, o]
+        dbias[o] = total
+
+
+def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray) -> None:
+    """out[N,O] = x[N,I] @ w[O,I].T (+ bias[O])."""
+    op = "dense_forward"
+    check_array(op, "x", x)
+    check_array(op, "w", w)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: x {x.shape} and w {w.shape} must be [N, I] and [O, I]")
+    N, O = x.shape[0], w.shape[0]
+    check_array(op, "out", out, (N, O))
+    _matmul_transposed_weight(x, w, out)
+    if bias is not None:
+        _add_bias(out, check_array(op, "bias", bias, (O,)))
+
+
+def dense_backward(
+    x: np.ndarray,
+    w: np.ndarray,
+    dout: np.ndarray,
+    dx: np.ndarray | None,
+    dw: np.ndarray,
+    dbias: np.ndarray | None,
+) -> None:
+    """dx = dout @ w (skipped when None, e.g. for the first layer), dw = dout.T @ x, dbias = sum of dout."""
+    op = "dense_backward"
+    check_array(op, "x", x)
+    check_array(op, "w", w)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: x {x.shape} and w {w.shape} must be [N, I] and [O, I]")
+    (N, I), O = x.shape, w.shape[0]
+    check_array(op, "dout", dout, (N, O))
+    check_array(op, "dw", dw, (O, I))
+    if dx is not None:
+        _matmul(dout, w, check_array(op, "dx", dx, (N, I)))
+    _matmul_transposed_left(dout, x, dw)
+    if dbias is not None:
+        _sum_over_batch(dout, check_array(op, "dbias", dbias, (O,)))

@@ -1,0 +1,109 @@
+"""Element-wise CPU kernels: relu, relu6, residual add and dropout.
+
+Each kernel sees its arrays flattened to 1-D (a free view of a C-contiguous array), so one compiled
+version serves every shape, and ``prange`` splits the flat index range across threads. Every output
+element depends on one input element only, so the result is the same for any thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.checks import check_array
+
+
+@njit(cache=True, parallel=True)
+def _relu_forward(x, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = np.float32(0.0) if v < 0 else v  # NaN passes through, as in PyTorch
+
+
+@njit(cache=True, parallel=True)
+def _relu_backward(out, dout, dx):
+    for i in prange(out.size):
+        dx[i] = dout[i] if out[i] > 0 else np.float32(0.0)
+
+
+@njit(cache=True, parallel=True)
+def _relu6_forward(x, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > 6 else v)
+
+
+@njit(cache=True, parallel=True)
+def _relu6_backward(out, dout, dx):
+    for i in prange(out.size):
+        v = out[i]
+        dx[i] = dout[i] if (v > 0 and v < 6) else np.float32(0.0)
+
+
+@njit(cache=True, parallel=True)
+def _add_forward(a, b, out):
+    for i in prange(a.size):
+        out[i] = a[i] + b[i]
+
+
+@njit(cache=True, parallel=True)
+def _dropout(x, mask, scale, out):
+    scale32 = np.float32(scale)
+    for i in prange(x.size):
+        out[i] = x[i] * scale32 if mask[i] != 0 else np.float32(0.0)
+
+
+def _flat(op: str, name: str, array: np.ndarray, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
+    return check_array(op, name, array, shape, dtype).reshape(-1)
+
+
+def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
+    """out = max(x, 0); ``out`` may be ``x``."""
+    _relu_forward(_flat("relu_forward", "x", x, x.shape), _flat("relu_forward", "out", out, x.shape))
+
+
+def relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
+    """dx = dout where the forward output was positive; ``dx`` may be ``dout``."""
+    op = "relu_backward"
+    _relu_backward(_flat(op, "out", out, out.shape), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
+
+
+def relu6_forward(x: np.ndarray, out: np.ndarray) -> None:
+    """out = min(max(x, 0), 6); ``out`` may be ``x``."""
+    _relu6_forward(_flat("relu6_forward", "x", x, x.shape), _flat("relu6_forward", "out", out, x.shape))
+
+
+def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
+    """dx = dout where 0 < out < 6; ``dx`` may be ``dout``."""
+    op = "relu6_backward"
+    _relu6_backward(
+        _flat(op, "out", out, out.shape), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape)
+    )
+
+
+def add_forward(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a + b (the residual add); ``out`` may be ``a`` or ``b``."""
+    op = "add_forward"
+    _add_forward(_flat(op, "a", a, a.shape), _flat(op, "b", b, a.shape), _flat(op, "out", out, a.shape))
+
+
+def dropout_forward(x: np.ndarray, mask: np.ndarray, scale: float, out: np.ndarray) -> None:
+    """out = x * mask * scale with a 0/1 uint8 mask drawn by the caller (so backward reuses it)."""
+    op = "dropout_forward"
+    _dropout(
+        _flat(op, "x", x, x.shape),
+        _flat(op, "mask", mask, x.shape, np.uint8),
+        float(scale),
+        _flat(op, "out", out, x.shape),
+    )
+
+
+def dropout_backward(dout: np.ndarray, mask: np.ndarray, scale: float, dx: np.ndarray) -> None:
+    """dx = dout * mask * scale: the same scaling, so the same kernel."""
+    op = "dropout_backward"
+    _dropout(
+        _flat(op, "dout", dout, dout.shape),
+        _flat(op, "mask", mask, dout.shape, np.uint8),
+        float(scale),
+        _flat(op, "dx", dx, dout.shape),
+    )

@@ -1,0 +1,190 @@
+"""Pooling CPU kernels: max pool (recording the winner for backward), average pool, global average.
+
+Every kernel runs ``prange`` over the N*C planes: a plane's outputs (forward) or its input gradient
+(backward) belong to one thread, so backward can add overlapping windows' shares without races and
+the result does not depend on the thread count. Windows are clipped to the input instead of padding
+it, so no padded copy is ever made.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.checks import check_array
+
+
+@njit(cache=True, parallel=True)
+def _maxpool_forward(x, out, argmax, kernel, stride, pad):
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    for plane in prange(N * C):
+        n, c = plane // C, plane % C
+        for oh in range(OH):
+            h_lo = max(oh * stride - pad, 0)
+            h_hi = min(oh * stride - pad + kernel, H)
+            for ow in range(OW):
+                w_lo = max(ow * stride - pad, 0)
+                w_hi = min(ow * stride - pad + kernel, W)
+                best = -np.inf
+                best_index = h_lo * W + w_lo
+                for h in range(h_lo, h_hi):
+                    for w in range(w_lo, w_hi):
+                        v = x[n, c, h, w]
+                        if v > best or np.isnan(v):  # first maximum wins; NaN propagates, as in PyTorch
+                            best = v
+                            best_index = h * W + w
+                            if np.isnan(v):
+                                break
+                out[n, c, oh, ow] = best
+                argmax[n, c, oh, ow] = best_index
+
+
+@njit(cache=True, parallel=True)
+def _maxpool_backward(dout, argmax, dx):
+    """dout, argmax: [planes, OH*OW]; dx: [planes, H*W]."""
+    for plane in prange(dx.shape[0]):
+        dx[plane, :] = 0
+        for i in range(dout.shape[1]):
+            dx[plane, argmax[plane, i]] += dout[plane, i]
+
+
+@njit(cache=True, parallel=True)
+def _avgpool_forward(x, out, kernel, stride, pad):
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    inv_area = np.float32(1.0 / (kernel * kernel))  # padding counts in the divisor (count_include_pad)
+    for plane in prange(N * C):
+        n, c = plane // C, plane % C
+        for oh in range(OH):
+            h_lo = max(oh * stride - pad, 0)
+            h_hi = min(oh * stride - pad + kernel, H)
+            for ow in range(OW):
+                w_lo = max(ow * stride - pad, 0)
+                w_hi = min(ow * stride - pad + kernel, W)
+                total = np.float32(0.0)
+                for h in range(h_lo, h_hi):
+                    for w in range(w_lo, w_hi):
+                        total += x[n, c, h, w]
+                out[n, c, oh, ow] = total * inv_area
+
+
+@njit(cache=True, parallel=True)
+def _avgpool_backward(dout, dx, kernel, stride, pad):
+    N, C, H, W = dx.shape
+    OH, OW = dout.shape[2], dout.shape[3]
+    inv_area = np.float32(1.0 / (kernel * kernel))
+    for plane in prange(N * C):
+        n, c = plane // C, plane % C
+        dx[n, c, :, :] = 0
+        for oh in range(OH):
+            h_lo = max(oh * stride - pad, 0)
+            h_hi = min(oh * stride - pad + kernel, H)
+            for ow in range(OW):
+                w_lo = max(ow * stride - pad, 0)
+                w_hi = min(ow * stride - pad + kernel, W)
+                share = dout[n, c, oh, ow] * inv_area
+                for h in range(h_lo, h_hi):
+                    for w in range(w_lo, w_hi):
+                        dx[n, c, h, w] += share
+
+
+@njit(cache=True, parallel=True)
+def _global_avgpool_forward(x, out):
+    """x: [planes, H*W]; out: [planes]. Each plane's sum runs in float64, in order."""
+    area = x.shape[1]
+    for plane in prange(x.shape[0]):
+        total = 0.0
+        for i in range(area):
+            total += x[plane, i]
+        out[plane] = total / area
+
+
+@njit(cache=True, parallel=True)
+def _global_avgpool_backward(dout, dx):
+    area = dx.shape[1]
+    for plane in prange(dx.shape[0]):
+        share = dout[plane] / np.float32(area)
+        for i in range(area):
+            dx[plane, i] = share
+
+
+def pool_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def _check_window(op: str, x: np.ndarray, out_shape: tuple[int, ...], kernel: int, stride: int, pad: int):
+    if x.ndim != 4:
+        raise ValueError(f"{op}: input must be NCHW (4-D), got shape {x.shape}")
+    if kernel < 1 or stride < 1 or pad < 0:
+        raise ValueError(f"{op}: need kernel >= 1, stride >= 1, pad >= 0; got {kernel}, {stride}, {pad}")
+    if 2 * pad > kernel:
+        raise ValueError(f"{op}: pad {pad} must be at most half the kernel {kernel} (as in PyTorch)")
+    N, C, H, W = x.shape
+    expected = (N, C, pool_output_size(H, kernel, stride, pad), pool_output_size(W, kernel, stride, pad))
+    if min(expected[2:]) < 1:
+        raise ValueError(f"{op}: a {kernel}x{kernel} window does not fit in a {H}x{W} input with pad {pad}")
+    if tuple(out_shape) != expected:
+        raise ValueError(f"{op}: output has shape {tuple(out_shape)}, expected {expected}")
+
+
+def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel: int, stride: int, pad: int) -> None:
+    """out = each window's maximum; argmax[int32] = its flat h * W + w index in the input plane."""
+    op = "maxpool2d_forward"
+    check_array(op, "x", x)
+    _check_window(op, x, out.shape, kernel, stride, pad)
+    check_array(op, "out", out)
+    check_array(op, "argmax", argmax, out.shape, np.int32)
+    _maxpool_forward(x, out, argmax, int(kernel), int(stride), int(pad))
+
+
+def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray) -> None:
+    """dx = 0, then each output's gradient added at its argmax."""
+    op = "maxpool2d_backward"
+    check_array(op, "dout", dout)
+    check_array(op, "argmax", argmax, dout.shape, np.int32)
+    check_array(op, "dx", dx)
+    if dx.ndim != 4 or dout.ndim != 4 or dx.shape[:2] != dout.shape[:2]:
+        raise ValueError(f"{op}: dx {dx.shape} and dout {dout.shape} must be NCHW with the same N and C")
+    planes = dx.shape[0] * dx.shape[1]
+    _maxpool_backward(dout.reshape(planes, -1), argmax.reshape(planes, -1), dx.reshape(planes, -1))
+
+
+def avgpool2d_forward(x: np.ndarray, out: np.ndarray, kernel: int, stride: int, pad: int) -> None:
+    """out = window sum / kernel**2 (zero padding counts, PyTorch's count_include_pad=True)."""
+    op = "avgpool2d_forward"
+    check_array(op, "x", x)
+    _check_window(op, x, out.shape, kernel, stride, pad)
+    check_array(op, "out", out)
+    _avgpool_forward(x, out, int(kernel), int(stride), int(pad))
+
+
+def avgpool2d_backward(dout: np.ndarray, dx: np.ndarray, kernel: int, stride: int, pad: int) -> None:
+    """dx = each output's gradient / kernel**2 spread over its window (dx zeroed first)."""
+    op = "avgpool2d_backward"
+    check_array(op, "dx", dx)
+    _check_window(op, dx, dout.shape, kernel, stride, pad)
+    check_array(op, "dout", dout)
+    _avgpool_backward(dout, dx, int(kernel), int(stride), int(pad))
+
+
+def global_avgpool_forward(x: np.ndarray, out: np.ndarray) -> None:
+    """out[N,C] = mean of each H x W plane."""
+    op = "global_avgpool_forward"
+    check_array(op, "x", x)
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x must be NCHW (4-D), got shape {x.shape}")
+    N, C, H, W = x.shape
+    check_array(op, "out", out, (N, C))
+    _global_avgpool_forward(x.reshape(N * C, H * W), out.reshape(N * C))
+
+
+def global_avgpool_backward(dout: np.ndarray, dx: np.ndarray) -> None:
+    """dx[N,C,H,W] = dout[N,C] / (H * W) everywhere in the plane."""
+    op = "global_avgpool_backward"
+    check_array(op, "dx", dx)
+    if dx.ndim != 4:
+        raise ValueError(f"{op}: dx must be NCHW (4-D), got shape {dx.shape}")
+    N, C, H, W = dx.shape
+    check_array(op, "dout", dout, (N, C))
+    _global_avgpool_backward(dout.reshape(N * C), dx.reshape(N * C, H * W))

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from kernels.cpu import batchnorm
+from kernels.reference import batchnorm as reference
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+SHAPES = [(1, 3, 5, 5), (4, 2, 3, 7), (8, 5, 1, 1), (2, 16, 8, 8)]
+
+
+def inputs(rng, shape):
+    C = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, C).astype(np.float32)
+    beta = rng.standard_normal(C).astype(np.float32)
+    running_mean = rng.standard_normal(C).astype(np.float32)
+    running_var = rng.uniform(0.5, 2, C).astype(np.float32)
+    dout = rng.standard_normal(shape).astype(np.float32)
+    return x, gamma, beta, running_mean, running_var, dout
+
+
+def train_step(module, x, gamma, beta, running_mean, running_var, dout):
+    C = x.shape[1]
+    out, mean, invstd = np.empty_like(x), np.empty(C, np.float32), np.empty(C, np.float32)
+    module.batchnorm_forward_train(x, gamma, beta, running_mean, running_var, out, mean, invstd, 0.1, 1e-5)
+    dx, dgamma, dbeta = np.empty_like(x), np.empty(C, np.float32), np.empty(C, np.float32)
+    module.batchnorm_backward(x, dout, gamma, mean, invstd, dx, dgamma, dbeta)
+    return out, mean, invstd, dx, dgamma, dbeta
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batchnorm_training_matches_reference(shape, rng):
+    x, gamma, beta, running_mean, running_var, dout = inputs(rng, shape)
+    expected_running = running_mean.copy(), running_var.copy()
+    got = train_step(batchnorm, x, gamma, beta, running_mean, running_var, dout)
+    expected = train_step(reference, x, gamma, beta, *expected_running, dout)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(running_mean, expected_running[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(running_var, expected_running[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batchnorm_matches_torch(shape, rng):
+    x, gamma, beta, running_mean, running_var, dout = inputs(rng, shape)
+    t_running_mean, t_running_var = torch.tensor(running_mean), torch.tensor(running_var)
+    tx, tg, tb = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    t_out = F.batch_norm(tx, t_running_mean, t_running_var, tg, tb, training=True, momentum=0.1, eps=1e-5)
+    t_out.backward(torch.tensor(dout))
+    out, _, _, dx, dgamma, dbeta = train_step(batchnorm, x, gamma, beta, running_mean, running_var, dout)
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(dgamma, tg.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, tb.grad.numpy(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(running_mean, t_running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(running_var, t_running_var.numpy(), rtol=1e-5, atol=1e-6)
+
+    infer_out = np.empty_like(x)
+    batchnorm.batchnorm_forward_infer(x, gamma, beta, running_mean, running_var, infer_out, 1e-5)
+    t_infer = F.batch_norm(torch.tensor(x), t_running_mean, t_running_var, tg.detach(), tb.detach(), training=False)
+    np.testing.assert_allclose(infer_out, t_infer.numpy(), rtol=1e-5, atol=2e-5)
+    expected_infer = np.empty_like(x)
+    reference.batchnorm_forward_infer(x, gamma, beta, running_mean, running_var, expected_infer, 1e-5)
+    np.testing.assert_allclose(infer_out, expected_infer, rtol=1e-5, atol=2e-5)
+
+
+def test_batchnorm_is_deterministic(rng):
+    x, gamma, beta, running_mean, running_var, dout = inputs(rng, (16, 8, 9, 9))
+    first = train_step(batchnorm, x, gamma, beta, running_mean.copy(), running_var.copy(), dout)
+    second = train_step(batchnorm, x, gamma, beta, running_mean.copy(), running_var.copy(), dout)
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_batchnorm_refuses_one_value_per_channel():
+    x = np.zeros((1, 2, 1, 1), np.float32)
+    c = np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match="more than one value per channel"):
+        batchnorm.batchnorm_forward_train(x, c, c, c, c, np.empty_like(x), c.copy(), c.copy(), 0.1, 1e-5)

@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from kernels.cpu import elementwise
+from kernels.reference import elementwise as reference
+
+SHAPES = [(1,), (7, 3), (2, 3, 5, 5), (1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["relu", "relu6"])
+def test_activation_matches_reference(name, shape, rng):
+    x = rng.uniform(-4, 10, size=shape).astype(np.float32)
+    x.reshape(-1)[:2] = [0.0, 6.0][: x.size]  # the kinks: gradient 0 there, as in PyTorch
+    dout = rng.standard_normal(shape).astype(np.float32)
+    out, expected = np.empty_like(x), np.empty_like(x)
+    getattr(elementwise, f"{name}_forward")(x, out)
+    getattr(reference, f"{name}_forward")(x, expected)
+    np.testing.assert_array_equal(out, expected)
+    dx, expected_dx = np.empty_like(x), np.empty_like(x)
+    getattr(elementwise, f"{name}_backward")(out, dout, dx)
+    getattr(reference, f"{name}_backward")(expected, dout, expected_dx)
+    np.testing.assert_array_equal(dx, expected_dx)
+
+
+def test_activations_run_in_place(rng):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    expected = np.maximum(x, 0)
+    elementwise.relu_forward(x, x)
+    np.testing.assert_array_equal(x, expected)
+    dout = rng.standard_normal((4, 5)).astype(np.float32)
+    expected_dx = np.where(x > 0, dout, 0)
+    elementwise.relu_backward(x, dout, dout)
+    np.testing.assert_array_equal(dout, expected_dx)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_and_dropout_match_reference(shape, rng):
+    a, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    out, expected = np.empty_like(a), np.empty_like(a)
+    elementwise.add_forward(a, b, out)
+    reference.add_forward(a, b, expected)
+    np.testing.assert_array_equal(out, expected)
+    mask = (rng.random(shape) > 0.3).astype(np.uint8)
+    elementwise.dropout_forward(a, mask, 1 / 0.7, out)
+    reference.dropout_forward(a, mask, 1 / 0.7, expected)
+    np.testing.assert_array_equal(out, expected)
+    elementwise.dropout_backward(b, mask, 1 / 0.7, out)
+    reference.dropout_backward(b, mask, 1 / 0.7, expected)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_wrong_arrays_are_named():
+    x = np.zeros((2, 3), dtype=np.float32)
+    with pytest.raises(TypeError, match="relu_forward: out must be float32"):
+        elementwise.relu_forward(x, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="add_forward: b has shape"):
+        elementwise.add_forward(x, np.zeros(6, np.float32), x)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        elementwise.relu_forward(x.T, x.T)

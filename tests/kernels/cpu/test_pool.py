@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from kernels.cpu import pool
+from kernels.reference import pool as reference
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+# (input shape, kernel, stride, pad): odd sizes, batch 1, stride 1 and 2, pad 0 and 1
+CASES = [
+    ((1, 3, 7, 7), 3, 2, 1),
+    ((2, 4, 8, 6), 2, 2, 0),
+    ((1, 2, 5, 9), 3, 1, 1),
+    ((3, 1, 6, 6), 3, 2, 0),
+]
+
+
+def output_shape(shape, kernel, stride, pad):
+    N, C, H, W = shape
+    return (N, C, pool.pool_output_size(H, kernel, stride, pad), pool.pool_output_size(W, kernel, stride, pad))
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pad", CASES)
+def test_maxpool_matches_reference_and_torch(shape, kernel, stride, pad, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out_shape = output_shape(shape, kernel, stride, pad)
+    dout = rng.standard_normal(out_shape).astype(np.float32)
+    out, argmax = np.empty(out_shape, np.float32), np.empty(out_shape, np.int32)
+    pool.maxpool2d_forward(x, out, argmax, kernel, stride, pad)
+    expected, expected_argmax = np.empty_like(out), np.empty_like(argmax)
+    reference.maxpool2d_forward(x, expected, expected_argmax, kernel, stride, pad)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(argmax, expected_argmax)
+    dx, expected_dx = np.full_like(x, np.nan), np.empty_like(x)  # NaN: the kernel must zero dx itself
+    pool.maxpool2d_backward(dout, argmax, dx)
+    reference.maxpool2d_backward(dout, expected_argmax, expected_dx)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-6, atol=1e-6)
+
+    tx = torch.tensor(x, requires_grad=True)
+    t_out, t_indices = F.max_pool2d(tx, kernel, stride, pad, return_indices=True)
+    t_out.backward(torch.tensor(dout))
+    np.testing.assert_array_equal(out, t_out.detach().numpy())
+    np.testing.assert_array_equal(argmax, t_indices.numpy())
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pad", CASES)
+def test_avgpool_matches_reference_and_torch(shape, kernel, stride, pad, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out_shape = output_shape(shape, kernel, stride, pad)
+    dout = rng.standard_normal(out_shape).astype(np.float32)
+    out, expected = np.empty(out_shape, np.float32), np.empty(out_shape, np.float32)
+    pool.avgpool2d_forward(x, out, kernel, stride, pad)
+    reference.avgpool2d_forward(x, expected, kernel, stride, pad)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    dx, expected_dx = np.full_like(x, np.nan), np.empty_like(x)
+    pool.avgpool2d_backward(dout, dx, kernel, stride, pad)
+    reference.avgpool2d_backward(dout, expected_dx, kernel, stride, pad)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-5, atol=1e-6)
+
+    tx = torch.tensor(x, requires_grad=True)
+    t_out = F.avg_pool2d(tx, kernel, stride, pad)  # count_include_pad=True by default
+    t_out.backward(torch.tensor(dout))
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 1, 1), (2, 5, 7, 3), (4, 8, 4, 4)])
+def test_global_avgpool_matches_reference_and_torch(shape, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    dout = rng.standard_normal(shape[:2]).astype(np.float32)
+    out, expected = np.empty(shape[:2], np.float32), np.empty(shape[:2], np.float32)
+    pool.global_avgpool_forward(x, out)
+    reference.global_avgpool_forward(x, expected)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    dx, expected_dx = np.empty_like(x), np.empty_like(x)
+    pool.global_avgpool_backward(dout, dx)
+    reference.global_avgpool_backward(dout, expected_dx)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-6, atol=1e-7)
+
+    tx = torch.tensor(x, requires_grad=True)
+    t_out = F.adaptive_avg_pool2d(tx, 1).flatten(1)
+    t_out.backward(torch.tensor(dout))
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_pool_names_bad_windows():
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="pad 2 must be at most half the kernel 3"):
+        pool.avgpool2d_forward(x, np.zeros((1, 1, 4, 4), np.float32), 3, 1, 2)
+    with pytest.raises(ValueError, match=r"output has shape \(1, 1, 4, 4\), expected \(1, 1, 2, 2\)"):
+        pool.maxpool2d_forward(x, np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.int32), 2, 2, 0)
