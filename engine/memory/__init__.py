@@ -1,0 +1,78 @@
+"""Memory: every tensor of the engine has a type, a workspace and an owner.
+
+``ArrayType`` says what an array is for; a ``WorkspaceManager`` maps types to ``Workspace``s (one
+block each, bump allocation, scopes with a generation counter) for its mode; a ``Tensor`` remembers
+its workspace generation so a stale one is caught before a kernel runs; ``ContiguousBlock`` holds the
+long-lived parameters, gradients and optimizer state as one array each; the manager tree closes what
+a closed owner held; the ``MemoryMonitor`` records what all of it costs per step.
+"""
+
+from engine.memory.array_type import LONG_LIVED, ArrayType
+from engine.memory.block import ContiguousBlock
+from engine.memory.manager import MODES, ROUTES, WorkspaceManager, no_workspaces
+from engine.memory.tensor import (
+    LeakedWorkspaceError,
+    OutdatedWorkspaceError,
+    ReleasedTensorError,
+    Tensor,
+    WorkspaceError,
+    set_validation,
+    validation,
+    validation_enabled,
+)
+from engine.memory.tree import ManagerCappedError, ManagerClosedError, ManagerNode, RootManager, root_manager
+from engine.memory.workspace import (
+    ALIGNMENT,
+    DebugMode,
+    LearningPolicy,
+    ResetPolicy,
+    SpillPolicy,
+    Workspace,
+    WorkspaceClosedError,
+    WorkspaceConfig,
+    WorkspaceFullError,
+    WorkspaceStatistics,
+    allocation_statistics_for_current_thread,
+    destroy_all_workspaces_for_current_thread,
+    get_or_create_workspace,
+    print_allocation_statistics_for_current_thread,
+    workspaces_for_current_thread,
+)
+
+__all__ = [
+    "ALIGNMENT",
+    "LONG_LIVED",
+    "MODES",
+    "ROUTES",
+    "ArrayType",
+    "ContiguousBlock",
+    "DebugMode",
+    "LeakedWorkspaceError",
+    "LearningPolicy",
+    "ManagerCappedError",
+    "ManagerClosedError",
+    "ManagerNode",
+    "OutdatedWorkspaceError",
+    "ReleasedTensorError",
+    "ResetPolicy",
+    "RootManager",
+    "SpillPolicy",
+    "Tensor",
+    "Workspace",
+    "WorkspaceClosedError",
+    "WorkspaceConfig",
+    "WorkspaceError",
+    "WorkspaceFullError",
+    "WorkspaceManager",
+    "WorkspaceStatistics",
+    "allocation_statistics_for_current_thread",
+    "destroy_all_workspaces_for_current_thread",
+    "get_or_create_workspace",
+    "no_workspaces",
+    "print_allocation_statistics_for_current_thread",
+    "root_manager",
+    "set_validation",
+    "validation",
+    "validation_enabled",
+    "workspaces_for_current_thread",
+]
