@@ -10,6 +10,7 @@ a closed owner held; the ``MemoryMonitor`` records what all of it costs per step
 from engine.memory.array_type import LONG_LIVED, ArrayType
 from engine.memory.block import ContiguousBlock
 from engine.memory.manager import MODES, ROUTES, WorkspaceManager, no_workspaces
+from engine.memory.monitor import GcPolicy, MemoryMonitor
 from engine.memory.tensor import (
     LeakedWorkspaceError,
     OutdatedWorkspaceError,
@@ -47,11 +48,13 @@ __all__ = [
     "ArrayType",
     "ContiguousBlock",
     "DebugMode",
+    "GcPolicy",
     "LeakedWorkspaceError",
     "LearningPolicy",
     "ManagerCappedError",
     "ManagerClosedError",
     "ManagerNode",
+    "MemoryMonitor",
     "OutdatedWorkspaceError",
     "ReleasedTensorError",
     "ResetPolicy",
