@@ -1,0 +1,53 @@
+"""Models built from engine layers: ``build_model(name, ...)`` returns a ready Network.
+
+``resnet18`` and ``mobilenetv2`` are the CIFAR variants of torchvision's models with torchvision's
+parameter names; ``cnn`` and ``mlp`` are small nets for quick runs and tests. Options beyond the
+common ones go to the model's graph function (``image_size``, ``width``, ``hidden``, ``depth``,
+``dropout``, ``in_channels``, ``input_shape``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.graph import Graph
+from models.mobilenetv2 import mobilenetv2_graph
+from models.resnet18 import resnet18_graph
+from models.small import cnn_graph, mlp_graph
+
+GRAPHS: dict[str, Callable[..., Graph]] = {
+    "resnet18": resnet18_graph,
+    "mobilenetv2": mobilenetv2_graph,
+    "cnn": cnn_graph,
+    "mlp": mlp_graph,
+}
+MODEL_NAMES = tuple(GRAPHS)
+
+
+def build_model(
+    name: str,
+    num_classes: int = 10,
+    backend: Any = "cpu",
+    seed: int = 0,
+    workspace_mode: str = "enabled",
+    **options: Any,
+):
+    """A Network for model ``name`` on ``backend`` (a Backend or a backend name), weights drawn from ``seed``."""
+    from engine.backend import get_backend
+    from engine.network import Network
+
+    if name not in GRAPHS:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+    if isinstance(backend, str):
+        backend = get_backend(backend)
+    try:
+        graph = GRAPHS[name](num_classes=num_classes, **options)
+    except TypeError as exc:
+        raise ValueError(f"model {name!r}: bad option ({exc})") from None
+    return Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode)
+
+
+__all__ = ["MODEL_NAMES", "build_model"]

@@ -1,0 +1,40 @@
+"""ReLU and ReLU6. Backward takes its mask from the forward *output*, so the layer keeps its output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.layers.base import Layer, Shape
+
+
+class ReLU(Layer):
+    keeps_output = True
+    forward_op = "relu_forward"
+    backward_op = "relu_backward"
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        return tuple(input_shapes[0])
+
+    def forward(self, inputs: list[Any], training: bool) -> Any:
+        x = inputs[0]
+        out = self.output(x.shape)
+        getattr(self.backend.kernels, self.forward_op)(x, out)
+        if training:
+            self.saved = {"out": out}
+        return out
+
+    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+        if not need_input_grads[0]:
+            return [None]
+        out = self.saved["out"]
+        dx = self.input_grad(out.shape)
+        getattr(self.backend.kernels, self.backward_op)(out, dout, dx)
+        return [dx]
+
+
+class ReLU6(ReLU):
+    """min(max(x, 0), 6), MobileNetV2's activation; the gradient passes where 0 < out < 6."""
+
+    forward_op = "relu6_forward"
+    backward_op = "relu6_backward"

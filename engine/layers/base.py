@@ -1,0 +1,169 @@
+"""The Layer base class: what every layer declares and the two calls the graph makes.
+
+A layer is a small object that knows four things:
+
+- its **parameters** (names, shapes, PyTorch's default initialization) and **buffers** (running
+  statistics): the Network gathers them into ContiguousBlocks and hands each layer *views*
+  (``self.params``, ``self.grads``, ``self.buffers``), so an optimizer updates every weight in one pass;
+- the **shape** of its output for given input shapes, and the error it raises for a wrong input shape;
+- what it **keeps for backward**: its input (``keeps_input``), its output (``keeps_output``), and
+  extra FF_CACHE tensors (``saved_specs``), so the graph can tell how long every tensor lives;
+- the **scratch** its kernels need (``forward_scratch`` / ``backward_scratch``).
+
+Layers allocate only through the WorkspaceManager (``self.mgr.create(ArrayType.X, shape)``) and run
+only kernels of the backend's table (``self.backend.kernels.<op>``): a layer never asks which backend
+it runs on. The graph calls ``forward(inputs, training)`` inside ``mgr.layer(node.index)`` and
+``backward(dout, need_input_grads)`` in reverse order; a layer remembers what it needs between the
+two in ``self.saved`` and forgets it in ``clear_saved()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.memory import ArrayType
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """A learnable tensor: ``name`` is the suffix after the layer's name (``weight``, ``bias``)."""
+
+    name: str
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """A tensor the forward pass updates but no optimizer touches (BatchNorm's running statistics)."""
+
+    name: str
+    shape: Shape
+    initial_value: float
+
+
+@dataclass(frozen=True)
+class SavedSpec:
+    """A tensor kept from forward to backward in FF_CACHE (besides the layer's input or output)."""
+
+    name: str
+    shape: Shape
+    dtype: Any = np.float32
+
+
+def nbytes(shape: Shape, dtype: Any = np.float32) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class Layer:
+    """Base class. Subclasses set the class attributes and implement the shape and compute methods."""
+
+    num_inputs: int = 1
+    keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
+    keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
+
+    def __init__(self) -> None:
+        self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
+        self.backend: Any = None
+        self.mgr: Any = None
+        self.params: dict[str, Any] = {}
+        self.grads: dict[str, Any] = {}
+        self.buffers: dict[str, Any] = {}
+        self.saved: dict[str, Any] = {}
+
+    # ---- declarations --------------------------------------------------------------------------
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        return []
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        return []
+
+    def init_parameters(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Host float32 arrays for every parameter, drawn from ``rng`` in declaration order."""
+        return {}
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        """The output shape for these input shapes; raises ValueError naming the layer if they are wrong."""
+        raise NotImplementedError
+
+    def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        """The FF_CACHE tensors a training forward creates, in the order it creates them."""
+        return []
+
+    def forward_scratch(self, input_shapes: list[Shape]) -> int:
+        """float32 elements of FF_WORKING_MEM the forward kernels need."""
+        return 0
+
+    def backward_scratch(self, input_shapes: list[Shape]) -> int:
+        """float32 elements of BP_WORKING_MEM the backward kernels need."""
+        return 0
+
+    # ---- wiring ----------------------------------------------------------------------------------
+
+    def bind(self, backend: Any, mgr: Any, params: dict, grads: dict, buffers: dict) -> None:
+        """Attach the backend, the workspace manager and this layer's views into the network's blocks."""
+        self.backend = backend
+        self.mgr = mgr
+        self.params = params
+        self.grads = grads
+        self.buffers = buffers
+
+    def use_manager(self, mgr: Any) -> None:
+        """Allocate through ``mgr`` from now on (the network switches between training and inference)."""
+        self.mgr = mgr
+
+    # ---- compute ---------------------------------------------------------------------------------
+
+    def forward(self, inputs: list[Any], training: bool) -> Any:
+        raise NotImplementedError
+
+    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+        """Gradients with respect to each input (None where not needed); parameter gradients go to
+        ``self.grads`` (the kernels overwrite them)."""
+        raise NotImplementedError
+
+    def clear_saved(self) -> None:
+        self.saved = {}
+
+    # ---- helpers for subclasses -----------------------------------------------------------------
+
+    def describe(self) -> str:
+        return f"{type(self).__name__} {self.name!r}"
+
+    def shape_error(self, expected: str, got: Shape | list[Shape]) -> ValueError:
+        return ValueError(f"{self.describe()} expects input of shape {expected}, got {tuple_str(got)}")
+
+    def check_num_inputs(self, input_shapes: list[Shape]) -> None:
+        if len(input_shapes) != self.num_inputs:
+            raise ValueError(f"{self.describe()} takes {self.num_inputs} input(s), got {len(input_shapes)}")
+
+    def output(self, shape: Shape) -> Any:
+        """A new ACTIVATIONS tensor for this layer's output."""
+        return self.mgr.create(ArrayType.ACTIVATIONS, tuple(shape), dtype=np.float32)
+
+    def input_grad(self, shape: Shape) -> Any:
+        """A new ACTIVATION_GRAD tensor for the gradient with respect to an input."""
+        return self.mgr.create(ArrayType.ACTIVATION_GRAD, tuple(shape), dtype=np.float32)
+
+    def keep(self, name: str, shape: Shape, dtype: Any = np.float32) -> Any:
+        """A new FF_CACHE tensor kept for backward."""
+        return self.mgr.create(ArrayType.FF_CACHE, tuple(shape), dtype=dtype)
+
+    def scratch(self, array_type: ArrayType, elements: int) -> Any:
+        """A 1-D float32 scratch buffer of working memory (at least one element, so it is a real array)."""
+        return self.mgr.create(array_type, (max(int(elements), 1),), dtype=np.float32)
+
+
+def tuple_str(shape: Shape | list[Shape]) -> str:
+    if isinstance(shape, list):
+        return " and ".join(tuple_str(s) for s in shape)
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def uniform(rng: np.random.Generator, bound: float, shape: Shape) -> np.ndarray:
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)

@@ -1,0 +1,78 @@
+"""BatchNorm2d: per-channel normalization with learned scale and shift, as torch.nn.BatchNorm2d.
+
+Training normalizes with the batch statistics, keeps the batch mean and 1/std (FF_CACHE) and the
+input for backward, and moves ``running_mean`` / ``running_var`` (buffers, momentum 0.1, unbiased
+variance) in place. Inference uses the running statistics. ``num_batches_tracked`` is a host counter,
+as PyTorch's, written to and read from state dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.layers.base import BufferSpec, Layer, ParameterSpec, SavedSpec, Shape
+
+
+class BatchNorm2d(Layer):
+    keeps_input = True
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.num_batches_tracked = 0
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        return [ParameterSpec("weight", (self.num_features,)), ParameterSpec("bias", (self.num_features,))]
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        return [
+            BufferSpec("running_mean", (self.num_features,), 0.0),
+            BufferSpec("running_var", (self.num_features,), 1.0),
+        ]
+
+    def init_parameters(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        c = self.num_features
+        return {"weight": np.ones(c, np.float32), "bias": np.zeros(c, np.float32)}
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        shape = input_shapes[0]
+        if len(shape) != 4 or shape[1] != self.num_features:
+            raise self.shape_error(f"(N, {self.num_features}, H, W)", shape)
+        return tuple(shape)
+
+    def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        c = self.num_features
+        return [SavedSpec("save_mean", (c,)), SavedSpec("save_invstd", (c,))]
+
+    def forward(self, inputs: list[Any], training: bool) -> Any:
+        x = inputs[0]
+        out = self.output(self.output_shape([tuple(x.shape)]))
+        p, b = self.params, self.buffers
+        if training:
+            save_mean = self.keep("save_mean", (self.num_features,))
+            save_invstd = self.keep("save_invstd", (self.num_features,))
+            self.backend.kernels.batchnorm_forward_train(
+                x, p["weight"], p["bias"], b["running_mean"], b["running_var"], out, save_mean, save_invstd,
+                self.momentum, self.eps,
+            )  # fmt: skip
+            self.num_batches_tracked += 1
+            self.saved = {"x": x, "save_mean": save_mean, "save_invstd": save_invstd}
+        else:
+            self.backend.kernels.batchnorm_forward_infer(
+                x, p["weight"], p["bias"], b["running_mean"], b["running_var"], out, self.eps
+            )
+        return out
+
+    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+        s = self.saved
+        dx = self.input_grad(s["x"].shape)  # the kernel always writes dx
+        self.backend.kernels.batchnorm_backward(
+            s["x"], dout, self.params["weight"], s["save_mean"], s["save_invstd"], dx,
+            self.grads["weight"], self.grads["bias"],
+        )  # fmt: skip
+        return [dx if need_input_grads[0] else None]

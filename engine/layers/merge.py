@@ -1,0 +1,28 @@
+"""Add: the residual connection. Its backward hands the same gradient to both inputs (no copy);
+the graph sums gradients where a tensor feeds several layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.layers.base import Layer, Shape
+
+
+class Add(Layer):
+    num_inputs = 2
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        a, b = (tuple(s) for s in input_shapes)
+        if a != b:
+            raise ValueError(f"{self.describe()} expects two inputs of the same shape, got {a} and {b}")
+        return a
+
+    def forward(self, inputs: list[Any], training: bool) -> Any:
+        a, b = inputs
+        out = self.output(self.output_shape([tuple(a.shape), tuple(b.shape)]))
+        self.backend.kernels.add_forward(a, b, out)
+        return out
+
+    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+        return [dout if need else None for need in need_input_grads]

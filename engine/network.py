@@ -1,0 +1,419 @@
+"""Network: a graph of layers with its parameters, gradients and buffers, trained one step at a time.
+
+    logits = net.forward(x, training=True)   # x: N×C×H×W float32 array on the backend (or a Tensor)
+    loss = net.loss(labels)                  # int64 labels on the backend -> float
+    net.backward()                           # fills net.gradients
+
+**Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
+gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
+running statistics in a third block (``net.buffers``); layers get views into them. Everything an
+iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
+``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``.
+
+**Scope of an iteration.** ``forward`` enters ``mgr.iteration()`` (which resets the per-iteration
+workspaces) and leaves it open: the logits, the loss and every tensor kept for backward stay valid
+until ``backward`` has run, which closes the scope as its last act. In inference, ``predict`` closes
+it once the logits are copied to the host; a bare ``forward(training=False)`` leaves it open so the
+returned logits can be read. A new ``forward`` first closes a scope left open, and an exception inside
+forward or backward closes it too. Each layer runs inside ``mgr.layer(node.index)``, so its outputs
+and saved tensors are created while ``mgr.owner`` is its node index. The loss head runs outside any
+layer scope (owner None).
+
+**Hooks.** ``net.hooks`` holds objects with any of ``on_iteration_start(net)``,
+``before_forward(step, node)``, ``after_forward(step, node)``, ``before_backward(step, node)``,
+``after_backward(step, node)``, ``on_iteration_end(net)``; steps are numbered as in
+``engine.graph``. They fire in training iterations only: ``on_iteration_start`` right after the
+iteration scope opens, ``on_iteration_end`` after the last backward step, just before it closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from engine.graph import GRAPH_INPUT, Graph, Node
+from engine.layers.base import nbytes
+from engine.layers.dropout import Dropout
+from engine.layers.loss import SoftmaxCrossEntropy
+from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
+
+HOOK_METHODS = (
+    "on_iteration_start",
+    "before_forward",
+    "after_forward",
+    "before_backward",
+    "after_backward",
+    "on_iteration_end",
+)
+
+
+class LoadResult(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+@dataclass
+class LayerMemory:
+    """One row of ``memory_report``: bytes per node for one batch size."""
+
+    name: str
+    kind: str
+    output_shape: tuple[int, ...]
+    parameter_bytes: int
+    output_bytes: int
+    saved_bytes: int  # kept for backward: FF_CACHE tensors plus the input/output the layer reads back
+    working_bytes: int  # the larger of forward and backward scratch
+
+
+@dataclass
+class MemoryReport:
+    batch_size: int
+    rows: list[LayerMemory]
+    parameter_bytes: int
+    gradient_bytes: int
+    buffer_bytes: int
+    iteration_peak_bytes: int  # largest sum of live iteration tensors + that step's scratch
+    peak_step: int
+    planned_peak_bytes: int  # long-lived blocks + iteration peak (a liveness-based plan, no fragmentation)
+    by_type_at_peak: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "rows": [vars(r) for r in self.rows],
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "iteration_peak_bytes": self.iteration_peak_bytes,
+            "peak_step": self.peak_step,
+            "planned_peak_bytes": self.planned_peak_bytes,
+            "by_type_at_peak": dict(self.by_type_at_peak),
+        }
+
+
+class Network:
+    """A trainable model: a Graph bound to a backend, blocks of weights, and two workspace managers."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        backend: Any,
+        *,
+        seed: int = 0,
+        name: str = "network",
+        workspace_mode: str = "enabled",
+    ) -> None:
+        """``workspace_mode`` "enabled" uses workspaces; "none" gives every tensor its own allocation."""
+        if workspace_mode not in ("enabled", "none"):
+            raise ValueError(f"workspace_mode must be 'enabled' or 'none', got {workspace_mode!r}")
+        self.graph = graph
+        self.backend = backend
+        self.name = name
+        self.seed = seed
+        self.hooks: list[Any] = []
+        enabled = workspace_mode == "enabled"
+        self.mgr = WorkspaceManager(backend, mode="training" if enabled else "none")
+        # A child of the training manager: closing the network (``close``) closes both.
+        self.inference_mgr = self.mgr.sub_manager("inference" if enabled else "none", name="inference")
+        self.loss_head = SoftmaxCrossEntropy(backend)
+
+        parameter_specs, buffer_specs = [], []
+        for node in graph.nodes:
+            parameter_specs += [(f"{node.name}.{p.name}", tuple(p.shape)) for p in node.layer.parameter_specs()]
+            buffer_specs += [(f"{node.name}.{b.name}", tuple(b.shape)) for b in node.layer.buffer_specs()]
+        # Tracked by the manager, so memory dumps and the monitor count them.
+        self.parameters = ContiguousBlock(backend, ArrayType.PARAMETERS, parameter_specs, manager=self.mgr)
+        self.gradients = ContiguousBlock(backend, ArrayType.GRADIENTS, parameter_specs, manager=self.mgr)
+        # Buffers are long-lived like parameters but never optimized: a block of their own.
+        self.buffers = ContiguousBlock(backend, ArrayType.PARAMETERS, buffer_specs, manager=self.mgr)
+
+        init_rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng([seed, 1])  # dropout masks; checkpoint rng.bit_generator.state
+        for node in graph.nodes:
+            layer = node.layer
+            own = {p.name: f"{node.name}.{p.name}" for p in layer.parameter_specs()}
+            own_buffers = {b.name: f"{node.name}.{b.name}" for b in layer.buffer_specs()}
+            layer.bind(
+                backend,
+                self.mgr,
+                {k: self.parameters.views[v] for k, v in own.items()},
+                {k: self.gradients.views[v] for k, v in own.items()},
+                {k: self.buffers.views[v] for k, v in own_buffers.items()},
+            )
+            for key, value in layer.init_parameters(init_rng).items():
+                self.parameters.views[own[key]][...] = backend.to_device(value)
+            for spec in layer.buffer_specs():
+                self.buffers.views[own_buffers[spec.name]][...] = spec.initial_value
+            if isinstance(layer, Dropout):
+                layer.rng = self.rng
+
+        self._scope: Any = None  # the open mgr.iteration() context, if any
+        self._scope_training = False
+        self._logits: Any = None
+        self._loss_ready = False
+
+    # ---- one iteration ----------------------------------------------------------------------------
+
+    def forward(self, x: Any, training: bool = True) -> Any:
+        """Run every node in order; returns the logits Tensor (valid until the iteration scope closes)."""
+        self._check_input(x)
+        self.end_iteration()
+        mgr = self.mgr if training else self.inference_mgr
+        for node in self.graph.nodes:
+            node.layer.use_manager(mgr)
+        scope = mgr.iteration()
+        scope.__enter__()
+        self._scope, self._scope_training, self._loss_ready = scope, training, False
+        try:
+            if training:
+                self._call_hooks("on_iteration_start", self)
+            outputs: dict[int, Any] = {GRAPH_INPUT: x}
+            remaining = {GRAPH_INPUT: len(self.graph.input_consumers)}
+            for node in self.graph.nodes:
+                if training:
+                    self._call_hooks("before_forward", node.index, node)
+                with mgr.layer(node.index):
+                    out = node.layer.forward([outputs[i] for i in node.inputs], training)
+                outputs[node.index] = out
+                remaining[node.index] = len(node.consumers)
+                for source in node.inputs:  # drop references nothing will read in forward any more
+                    remaining[source] -= 1
+                    if remaining[source] == 0 and source != GRAPH_INPUT:
+                        del outputs[source]
+                if training:
+                    self._call_hooks("after_forward", node.index, node)
+            self._logits = outputs[self.graph.output.index]
+            return self._logits
+        except BaseException:
+            self.end_iteration()
+            raise
+
+    def loss(self, labels: Any) -> float:
+        """Softmax cross-entropy (batch mean) of the last forward's logits against int64 ``labels``."""
+        if self._scope is None or self._logits is None:
+            raise RuntimeError(f"{self.name}: call forward(x) before loss(labels)")
+        mgr = self.mgr if self._scope_training else self.inference_mgr
+        value = self.loss_head.forward(mgr, self._logits, labels)
+        self._loss_ready = True
+        return value
+
+    def backward(self) -> None:
+        """Backpropagate the last loss; writes every parameter gradient into ``net.gradients``."""
+        if self._scope is None or not self._scope_training:
+            raise RuntimeError(f"{self.name}: backward() needs forward(x, training=True) first")
+        if not self._loss_ready:
+            raise RuntimeError(f"{self.name}: call loss(labels) between forward and backward")
+        mgr = self.mgr
+        kernels = self.backend.kernels
+        L = len(self.graph.nodes)
+        try:
+            grads: dict[int, Any] = {self.graph.output.index: self.loss_head.backward(mgr)}
+            for node in reversed(self.graph.nodes):
+                step = 2 * L - 1 - node.index
+                self._call_hooks("before_backward", step, node)
+                dout = grads.pop(node.index)
+                with mgr.layer(node.index):
+                    need = [source != GRAPH_INPUT for source in node.inputs]
+                    input_grads = node.layer.backward(dout, need)
+                    for source, dx in zip(node.inputs, input_grads):
+                        if source == GRAPH_INPUT:
+                            continue
+                        if source in grads:  # a fan-out: sum the contributions into a new tensor
+                            total = mgr.create(ArrayType.ACTIVATION_GRAD, tuple(dx.shape), dtype=np.float32)
+                            kernels.add_forward(grads[source], dx, total)
+                            grads[source] = total
+                        else:
+                            grads[source] = dx
+                node.layer.clear_saved()
+                self._call_hooks("after_backward", step, node)
+            self._call_hooks("on_iteration_end", self)
+        finally:
+            self.end_iteration()
+
+    def end_iteration(self) -> None:
+        """Close the open iteration scope (if any) and forget every tensor of it."""
+        scope, self._scope = self._scope, None
+        self._logits = None
+        self._loss_ready = False
+        for node in self.graph.nodes:
+            node.layer.clear_saved()
+        self.loss_head.saved = {}
+        if scope is not None:
+            scope.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Release every workspace of this network (both managers); the network is unusable afterwards."""
+        self.end_iteration()
+        self.mgr.close()
+
+    def predict(self, x: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Inference logits as a host float32 array (written into ``out`` when given)."""
+        logits = self.forward(x, training=False)
+        try:
+            host = self.backend.to_host(logits.array)
+            if out is None:
+                out = np.array(host, dtype=np.float32, copy=True)
+            else:
+                out[...] = host
+        finally:
+            self.end_iteration()
+        return out
+
+    def _check_input(self, x: Any) -> None:
+        shape = tuple(x.shape)
+        expected = len(self.graph.input_shape) + 1
+        if len(shape) != expected or x.dtype != np.float32:
+            raise ValueError(
+                f"{self.name} expects input of shape (N, {', '.join(map(str, self.graph.input_shape))}) float32, "
+                f"got {shape} {x.dtype}"
+            )
+
+    def _call_hooks(self, method: str, *args: Any) -> None:
+        for hook in self.hooks:
+            function = getattr(hook, method, None)
+            if function is not None:
+                function(*args)
+
+    # ---- weights ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies with torchvision's names: parameters and buffers float32, num_batches_tracked int64."""
+        state: dict[str, np.ndarray] = {}
+        for node in self.graph.nodes:
+            layer = node.layer
+            for spec in layer.parameter_specs():
+                key = f"{node.name}.{spec.name}"
+                state[key] = np.array(self.backend.to_host(self.parameters.views[key]), dtype=np.float32)
+            for spec in layer.buffer_specs():
+                key = f"{node.name}.{spec.name}"
+                state[key] = np.array(self.backend.to_host(self.buffers.views[key]), dtype=np.float32)
+            if hasattr(layer, "num_batches_tracked"):
+                state[f"{node.name}.num_batches_tracked"] = np.array(layer.num_batches_tracked, dtype=np.int64)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> LoadResult:
+        """Copy weights in by name. Every name and shape is checked first; a problem raises one ValueError
+        listing every missing, unexpected and mismatched key (missing/unexpected only when ``strict``).
+        ``num_batches_tracked`` is accepted and optional."""
+        targets: dict[str, Any] = {}
+        counters: dict[str, Any] = {}
+        for node in self.graph.nodes:
+            layer = node.layer
+            for spec in layer.parameter_specs():
+                key = f"{node.name}.{spec.name}"
+                targets[key] = self.parameters.views[key]
+            for spec in layer.buffer_specs():
+                key = f"{node.name}.{spec.name}"
+                targets[key] = self.buffers.views[key]
+            if hasattr(layer, "num_batches_tracked"):
+                counters[f"{node.name}.num_batches_tracked"] = layer
+        missing = [k for k in targets if k not in state]
+        unexpected = [k for k in state if k not in targets and k not in counters]
+        mismatched = []
+        values: dict[str, np.ndarray] = {}
+        for key, target in targets.items():
+            if key not in state:
+                continue
+            value = _host_array(state[key])
+            if tuple(value.shape) != tuple(target.shape):
+                mismatched.append(f"{key}: expected {tuple(target.shape)}, got {tuple(value.shape)}")
+            elif not np.issubdtype(value.dtype, np.floating):
+                mismatched.append(f"{key}: expected a float array, got dtype {value.dtype}")
+            else:
+                values[key] = value
+        for key in counters:
+            if key in state and _host_array(state[key]).size != 1:
+                mismatched.append(f"{key}: expected a scalar count, got shape {_host_array(state[key]).shape}")
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys ({len(missing)}): {', '.join(missing)}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        if mismatched:
+            problems.append(f"shape mismatches ({len(mismatched)}): {'; '.join(mismatched)}")
+        if problems:
+            raise ValueError(f"cannot load state dict into {self.name}: " + " | ".join(problems))
+        for key, value in values.items():
+            targets[key][...] = self.backend.to_device(np.ascontiguousarray(value, dtype=np.float32))
+        for key, layer in counters.items():
+            if key in state:
+                layer.num_batches_tracked = int(_host_array(state[key]).reshape(()))
+        return LoadResult(missing, unexpected)
+
+    # ---- memory ------------------------------------------------------------------------------------
+
+    def memory_report(self, batch_size: int) -> MemoryReport:
+        """Per-layer bytes for one training iteration at ``batch_size``, and the liveness-based peak."""
+        graph = self.graph
+        L = len(graph.nodes)
+        shapes = graph.shapes(batch_size)
+        tensors = graph.tensors(batch_size)
+        own_cache: dict[int, int] = {}
+        for t in tensors:
+            if t.array_type is ArrayType.FF_CACHE:
+                own_cache[t.owner] = own_cache.get(t.owner, 0) + t.nbytes
+        rows, step_scratch = [], [0] * (2 * L)
+        for node in graph.nodes:
+            layer = node.layer
+            in_shapes = [shapes[i] for i in node.inputs]
+            saved = own_cache.get(node.index, 0)
+            if layer.keeps_input:
+                saved += sum(nbytes(s) for s in in_shapes)
+            if layer.keeps_output:
+                saved += nbytes(shapes[node.index])
+            forward_scratch = 4 * layer.forward_scratch(in_shapes)
+            backward_scratch = 4 * layer.backward_scratch(in_shapes)
+            step_scratch[node.index] = forward_scratch
+            step_scratch[2 * L - 1 - node.index] = backward_scratch
+            rows.append(
+                LayerMemory(
+                    name=node.name,
+                    kind=type(layer).__name__,
+                    output_shape=shapes[node.index],
+                    parameter_bytes=sum(4 * int(np.prod(p.shape)) for p in layer.parameter_specs()),
+                    output_bytes=nbytes(shapes[node.index]),
+                    saved_bytes=saved,
+                    working_bytes=max(forward_scratch, backward_scratch),
+                )
+            )
+        peak, peak_step, by_type = 0, 0, {}
+        for step in range(2 * L):
+            live = [t for t in tensors if t.first <= step <= t.last]
+            total = sum(t.nbytes for t in live) + step_scratch[step]
+            if total > peak:
+                peak, peak_step = total, step
+                by_type = {}
+                for t in live:
+                    by_type[t.array_type.name] = by_type.get(t.array_type.name, 0) + t.nbytes
+                scratch_type = ArrayType.FF_WORKING_MEM if step < L else ArrayType.BP_WORKING_MEM
+                by_type[scratch_type.name] = step_scratch[step]
+        parameter_bytes = int(self.parameters.flat.nbytes)
+        gradient_bytes = int(self.gradients.flat.nbytes)
+        buffer_bytes = int(self.buffers.flat.nbytes)
+        return MemoryReport(
+            batch_size=batch_size,
+            rows=rows,
+            parameter_bytes=parameter_bytes,
+            gradient_bytes=gradient_bytes,
+            buffer_bytes=buffer_bytes,
+            iteration_peak_bytes=peak,
+            peak_step=peak_step,
+            planned_peak_bytes=parameter_bytes + gradient_bytes + buffer_bytes + peak,
+            by_type_at_peak=by_type,
+        )
+
+    def node(self, name: str) -> Node:
+        return self.graph.by_name[name]
+
+    @property
+    def num_parameters(self) -> int:
+        return int(self.parameters.flat.size)
+
+
+def _host_array(value: Any) -> np.ndarray:
+    """A NumPy view of a state-dict value (NumPy array, scalar, or a torch tensor on the CPU)."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
