@@ -1,0 +1,87 @@
+"""What every CUDA launcher needs: grid sizes, float32 scalars, CuPy's stream, and argument checks.
+
+Launchers take NumPy arrays (the simulator runs them in place) or CuPy arrays (real GPU: numba-cuda
+reads them through ``__cuda_array_interface__``, no copy). CuPy is never imported at module level;
+when an argument is a CuPy array the kernel runs on CuPy's current stream, so kernels and CuPy's own
+work stay ordered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+THREADS_PER_BLOCK = 256
+"""Threads of a 1-D element-wise launch: a multiple of the 32-thread warp, enough to hide latency."""
+
+MAX_REDUCTION_THREADS = 256
+"""Size of every shared-memory reduction buffer; a block reducing fewer elements uses fewer threads."""
+
+_external_streams: dict[int, Any] = {}
+
+
+def blocks_for(count: int, threads: int = THREADS_PER_BLOCK) -> int:
+    """Blocks needed so that one thread covers each of ``count`` items (at least one block)."""
+    return max(1, (int(count) + threads - 1) // threads)
+
+
+def reduction_threads(count: int) -> int:
+    """Threads of a block that tree-reduces ``count`` numbers: a power of two, at most the buffer.
+
+    The tree halves the active threads each step, so the count must be a power of two. A fixed
+    count for a given problem size is what makes the sum's rounding identical on every run.
+    """
+    threads = 1
+    while threads < count and threads < MAX_REDUCTION_THREADS:
+        threads *= 2
+    return threads
+
+
+def f32(value: float) -> np.float32:
+    """Scalars go to kernels as float32, so the kernel computes in float32 and compiles once."""
+    return np.float32(value)
+
+
+def _is_cupy(array: Any) -> bool:
+    return type(array).__module__.split(".")[0] == "cupy"
+
+
+def launch(kernel: Any, blocks: Any, threads: Any, *args: Any) -> None:
+    """Run ``kernel[blocks, threads](*args)`` on CuPy's current stream when the arrays are CuPy's."""
+    if any(_is_cupy(a) for a in args):
+        import cupy
+
+        pointer = cupy.cuda.get_current_stream().ptr
+        if pointer:
+            stream = _external_streams.get(pointer)
+            if stream is None:
+                stream = _external_streams[pointer] = cuda.external_stream(pointer)
+            kernel[blocks, threads, stream](*args)
+            return
+    kernel[blocks, threads](*args)
+
+
+def pair_shape(value: Any, name: str) -> int:
+    """Windows and strides are square: one int. Reject a pair with different sides clearly."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ValueError(f"{name}={value!r}: the CUDA kernels take one int for both sides (square windows)")
+        value = value[0]
+    return int(value)
+
+
+def check_scratch(scratch: Any, needed: int, op: str) -> Any:
+    """The first ``needed`` elements of the caller's 1-D float32 scratch buffer, or a clear error."""
+    if needed == 0:
+        return None
+    if scratch is None or scratch.size < needed:
+        have = 0 if scratch is None else scratch.size
+        raise ValueError(
+            f"{op}: scratch holds {have} float32 elements but this convolution needs {needed}; "
+            f"size it with {op}_workspace_size(...)"
+        )
+    if scratch.dtype != np.float32 or scratch.ndim != 1:
+        raise ValueError(f"{op}: scratch must be a 1-D float32 array, got {scratch.dtype} with shape {scratch.shape}")
+    return scratch[:needed]
