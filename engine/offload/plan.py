@@ -1,0 +1,379 @@
+"""The offload plan: which layer's tensors go to disk, where they sit in memory and in the swap file.
+
+A training step runs every node's forward, then every node's backward in reverse: ``2M`` executor
+steps on one *timeline*. Each node owns up to two *units* of the tensors created while ``mgr.owner``
+was its index (its ACTIVATIONS output and its FF_CACHE): the "saved" unit, which a backward reads
+again, and the "transient" one, which only forwards read (freed after its last reader, never
+written). A saved unit is used from its forward until the last forward that reads it, and again
+from the first backward that needs it until the last.
+
+With a window of N, a unit occupies memory
+
+* from its forward until N steps after its last forward use (the saver may lag N steps behind), and
+* from N steps before its first backward use (the loader prefetches N steps ahead) until its backward;
+
+when those two spans touch, the unit stays resident and is never written (the last N layers of the
+forward are used again right away); a unit that no backward uses is freed after its last forward
+use, never written either.
+
+Every unit gets one offset in a resident *arena* for both of its spans (the layers hold tensors that
+must come back to the same address), chosen first-fit by decreasing size among the units whose spans
+overlap in time (TFLite's greedy arena planner). Because the spans include the lag and the
+lookahead, data being saved or prefetched never shares memory with a live tensor: nntrainer's
+lookahead corrupted memory exactly there (issue #2034). At run time the scheduler also waits, before a
+unit moves into its region, until every earlier occupant of those bytes has left (``predecessors``):
+the plan decides how much can overlap, the waits make it safe whatever the timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.memory.array_type import ArrayType
+
+ALIGN = 64  # tensor alignment inside a unit, as the workspaces use
+PAGE = 4096  # unit alignment in the swap file: page-cache drops and O_DIRECT work on whole pages
+
+
+def align(nbytes: int, to: int = ALIGN) -> int:
+    return (int(nbytes) + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a unit, in the order the layer created it."""
+
+    name: str  # e.g. "layer1.0.bn1:out", as engine.graph names it
+    array_type: ArrayType
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int  # byte offset inside the unit
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What one node leaves in memory during a step, and when it is used on the timeline."""
+
+    owner: int  # the node index (mgr.owner while the tensors were created)
+    part: str  # "saved": a backward reads it; "transient": only forwards read it (never written)
+    name: str  # the node's name, for logs and error messages
+    tensors: tuple[TensorSpec, ...]
+    created: int  # timeline step of the node's forward
+    forward_end: int  # last forward step that reads the unit
+    backward_start: int | None  # first backward step that reads it; None: dead after the forward
+    backward_end: int | None  # last backward step that reads it (the node's own backward)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.owner, self.part)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.part})"
+
+    @property
+    def nbytes(self) -> int:
+        """The unit's bytes in the arena (tensors aligned to 64 bytes)."""
+        if not self.tensors:
+            return 0
+        last = self.tensors[-1]
+        return align(last.offset + last.nbytes)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def layout_tensors(specs: Sequence[tuple[str, ArrayType, tuple[int, ...], np.dtype]]) -> tuple[TensorSpec, ...]:
+    """Place a unit's tensors (name, type, shape, dtype) one after another, 64-byte aligned."""
+    tensors = []
+    offset = 0
+    for name, array_type, shape, dtype in specs:
+        tensor = TensorSpec(name, array_type, tuple(int(s) for s in shape), np.dtype(dtype), offset)
+        tensors.append(tensor)
+        offset = align(offset + tensor.nbytes)
+    return tuple(tensors)
+
+
+@dataclass(frozen=True)
+class Occupation:
+    """A span of timeline steps [start, end] during which a unit holds its arena bytes."""
+
+    key: tuple[int, str]
+    index: int  # 0: the forward span (or the whole step when never written), 1: the backward span
+    start: int
+    end: int
+
+    def overlaps(self, other: Occupation) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+@dataclass
+class UnitPlan:
+    spec: UnitSpec
+    arena_offset: int
+    offloaded: bool  # written after the forward and read back before the backward
+    occupations: tuple[Occupation, ...]
+    file_offset: int | None  # where its records start in the swap file (None when never written)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.spec.key
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes
+
+
+@dataclass
+class OffloadPlan:
+    """The arena layout for one window size; ``arena_bytes`` is the planned peak of offloadable tensors."""
+
+    window: int
+    steps: int  # length of the timeline (2 × nodes)
+    units: dict[tuple[int, str], UnitPlan]
+    arena_bytes: int
+    lower_bound_bytes: int  # max over the timeline of the bytes that must be resident (no fragmentation)
+    peak_units: int  # max number of units holding memory at one step
+    total_bytes: int  # every unit's bytes: what stays resident for a whole step without offload
+    file_bytes: int  # size of the swap file (every unit a backward reads has a place in it)
+    predecessors: dict[tuple[tuple[int, str], int], tuple[tuple[tuple[int, str], int], ...]] = field(repr=False)
+
+    @property
+    def offloaded(self) -> list[UnitPlan]:
+        return [u for u in self.units.values() if u.offloaded]
+
+    @property
+    def load_order(self) -> list[UnitPlan]:
+        """Offloaded units in the order the backward needs them (the loader's queue)."""
+        return sorted(self.offloaded, key=lambda u: (u.spec.backward_start, -u.spec.owner))
+
+    @property
+    def offloaded_bytes(self) -> int:
+        return sum(u.nbytes for u in self.offloaded)
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "window": self.window,
+            "units": len(self.units),
+            "offloaded_units": len(self.offloaded),
+            "arena_bytes": self.arena_bytes,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "total_bytes": self.total_bytes,
+            "offloaded_bytes": self.offloaded_bytes,
+            "file_bytes": self.file_bytes,
+            "peak_units": self.peak_units,
+        }
+
+
+def file_layout(units: Sequence[UnitSpec]) -> tuple[dict[tuple[int, str], int], int]:
+    """A fixed place in the swap file for every unit a backward reads (page aligned), and the file size.
+
+    It does not depend on the window, so an adaptive window changes which units are written, never
+    where they go.
+    """
+    offsets = {}
+    position = 0
+    for unit in sorted(units, key=lambda u: u.key):
+        if unit.backward_start is None or not unit.tensors:
+            continue
+        offsets[unit.key] = position
+        position += align(unit.nbytes, PAGE)
+    return offsets, position
+
+
+def occupations_for(unit: UnitSpec, window: int) -> tuple[tuple[Occupation, ...], bool]:
+    """The unit's spans for a window of ``window`` and whether it is written to disk."""
+    if unit.backward_start is None:
+        return (Occupation(unit.key, 0, unit.created, unit.forward_end),), False
+    forward_until = unit.forward_end + window
+    backward_from = unit.backward_start - window
+    if backward_from <= forward_until + 1:  # the spans touch: keep it, never write it
+        return (Occupation(unit.key, 0, unit.created, unit.backward_end),), False
+    return (
+        Occupation(unit.key, 0, unit.created, forward_until),
+        Occupation(unit.key, 1, backward_from, unit.backward_end),
+    ), True
+
+
+def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPlan:
+    """Plan the arena for ``window`` (>= 1) layers of slack on each side of the executing one."""
+    if window < 1:
+        raise ValueError(f"the offload window must be at least 1 layer, got {window}")
+    units = [u for u in units if u.tensors]
+    file_offsets, file_bytes = file_layout(units)
+    spans = {u.key: occupations_for(u, window) for u in units}
+
+    placed: dict[tuple[int, str], int] = {}
+    # Largest first, earlier first among equals: the TFLite arena order; first fit at the lowest offset.
+    for unit in sorted(units, key=lambda u: (-u.nbytes, u.created, u.key)):
+        mine = spans[unit.key][0]
+        busy = sorted(
+            (placed[other.key], placed[other.key] + other.nbytes)
+            for other in units
+            if other.key in placed and _spans_overlap(mine, spans[other.key][0])
+        )
+        offset = 0
+        for start, end in busy:
+            if offset + unit.nbytes <= start:
+                break
+            offset = max(offset, end)
+        placed[unit.key] = offset
+
+    plans = {
+        u.key: UnitPlan(u, placed[u.key], spans[u.key][1], spans[u.key][0],
+                        file_offsets.get(u.key) if spans[u.key][1] else None)
+        for u in units
+    }
+    arena_bytes = max((p.arena_offset + p.nbytes for p in plans.values()), default=0)
+    lower_bound, peak_units = _resident_profile(plans.values(), steps)
+    return OffloadPlan(
+        window=window,
+        steps=steps,
+        units=plans,
+        arena_bytes=arena_bytes,
+        lower_bound_bytes=lower_bound,
+        peak_units=peak_units,
+        total_bytes=sum(u.nbytes for u in units),
+        file_bytes=file_bytes,
+        predecessors=_predecessors(plans.values()),
+    )
+
+
+def _spans_overlap(a: Sequence[Occupation], b: Sequence[Occupation]) -> bool:
+    return any(x.overlaps(y) for x in a for y in b)
+
+
+def _resident_profile(plans: Sequence[UnitPlan] | object, steps: int) -> tuple[int, int]:
+    plans = list(plans)  # type: ignore[arg-type]
+    last = max([o.end for p in plans for o in p.occupations] + [steps - 1, 0])
+    bytes_at = np.zeros(last + 2, dtype=np.int64)
+    units_at = np.zeros(last + 2, dtype=np.int64)
+    for p in plans:
+        for o in p.occupations:
+            bytes_at[o.start] += p.nbytes
+            bytes_at[o.end + 1] -= p.nbytes
+            units_at[o.start] += 1
+            units_at[o.end + 1] -= 1
+    return int(np.cumsum(bytes_at).max(initial=0)), int(np.cumsum(units_at).max(initial=0))
+
+
+def _predecessors(plans: Sequence[UnitPlan] | object) -> dict[tuple[tuple[int, str], int], tuple]:
+    """For each span, the earlier spans of the same bytes: they must be vacated before it moves in."""
+    plans = list(plans)  # type: ignore[arg-type]
+    result: dict[tuple[tuple[int, str], int], tuple] = {}
+    for p in plans:
+        lo, hi = p.arena_offset, p.arena_offset + p.nbytes
+        for occ in p.occupations:
+            before = []
+            for q in plans:
+                if q.arena_offset >= hi or lo >= q.arena_offset + q.nbytes:
+                    continue
+                for other in q.occupations:
+                    if other.end < occ.start:
+                        before.append((q.key, other.index))
+            result[(p.key, occ.index)] = tuple(sorted(before))
+    return result
+
+
+def check_plan(plan: OffloadPlan) -> None:
+    """Raise AssertionError when two spans that overlap in time share bytes (used by the tests)."""
+    plans = list(plan.units.values())
+    for i, p in enumerate(plans):
+        for q in plans[i + 1:]:
+            if p.arena_offset >= q.arena_offset + q.nbytes or q.arena_offset >= p.arena_offset + p.nbytes:
+                continue
+            if _spans_overlap(p.occupations, q.occupations):
+                raise AssertionError(f"units {p.spec.label!r} and {q.spec.label!r} share arena bytes while both live")
+        if p.arena_offset + p.nbytes > plan.arena_bytes:
+            raise AssertionError(f"unit {p.spec.label!r} lies past the arena")
+
+
+@dataclass(frozen=True)
+class TensorUse:
+    """One tensor a node creates, in creation order, with the steps that read it."""
+
+    name: str
+    array_type: ArrayType
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    forward_end: int  # last forward step reading it (its own step at least)
+    backward_start: int | None  # first backward step reading it; None when no backward does
+    backward_end: int | None
+
+
+def group_units(
+    created: Mapping[int, int], names: Mapping[int, str], uses: Mapping[int, Sequence[TensorUse]]
+) -> tuple[list[UnitSpec], dict[int, list[tuple[tuple[int, str], TensorSpec]]]]:
+    """Split each node's tensors into a "saved" unit (a backward reads them) and a "transient" one.
+
+    Returns the units and, per node, its creations in order: (unit key, tensor spec), which is what
+    the scheduler checks every ``create`` against.
+    """
+    units: list[UnitSpec] = []
+    creations: dict[int, list[tuple[tuple[int, str], TensorSpec]]] = {}
+    for owner, tensor_uses in uses.items():
+        parts = {"saved": [u for u in tensor_uses if u.backward_start is not None],
+                 "transient": [u for u in tensor_uses if u.backward_start is None]}
+        by_use: dict[int, tuple[tuple[int, str], TensorSpec]] = {}
+        for part, members in parts.items():
+            if not members:
+                continue
+            tensors = layout_tensors([(m.name, m.array_type, m.shape, m.dtype) for m in members])
+            saved = part == "saved"
+            unit = UnitSpec(
+                owner=owner,
+                part=part,
+                name=names[owner],
+                tensors=tensors,
+                created=created[owner],
+                forward_end=max(m.forward_end for m in members),
+                backward_start=min(m.backward_start for m in members) if saved else None,  # type: ignore[type-var]
+                backward_end=max(m.backward_end for m in members) if saved else None,  # type: ignore[type-var]
+            )
+            units.append(unit)
+            for m, t in zip(members, tensors):
+                by_use[id(m)] = (unit.key, t)
+        creations[owner] = [by_use[id(m)] for m in tensor_uses]
+    return units, creations
+
+
+def graph_units(graph: object, batch_size: int) -> tuple[list[UnitSpec], dict[int, list], int]:
+    """The units of a network's graph at ``batch_size``: (units, creations per node, timeline length).
+
+    From ``graph.tensors``: a node's ACTIVATIONS output and FF_CACHE, in the order the layer creates
+    them (output first, then ``saved_specs``). The output is read in backward by the consumers that
+    keep their input (Conv2d, BatchNorm2d, Dense) and by the node itself when it keeps its output
+    (ReLU); FF_CACHE by the node's own backward; the logits by the loss head (before the first backward
+    step). Everything else is transient: never written.
+    """
+    from engine.memory.array_type import ArrayType as T
+
+    nodes = graph.nodes  # type: ignore[attr-defined]
+    steps = 2 * len(nodes)
+    specs = [t for t in graph.tensors(batch_size) if t.owner is not None  # type: ignore[attr-defined]
+             and t.array_type in (T.ACTIVATIONS, T.FF_CACHE)]
+    uses: dict[int, list[TensorUse]] = {n.index: [] for n in nodes}
+    for t in specs:
+        node = nodes[t.owner]
+        i = node.index
+        if t.array_type is T.FF_CACHE:
+            forward_end, backward = i, [steps - 1 - i]
+        else:
+            forward_end = max([i, *node.consumers])
+            backward = [steps - 1 - c for c in node.consumers if nodes[c].layer.keeps_input]
+            if node.layer.keeps_output:
+                backward.append(steps - 1 - i)
+            if node is graph.output:  # type: ignore[attr-defined]  # the loss head reads the logits
+                backward.append(steps // 2)
+        uses[i].append(TensorUse(t.name, t.array_type, tuple(t.shape), np.dtype(t.dtype), forward_end,
+                                 min(backward) if backward else None, max(backward) if backward else None))
+    units, creations = group_units({n.index: n.index for n in nodes}, {n.index: n.name for n in nodes}, uses)
+    return units, creations, steps

@@ -1,0 +1,707 @@
+"""OffloadScheduler: keeps a window of layers in memory while the rest of a training step waits on disk.
+
+Three threads share the work (nntrainer issue #789's design):
+
+* the **executor** is the thread that runs the network; it calls this scheduler through the
+  network's hooks and through ``mgr.create`` (the scheduler is the memory *provider* of ACTIVATIONS
+  and FF_CACHE in training mode, so those tensors live in the scheduler's arena, nowhere else);
+* the **saver** writes a layer's saved tensors to the swap file once the forward no longer reads
+  them, then frees their bytes;
+* the **loader** reads them back, N steps before the backward that needs them.
+
+Every unit (a node's saved or transient tensors, see ``engine.offload.plan``) is in one state:
+
+    RELEASED        holds no bytes this step (not produced yet, or freed after its last use)
+    READY_FOR_EXEC  in memory, usable by the executor
+    WAIT_FOR_OFF    being saved (in memory, leaving)
+    SWAPPED         on disk only
+    WAIT_FOR_EXEC   being loaded (coming back)
+
+Transitions are logged at DEBUG on ``logging.getLogger("engine.offload")``.
+
+Memory is bounded by construction: a unit moves into its arena bytes (the executor creating it, or
+the loader reading it) only after every earlier occupant of those bytes has left. So an onload waits
+for the offload that frees its room, and the executor waits for a save only when the room it needs
+is still being saved. A tensor of a unit that is not in memory has its (pseudo-)workspace closed: a
+kernel handed such a tensor raises instead of reading someone else's bytes.
+
+The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
+a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
+waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import mmap
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.memory.array_type import ArrayType
+from engine.memory.tensor import CLOSED, Tensor
+from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
+from engine.offload.staging import transfer_for
+from engine.offload.storage import DelayHook, SwapRecord, SwapStorage, format_bytes
+
+log = logging.getLogger("engine.offload")
+
+OFFLOADED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
+
+
+class LayerState(enum.Enum):
+    RELEASED = "RELEASED"
+    READY_FOR_EXEC = "READY_FOR_EXEC"
+    WAIT_FOR_OFF = "WAIT_FOR_OFF"
+    SWAPPED = "SWAPPED"
+    WAIT_FOR_EXEC = "WAIT_FOR_EXEC"
+
+
+RESIDENT = frozenset({LayerState.READY_FOR_EXEC, LayerState.WAIT_FOR_OFF, LayerState.WAIT_FOR_EXEC})
+IN_FLIGHT = frozenset({LayerState.WAIT_FOR_OFF, LayerState.WAIT_FOR_EXEC})
+
+
+class OffloadError(RuntimeError):
+    """The offload schedule cannot go on (an IO thread failed, or the network did what the plan did not expect)."""
+
+
+class UnitRegion:
+    """Stands in for a workspace for one unit's tensors: open while the unit is in memory.
+
+    The kernel table compares a tensor's generation with ``_live_generation``; closing the region
+    (CLOSED) when the unit leaves memory turns a use of swapped data into a clear error.
+    """
+
+    def __init__(self, name: str):
+        self.name = f"offload:{name}"
+        self.generation = 0
+        self._live_generation = CLOSED
+
+    def open(self, generation: int) -> None:
+        self.generation = generation
+        self._live_generation = generation
+
+    def close(self) -> None:
+        self._live_generation = CLOSED
+
+
+@dataclass
+class StepStats:
+    """What one training step cost the scheduler; one line of the memory monitor's ``swap`` field."""
+
+    step: int
+    window: int
+    forward_backward_s: float = 0.0  # executor wall time from iteration start to end
+    offload_s: float = 0.0  # saver busy time
+    onload_s: float = 0.0  # loader busy time
+    stall_s: float = 0.0  # executor waiting (loads + room)
+    load_wait_s: float = 0.0
+    room_wait_s: float = 0.0
+    peak_resident_bytes: int = 0
+    peak_resident_units: int = 0
+    peak_in_flight_bytes: int = 0
+    peak_swapped_bytes: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    bound_bytes: int = 0  # the plan's arena: resident bytes never exceed it
+    page_cache_bytes: int = -1  # of the swap file, sampled at the start of the backward (-1: not sampled)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Unit:
+    """Run-time state of one unit in the current step."""
+
+    plan: UnitPlan
+    region: UnitRegion
+    state: LayerState = LayerState.RELEASED
+    vacated: list[bool] = field(default_factory=lambda: [False, False])
+    created: int = 0  # tensors created so far this step
+    event: Any = None  # device event: data complete (after forward) or loaded (before backward)
+
+    @property
+    def spec(self) -> UnitSpec:
+        return self.plan.spec
+
+
+class OffloadScheduler:
+    """Network hook + memory provider that swaps layer windows to disk (module docstring)."""
+
+    def __init__(
+        self,
+        backend: Any,
+        window: int | str = 4,
+        *,
+        budget_bytes: int | None = None,
+        directory: str | None = None,
+        delay: DelayHook | None = None,
+        min_window: int = 1,
+        shrink_after: int = 2,
+        sample_page_cache: bool = False,
+    ):
+        if window != "auto" and window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"offload window must be a positive number of layers or 'auto', got {window!r}")
+        if window is None and budget_bytes is None:
+            raise ValueError("offload needs a window (--offload-n N|auto) or a byte budget (--offload-budget)")
+        self.backend = backend
+        self.adaptive = window == "auto"
+        self.requested_window = window
+        self.budget_bytes = budget_bytes
+        self.directory = directory
+        self.delay = delay
+        self.min_window = max(1, int(min_window))
+        self.shrink_after = max(1, int(shrink_after))
+        self.sample_page_cache = sample_page_cache
+
+        self.window = self.min_window if (self.adaptive or window is None) else int(window)
+        self.max_window: int | None = None
+        self.stats: list[StepStats] = []
+        self.storage: SwapStorage | None = None
+        self.net: Any = None
+        self.mgr: Any = None
+
+        self._cond = threading.Condition()
+        self._graph: Any = None
+        self._plans: dict[tuple[int, int], OffloadPlan] = {}  # (batch size, window) -> plan
+        self._batch_size: int | None = None
+        self._unit_specs: list[UnitSpec] = []
+        self._creations: dict[int, list[tuple[tuple[int, str], TensorSpec]]] = {}
+        self._steps = 0
+        self._plan: OffloadPlan | None = None
+        self._units: dict[tuple[int, str], _Unit] = {}
+        self._by_forward_end: dict[int, list[_Unit]] = {}
+        self._by_backward_end: dict[int, list[_Unit]] = {}
+        self._regions: dict[tuple[int, str], UnitRegion] = {}
+        self._arena: Any = None
+        self._arena_map: mmap.mmap | None = None
+        self._arena_capacity = 0
+        self._arena_touched = 0
+        self._transfer: Any = None
+
+        self._generation = 0
+        self._in_iteration = False
+        self._needs_plan = True
+        self._t = -1  # the executor's position on the timeline
+        self._load_cursor = 0
+        self._load_order: list[_Unit] = []
+        self._error: BaseException | None = None
+        self._closed = False
+        self._saves_pending = 0
+        self._load_jobs_pending = 0
+        self._current: StepStats | None = None
+        self._step_started = 0.0
+        self._quiet_steps = 0
+        self._resident_bytes = 0
+        self._resident_units = 0
+        self._in_flight_bytes = 0
+        self._swapped_bytes = 0
+        self._io_busy = {"saver": 0.0, "loader": 0.0}
+
+        self._save_queue: queue.Queue = queue.Queue()
+        self._load_queue: queue.Queue = queue.Queue()
+        self._saver = threading.Thread(target=self._saver_loop, name="engine-offload-saver", daemon=True)
+        self._loader = threading.Thread(target=self._loader_loop, name="engine-offload-loader", daemon=True)
+        self._saver.start()
+        self._loader.start()
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def attach(self, net: Any, batch_size: int | None = None) -> OffloadScheduler:
+        """Become ``net``'s hook and the provider of its training ACTIVATIONS and FF_CACHE.
+
+        With ``batch_size`` the plan, the arena and the swap file are made now, so a full disk or an
+        unwritable directory is an error before the first step; otherwise at the first step.
+        """
+        if self.net is not None:
+            raise OffloadError("this OffloadScheduler is already attached to a network")
+        self.net = net
+        self.mgr = net.mgr
+        self._graph = net.graph
+        net.hooks.append(self)
+        self.mgr.set_provider(set(OFFLOADED_TYPES), self)
+        if batch_size is not None:
+            self.prepare(batch_size)
+        return self
+
+    def detach(self) -> None:
+        if self.net is None:
+            return
+        if self in self.net.hooks:
+            self.net.hooks.remove(self)
+        if not self.mgr.closed:
+            for array_type in OFFLOADED_TYPES:
+                if self.mgr.provider_for(array_type) is self:
+                    self.mgr.set_provider(array_type, None)
+        self.net = None
+
+    def close(self) -> None:
+        """Stop the IO threads, detach from the network, remove the swap directory, release the arena."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            self._generation += 1  # whatever is queued belongs to a dead step now
+            self._cond.notify_all()
+        self._save_queue.put(None)
+        self._load_queue.put(None)
+        for thread in (self._saver, self._loader):
+            if thread is not threading.current_thread():
+                thread.join(timeout=30)
+        self.detach()
+        for region in self._regions.values():
+            region.close()
+        if self.storage is not None:
+            self.storage.close()
+        if self._arena_map is not None:
+            self._arena_map.madvise(mmap.MADV_DONTNEED)  # return the pages now; views may outlive us
+        self._arena = None
+
+    def __enter__(self) -> OffloadScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def plan_for(self, batch_size: int, window: int | None = None) -> OffloadPlan:
+        """The plan for this network at ``batch_size`` and ``window`` (cached)."""
+        window = self.window if window is None else window
+        key = (batch_size, window)
+        if key not in self._plans:
+            if self._batch_size != batch_size or not self._unit_specs:
+                self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
+                self._batch_size = batch_size
+            self._plans[key] = build_plan(self._unit_specs, window, self._steps)
+        return self._plans[key]
+
+    def _window_limit(self, batch_size: int) -> int:
+        """The largest useful window: past it nothing is written any more, or the budget is exceeded."""
+        limit = self.min_window
+        while True:
+            plan = self.plan_for(batch_size, limit)
+            if self.budget_bytes is not None and plan.arena_bytes > self.budget_bytes:
+                return limit - 1
+            if not plan.offloaded or limit >= self._steps:
+                return limit
+            limit += 1
+
+    def prepare(self, batch_size: int) -> OffloadPlan:
+        """Plan for ``batch_size``, size the arena, create the swap file (free-space check included)."""
+        if self._graph is None:
+            raise OffloadError("attach(net) before prepare()")
+        plan = self.plan_for(batch_size, self.min_window)
+        if self.budget_bytes is not None and plan.arena_bytes > self.budget_bytes:
+            raise OffloadError(
+                f"offload budget {format_bytes(self.budget_bytes)} is below what the smallest window needs at batch "
+                f"size {batch_size}: {format_bytes(plan.arena_bytes)} (window {self.min_window}); raise "
+                f"--offload-budget or lower the batch size"
+            )
+        if self.adaptive or self.requested_window is None:
+            self.max_window = self._window_limit(batch_size)
+        else:
+            self.max_window = self.window
+        if self.requested_window is None:  # a byte budget alone: the largest window that fits
+            self.window = self.max_window
+        elif not self.adaptive:
+            fixed = self.plan_for(batch_size, self.window)
+            if self.budget_bytes is not None and fixed.arena_bytes > self.budget_bytes:
+                raise OffloadError(
+                    f"--offload-n {self.window} needs {format_bytes(fixed.arena_bytes)} of resident memory, more "
+                    f"than --offload-budget {format_bytes(self.budget_bytes)}; the budget allows N={self.max_window}"
+                )
+        windows = range(self.min_window, self.max_window + 1) if self.adaptive else [self.window]
+        capacity = max(self.plan_for(batch_size, w).arena_bytes for w in windows)
+        self._ensure_arena(capacity)
+        if self.storage is None:
+            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay)
+        elif self.storage.capacity_bytes < plan.file_bytes:
+            raise OffloadError("the batch size grew past the swap file planned at the first step; "
+                               "keep the batch size of the first step")
+        if self._transfer is None:
+            self._transfer = transfer_for(self.backend, max(u.nbytes for u in self._unit_specs))
+        log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
+                 batch_size, "auto" if self.adaptive else self.window, self.max_window,
+                 format_bytes(self.plan_for(batch_size).arena_bytes), format_bytes(plan.total_bytes),
+                 format_bytes(plan.file_bytes))
+        return self.plan_for(batch_size)
+
+    def _ensure_arena(self, nbytes: int) -> None:
+        nbytes = max(int(nbytes), 64)
+        if self._arena is not None and self._arena_capacity >= nbytes:
+            return
+        if self.backend.is_device:
+            self._arena = self.backend.alloc_block(nbytes)
+        else:  # an anonymous mapping: pages we stop using can be handed back to the OS (madvise)
+            self._arena_map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._arena = np.frombuffer(self._arena_map, dtype=np.uint8)
+        self._arena_capacity = nbytes
+        self._arena_touched = 0
+
+    def _use_plan(self, plan: OffloadPlan) -> None:
+        """Switch to ``plan`` (between steps: no tensor of the old one is alive)."""
+        self._plan = plan
+        self._units = {}
+        for key, unit_plan in plan.units.items():
+            region = self._regions.get(key)
+            if region is None:
+                region = self._regions[key] = UnitRegion(unit_plan.spec.label)
+            self._units[key] = _Unit(unit_plan, region)
+        self._by_forward_end = {}
+        self._by_backward_end = {}
+        for unit in self._units.values():
+            self._by_forward_end.setdefault(unit.spec.forward_end, []).append(unit)
+            if unit.plan.offloaded or unit.spec.backward_start is not None:
+                self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
+        self._load_order = [self._units[u.key] for u in plan.load_order]
+        if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
+            start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            if start < self._arena_capacity:  # the window shrank: give the tail's pages back
+                self._arena_map.madvise(mmap.MADV_DONTNEED, start, self._arena_capacity - start)
+        self._arena_touched = plan.arena_bytes
+
+    # -- the provider ----------------------------------------------------------------------------
+
+    def create(self, array_type: ArrayType, shape: tuple[int, ...], dtype: np.dtype, owner: Any) -> Tensor:
+        """``mgr.create`` for ACTIVATIONS and FF_CACHE: a view into the arena at the planned offset."""
+        if owner is None or not self._in_iteration:  # the loss head, or outside a training step
+            workspace = self.mgr.workspace_for(array_type)
+            return workspace.create(shape, dtype, array_type)
+        self._raise_if_failed()
+        if self._needs_plan:
+            self._begin_planned_step(shape)
+        creations = self._creations.get(owner, ())
+        unit_key = None
+        tensor_spec = None
+        sequence = self._created_by_owner.get(owner, 0)
+        if sequence < len(creations):
+            unit_key, tensor_spec = creations[sequence]
+        if (tensor_spec is None or tensor_spec.array_type is not array_type or tensor_spec.shape != tuple(shape)
+                or tensor_spec.dtype != np.dtype(dtype)):
+            node = self._graph.nodes[owner].name if 0 <= owner < len(self._graph.nodes) else owner
+            expected = (f"{tensor_spec.array_type.name} {tensor_spec.shape} {tensor_spec.dtype}"
+                        if tensor_spec is not None else "nothing more")
+            raise OffloadError(
+                f"layer {node!r} created {array_type.name} {tuple(shape)} {np.dtype(dtype)} as its tensor "
+                f"#{sequence}, but the offload plan (from engine.graph's tensors) expected {expected}: the layer's "
+                f"saved_specs/output_shape disagree with what it allocates"
+            )
+        self._created_by_owner[owner] = sequence + 1
+        unit = self._units[unit_key]
+        if unit.created == 0:
+            self._move_in_for_forward(unit)
+        unit.created += 1
+        start = unit.plan.arena_offset + tensor_spec.offset
+        view = self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
+        return Tensor(view, array_type, unit.region, self._generation, start)
+
+    def _begin_planned_step(self, first_shape: tuple[int, ...]) -> None:
+        batch_size = int(first_shape[0]) if first_shape else 1
+        if self._batch_size != batch_size or self.max_window is None or self._arena is None:
+            self.prepare(batch_size)
+        self._use_plan(self.plan_for(batch_size))
+        self._needs_plan = False
+        self._current.window = self.window
+        self._current.bound_bytes = self._plan.arena_bytes
+        with self._cond:
+            self._load_jobs_pending += 1
+        self._load_queue.put((self._generation, list(self._load_order)))
+
+    def _move_in_for_forward(self, unit: _Unit) -> None:
+        """The executor is about to create the unit: wait until its bytes are free (a save may hold them)."""
+        with self._cond:
+            waited = self._wait_for(lambda: self._room_free(unit, 0))
+            self._current.room_wait_s += waited
+            self._set_state(unit, LayerState.READY_FOR_EXEC)
+            unit.region.open(self._generation)
+
+    # -- hooks (the executor) --------------------------------------------------------------------
+
+    def on_iteration_start(self, net: Any = None) -> None:
+        self._raise_if_failed()
+        with self._cond:
+            self._generation += 1  # cancels what a failed previous step left queued
+            self._cond.notify_all()
+        self._wait_io_idle()
+        for region in self._regions.values():
+            region.close()
+        self._in_iteration = True
+        self._needs_plan = True
+        self._t = -1
+        self._load_cursor = 0
+        self._created_by_owner: dict[int, int] = {}
+        self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
+        self._io_busy = {"saver": 0.0, "loader": 0.0}
+        self._written0 = self.storage.bytes_written if self.storage else 0
+        self._read0 = self.storage.bytes_read if self.storage else 0
+        self._current = StepStats(step=len(self.stats), window=self.window)
+        self._step_started = time.perf_counter()
+
+    def before_forward(self, step: int, node: Any = None) -> None:
+        self._advance(step)
+
+    def after_forward(self, step: int, node: Any = None) -> None:
+        if self._needs_plan:
+            return
+        for unit in self._by_forward_end.get(step, ()):
+            if unit.state is not LayerState.READY_FOR_EXEC:
+                continue
+            if unit.plan.offloaded:
+                unit.event = self._transfer.ready_event()
+                with self._cond:
+                    self._set_state(unit, LayerState.WAIT_FOR_OFF)
+                    self._saves_pending += 1
+                self._save_queue.put((self._generation, unit))
+            elif unit.spec.backward_start is None:  # transient: nothing reads it again
+                self._release(unit, 0)
+
+    def before_backward(self, step: int, node: Any = None) -> None:
+        self._advance(step)
+        if self._needs_plan:
+            return
+        if self._t == self._steps // 2 and self.sample_page_cache and self.storage is not None:
+            self._current.page_cache_bytes = self.storage.page_cache_bytes()
+        order = self._load_order
+        while self._load_cursor < len(order) and order[self._load_cursor].spec.backward_start <= step:
+            unit = order[self._load_cursor]
+            with self._cond:
+                waited = self._wait_for(lambda u=unit: u.state is LayerState.READY_FOR_EXEC)
+            self._current.load_wait_s += waited
+            self._transfer.wait_loaded(unit.event)
+            self._load_cursor += 1
+
+    def after_backward(self, step: int, node: Any = None) -> None:
+        if self._needs_plan:
+            return
+        for unit in self._by_backward_end.get(step, ()):
+            if unit.state is LayerState.READY_FOR_EXEC:
+                self._release(unit, len(unit.plan.occupations) - 1)
+
+    def on_iteration_end(self, net: Any = None) -> None:
+        if self._needs_plan:  # nothing was created through us (no training forward ran)
+            self._in_iteration = False
+            return
+        self._advance(self._steps)
+        self._wait_io_idle()
+        self._raise_if_failed()
+        for unit in self._units.values():
+            if unit.state is not LayerState.RELEASED:
+                self._release(unit, len(unit.plan.occupations) - 1)
+        self._in_iteration = False
+        stats = self._current
+        stats.forward_backward_s = time.perf_counter() - self._step_started
+        stats.offload_s = self._io_busy["saver"]
+        stats.onload_s = self._io_busy["loader"]
+        stats.stall_s = stats.load_wait_s + stats.room_wait_s
+        if self.storage is not None:
+            stats.bytes_written = self.storage.bytes_written - self._written0
+            stats.bytes_read = self.storage.bytes_read - self._read0
+        self.stats.append(stats)
+        log.info("offload step %d: window %d, resident peak %s of %s bound (%d layers), stall %.1f ms, "
+                 "written %s, read %s", stats.step, stats.window, format_bytes(stats.peak_resident_bytes),
+                 format_bytes(stats.bound_bytes), stats.peak_resident_units, 1e3 * stats.stall_s,
+                 format_bytes(stats.bytes_written), format_bytes(stats.bytes_read))
+        if self.adaptive:
+            self._adapt(stats)
+
+    def _adapt(self, stats: StepStats) -> None:
+        """Grow after a step in which the executor waited; shrink after quiet steps with idle IO threads."""
+        waited = stats.stall_s > max(5e-4, 0.02 * stats.forward_backward_s)
+        idle = max(stats.offload_s, stats.onload_s) < 0.5 * stats.forward_backward_s
+        previous = self.window
+        if waited:
+            self._quiet_steps = 0
+            if self.max_window is not None and self.window < self.max_window:
+                self.window += 1
+        elif idle:
+            self._quiet_steps += 1
+            if self._quiet_steps >= self.shrink_after and self.window > self.min_window:
+                self.window -= 1
+                self._quiet_steps = 0
+        else:
+            self._quiet_steps = 0
+        if self.window != previous:
+            log.info("offload window %d -> %d (stall %.1f ms, saver busy %.1f ms, loader busy %.1f ms)",
+                     previous, self.window, 1e3 * stats.stall_s, 1e3 * stats.offload_s, 1e3 * stats.onload_s)
+
+    def swap_report(self) -> dict[str, int]:
+        """The last step's figures for the memory monitor: ``monitor.sample(step, swap=...)``."""
+        if not self.stats:
+            return {"window": self.window, "resident_bytes": 0, "in_flight_bytes": 0, "swapped_bytes": 0}
+        s = self.stats[-1]
+        return {
+            "window": s.window,
+            "resident_bytes": s.peak_resident_bytes,
+            "in_flight_bytes": s.peak_in_flight_bytes,
+            "swapped_bytes": s.peak_swapped_bytes,
+            "bound_bytes": s.bound_bytes,
+            "resident_units": s.peak_resident_units,
+            "written_bytes": s.bytes_written,
+            "read_bytes": s.bytes_read,
+            "stall_ms": round(1e3 * s.stall_s, 3),
+        }
+
+    # -- executor helpers ------------------------------------------------------------------------
+
+    def _advance(self, step: int) -> None:
+        with self._cond:
+            self._t = step
+            self._cond.notify_all()
+
+    def _release(self, unit: _Unit, occupation: int) -> None:
+        with self._cond:
+            unit.region.close()
+            self._set_state(unit, LayerState.RELEASED)
+            unit.vacated[occupation] = True
+            self._cond.notify_all()
+
+    def _room_free(self, unit: _Unit, occupation: int) -> bool:
+        for key, index in self._plan.predecessors[(unit.spec.key, occupation)]:
+            if not self._units[key].vacated[index]:
+                return False
+        return True
+
+    def _wait_for(self, predicate: Callable[[], bool]) -> float:
+        """Wait (holding the condition) until ``predicate``; returns the seconds waited."""
+        if predicate():
+            return 0.0
+        started = time.perf_counter()
+        while not predicate():
+            if self._error is not None:
+                break
+            if self._closed:
+                raise OffloadError("the offload scheduler was closed")
+            self._cond.wait(timeout=1.0)
+        self._raise_if_failed()
+        return time.perf_counter() - started
+
+    def _wait_io_idle(self) -> None:
+        with self._cond:
+            self._wait_for(lambda: self._saves_pending == 0 and self._load_jobs_pending == 0)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            if isinstance(error, OffloadError):
+                raise error
+            raise OffloadError(f"offload IO failed: {error}") from error
+
+    def _set_state(self, unit: _Unit, state: LayerState) -> None:
+        """Change a unit's state (caller holds the condition) and keep the resident counters."""
+        old = unit.state
+        if old is state:
+            return
+        nbytes = unit.plan.nbytes
+        if old in RESIDENT:
+            self._resident_bytes -= nbytes
+            self._resident_units -= 1
+        if old in IN_FLIGHT:
+            self._in_flight_bytes -= nbytes
+        if old is LayerState.SWAPPED:
+            self._swapped_bytes -= nbytes
+        unit.state = state
+        if state in RESIDENT:
+            self._resident_bytes += nbytes
+            self._resident_units += 1
+        if state in IN_FLIGHT:
+            self._in_flight_bytes += nbytes
+        if state is LayerState.SWAPPED:
+            self._swapped_bytes += nbytes
+        stats = self._current
+        if stats is not None:
+            stats.peak_resident_bytes = max(stats.peak_resident_bytes, self._resident_bytes)
+            stats.peak_resident_units = max(stats.peak_resident_units, self._resident_units)
+            stats.peak_in_flight_bytes = max(stats.peak_in_flight_bytes, self._in_flight_bytes)
+            stats.peak_swapped_bytes = max(stats.peak_swapped_bytes, self._swapped_bytes)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step %d t=%d layer %s: %s -> %s", len(self.stats), self._t, unit.spec.label, old.name,
+                      state.name)
+        self._cond.notify_all()
+
+    # -- IO threads ------------------------------------------------------------------------------
+
+    def _records(self, unit: _Unit) -> tuple[list[SwapRecord], list[Any]]:
+        plan = unit.plan
+        records, views = [], []
+        for tensor in unit.spec.tensors:
+            records.append(SwapRecord(plan.file_offset + tensor.offset, tensor.nbytes, unit.spec.name, tensor.name))
+            start = plan.arena_offset + tensor.offset
+            views.append(self._arena[start:start + tensor.nbytes])
+        return records, views
+
+    def _saver_loop(self) -> None:
+        while True:
+            item = self._save_queue.get()
+            if item is None:
+                return
+            generation, unit = item
+            try:
+                if generation == self._generation and self._error is None:
+                    records, views = self._records(unit)
+                    started = time.perf_counter()
+                    self._transfer.save(self.storage, records, views, unit.event)
+                    with self._cond:
+                        self._io_busy["saver"] += time.perf_counter() - started
+                        if generation == self._generation:
+                            unit.region.close()
+                            self._set_state(unit, LayerState.SWAPPED)
+                            unit.vacated[0] = True
+            except BaseException as exc:  # handed to the executor at its next wait
+                with self._cond:
+                    self._error = exc
+            finally:
+                with self._cond:
+                    self._saves_pending -= 1
+                    self._cond.notify_all()
+
+    def _loader_loop(self) -> None:
+        while True:
+            item = self._load_queue.get()
+            if item is None:
+                return
+            generation, order = item
+            try:
+                for unit in order:
+                    lookahead_from = unit.spec.backward_start - self._plan.window
+                    with self._cond:
+                        while not (generation != self._generation or self._error is not None or self._closed or (
+                                self._t >= lookahead_from and unit.state is LayerState.SWAPPED
+                                and self._room_free(unit, 1))):
+                            self._cond.wait(timeout=1.0)
+                        if generation != self._generation or self._error is not None or self._closed:
+                            break
+                        self._set_state(unit, LayerState.WAIT_FOR_EXEC)
+                    records, views = self._records(unit)
+                    started = time.perf_counter()
+                    event = self._transfer.load(self.storage, records, views)
+                    with self._cond:
+                        self._io_busy["loader"] += time.perf_counter() - started
+                        unit.event = event
+                        unit.region.open(generation)
+                        self._set_state(unit, LayerState.READY_FOR_EXEC)
+            except BaseException as exc:
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+            finally:
+                with self._cond:
+                    self._load_jobs_pending -= 1
+                    self._cond.notify_all()
+
+
+def offload_summary(plan: OffloadPlan) -> str:
+    """One line for logs and the CLI: the planned peak with and without offload."""
+    return (f"window {plan.window}: resident offloadable peak {format_bytes(plan.arena_bytes)} "
+            f"(lower bound {format_bytes(plan.lower_bound_bytes)}), without offload {format_bytes(plan.total_bytes)}; "
+            f"{len(plan.offloaded)} of {len(plan.units)} units written, swap file {format_bytes(plan.file_bytes)}")
+
+
+__all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "offload_summary"]

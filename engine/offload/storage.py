@@ -1,0 +1,436 @@
+"""SwapStorage: the file the offload scheduler writes layer windows to, and reads them back from.
+
+Why it looks like this:
+
+* One private directory (mode 0700, named after the pid) under ``--offload-dir``: nobody else can read
+  a model's activations, and a later run can tell a stale directory (its pid is dead) from a live one.
+* One preallocated file (``posix_fallocate``): a full disk is an error before training starts, not a
+  short write in the middle of a step. Records sit at offsets the plan chose once.
+* ``os.pwritev`` / ``os.preadv`` straight between the file and the arena's memory (memoryviews of the
+  NumPy arrays): no intermediate copies, no seek, safe from two threads at once.
+* A CRC-32 per record, verified on read: a flipped bit on disk is an error naming the layer and the
+  tensor, never a silently wrong gradient.
+* ``fdatasync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)`` after each write (and DONTNEED after each
+  read): otherwise the bytes we "freed" only move into the kernel's page cache, which is memory too.
+* The directory is removed at close, at interpreter exit, on SIGINT/SIGTERM (handlers chain to the
+  previous ones) and when the ``with`` block ends in an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("engine.offload")
+
+DIR_PREFIX = "engine-offload-"
+PAGE = 4096
+
+DelayHook = Callable[[str, int], None]
+"""Called as ``delay(operation, nbytes)`` before each read ("read") or write ("write"): tests slow the disk with it."""
+
+
+class OffloadStorageError(RuntimeError):
+    """The swap directory or file cannot be used (unwritable, no space); the message says what to do."""
+
+
+class SwapChecksumError(OffloadStorageError):
+    """A record read back from the swap file is not what was written."""
+
+
+@dataclass(frozen=True)
+class SwapRecord:
+    """One tensor's bytes in the swap file: where, how many, and whose (for error messages)."""
+
+    file_offset: int
+    nbytes: int
+    layer: str
+    tensor: str
+
+
+def byte_view(array: Any) -> memoryview:
+    """The bytes of a C-contiguous host array, without copying (what pwritev/preadv take)."""
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:
+        raise ValueError("swap I/O needs C-contiguous arrays")
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def page_align(nbytes: int) -> int:
+    return (int(nbytes) + PAGE - 1) // PAGE * PAGE
+
+
+class SwapStorage:
+    """A private directory holding one preallocated swap file of ``capacity_bytes``.
+
+    ``write(records, buffers)`` and ``read(records, buffers)`` move one batch of records (one layer's
+    tensors) with one positional system call each; records of a batch must be consecutive in the file
+    in the order given, padding between them is allowed and skipped.
+    """
+
+    def __init__(self, capacity_bytes: int, directory: str | None = None, delay: DelayHook | None = None):
+        self.capacity_bytes = page_align(max(int(capacity_bytes), PAGE))
+        self.delay = delay
+        base = os.path.abspath(directory or tempfile.gettempdir())
+        self.base = base
+        self._checksums: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.fd = -1
+        self.path: str | None = None
+        self.file_path: str | None = None
+        check_directory(base)
+        remove_stale_directories(base)
+        check_free_space(base, self.capacity_bytes)
+        try:
+            self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=base)  # mode 0700
+            _register(self)
+            self.file_path = os.path.join(self.path, "swap.bin")
+            self.fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            _preallocate(self.fd, self.capacity_bytes, base)
+        except OSError as exc:
+            self.close()
+            raise OffloadStorageError(
+                f"cannot create the swap file under {base!r}: {exc.strerror or exc}; "
+                f"choose a writable directory with enough space with --offload-dir"
+            ) from exc
+        except BaseException:
+            self.close()
+            raise
+        log.debug("swap storage %s: %d bytes preallocated", self.file_path, self.capacity_bytes)
+
+    # -- I/O ------------------------------------------------------------------------------------
+
+    def write(self, records: Sequence[SwapRecord], buffers: Sequence[Any]) -> None:
+        """Write each buffer at its record's offset, remember its CRC, and push it out of the page cache."""
+        if not records:
+            return
+        views = [byte_view(b) for b in buffers]
+        for record, view in zip(records, views):
+            self._check_record(record, view)
+        total = self._span(records)
+        if self.delay is not None:
+            self.delay("write", total)
+        start = records[0].file_offset
+        iov = self._with_padding(records, views, read=False)
+        _full_io(os.pwritev, self.fd, iov, start, "write", self.file_path)
+        for record, view in zip(records, views):
+            self._checksums[record.file_offset] = zlib.crc32(view)
+        os.fdatasync(self.fd)
+        os.posix_fadvise(self.fd, start, total, os.POSIX_FADV_DONTNEED)
+        self.bytes_written += sum(r.nbytes for r in records)
+
+    def read(self, records: Sequence[SwapRecord], buffers: Sequence[Any]) -> None:
+        """Read each record into its buffer and verify its CRC; the page cache forgets the bytes again."""
+        if not records:
+            return
+        views = [byte_view(b) for b in buffers]
+        for record, view in zip(records, views):
+            self._check_record(record, view)
+            if record.file_offset not in self._checksums:
+                raise OffloadStorageError(
+                    f"layer {record.layer!r}, tensor {record.tensor!r}: read before it was ever written"
+                )
+        total = self._span(records)
+        if self.delay is not None:
+            self.delay("read", total)
+        start = records[0].file_offset
+        iov = self._with_padding(records, views, read=True)
+        _full_io(os.preadv, self.fd, iov, start, "read", self.file_path)
+        os.posix_fadvise(self.fd, start, total, os.POSIX_FADV_DONTNEED)
+        for record, view in zip(records, views):
+            if zlib.crc32(view) != self._checksums[record.file_offset]:
+                raise SwapChecksumError(
+                    f"checksum mismatch reading layer {record.layer!r}, tensor {record.tensor!r} "
+                    f"({record.nbytes} bytes at offset {record.file_offset} of {self.file_path}): the swap file "
+                    f"was changed or the disk is failing; training cannot continue with these values"
+                )
+        self.bytes_read += sum(r.nbytes for r in records)
+
+    def _check_record(self, record: SwapRecord, view: memoryview) -> None:
+        if view.nbytes != record.nbytes:
+            raise ValueError(f"layer {record.layer!r}, tensor {record.tensor!r}: buffer has {view.nbytes} bytes, "
+                             f"the record {record.nbytes}")
+        if record.file_offset < 0 or record.file_offset + record.nbytes > self.capacity_bytes:
+            raise ValueError(f"layer {record.layer!r}, tensor {record.tensor!r}: record past the end of the swap file")
+
+    @staticmethod
+    def _span(records: Sequence[SwapRecord]) -> int:
+        return records[-1].file_offset + records[-1].nbytes - records[0].file_offset
+
+    def _with_padding(self, records: Sequence[SwapRecord], views: list[memoryview], read: bool) -> list[memoryview]:
+        """The iovec for one positional call: the records' views with small scratch pieces over the gaps."""
+        iov: list[memoryview] = []
+        position = records[0].file_offset
+        for record, view in zip(records, views):
+            gap = record.file_offset - position
+            if gap < 0:
+                raise ValueError("records of one batch must be in file order without overlap")
+            if gap:
+                iov.append(memoryview(bytearray(gap)))
+            iov.append(view)
+            position = record.file_offset + record.nbytes
+        return iov
+
+    # -- measurement ----------------------------------------------------------------------------
+
+    def page_cache_bytes(self) -> int:
+        """Bytes of the swap file the kernel holds in its page cache now (mmap + mincore)."""
+        if self.fd < 0:
+            return 0
+        return file_page_cache_bytes(self.fd, self.capacity_bytes)
+
+    # -- cleanup --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the file and remove the directory (idempotent; safe from a signal handler)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        path, self.path = self.path, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+            log.debug("swap storage %s removed", path)
+        _unregister(self)
+
+    @property
+    def closed(self) -> bool:
+        return self.path is None
+
+    def __enter__(self) -> SwapStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # the last resort; close() is the way
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# -- directory checks -----------------------------------------------------------------------------
+
+
+def check_directory(base: str) -> None:
+    """Raise OffloadStorageError unless ``base`` is an existing directory we may create entries in."""
+    if not os.path.exists(base):
+        raise OffloadStorageError(f"offload directory {base!r} does not exist: create it or choose another "
+                                  f"with --offload-dir")
+    if not os.path.isdir(base):
+        raise OffloadStorageError(f"offload directory {base!r} is not a directory: choose one with --offload-dir")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OffloadStorageError(f"offload directory {base!r} is not writable: choose a writable one with "
+                                  f"--offload-dir")
+    try:  # root passes os.access everywhere; a read-only file system still refuses: find out now
+        probe = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}probe-{os.getpid()}-", dir=base)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise OffloadStorageError(f"offload directory {base!r} is not writable ({exc.strerror or exc}): choose a "
+                                  f"writable one with --offload-dir") from exc
+
+
+def check_free_space(base: str, nbytes: int) -> None:
+    """Raise OffloadStorageError when the file system of ``base`` cannot hold ``nbytes`` more."""
+    free = shutil.disk_usage(base).free
+    if free < nbytes:
+        raise OffloadStorageError(
+            f"offload needs {format_bytes(nbytes)} of swap space but {base!r} has {format_bytes(free)} free: "
+            f"free some space, choose another --offload-dir, or raise --offload-n (fewer layers go to disk)"
+        )
+
+
+def remove_stale_directories(base: str) -> list[str]:
+    """Remove swap directories left by runs that were killed (their pid is no longer alive); returns them."""
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(DIR_PREFIX):
+            continue
+        pid_text = name[len(DIR_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid != os.getuid() or _pid_alive(int(pid_text)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed stale offload directory %s (pid %s is gone)", path, pid_text)
+        removed.append(path)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _preallocate(fd: int, nbytes: int, base: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OffloadStorageError(f"no space left under {base!r} for the {format_bytes(nbytes)} swap file: "
+                                      f"choose another --offload-dir or raise --offload-n") from exc
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: reserve by size
+            os.ftruncate(fd, nbytes)
+        else:
+            raise
+
+
+def _full_io(call: Callable[..., int], fd: int, iov: list[memoryview], offset: int, what: str, path: Any) -> None:
+    """pwritev/preadv until every byte moved (both may return short counts)."""
+    remaining = sum(v.nbytes for v in iov)
+    while remaining:
+        try:
+            done = call(fd, iov, offset)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise OffloadStorageError(f"no space left writing the swap file {path}: choose another "
+                                          f"--offload-dir") from exc
+            raise
+        if done <= 0:
+            raise OffloadStorageError(f"swap file {path}: {what} returned {done} with {remaining} bytes to go")
+        remaining -= done
+        offset += done
+        while iov and done >= iov[0].nbytes:
+            done -= iov[0].nbytes
+            iov = iov[1:]
+        if done:
+            iov = [iov[0][done:]] + iov[1:]
+
+
+# -- page cache measurement -----------------------------------------------------------------------
+
+
+def file_page_cache_bytes(fd: int, length: int) -> int:
+    """How many bytes of the file's first ``length`` are in the page cache (mincore over a mapping)."""
+    import ctypes
+    import mmap
+
+    length = min(int(length), os.fstat(fd).st_size)
+    if length <= 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap of the swap file failed")
+    try:
+        pages = (length + PAGE - 1) // PAGE
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(address), length, vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        resident = int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1))
+    finally:
+        libc.munmap(ctypes.c_void_p(address), length)
+    return resident * PAGE
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
+def parse_bytes(text: str) -> int:
+    """'256MB', '1.5GiB', '4096' -> bytes (decimal and binary suffixes)."""
+    units = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2, "MIB": 1024**2,
+             "G": 1000**3, "GB": 1000**3, "GIB": 1024**3}
+    cleaned = str(text).strip().upper().replace(" ", "")
+    number = cleaned.rstrip("KMGIB")
+    suffix = cleaned[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 256MB, 1GiB or 4096") from None
+    if suffix not in units or value < 0:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 256MB, 1GiB or 4096")
+    return int(value * units[suffix])
+
+
+# -- cleanup at exit and on signals ---------------------------------------------------------------
+
+_open_storages: list[SwapStorage] = []
+_registry_lock = threading.Lock()
+_handlers_installed = False
+
+
+def _register(storage: SwapStorage) -> None:
+    with _registry_lock:
+        _open_storages.append(storage)
+    _install_cleanup_handlers()
+
+
+def _unregister(storage: SwapStorage) -> None:
+    with _registry_lock:
+        if storage in _open_storages:
+            _open_storages.remove(storage)
+
+
+def cleanup_all() -> None:
+    """Remove every swap directory this process still has open (exit and signal path)."""
+    with _registry_lock:
+        storages = list(_open_storages)
+    for storage in storages:
+        storage.close()
+
+
+def _install_cleanup_handlers() -> None:
+    """atexit, plus SIGINT/SIGTERM handlers that clean up and then do what the previous handler did."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(cleanup_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread; atexit still cleans up
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        signal.signal(signum, _chained_handler(previous))
+
+
+def _chained_handler(previous: Any) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        cleanup_all()
+        if callable(previous):
+            previous(signum, frame)  # e.g. Python's default SIGINT handler raises KeyboardInterrupt
+        elif previous == signal.SIG_IGN:
+            return
+        else:  # SIG_DFL (or unknown): die of the same signal, as the process would have without us
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    return handler
