@@ -53,45 +53,46 @@ def _dropout(x, mask, scale, out):
         out[i] = x[i] * scale32 if mask[i] != 0 else np.float32(0.0)
 
 
-def _flat(op: str, name: str, array: np.ndarray, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
+def _flat(
+    op: str, name: str, array: np.ndarray, shape: tuple[int, ...] | None = None, dtype: type = np.float32
+) -> np.ndarray:
+    """The checked array as a 1-D view (no copy: it is C-contiguous)."""
     return check_array(op, name, array, shape, dtype).reshape(-1)
 
 
 def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
     """out = max(x, 0); ``out`` may be ``x``."""
-    _relu_forward(_flat("relu_forward", "x", x, x.shape), _flat("relu_forward", "out", out, x.shape))
+    _relu_forward(_flat("relu_forward", "x", x), _flat("relu_forward", "out", out, x.shape))
 
 
 def relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
     """dx = dout where the forward output was positive; ``dx`` may be ``dout``."""
     op = "relu_backward"
-    _relu_backward(_flat(op, "out", out, out.shape), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
+    _relu_backward(_flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
 
 
 def relu6_forward(x: np.ndarray, out: np.ndarray) -> None:
     """out = min(max(x, 0), 6); ``out`` may be ``x``."""
-    _relu6_forward(_flat("relu6_forward", "x", x, x.shape), _flat("relu6_forward", "out", out, x.shape))
+    _relu6_forward(_flat("relu6_forward", "x", x), _flat("relu6_forward", "out", out, x.shape))
 
 
 def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
     """dx = dout where 0 < out < 6; ``dx`` may be ``dout``."""
     op = "relu6_backward"
-    _relu6_backward(
-        _flat(op, "out", out, out.shape), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape)
-    )
+    _relu6_backward(_flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
 
 
 def add_forward(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a + b (the residual add); ``out`` may be ``a`` or ``b``."""
     op = "add_forward"
-    _add_forward(_flat(op, "a", a, a.shape), _flat(op, "b", b, a.shape), _flat(op, "out", out, a.shape))
+    _add_forward(_flat(op, "a", a), _flat(op, "b", b, a.shape), _flat(op, "out", out, a.shape))
 
 
 def dropout_forward(x: np.ndarray, mask: np.ndarray, scale: float, out: np.ndarray) -> None:
     """out = x * mask * scale with a 0/1 uint8 mask drawn by the caller (so backward reuses it)."""
     op = "dropout_forward"
     _dropout(
-        _flat(op, "x", x, x.shape),
+        _flat(op, "x", x),
         _flat(op, "mask", mask, x.shape, np.uint8),
         float(scale),
         _flat(op, "out", out, x.shape),
@@ -102,7 +103,7 @@ def dropout_backward(dout: np.ndarray, mask: np.ndarray, scale: float, dx: np.nd
     """dx = dout * mask * scale: the same scaling, so the same kernel."""
     op = "dropout_backward"
     _dropout(
-        _flat(op, "dout", dout, dout.shape),
+        _flat(op, "dout", dout),
         _flat(op, "mask", mask, dout.shape, np.uint8),
         float(scale),
         _flat(op, "dx", dx, dout.shape),

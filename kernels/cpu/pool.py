@@ -31,11 +31,9 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad):
                 for h in range(h_lo, h_hi):
                     for w in range(w_lo, w_hi):
                         v = x[n, c, h, w]
-                        if v > best or np.isnan(v):  # first maximum wins; NaN propagates, as in PyTorch
+                        if v > best or np.isnan(v):  # the first maximum wins; a NaN wins, as in PyTorch
                             best = v
                             best_index = h * W + w
-                            if np.isnan(v):
-                                break
                 out[n, c, oh, ow] = best
                 argmax[n, c, oh, ow] = best_index
 

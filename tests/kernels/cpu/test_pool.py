@@ -92,3 +92,13 @@ def test_pool_names_bad_windows():
         pool.avgpool2d_forward(x, np.zeros((1, 1, 4, 4), np.float32), 3, 1, 2)
     with pytest.raises(ValueError, match=r"output has shape \(1, 1, 4, 4\), expected \(1, 1, 2, 2\)"):
         pool.maxpool2d_forward(x, np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.int32), 2, 2, 0)
+
+
+def test_maxpool_propagates_nan_as_torch():
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 0, 1] = np.nan
+    out, argmax = np.empty((1, 1, 2, 2), np.float32), np.empty((1, 1, 2, 2), np.int32)
+    pool.maxpool2d_forward(x, out, argmax, 2, 2, 0)
+    t_out, t_indices = F.max_pool2d(torch.tensor(x), 2, 2, 0, return_indices=True)
+    np.testing.assert_array_equal(out, t_out.numpy())  # NaN where torch has NaN
+    np.testing.assert_array_equal(argmax, t_indices.numpy())
