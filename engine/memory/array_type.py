@@ -24,6 +24,10 @@ class ArrayType(enum.Enum):
     GRADIENTS = "gradients"  # long-lived: weight gradients (one ContiguousBlock)
     UPDATER_STATE = "updater_state"  # long-lived: momentum, Adam's m and v (one ContiguousBlock)
 
+    # Members are singletons, so identity hashing is correct, and it is C-fast: Enum's own __hash__
+    # is Python code, paid on every dict lookup of every allocation.
+    __hash__ = object.__hash__
+
     @property
     def is_long_lived(self) -> bool:
         """True for the types that outlive every iteration and live in a ContiguousBlock."""

@@ -7,6 +7,9 @@ workspace *generation* it was made in; the kernel table asks every argument for 
 differ (the workspace was closed, reset or released). The check is on by default and cheap enough to
 leave on; ``set_validation(False)`` swaps it for a plain attribute read.
 
+The ``workspace`` a tensor points at may be any object with ``name``, ``generation`` and
+``_live_generation`` (the offload scheduler's regions are such stand-ins): the check only reads those.
+
 ``.array`` itself is not checked for staleness (reading a result after its step is a legitimate
 debugging move), only for release: a tensor whose manager was closed refuses to hand out its array.
 """

@@ -137,6 +137,19 @@ def _align_up(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
+_DTYPES: dict[Any, np.dtype] = {}
+
+
+def _as_dtype(dtype: Any) -> np.dtype:
+    """np.dtype(dtype), remembered: the lookup is most of the cost of a small allocation."""
+    resolved = np.dtype(dtype)
+    try:
+        _DTYPES[dtype] = resolved
+    except TypeError:  # an unhashable dtype description: resolve it every time
+        pass
+    return resolved
+
+
 def _address(array: Any) -> int:
     interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
     return int(interface["data"][0])
@@ -152,6 +165,9 @@ class Workspace:
         self._circular = self.config.reset is ResetPolicy.CIRCULAR
         self._debug = self.config.debug
         self._block: Any = None  # aligned uint8 view of `capacity` bytes
+        self._numpy_block = False
+        # the fast path of create(): a plain (not circular, not debug) workspace that has a block
+        self._fast = False
         self.capacity = 0
         self._offset = 0  # the bump pointer, a multiple of ALIGNMENT
         self._need = 0  # bytes this cycle would take inside a block (spills included)
@@ -274,6 +290,8 @@ class Workspace:
         raw = self.backend.alloc_block(size + ALIGNMENT)
         shift = (-_address(raw)) % ALIGNMENT
         self._block = raw[shift : shift + size]
+        self._numpy_block = isinstance(self._block, np.ndarray)
+        self._fast = not self._circular and self._debug is DebugMode.DISABLED
         self.capacity = size
         self.block_allocations += 1
         self._offset = 0  # live tensors (if any) keep the old block alive; nothing here overlaps them
@@ -296,8 +314,12 @@ class Workspace:
         self, shape: tuple[int, ...] | int, dtype: Any = np.float32, array_type: ArrayType | None = None
     ) -> Tensor:
         """A tensor of ``shape`` and ``dtype`` from this cycle's memory (a view into the block, or a spill)."""
-        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-        dtype = np.dtype(dtype)
+        if type(shape) is not tuple:  # tuples pass as they are: numpy checks their entries
+            shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
+        try:
+            dtype = _DTYPES[dtype]
+        except (KeyError, TypeError):  # first time for this dtype, or an unhashable description
+            dtype = _as_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if self._depth == 0:
             self._check_not_released()
@@ -305,6 +327,22 @@ class Workspace:
                 f"workspace [{self.name}] is not open: allocate inside `with workspace:` "
                 f"(for a WorkspaceManager, inside `with mgr.iteration():`)"
             )
+        start = self._offset
+        if self._fast and start + nbytes <= self.capacity:
+            # The common case, kept short: bump the pointer, account, and make one typed view.
+            aligned = (nbytes + ALIGNMENT - 1) & -ALIGNMENT
+            self._offset = start + aligned
+            need = self._need = self._need + aligned
+            if need > self.peak_bytes:
+                self.peak_bytes = need
+            live = self._tag_live[array_type] = self._tag_live.get(array_type, 0) + aligned
+            if live > self._tag_peak.get(array_type, 0):
+                self._tag_peak[array_type] = live
+            if self._numpy_block:
+                array = np.ndarray(shape, dtype, self._block, start)
+            else:
+                array = self._block[start : start + nbytes].view(dtype).reshape(shape)
+            return Tensor(array, array_type, self, self.generation, start)
         if self._debug is DebugMode.BYPASS_EVERYTHING:
             return Tensor(self.backend.xp.empty(shape, dtype=dtype), array_type, None, 0, None)
         raw, offset = self._allocate(nbytes, array_type)
@@ -386,6 +424,7 @@ class Workspace:
             self._finish_cycle()
         self._depth = 0
         self._block = None
+        self._fast = False
         self.capacity = 0
         self._tag_live = {}
         self.released_by = released_by
