@@ -20,12 +20,12 @@ def _forward(logits, labels, probs, loss):
     N, C = logits.shape
     total_loss = 0.0
     for n in range(N):
-        row_max = logits[n, 0]
+        row_max = np.float64(logits[n, 0])
         for c in range(1, C):
-            row_max = max(row_max, logits[n, c])
+            row_max = max(row_max, np.float64(logits[n, c]))
         sum_exp = 0.0
         for c in range(C):
-            sum_exp += math.exp(logits[n, c] - row_max)
+            sum_exp += math.exp(logits[n, c] - row_max)  # float64: every exponent <= 0, so no overflow
         for c in range(C):
             probs[n, c] = math.exp(logits[n, c] - row_max) / sum_exp
         total_loss += math.log(sum_exp) - (logits[n, labels[n]] - row_max)
