@@ -68,7 +68,9 @@ ROUTES: dict[str, dict[ArrayType, str]] = {
 NOT_IN_INFERENCE = frozenset({ArrayType.ACTIVATION_GRAD, ArrayType.BP_WORKING_MEM, ArrayType.UPDATER_WORKING_MEM})
 PER_LAYER_ROLES = frozenset({"working"})
 
-DEFAULT_CONFIG = WorkspaceConfig(overallocation=0.1, spill=SpillPolicy.REALLOCATE)
+# No over-allocation: a CNN step repeats its shapes exactly, so the learned size is the size; a step
+# that needs more (a larger batch) grows the block once, at its end.
+DEFAULT_CONFIG = WorkspaceConfig(overallocation=0.0, spill=SpillPolicy.REALLOCATE)
 
 _names = itertools.count(1)
 

@@ -92,7 +92,8 @@ def test_debug_dump_shows_the_tree_with_bytes_per_type():
     text = mgr.debug_dump(file=out)
     assert out.getvalue() == text + "\n"
     lines = text.splitlines()
-    assert lines[0].startswith("tree-dump [training] spilled 1.0 KiB in total: reserved 1.2 KiB")
+    # learned from the step: 1024 + 64 bytes reserved; 1024 + 40 bytes spilled while learning
+    assert lines[0] == "tree-dump [training] spilled 1.0 KiB in total: reserved 1.1 KiB"
     assert "  · ACTIVATIONS          1.0 KiB" in lines
     assert "  · FF_CACHE             64 B" in lines
     assert lines[-1] == "  tree-dump/eval [training] capped: reserved 0 B"

@@ -243,3 +243,12 @@ def test_two_threads_with_the_same_id_get_separate_workspaces():
     assert not np.shares_memory(t1._array, t3._array)
     assert t1._array[0] == 3.0 and t3._array[0] == 5.0
     assert "shared-id" not in allocation_statistics_for_current_thread()
+
+
+def test_fail_policy_lets_the_learning_cycle_spill_then_holds_the_learned_size():
+    ws = Workspace(CPU, "strict-learner", WorkspaceConfig(spill=SpillPolicy.FAIL, overallocation=0.0))
+    cycle(ws, [16, 16])  # learning: spills are how the size is measured
+    assert ws.capacity == 128 and ws.spilled_count == 2
+    cycle(ws, [16, 16])
+    with pytest.raises(WorkspaceFullError, match=r"\[strict-learner\] is full"):
+        cycle(ws, [16, 16, 16])
