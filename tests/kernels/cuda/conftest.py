@@ -1,8 +1,9 @@
 """Shared set-up for the CUDA-simulator kernel tests: tiny GEMM tiles and a closeness check.
 
 The simulator runs one Python thread per CUDA thread, so conv and dense tests swap the production
-64×64 register-blocked GEMM for the same kernel built with 4×4 tiles (4 threads per block): the
-code path is the same, the thread count is what the simulator can afford.
+64×64 register-blocked GEMM for the same kernel built with 8×8 block tiles and 4×4 outputs per
+thread (4 threads per block): the code path is the same, the thread and block counts are what the
+simulator can afford (it pays per block and per barrier).
 """
 
 from __future__ import annotations
@@ -27,6 +28,6 @@ def tiny_gemm():
     """Run conv and dense through a small-tile register-blocked GEMM for the duration of a test."""
     from kernels.cuda import gemm
 
-    previous = gemm.use_gemm(gemm.register_blocked_version(4, 4, 2, 2, 2))
+    previous = gemm.use_gemm(gemm.register_blocked_version(8, 8, 8, 4, 4))
     yield gemm.active_gemm()
     gemm.use_gemm(previous)

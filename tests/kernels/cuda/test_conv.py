@@ -1,0 +1,113 @@
+"""The CUDA conv (im2col + GEMM, 1×1 path, direct depthwise) against the NumPy reference, simulated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.cuda import conv as cuda_conv
+from kernels.cuda import gemm
+from kernels.reference import conv as ref
+from tests.kernels.cuda.conftest import assert_close
+
+pytestmark = pytest.mark.cudasim
+
+# (N, C, H, W, K, kernel, stride, pad, groups) and the path each one takes.
+SHAPES = {
+    "im2col": (2, 3, 5, 5, 4, 3, 1, 1, 1),
+    "im2col-stride2-pad0-groups2": (1, 4, 5, 5, 6, 3, 2, 0, 2),
+    "depthwise-stride2": (2, 4, 5, 5, 4, 3, 2, 1, 4),
+    "depthwise-multiplier2": (1, 2, 4, 4, 4, 3, 1, 1, 2),
+    "depthwise-tiny": (1, 2, 3, 3, 2, 3, 1, 1, 2),
+    "pointwise": (2, 4, 4, 4, 3, 1, 1, 0, 1),
+    "1x1-stride2-groups2": (1, 4, 5, 5, 4, 1, 2, 0, 2),
+}
+
+
+def _case(shape, seed=0):
+    n, c, h, wd, k, r, stride, pad, groups = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((k, c // groups, r, r), dtype=np.float32)
+    b = rng.standard_normal(k, dtype=np.float32)
+    oh, ow = ref.check_conv2d_shapes(x.shape, w.shape, stride, pad, groups)
+    dout = rng.standard_normal((n, k, oh, ow), dtype=np.float32)
+    return x, w, b, dout, (stride, pad, groups)
+
+
+def _scratch(size_function, x, w, args):
+    return np.full(size_function(x.shape, w.shape, *args), np.nan, np.float32)  # NaN: unwritten scratch shows
+
+
+def _run_cuda(x, w, b, dout, args, with_bias=True):
+    out = np.full(dout.shape, np.nan, np.float32)
+    dx = np.full(x.shape, np.nan, np.float32)
+    dw = np.full(w.shape, np.nan, np.float32)
+    db = np.full(b.shape, np.nan, np.float32) if with_bias else None
+    cuda_conv.conv2d_forward(
+        x, w, b if with_bias else None, out, *args, _scratch(cuda_conv.conv2d_forward_workspace_size, x, w, args)
+    )
+    cuda_conv.conv2d_backward_data(
+        dout, w, dx, *args, _scratch(cuda_conv.conv2d_backward_data_workspace_size, x, w, args)
+    )
+    cuda_conv.conv2d_backward_weight(
+        x, dout, dw, db, *args, _scratch(cuda_conv.conv2d_backward_weight_workspace_size, x, w, args)
+    )
+    return out, dx, dw, db
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_cuda_conv_matches_reference(shape, tiny_gemm):
+    x, w, b, dout, args = _case(shape)
+    out, dx, dw, db = _run_cuda(x, w, b, dout, args)
+    expected = [np.empty_like(a) for a in (out, dx, dw, db)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    for actual, wanted in zip((out, dx, dw, db), expected):
+        assert_close(actual, wanted)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_conv_runs_on_every_gemm_version(version):
+    small = {"v1": gemm.naive_version(threads=4), "v2": gemm.tiled_version(tile=4)}[version]
+    previous = gemm.use_gemm(small)
+    try:
+        x, w, b, dout, args = _case(SHAPES["im2col-stride2-pad0-groups2"], seed=1)
+        out, dx, dw, db = _run_cuda(x, w, b, dout, args, with_bias=False)
+    finally:
+        gemm.use_gemm(previous)
+    expected_out, expected_dx, expected_dw = np.empty_like(out), np.empty_like(dx), np.empty_like(dw)
+    ref.conv2d_forward(x, w, None, expected_out, *args)
+    ref.conv2d_backward_data(dout, w, expected_dx, *args)
+    ref.conv2d_backward_weight(x, dout, expected_dw, None, *args)
+    assert_close(out, expected_out)
+    assert_close(dx, expected_dx)
+    assert_close(dw, expected_dw)
+
+
+@pytest.mark.parametrize("path", ["im2col-stride2-pad0-groups2", "depthwise-tiny"])
+def test_cuda_conv_gradients_are_deterministic(path, tiny_gemm):
+    x, w, b, dout, args = _case(SHAPES[path], seed=2)
+    first = _run_cuda(x, w, b, dout, args)
+    second = _run_cuda(x, w, b, dout, args)
+    for a, b_ in zip(first, second):
+        np.testing.assert_array_equal(a, b_)
+
+
+def test_workspace_sizes():
+    assert cuda_conv.conv2d_forward_workspace_size((2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1) == 3 * 9 * 25
+    assert cuda_conv.conv2d_backward_weight_workspace_size((1, 4, 5, 5), (6, 2, 3, 3), 2, 0, 2) == 2 * 9 * 4
+    assert cuda_conv.conv2d_forward_workspace_size((2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4) == 0  # direct
+    assert cuda_conv.conv2d_backward_data_workspace_size((2, 4, 4, 4), (3, 4, 1, 1), 1, 0, 1) == 0  # 1×1
+
+
+def test_bad_input_is_a_clear_error():
+    x, w, b, dout, args = _case(SHAPES["im2col"])
+    out = np.empty_like(dout)
+    with pytest.raises(ValueError, match="conv2d_forward_workspace_size"):
+        cuda_conv.conv2d_forward(x, w, b, out, *args, np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="groups=2 must divide"):
+        cuda_conv.conv2d_forward_workspace_size((1, 3, 5, 5), (4, 1, 3, 3), 1, 1, 2)
+    with pytest.raises(ValueError, match="out has shape"):
+        cuda_conv.conv2d_forward(x, w, b, out[:, :2], *args, None)
