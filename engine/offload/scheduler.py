@@ -144,6 +144,7 @@ class OffloadScheduler:
         directory: str | None = None,
         delay: DelayHook | None = None,
         min_window: int = 1,
+        initial_window: int | None = None,
         shrink_after: int = 2,
         sample_page_cache: bool = False,
     ):
@@ -161,7 +162,10 @@ class OffloadScheduler:
         self.shrink_after = max(1, int(shrink_after))
         self.sample_page_cache = sample_page_cache
 
-        self.window = self.min_window if (self.adaptive or window is None) else int(window)
+        if self.adaptive:
+            self.window = max(self.min_window, int(initial_window or self.min_window))
+        else:
+            self.window = self.min_window if window is None else int(window)
         self.max_window: int | None = None
         self.stats: list[StepStats] = []
         self.storage: SwapStorage | None = None
@@ -311,6 +315,8 @@ class OffloadScheduler:
             self.max_window = self.window
         if self.requested_window is None:  # a byte budget alone: the largest window that fits
             self.window = self.max_window
+        elif self.adaptive:
+            self.window = min(self.window, self.max_window)
         elif not self.adaptive:
             fixed = self.plan_for(batch_size, self.window)
             if self.budget_bytes is not None and fixed.arena_bytes > self.budget_bytes:

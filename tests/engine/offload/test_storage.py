@@ -1,0 +1,151 @@
+"""SwapStorage: positional IO with checksums, page-cache drops, and a directory that never outlives us."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from engine.offload.storage import (
+    DIR_PREFIX,
+    OffloadStorageError,
+    SwapChecksumError,
+    SwapRecord,
+    SwapStorage,
+    parse_bytes,
+    remove_stale_directories,
+)
+
+
+def records_for(arrays, start=0, gap=64):
+    records, offset = [], start
+    for i, a in enumerate(arrays):
+        records.append(SwapRecord(offset, a.nbytes, "layer1.0.conv1", f"tensor{i}"))
+        offset += (a.nbytes + gap - 1) // gap * gap
+    return records
+
+
+def test_roundtrip_private_directory_and_cleanup(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in [(3, 5), (7,), (2, 2, 9)]]
+    with SwapStorage(1 << 16, str(tmp_path)) as storage:
+        assert stat.S_IMODE(os.stat(storage.path).st_mode) == 0o700
+        assert os.path.basename(storage.path).startswith(f"{DIR_PREFIX}{os.getpid()}-")
+        assert os.path.getsize(storage.file_path) == 1 << 16  # preallocated
+        records = records_for(arrays, start=4096)
+        storage.write(records, arrays)
+        back = [np.zeros_like(a) for a in arrays]
+        storage.read(records, back)
+        for a, b in zip(arrays, back):
+            np.testing.assert_array_equal(a, b)
+        assert storage.bytes_written == storage.bytes_read == sum(a.nbytes for a in arrays)
+        path = storage.path
+    assert not os.path.exists(path)
+
+
+def test_checksum_mismatch_names_layer_and_tensor(tmp_path):
+    arrays = [np.arange(100, dtype=np.float32), np.ones(10, dtype=np.float32)]
+    storage = SwapStorage(1 << 14, str(tmp_path))
+    try:
+        records = records_for(arrays)
+        storage.write(records, arrays)
+        with open(storage.file_path, "r+b") as f:  # flip one byte of the second record
+            f.seek(records[1].file_offset + 5)
+            byte = f.read(1)
+            f.seek(records[1].file_offset + 5)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(SwapChecksumError, match=r"layer 'layer1.0.conv1', tensor 'tensor1'"):
+            storage.read(records, [np.empty_like(a) for a in arrays])
+    finally:
+        storage.close()
+
+
+def test_reading_what_was_never_written_is_an_error(tmp_path):
+    with SwapStorage(1 << 14, str(tmp_path)) as storage:
+        a = np.zeros(4, np.float32)
+        with pytest.raises(OffloadStorageError, match="before it was ever written"):
+            storage.read(records_for([a]), [a])
+
+
+def test_unwritable_directory_is_refused(tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere permissions allow; /sys refuses new entries
+        target = "/sys"
+    else:
+        target = tmp_path / "locked"
+        target.mkdir(mode=0o500)
+    with pytest.raises(OffloadStorageError, match="not writable.*--offload-dir"):
+        SwapStorage(4096, str(target))
+
+
+def test_missing_directory_and_file_instead_of_directory(tmp_path):
+    with pytest.raises(OffloadStorageError, match="does not exist"):
+        SwapStorage(4096, str(tmp_path / "nope"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OffloadStorageError, match="not a directory"):
+        SwapStorage(4096, str(tmp_path / "file"))
+
+
+def test_free_space_is_checked_against_the_plan(tmp_path):
+    with pytest.raises(OffloadStorageError, match="swap space.*free"):
+        SwapStorage(1 << 62, str(tmp_path))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(DIR_PREFIX)]
+
+
+def test_stale_directories_of_dead_processes_are_removed(tmp_path):
+    dead = tmp_path / f"{DIR_PREFIX}999999999-abc"  # no such pid
+    dead.mkdir()
+    (dead / "swap.bin").write_bytes(b"old")
+    alive = tmp_path / f"{DIR_PREFIX}{os.getpid()}-xyz"
+    alive.mkdir()
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    with SwapStorage(4096, str(tmp_path)):
+        assert not dead.exists()
+        assert alive.exists() and other.exists()
+    assert remove_stale_directories(str(tmp_path)) == []
+
+
+def test_cleanup_after_an_exception(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        with SwapStorage(4096, str(tmp_path)):
+            raise RuntimeError("boom")
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(DIR_PREFIX)]
+
+
+def _on_tmpfs(path) -> bool:
+    path = os.path.realpath(path)
+    best, fstype = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, mount_point, kind = line.split()[:3]
+            if path.startswith(mount_point) and len(mount_point) > len(best):
+                best, fstype = mount_point, kind
+    return fstype in ("tmpfs", "ramfs")
+
+
+def test_written_bytes_leave_the_page_cache(tmp_path):
+    if _on_tmpfs(tmp_path):
+        pytest.skip("tmpfs keeps files in memory by design")
+    big = np.ones(1 << 20, dtype=np.float32)  # 4 MiB
+    with SwapStorage(big.nbytes, str(tmp_path)) as storage:
+        storage.write(records_for([big]), [big])
+        assert storage.page_cache_bytes() < big.nbytes // 4
+
+
+def test_delay_hook_sees_every_operation(tmp_path):
+    calls = []
+    a = np.ones(16, np.float32)
+    with SwapStorage(4096, str(tmp_path), delay=lambda op, n: calls.append((op, n))) as storage:
+        storage.write(records_for([a]), [a])
+        storage.read(records_for([a]), [a])
+    assert calls == [("write", 64), ("read", 64)]
+
+
+@pytest.mark.parametrize("text, expected", [("4096", 4096), ("256MB", 256_000_000), ("1.5GiB", 3 << 29), ("2k", 2000)])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+def test_parse_bytes_rejects_nonsense():
+    with pytest.raises(ValueError, match="as a size"):
+        parse_bytes("lots")
