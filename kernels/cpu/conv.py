@@ -35,7 +35,8 @@ tile after tile in a fixed order, and BLAS splits its work the same way for the 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
+from threadpoolctl import ThreadpoolController
 
 from kernels.reference.conv import check_conv2d_shapes
 
@@ -45,15 +46,20 @@ TARGET_COLUMNS = 1024
 TILE_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (4 MiB) in one column tile, so it stays in the L2/L3 caches."""
 
+EXPORTED_VERSION = 4
+"""The version the kernel table uses (the fastest in ``engine kernels --ops conv2d``)."""
+
 
 # ----------------------------------------------------------------------------------------------
 # Planning: how many images per tile, and how much scratch that needs
 # ----------------------------------------------------------------------------------------------
 
 
-def images_per_tile(x_shape, w_shape, stride: int, pad: int, groups: int, target_columns: int = TARGET_COLUMNS) -> int:
+def images_per_tile(
+    x_shape, w_shape, stride: int, pad: int, groups: int, target_columns: int = TARGET_COLUMNS, threads: int = 1
+) -> int:
     """Images unrolled together into one column tile (1 = one image at a time)."""
-    n = x_shape[0]
+    n = -(-x_shape[0] // threads)
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
     rows = w_shape[1] * w_shape[2] * w_shape[3]
     pixels = oh * ow
@@ -70,44 +76,56 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
     return w_shape[2] == 1 and stride == 1 and pad == 0
 
 
-def _scratch_parts(x_shape, w_shape, stride, pad, groups, tile_images) -> tuple[int, int, int]:
-    """(column tile, K-side tile, weight-gradient partial) sizes in float32 elements."""
-    oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
-    rows = w_shape[1] * w_shape[2] * w_shape[3]
-    k_per_group = w_shape[0] // groups
-    columns = tile_images * oh * ow
-    cols = 0 if (_is_plain_1x1(w_shape, stride, pad) and tile_images == 1) else rows * columns
-    k_side = k_per_group * columns if tile_images > 1 else 0
-    partial = k_per_group * rows if tile_images < x_shape[0] else 0
-    return cols, k_side, partial
+def _threads(version: int) -> int:
+    """Threads that each get their own tiles: all of Numba's for v4, one tile set for v2 and v3."""
+    return get_num_threads() if version == 4 else 1
 
 
-def _workspace_size(x_shape, w_shape, stride, pad, groups, with_partial: bool, target_columns: int) -> int:
-    if _is_depthwise(x_shape, w_shape, groups):
+def _tile_images(x_shape, w_shape, stride, pad, groups, version) -> int:
+    target = 1 if version == 2 else TARGET_COLUMNS
+    return images_per_tile(x_shape, w_shape, stride, pad, groups, target, _threads(version))
+
+
+def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, version: int) -> int:
+    """Scratch elements. Per tile set: a column tile, a K-side tile (when it holds several images)
+    and, for the weight gradient, a partial dw when a set has several tiles; v4 has one tile set per
+    thread and one dw-sized partial sum per extra thread."""
+    if version > 2 and _is_depthwise(x_shape, w_shape, groups):
         return 0
-    tile = images_per_tile(x_shape, w_shape, stride, pad, groups, target_columns)
-    cols, k_side, partial = _scratch_parts(x_shape, w_shape, stride, pad, groups, tile)
-    return cols + k_side + (partial if with_partial else 0)
+    oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+    threads = _threads(version)
+    tile = _tile_images(x_shape, w_shape, stride, pad, groups, version)
+    rows = w_shape[1] * w_shape[2] * w_shape[3]
+    k_group = w_shape[0] // groups
+    columns = tile * oh * ow
+    cols = 0 if (_is_plain_1x1(w_shape, stride, pad) and tile == 1) else rows * columns
+    k_side = k_group * columns if tile > 1 else 0
+    size = cols + k_side
+    if direction == "weight":
+        images_per_set = -(-x_shape[0] // threads)
+        size += k_group * rows if tile < images_per_set else 0
+        return threads * size + (threads - 1) * int(np.prod(w_shape))
+    return threads * size
 
 
 def conv2d_forward_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch (float32 elements) for ``conv2d_forward``: one column tile plus its output tile."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, False, TARGET_COLUMNS)
+    """Scratch (float32 elements) for ``conv2d_forward``: a column tile and output tile per thread."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, "forward", EXPORTED_VERSION)
 
 
 def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch for ``conv2d_backward_data``: a gradient-column tile plus the gathered dout tile."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, False, TARGET_COLUMNS)
+    """Scratch for ``conv2d_backward_data``: a gradient-column tile and dout tile per thread."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, "data", EXPORTED_VERSION)
 
 
 def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch for ``conv2d_backward_weight``: column and dout tiles plus one tile's partial dw."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, True, TARGET_COLUMNS)
+    """Scratch for ``conv2d_backward_weight``: tiles per thread plus a dw-sized partial sum per extra thread."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, "weight", EXPORTED_VERSION)
 
 
-def conv2d_v2_im2col_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch for the one-image-per-tile versions (v2) of all three directions."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, True, 1)
+def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
+    """Scratch for a numbered version (2, 3 or 4) and direction ("forward", "data" or "weight")."""
+    return _workspace_size(x_shape, w_shape, stride, pad, groups, direction, version)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,82 +148,95 @@ def _valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int)
     return lo, hi
 
 
+@njit(cache=True)
+def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
+    """One row of the column tile: channel c, offset (r, s), for every output pixel of every image."""
+    height, width = x.shape[2], x.shape[3]
+    pixels = out_h * out_w
+    c = row // (kernel * kernel)
+    r = (row // kernel) % kernel
+    s = row % kernel
+    y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+    x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+    for i in range(images):
+        plane = x[n0 + i, c0 + c]
+        line = cols[row, i * pixels : (i + 1) * pixels]
+        for y in range(out_h):
+            dst = y * out_w
+            if y < y_lo or y >= y_hi:
+                line[dst : dst + out_w] = 0.0
+                continue
+            src = plane[y * stride + r - pad]
+            for ox in range(x_lo):
+                line[dst + ox] = 0.0
+            for ox in range(x_lo, x_hi):
+                line[dst + ox] = src[ox * stride + s - pad]
+            for ox in range(x_hi, out_w):
+                line[dst + ox] = 0.0
+
+
+@njit(cache=True)
+def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
+    """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order."""
+    height, width = dx.shape[2], dx.shape[3]
+    pixels = out_h * out_w
+    plane = dx[n0 + i, c0 + c]
+    plane[:, :] = 0.0
+    for r in range(kernel):
+        y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+        for s in range(kernel):
+            x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+            line = dcols[(c * kernel + r) * kernel + s, i * pixels : (i + 1) * pixels]
+            for y in range(y_lo, y_hi):
+                dst = plane[y * stride + r - pad]
+                for ox in range(x_lo, x_hi):
+                    dst[ox * stride + s - pad] += line[y * out_w + ox]
+
+
 @njit(parallel=True, cache=True)
 def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
-    height, width = x.shape[2], x.shape[3]
-    pixels = out_h * out_w
-    kk = kernel * kernel
     for row in prange(cols.shape[0]):
-        c = row // kk
-        r = (row // kernel) % kernel
-        s = row % kernel
-        y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
-        x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
-        for i in range(images):
-            plane = x[n0 + i, c0 + c]
-            line = cols[row, i * pixels : (i + 1) * pixels]
-            for y in range(out_h):
-                dst = y * out_w
-                if y < y_lo or y >= y_hi:
-                    line[dst : dst + out_w] = 0.0
-                    continue
-                src = plane[y * stride + r - pad]
-                for ox in range(x_lo):
-                    line[dst + ox] = 0.0
-                for ox in range(x_lo, x_hi):
-                    line[dst + ox] = src[ox * stride + s - pad]
-                for ox in range(x_hi, out_w):
-                    line[dst + ox] = 0.0
+        _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
+
+
+@njit(cache=True)
+def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
+    """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
+    for row in range(cols.shape[0]):
+        _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
 @njit(parallel=True, cache=True)
 def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
-    """The transpose of im2col: dx[n0 + i, c0 + c] = Σ over the columns that read each pixel.
-
-    One parallel iteration owns one whole (image, channel) plane and adds its R·S rows in order,
-    so there are no write races and the sum order is fixed.
-    """
-    height, width = dx.shape[2], dx.shape[3]
-    pixels = out_h * out_w
+    """The transpose of im2col. One parallel iteration owns one whole (image, channel) plane, so
+    there are no write races and every pixel's sum runs in the same order."""
     for job in prange(channels * images):
-        c = job // images
-        i = job % images
-        plane = dx[n0 + i, c0 + c]
-        plane[:, :] = 0.0
-        for r in range(kernel):
-            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
-            for s in range(kernel):
-                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
-                line = dcols[(c * kernel + r) * kernel + s, i * pixels : (i + 1) * pixels]
-                for y in range(y_lo, y_hi):
-                    dst = plane[y * stride + r - pad]
-                    for ox in range(x_lo, x_hi):
-                        dst[ox * stride + s - pad] += line[y * out_w + ox]
+        _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
+def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
+    for job in range(channels * images):
+        _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
+
+
+@njit(cache=True)
 def gather_tile(a, n0, images, k0, tile):
-    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): NCHW channels of several images side by side."""
-    channels = tile.shape[0]
+    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side."""
     pixels = a.shape[2] * a.shape[3]
-    for job in prange(channels * images):
-        k = job // images
-        i = job % images
-        src = a[n0 + i, k0 + k].reshape(pixels)
-        tile[k, i * pixels : (i + 1) * pixels] = src
+    for k in range(tile.shape[0]):
+        for i in range(images):
+            tile[k, i * pixels : (i + 1) * pixels] = a[n0 + i, k0 + k].reshape(pixels)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def scatter_tile(tile, n0, images, k0, a):
     """The inverse of gather_tile: a[n0 + i, k0 + k, p] = tile[k, i·P + p]."""
-    channels = tile.shape[0]
     pixels = a.shape[2] * a.shape[3]
-    for job in prange(channels * images):
-        k = job // images
-        i = job % images
-        dst = a[n0 + i, k0 + k].reshape(pixels)
-        dst[:] = tile[k, i * pixels : (i + 1) * pixels]
+    for k in range(tile.shape[0]):
+        for i in range(images):
+            a[n0 + i, k0 + k].reshape(pixels)[:] = tile[k, i * pixels : (i + 1) * pixels]
 
 
 @njit(parallel=True, cache=True)
@@ -321,6 +352,146 @@ def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch
                 partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
                 np.dot(d_tile, cols.T, partial)
                 dw_g += partial
+
+
+# ----------------------------------------------------------------------------------------------
+# v4: one parallel region per call, each thread owns a share of the images and its own tiles
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch):
+    """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM."""
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = out.shape[2], out.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(first, last, tile_images):
+        images = min(tile_images, last - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+            if images == 1:
+                np.dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
+            else:
+                start = rows * columns
+                result = scratch[start : start + k_group * columns].reshape(k_group, columns)
+                np.dot(w_g, cols, result)
+                scatter_tile(result, n0, images, g * k_group, out)
+
+
+@njit(parallel=True, cache=True)
+def _forward_per_thread(x, w, out, stride, pad, groups, tile_images, threads, scratch):
+    n_images = x.shape[0]
+    share = scratch.size // threads
+    for t in prange(threads):
+        mine = scratch[t * share : (t + 1) * share]
+        first, last = t * n_images // threads, (t + 1) * n_images // threads
+        _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine)
+
+
+@njit(cache=True)
+def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch):
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(first, last, tile_images):
+        images = min(tile_images, last - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[: k_group * columns].reshape(k_group, columns)
+                gather_tile(dout, n0, images, g * k_group, d_tile)
+            if plain_1x1 and images == 1:
+                np.dot(w_g.T, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
+            else:
+                start = k_group * columns if images > 1 else 0
+                dcols = scratch[start : start + rows * columns].reshape(rows, columns)
+                np.dot(w_g.T, d_tile, dcols)
+                col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
+
+
+@njit(parallel=True, cache=True)
+def _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile_images, threads, scratch):
+    n_images = dx.shape[0]
+    share = scratch.size // threads
+    for t in prange(threads):
+        mine = scratch[t * share : (t + 1) * share]
+        first, last = t * n_images // threads, (t + 1) * n_images // threads
+        _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine)
+
+
+@njit(cache=True)
+def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, scratch):
+    """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order."""
+    k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    if first >= last:
+        acc[...] = 0.0
+    for n0 in range(first, last, tile_images):
+        images = min(tile_images, last - n0)
+        columns = images * pixels
+        for g in range(groups):
+            used = 0
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                used = rows * columns
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[used : used + k_group * columns].reshape(k_group, columns)
+                gather_tile(dout, n0, images, g * k_group, d_tile)
+                used += k_group * columns
+            acc_g = acc[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if n0 == first:
+                np.dot(d_tile, cols.T, acc_g)
+            else:
+                partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
+                np.dot(d_tile, cols.T, partial)
+                acc_g += partial
+
+
+@njit(parallel=True, cache=True)
+def _backward_weight_per_thread(x, dout, dw, stride, pad, groups, tile_images, threads, scratch):
+    """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are added in order."""
+    n_images = x.shape[0]
+    slots = (threads - 1) * dw.size
+    share = (scratch.size - slots) // threads
+    sums = scratch[scratch.size - slots :]
+    for t in prange(threads):
+        mine = scratch[t * share : (t + 1) * share]
+        first, last = t * n_images // threads, (t + 1) * n_images // threads
+        if t == 0:
+            _backward_weight_images(x, dout, dw, stride, pad, groups, first, last, tile_images, mine)
+        else:
+            acc = sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
+            _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
+    flat = dw.reshape(dw.size)
+    for i in prange(dw.size):
+        total = flat[i]
+        for t in range(1, threads):
+            total += sums[(t - 1) * dw.size + i]
+        flat[i] = total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -466,19 +637,49 @@ def _check_conv(x_shape, w, stride, pad, groups):
     return (x_shape[0], w.shape[0], oh, ow)
 
 
+class _BlasOnCallingThread:
+    """Run SciPy's OpenBLAS (the one ``np.dot`` inside @njit calls) single-threaded for a while.
+
+    v4 calls BLAS from inside a parallel loop, one GEMM per Numba thread; a multithreaded BLAS
+    there would start threads of its own and oversubscribe the cores. NumPy's own BLAS is a
+    different library and is left alone.
+    """
+
+    def __init__(self) -> None:
+        self._libraries = None
+        self._saved: list[int] = []
+
+    def __enter__(self):
+        if self._libraries is None:
+            self._libraries = [
+                lib for lib in ThreadpoolController().lib_controllers if "scipy" in lib.filepath.split("/")[-2]
+            ]
+        self._saved = [lib.num_threads for lib in self._libraries]
+        for lib in self._libraries:
+            lib.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lib, threads in zip(self._libraries, self._saved):
+            lib.set_num_threads(threads)
+
+
+_blas_on_calling_thread = _BlasOnCallingThread()
+
+
 def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
     """out = conv2d(x, w) + bias, written into ``out``; scratch sized by conv2d_forward_workspace_size."""
-    _forward(x, w, bias, out, stride, pad, groups, scratch, TARGET_COLUMNS)
+    _forward(x, w, bias, out, stride, pad, groups, scratch, EXPORTED_VERSION)
 
 
 def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
     """dx = the gradient of conv2d's output ``dout`` with respect to its input."""
-    _backward_data(dout, w, dx, stride, pad, groups, scratch, TARGET_COLUMNS)
+    _backward_data(dout, w, dx, stride, pad, groups, scratch, EXPORTED_VERSION)
 
 
 def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
     """dw (and dbias when given) = the gradients of conv2d's output ``dout`` w.r.t. weights and bias."""
-    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, TARGET_COLUMNS)
+    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, EXPORTED_VERSION)
 
 
 def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int, scratch=None) -> None:
@@ -490,24 +691,24 @@ def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int
         add_bias(out, bias)
 
 
-def conv2d_forward_v2_im2col(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
-    """Version 2: im2col one image at a time, GEMM straight into out[n] (no image blocks, no direct depthwise)."""
-    _forward(x, w, bias, out, stride, pad, groups, scratch, 1, allow_depthwise=False)
+def conv2d_version(version: int, direction: str):
+    """A numbered version's kernel for "forward" (1-4), "data" or "weight" (2-4), with the table's signature.
 
-
-def conv2d_backward_data_v2_im2col(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
-    """Version 2 of backward to data: one image per tile."""
-    _backward_data(dout, w, dx, stride, pad, groups, scratch, 1, allow_depthwise=False)
-
-
-def conv2d_backward_weight_v2_im2col(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
-    """Version 2 of backward to weights: one image per tile, a partial dw per image."""
-    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, 1, allow_depthwise=False)
-
-
-conv2d_forward_v3_tiled = conv2d_forward
-conv2d_backward_data_v3_tiled = conv2d_backward_data
-conv2d_backward_weight_v3_tiled = conv2d_backward_weight
+    1 direct loops, 2 im2col one image at a time, 3 tiles of several images, 4 a tile set per thread.
+    """
+    if direction == "forward":
+        if version == 1:
+            return conv2d_forward_v1_direct
+        return lambda x, w, bias, out, stride, pad, groups, scratch: _forward(
+            x, w, bias, out, stride, pad, groups, scratch, version
+        )
+    if direction == "data":
+        return lambda dout, w, dx, stride, pad, groups, scratch: _backward_data(
+            dout, w, dx, stride, pad, groups, scratch, version
+        )
+    return lambda x, dout, dw, dbias, stride, pad, groups, scratch: _backward_weight(
+        x, dout, dw, dbias, stride, pad, groups, scratch, version
+    )
 
 
 def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
@@ -518,47 +719,61 @@ def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
         _check_array("bias", bias, (w.shape[0],))
 
 
-def _forward(x, w, bias, out, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_forward_args(x, w, bias, out, stride, pad, groups)
-    if allow_depthwise and _is_depthwise(x.shape, w.shape, groups):
+    if version > 2 and _is_depthwise(x.shape, w.shape, groups):
         depthwise_forward(x, w, out, stride, pad)
     else:
-        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, False, target_columns)
+        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
         scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
-        tile = images_per_tile(x.shape, w.shape, stride, pad, groups, target_columns)
-        _forward_gemm(x, w, out, stride, pad, groups, tile, scratch)
+        tile = _tile_images(x.shape, w.shape, stride, pad, groups, version)
+        if version == 4:
+            with _blas_on_calling_thread:
+                _forward_per_thread(x, w, out, stride, pad, groups, tile, _threads(version), scratch[:needed])
+        else:
+            _forward_gemm(x, w, out, stride, pad, groups, tile, scratch)
     if bias is not None:
         add_bias(out, bias)
 
 
-def _backward_data(dout, w, dx, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("dx", dx, dx.shape)
     _check_array("w", w, w.shape)
     _check_array("dout", dout, _check_conv(dx.shape, w, stride, pad, groups))
-    if allow_depthwise and _is_depthwise(dx.shape, w.shape, groups):
+    if version > 2 and _is_depthwise(dx.shape, w.shape, groups):
         depthwise_backward_data(dout, w, dx, stride, pad)
         return
-    needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, False, target_columns)
+    needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
-    tile = images_per_tile(dx.shape, w.shape, stride, pad, groups, target_columns)
-    _backward_data_gemm(dout, w, dx, stride, pad, groups, tile, scratch)
+    tile = _tile_images(dx.shape, w.shape, stride, pad, groups, version)
+    if version == 4:
+        with _blas_on_calling_thread:
+            _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile, _threads(version), scratch[:needed])
+    else:
+        _backward_data_gemm(dout, w, dx, stride, pad, groups, tile, scratch)
 
 
-def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, target_columns, allow_depthwise=True) -> None:
+def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) -> None:
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("x", x, x.shape)
     _check_array("dw", dw, dw.shape)
     _check_array("dout", dout, _check_conv(x.shape, dw, stride, pad, groups))
     if dbias is not None:
         _check_array("dbias", dbias, (dw.shape[0],))
-    if allow_depthwise and _is_depthwise(x.shape, dw.shape, groups):
+    if version > 2 and _is_depthwise(x.shape, dw.shape, groups):
         depthwise_backward_weight(x, dout, dw, stride, pad)
     else:
-        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, True, target_columns)
+        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
-        tile = images_per_tile(x.shape, dw.shape, stride, pad, groups, target_columns)
-        _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile, scratch)
+        tile = _tile_images(x.shape, dw.shape, stride, pad, groups, version)
+        if version == 4:
+            with _blas_on_calling_thread:
+                _backward_weight_per_thread(
+                    x, dout, dw, stride, pad, groups, tile, _threads(version), scratch[:needed]
+                )
+        else:
+            _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile, scratch)
     if dbias is not None:
         bias_gradient(dout, dbias)

@@ -98,15 +98,27 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
         assert np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("version", [cpu.conv2d_forward_v1_direct, cpu.conv2d_forward_v2_im2col])
-def test_numbered_forward_versions_match_reference(version):
-    x, w, b, dout, args = _case(SHAPES[1])
-    out = np.empty(dout.shape, np.float32)
-    scratch = np.empty(cpu.conv2d_v2_im2col_workspace_size(x.shape, w.shape, *args), np.float32)
-    version(x, w, b, out, *args, scratch)
-    expected = np.empty_like(out)
-    ref.conv2d_forward(x, w, b, expected, *args)
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[8]], ids=[IDS[1], IDS[3], IDS[8]])
+def test_numbered_versions_match_reference(version, shape):
+    x, w, b, dout, args = _case(shape)
+    expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    out = np.full(dout.shape, np.nan, np.float32)
+    size = cpu.conv2d_version_workspace_size(max(version, 2), "forward", x.shape, w.shape, *args)
+    cpu.conv2d_version(version, "forward")(x, w, b, out, *args, np.full(size, np.nan, np.float32))
+    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-4)
+    if version == 1:
+        return
+    dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
+    size = cpu.conv2d_version_workspace_size(version, "data", x.shape, w.shape, *args)
+    cpu.conv2d_version(version, "data")(dout, w, dx, *args, np.full(size, np.nan, np.float32))
+    size = cpu.conv2d_version_workspace_size(version, "weight", x.shape, w.shape, *args)
+    cpu.conv2d_version(version, "weight")(x, dout, dw, db, *args, np.full(size, np.nan, np.float32))
+    for got, want in zip((dx, dw, db), expected[1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_too_small_scratch_says_how_to_size_it():
