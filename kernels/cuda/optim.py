@@ -1,0 +1,106 @@
+"""Optimizer updates on the GPU: one thread per parameter over the flat PARAMETERS block.
+
+The step's numbers come in as float32 kernel arguments. Adam's bias corrections depend only on the
+step, so the host computes them once (in double precision, as PyTorch does) instead of every thread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from numba import cuda, float32
+
+from kernels.cuda._launch import THREADS_PER_BLOCK, blocks_for, f32, launch
+
+
+@cuda.jit
+def sgd_kernel(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
+    """PyTorch's SGD (dampening 0): g += wd·p; buf = momentum·buf + g; step with buf (or g + momentum·buf)."""
+    i = cuda.grid(1)
+    if i < param.size:
+        g = grad[i] + weight_decay * param[i]
+        if momentum != float32(0.0):
+            buf = momentum * momentum_buf[i] + g
+            momentum_buf[i] = buf
+            if nesterov:
+                g = g + momentum * buf
+            else:
+                g = buf
+        param[i] -= lr * g
+
+
+@cuda.jit
+def adam_kernel(param, grad, m, v, beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt):
+    """PyTorch's Adam: moments of g (+ L2), then p −= step_size · m / (sqrt(v) / sqrt(bc2) + eps)."""
+    i = cuda.grid(1)
+    if i < param.size:
+        g = grad[i] + weight_decay * param[i]
+        m_i = beta1 * m[i] + (float32(1.0) - beta1) * g
+        v_i = beta2 * v[i] + (float32(1.0) - beta2) * g * g
+        m[i] = m_i
+        v[i] = v_i
+        param[i] -= step_size * m_i / (math.sqrt(v_i) / bias_correction2_sqrt + eps)
+
+
+def _check_flat(*arrays: Any) -> None:
+    size = arrays[0].size
+    for a in arrays:
+        if a.ndim != 1 or a.size != size:
+            raise ValueError(f"optimizer update: arrays must be 1-D of one length, got {[tuple(b.shape) for b in arrays]}")
+
+
+def sgd_update(
+    param: Any, grad: Any, momentum_buf: Any, lr: float, momentum: float, weight_decay: float, nesterov: bool
+) -> None:
+    if momentum_buf is None:
+        if momentum != 0:
+            raise ValueError("sgd_update: momentum != 0 needs a momentum_buf array")
+        momentum_buf = grad  # never read or written when momentum is 0
+    _check_flat(param, grad, momentum_buf)
+    launch(
+        sgd_kernel,
+        blocks_for(param.size),
+        THREADS_PER_BLOCK,
+        param,
+        grad,
+        momentum_buf,
+        f32(lr),
+        f32(momentum),
+        f32(weight_decay),
+        bool(nesterov),
+    )
+
+
+def adam_update(
+    param: Any,
+    grad: Any,
+    m: Any,
+    v: Any,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    if step < 1:
+        raise ValueError(f"adam_update: step counts from 1, got {step}")
+    _check_flat(param, grad, m, v)
+    step_size = lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    launch(
+        adam_kernel,
+        blocks_for(param.size),
+        THREADS_PER_BLOCK,
+        param,
+        grad,
+        m,
+        v,
+        f32(beta1),
+        f32(beta2),
+        f32(eps),
+        f32(weight_decay),
+        f32(step_size),
+        f32(bias_correction2_sqrt),
+    )
