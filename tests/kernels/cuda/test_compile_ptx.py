@@ -98,3 +98,18 @@ def test_kernel_compiles_to_ptx(name, cc):
         assert return_type == types.void
         assert f".target sm_{cc[0]}{cc[1]}" in ptx
         assert ".entry" in ptx
+
+
+def test_register_blocked_gemm_keeps_its_tile_in_registers():
+    """What v3 buys, read off the PTX: no local (spilled) memory, and more FMAs per shared-memory load than v2."""
+    from kernels.cuda import gemm
+
+    signature = (f2, f2, f2, boolean)
+    tiled, _ = cuda.compile_ptx(gemm.gemm_v2_tiled.py_func, signature, cc=(8, 0))
+    blocked, _ = cuda.compile_ptx(gemm.gemm_v3_register_blocked.py_func, signature, cc=(8, 0))
+    assert ".local" not in blocked  # the 4×4 accumulators and fragments live in registers
+
+    def fma_per_shared_load(ptx: str) -> float:
+        return ptx.count("fma.rn.f32") / ptx.count("ld.shared.f32")
+
+    assert fma_per_shared_load(blocked) >= 4 * fma_per_shared_load(tiled)
