@@ -1,0 +1,101 @@
+"""The offload plan: spans extended by the window, no shared bytes between live spans, what is never written."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.memory import ArrayType
+from engine.offload.plan import TensorUse, build_plan, check_plan, graph_units, group_units
+from models import GRAPHS
+
+
+def chain_units(layers: int, nbytes: int = 4096):
+    """A chain: node i's output is read by node i+1's forward and backward, and by its own backward."""
+    steps = 2 * layers
+    uses = {}
+    for i in range(layers):
+        forward_end = min(i + 1, layers - 1)
+        backward = [steps - 1 - i] + ([steps - 1 - (i + 1)] if i + 1 < layers else [])
+        uses[i] = [TensorUse(f"n{i}:out", ArrayType.ACTIVATIONS, (nbytes // 4,), np.dtype(np.float32), forward_end,
+                             min(backward), max(backward))]
+    units, _ = group_units({i: i for i in range(layers)}, {i: f"n{i}" for i in range(layers)}, uses)
+    return units, steps
+
+
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_chain_keeps_n_plus_two_layers(window):
+    units, steps = chain_units(20)
+    plan = build_plan(units, window, steps)
+    check_plan(plan)
+    assert plan.peak_units == window + 2  # N resident, one saving, one loading (nntrainer #789)
+    assert plan.arena_bytes == plan.lower_bound_bytes == (window + 2) * 4096
+    assert plan.total_bytes == 20 * 4096
+
+
+def test_spans_include_the_lookahead():
+    units, steps = chain_units(20)
+    plan = build_plan(units, 3, steps)
+    for unit in plan.offloaded:
+        forward, backward = unit.occupations
+        assert forward.end == unit.spec.forward_end + 3  # the saver may lag 3 steps
+        assert backward.start == unit.spec.backward_start - 3  # the loader prefetches 3 steps ahead
+    # prefetched bytes never overlap bytes a live span holds (nntrainer #2034)
+    for key, unit in plan.units.items():
+        for other_key, other in plan.units.items():
+            if key == other_key:
+                continue
+            shares_bytes = unit.arena_offset < other.arena_offset + other.nbytes and \
+                other.arena_offset < unit.arena_offset + unit.nbytes
+            if shares_bytes:
+                assert not any(a.overlaps(b) for a in unit.occupations for b in other.occupations)
+
+
+def test_last_layers_and_transient_tensors_are_never_written():
+    units, steps = chain_units(10)
+    plan = build_plan(units, 2, steps)
+    written = sorted(u.spec.owner for u in plan.offloaded)
+    assert written == list(range(written[-1] + 1)) and written[-1] < 9  # the tail stays resident
+    assert all(u.file_offset is None for u in plan.units.values() if not u.offloaded)
+    big = build_plan(units, 100, steps)
+    assert not big.offloaded and big.arena_bytes == big.total_bytes
+
+
+def test_resnet18_units_and_transients():
+    graph = GRAPHS["resnet18"](num_classes=10, image_size=16)
+    units, creations, steps = graph_units(graph, batch_size=2)
+    by_name = {(u.name, u.part): u for u in units}
+    # batch norm's output feeds ReLU, which keeps its own output: only forwards read it
+    assert ("layer1.0.bn1", "transient") in by_name and ("layer1.0.bn1", "saved") in by_name
+    assert by_name[("layer1.0.bn1", "transient")].backward_start is None
+    # a conv output is read again by the batch norm's backward
+    assert by_name[("layer1.0.conv1", "saved")].backward_start is not None
+    for window in (1, 4):
+        plan = build_plan(units, window, steps)
+        check_plan(plan)
+        assert plan.arena_bytes < plan.total_bytes / 2
+    assert sum(len(c) for c in creations.values()) == sum(len(u.tensors) for u in units)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 64), min_size=2, max_size=24),
+    reach=st.lists(st.integers(0, 4), min_size=24, max_size=24),
+    window=st.integers(1, 6),
+)
+def test_random_dags_never_share_live_bytes(sizes, reach, window):
+    layers = len(sizes)
+    steps = 2 * layers
+    uses = {}
+    for i, size in enumerate(sizes):
+        forward_end = min(i + reach[i], layers - 1)
+        uses[i] = [TensorUse(f"n{i}:out", ArrayType.ACTIVATIONS, (size * 16,), np.dtype(np.float32), forward_end,
+                             steps - 1 - forward_end, steps - 1 - i)]
+    units, _ = group_units({i: i for i in range(layers)}, {i: f"n{i}" for i in range(layers)}, uses)
+    plan = build_plan(units, window, steps)
+    check_plan(plan)
+    assert plan.lower_bound_bytes <= plan.arena_bytes <= plan.total_bytes
+    for (key, index), before in plan.predecessors.items():
+        start = plan.units[key].occupations[index].start
+        for other_key, other_index in before:
+            assert plan.units[other_key].occupations[other_index].end < start

@@ -1,0 +1,216 @@
+"""OffloadScheduler end to end: the same bits with any window, bounded memory, adaptive N, failures, cleanup."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from engine.backend import get_backend
+from engine.offload import OffloadError, OffloadScheduler
+from engine.offload.storage import DIR_PREFIX
+from engine.optim import SGD
+from models import build_model
+
+MLP = dict(input_shape=(3, 8, 8), hidden=32, depth=8)
+RESNET = dict(image_size=8)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_backend("cpu")
+
+
+def batches(steps, batch, shape, seed=1):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        yield (rng.standard_normal((batch, *shape)).astype(np.float32), rng.integers(0, 10, batch).astype(np.int64))
+
+
+def train(backend, model, window, steps, batch, options, directory, shape, **scheduler_options):
+    """Train with SGD+momentum; returns (state dict, scheduler stats or None)."""
+    net = build_model(model, num_classes=10, backend=backend, seed=0, **options)
+    optimizer = SGD(net.parameters, net.gradients, backend, lr=0.05, momentum=0.9)
+    scheduler = None
+    if window is not None:
+        scheduler = OffloadScheduler(backend, window, directory=str(directory), **scheduler_options).attach(net)
+    try:
+        for x, y in batches(steps, batch, shape):
+            net.forward(backend.to_device(x), training=True)
+            net.loss(backend.to_device(y))
+            net.backward()
+            optimizer.step()
+        return net.state_dict(), (list(scheduler.stats) if scheduler else None), scheduler
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+        net.close()
+
+
+def assert_bounded(stats):
+    for s in stats:
+        assert 0 < s.peak_resident_bytes <= s.bound_bytes  # resident offloadable bytes within the window
+        assert s.bytes_written == s.bytes_read  # everything written is read back once, nothing more
+
+
+def swap_dirs(path):
+    return [p for p in os.listdir(path) if p.startswith(DIR_PREFIX)]
+
+
+@pytest.mark.parametrize(
+    "model, options, shape, steps",
+    [("mlp", MLP, (3, 8, 8), 4), ("resnet18", RESNET, (3, 8, 8), 2)],
+    ids=["mlp", "resnet18"],
+)
+def test_weights_are_bit_identical_with_any_window(cpu, tmp_path, model, options, shape, steps):
+    reference, _, _ = train(cpu, model, None, steps, 2, options, tmp_path, shape)
+    for window in (1, 2, 4, "auto"):
+        weights, stats, scheduler = train(cpu, model, window, steps, 2, options, tmp_path, shape)
+        for key in reference:
+            assert np.array_equal(reference[key], weights[key]), f"window {window}: {key} differs"
+        assert_bounded(stats)
+        plan = scheduler._plan
+        assert plan.arena_bytes < plan.total_bytes  # offload really lowers the resident bytes
+        if window == 1:
+            assert all(s.bytes_written > 0 for s in stats)
+    assert swap_dirs(tmp_path) == []  # every run removed its directory
+
+
+def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
+    def slow(operation, nbytes):
+        if operation == "read":
+            time.sleep(0.03)
+
+    _, stats, scheduler = train(cpu, "mlp", "auto", 6, 2, MLP, tmp_path, (3, 8, 8), delay=slow)
+    assert stats[0].window == 1
+    assert stats[0].load_wait_s > 0  # the executor waited for a load...
+    assert scheduler.window > stats[0].window  # ...so the window grew
+    assert [s.window for s in stats] == sorted(s.window for s in stats)
+    assert_bounded(stats)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a RAM-backed directory for instant storage")
+def test_auto_window_shrinks_to_its_minimum_when_storage_is_instant(cpu, tmp_path):
+    _, stats, scheduler = train(cpu, "mlp", "auto", 12, 2, MLP, "/dev/shm", (3, 8, 8), initial_window=4,
+                                shrink_after=1)
+    assert stats[0].window == 4
+    assert scheduler.window == scheduler.min_window == 1
+    assert_bounded(stats)
+
+
+def test_byte_budget_alone_picks_the_largest_window_that_fits(cpu, tmp_path):
+    net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **MLP)
+    with OffloadScheduler(cpu, None, budget_bytes=10**9, directory=str(tmp_path)) as scheduler:
+        scheduler.attach(net, batch_size=2)
+        assert scheduler.window == scheduler.max_window
+        assert not scheduler.plan_for(2).offloaded  # a huge budget: nothing needs to go to disk
+    with OffloadScheduler(cpu, None, budget_bytes=1, directory=str(tmp_path)) as scheduler:
+        with pytest.raises(OffloadError, match="budget .* below what the smallest window needs"):
+            scheduler.attach(net, batch_size=2)
+    net.close()
+
+
+def test_state_transitions_are_logged(cpu, tmp_path, caplog):
+    with caplog.at_level(logging.DEBUG, logger="engine.offload"):
+        train(cpu, "mlp", 1, 1, 2, MLP, tmp_path, (3, 8, 8))
+    text = caplog.text
+    for transition in ("RELEASED -> READY_FOR_EXEC", "READY_FOR_EXEC -> WAIT_FOR_OFF", "WAIT_FOR_OFF -> SWAPPED",
+                       "SWAPPED -> WAIT_FOR_EXEC", "WAIT_FOR_EXEC -> READY_FOR_EXEC"):
+        assert transition in text
+    assert "offload step 0: window 1" in text
+
+
+def test_a_corrupted_swap_file_stops_training_naming_the_tensor(cpu, tmp_path):
+    net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **MLP)
+    corrupted = []
+
+    def corrupt_before_first_read(operation, nbytes):
+        if operation == "read" and not corrupted:
+            with open(scheduler.storage.file_path, "r+b") as f:
+                data = bytearray(f.read())
+                first = next(i for i, b in enumerate(data) if b)  # a byte that was written
+                f.seek(first)
+                f.write(bytes([data[first] ^ 0x55]))
+            corrupted.append(first)
+
+    scheduler = OffloadScheduler(cpu, 1, directory=str(tmp_path), delay=corrupt_before_first_read).attach(net)
+    (x, y), = batches(1, 2, (3, 8, 8))
+    with scheduler:
+        net.forward(x, training=True)
+        net.loss(y)
+        with pytest.raises(OffloadError, match=r"checksum mismatch reading layer '\w+', tensor '\w+:\w+'"):
+            net.backward()
+    assert swap_dirs(tmp_path) == []  # removed after the exception
+    net.close()
+
+
+def test_directory_removed_after_an_exception_in_a_step(cpu, tmp_path):
+    net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **MLP)
+
+    seen = []
+
+    class Explode:
+        def after_forward(self, step, node):
+            if step == 5:
+                seen.extend(swap_dirs(tmp_path))
+                raise RuntimeError("boom in the middle of a step")
+
+    (x, y), = batches(1, 2, (3, 8, 8))
+    with pytest.raises(RuntimeError, match="boom"):
+        with OffloadScheduler(cpu, 1, directory=str(tmp_path)).attach(net):
+            net.hooks.append(Explode())
+            net.forward(x, training=True)
+    assert len(seen) == 1  # the swap directory existed during the step...
+    assert swap_dirs(tmp_path) == []  # ...and is gone
+    net.close()
+
+
+SIGNAL_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from engine.backend import get_backend
+    from engine.offload import OffloadScheduler
+    from models import build_model
+    backend = get_backend("cpu")
+    net = build_model("mlp", num_classes=10, backend=backend, seed=0, input_shape=(3, 8, 8), hidden=32, depth=8)
+    scheduler = OffloadScheduler(backend, 1, directory=sys.argv[1]).attach(net, batch_size=2)
+    x = np.ones((2, 3, 8, 8), np.float32)
+    y = np.zeros(2, np.int64)
+    step = 0
+    while True:
+        net.forward(x, training=True)
+        net.loss(y)
+        net.backward()
+        if step == 0:
+            print("READY", scheduler.storage.path, flush=True)
+        step += 1
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_directory_removed_on_signal(tmp_path, signum):
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(__file__))
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY"), process.stderr.read()
+        path = line.split()[1]
+        assert os.path.isdir(path)
+        process.send_signal(signum)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not os.path.exists(path)
+    assert swap_dirs(tmp_path) == []
+    if signum == signal.SIGTERM:
+        assert process.returncode == -signal.SIGTERM  # the default action still ran after our cleanup
+    else:
+        assert "KeyboardInterrupt" in process.stderr.read()
