@@ -1,0 +1,178 @@
+"""Checkpoints: safetensors files that hold everything a run needs to continue bit for bit.
+
+A checkpoint holds
+- the network's parameters and buffers under torchvision's names (so it doubles as a PyTorch
+  state_dict, and a PyTorch state_dict saved as safetensors loads as initial weights);
+- the optimizer's state arrays as ``optimizer.<name>`` (momentum buffer, Adam's moments);
+- as metadata strings: the step count, the optimizer and its hyper-parameters, the data seed (the
+  shuffle and augmentation are functions of (seed, epoch, batch), see ``engine.data.batches``), the
+  state of every random generator inside the network (dropout) as JSON, and a SHA-256 of the tensor
+  bytes, so a corrupt file is caught, not just a truncated one.
+
+It is written to a temporary file in the same directory, flushed to disk, then renamed over the
+target (``os.replace`` is atomic), so a crash mid-write never leaves half a checkpoint.
+Safetensors never runs code on load, unlike pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FORMAT = "engine-checkpoint/1"
+OPTIMIZER_PREFIX = "optimizer."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or does not fit: the message names the file and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    """The tensors and metadata of one file, split into model, optimizer and bookkeeping."""
+
+    path: str
+    tensors: dict[str, np.ndarray]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_training_checkpoint(self) -> bool:
+        """True for files written by ``save_checkpoint`` (not plain weights from PyTorch)."""
+        return self.metadata.get("format") == FORMAT
+
+    @property
+    def step(self) -> int:
+        return int(self.metadata.get("step", 0))
+
+    def model_state(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.tensors.items() if not k.startswith(OPTIMIZER_PREFIX)}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        n = len(OPTIMIZER_PREFIX)
+        return {k[n:]: v for k, v in self.tensors.items() if k.startswith(OPTIMIZER_PREFIX)}
+
+    def json(self, key: str) -> Any:
+        return json.loads(self.metadata[key]) if key in self.metadata else None
+
+
+def tensor_digest(tensors: dict[str, np.ndarray]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def network_generators(net: Any) -> dict[str, np.random.Generator]:
+    """Every NumPy generator the network draws from during training (dropout masks), by name."""
+    found: dict[str, np.random.Generator] = {}
+    if isinstance(getattr(net, "rng", None), np.random.Generator):
+        found["net"] = net.rng
+    graph = getattr(net, "graph", None)
+    for node in getattr(graph, "nodes", []) or []:
+        rng = getattr(getattr(node, "layer", None), "rng", None)
+        if isinstance(rng, np.random.Generator) and all(rng is not seen for seen in found.values()):
+            found[node.name] = rng  # a layer with a generator of its own (most share net.rng)
+    return found
+
+
+def save_checkpoint(
+    path: str, net: Any, optimizer: Any = None, step: int = 0, metadata: dict[str, Any] | None = None
+) -> None:
+    """Write ``net`` (and ``optimizer``) at ``step`` to ``path`` atomically; ``metadata`` values become JSON."""
+    from safetensors.numpy import save_file
+
+    tensors = {name: np.ascontiguousarray(array) for name, array in net.state_dict().items()}
+    meta: dict[str, str] = {"format": FORMAT, "step": str(int(step))}
+    if optimizer is not None:
+        for name, array in optimizer.state_dict().items():
+            tensors[OPTIMIZER_PREFIX + name] = array
+        meta["optimizer"] = json.dumps({"name": optimizer.name, **optimizer.hyperparameters()})
+        meta["optimizer_steps"] = str(optimizer.steps_taken)
+    generators = {name: rng.bit_generator.state for name, rng in network_generators(net).items()}
+    meta["rng"] = json.dumps(generators, default=int)
+    for key, value in (metadata or {}).items():
+        meta[key] = json.dumps(value)
+    meta["sha256"] = tensor_digest(tensors)
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        save_file(tensors, temporary, metadata=meta)
+        with open(temporary, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    """Read any safetensors file; for engine checkpoints, verify the SHA-256 of the tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: file not found; expected a safetensors checkpoint or state_dict")
+    try:
+        with safe_open(path, framework="np") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({exc}); the file is truncated or corrupt, or not a checkpoint"
+        ) from None
+    checkpoint = Checkpoint(path, tensors, metadata)
+    expected = metadata.get("sha256")
+    if expected is not None and tensor_digest(tensors) != expected:
+        raise CheckpointError(f"{path}: tensor data does not match its SHA-256 (the file is corrupt)")
+    return checkpoint
+
+
+def load_weights(path: str, net: Any) -> Checkpoint:
+    """Initial weights from a checkpoint or a PyTorch state_dict saved as safetensors."""
+    checkpoint = read_checkpoint(path)
+    try:
+        net.load_state_dict(checkpoint.model_state(), strict=True)
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path}: weights do not fit the model: {exc}") from None
+    return checkpoint
+
+
+def restore(checkpoint: Checkpoint, net: Any, optimizer: Any = None) -> int:
+    """Put the network, the optimizer and the network's generators back as saved; returns the step."""
+    if not checkpoint.is_training_checkpoint:
+        raise CheckpointError(
+            f"{checkpoint.path}: has no training state (it is plain weights); use --weights to start from it"
+        )
+    try:
+        net.load_state_dict(checkpoint.model_state(), strict=True)
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"{checkpoint.path}: weights do not fit the model: {exc}") from None
+    if optimizer is not None:
+        saved = checkpoint.json("optimizer") or {}
+        if saved.get("name") != optimizer.name:
+            raise CheckpointError(
+                f"{checkpoint.path}: written with optimizer {saved.get('name')!r}, resuming with {optimizer.name!r}; "
+                "resume with the same --optimizer"
+            )
+        try:
+            optimizer.load_state_dict(checkpoint.optimizer_state(), int(checkpoint.metadata["optimizer_steps"]))
+        except ValueError as exc:
+            raise CheckpointError(f"{checkpoint.path}: {exc}") from None
+    saved_generators = checkpoint.json("rng") or {}
+    for name, rng in network_generators(net).items():
+        if name not in saved_generators:
+            raise CheckpointError(f"{checkpoint.path}: no saved state for random generator {name!r}")
+        rng.bit_generator.state = saved_generators[name]
+    return checkpoint.step

@@ -1,0 +1,365 @@
+"""The training loop: batches in, one optimizer step per batch, listeners told about every step.
+
+    trainer = Trainer(net, optimizer, data, batch_size=32, epochs=1, listeners=[ProgressListener()])
+    result = trainer.fit()          # a TrainResult: steps, seconds, images/s, losses, accuracies, memory
+
+A step is ``forward → loss → backward → optimizer.step()``; the network opens and closes the
+workspace iteration itself (``engine.network``). Batches come from a ``BatchStream`` (a background
+thread filling a circular INPUT ring). Python's cyclic GC stays off during steps and runs every K
+steps (``GcPolicy``): the step allocates almost nothing, so collecting inside it is only cost.
+
+Steps are counted globally: step s is batch ``s % batches_per_epoch`` of epoch
+``s // batches_per_epoch``, and the learning rate is ``schedule(s)``. A trainer built with
+``start_step=k`` (after ``engine.checkpoint.restore``) therefore continues exactly where an
+uninterrupted run would be.
+
+Listeners (``TrainingListener``) see ``on_train_start``, ``on_step_end(record)``, ``on_epoch_end``
+and ``on_train_end(result)``; the ones here keep the score, time the steps, sample memory, and draw
+the progress bar.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.data.batches import BatchSource, step_position
+from engine.data.datasets import Dataset
+from engine.data.prefetch import Batch, BatchStream
+from engine.evaluate import Evaluation, evaluate
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: the message says at which step and what to try."""
+
+
+@dataclass
+class StepRecord:
+    """What one step did: its loss, how many of its examples it got right, how long it took."""
+
+    step: int
+    epoch: int
+    index: int
+    loss: float
+    correct: int
+    examples: int
+    lr: float
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    """The summary of a run (``--summary-json`` writes ``as_dict()``)."""
+
+    steps: int  # steps run by this fit() call
+    final_step: int  # global step count at the end (more than `steps` after a resume)
+    epochs: float
+    batch_size: int
+    seconds: float
+    images_per_second: float
+    steady_images_per_second: float  # without the first two steps (kernel compilation, workspace learning)
+    final_loss: float  # mean loss of the last (up to) 10 steps
+    train_accuracy: float  # running accuracy over the last epoch's steps
+    test_accuracy: float | None
+    test_top5_accuracy: float | None
+    test_loss: float | None
+    peak_rss_bytes: int
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    evaluation: Evaluation | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("evaluation")
+        if self.evaluation is not None:
+            data["confusion_matrix"] = self.evaluation.confusion.tolist()
+        return data
+
+
+# --- listeners -------------------------------------------------------------------------------------
+
+
+class TrainingListener:
+    """Base class: override what you need. All calls happen in the training thread, between steps."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        pass
+
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
+        pass
+
+    def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
+        pass
+
+
+class ScoreListener(TrainingListener):
+    """Every step's loss, a running accuracy over the current epoch, and a moving-average loss."""
+
+    def __init__(self, window: int = 10):
+        self.losses: list[float] = []
+        self.recent: deque[float] = deque(maxlen=window)
+        self.epoch = -1
+        self.epoch_correct = 0
+        self.epoch_examples = 0
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        if record.epoch != self.epoch:
+            self.epoch, self.epoch_correct, self.epoch_examples = record.epoch, 0, 0
+        self.losses.append(record.loss)
+        self.recent.append(record.loss)
+        self.epoch_correct += record.correct
+        self.epoch_examples += record.examples
+
+    @property
+    def recent_loss(self) -> float:
+        return float(np.mean(self.recent)) if self.recent else math.nan
+
+    @property
+    def running_accuracy(self) -> float:
+        return self.epoch_correct / self.epoch_examples if self.epoch_examples else math.nan
+
+
+class TimingListener(TrainingListener):
+    """Seconds per step; images per second over the whole run and without the first two steps."""
+
+    def __init__(self) -> None:
+        self.step_seconds: list[float] = []
+        self.examples: list[int] = []
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        self.step_seconds.append(record.seconds)
+        self.examples.append(record.examples)
+
+    def images_per_second(self, skip: int = 0) -> float:
+        seconds = sum(self.step_seconds[skip:])
+        return sum(self.examples[skip:]) / seconds if seconds > 0 else 0.0
+
+
+class MemoryListener(TrainingListener):
+    """Samples the memory monitor after every step (RSS, bytes per ArrayType, spills, block allocations)."""
+
+    def __init__(self, monitor: Any, plot_path: str | None = None):
+        self.monitor = monitor
+        self.plot_path = plot_path
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        self.monitor.sample(record.step, loss=record.loss)
+
+    def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
+        if self.plot_path and self.monitor.records:
+            self.monitor.plot(self.plot_path)
+
+
+class ProgressListener(TrainingListener):
+    """A rich progress bar per run: epoch, loss, running accuracy and images per second."""
+
+    def __init__(self, console: Any = None):
+        self.console = console
+        self.progress: Any = None
+        self.task: Any = None
+        self._images = 0
+        self._seconds = 0.0
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            self._description(trainer, trainer.step), total=trainer.total_steps, completed=trainer.step, stats=""
+        )
+
+    def _description(self, trainer: Trainer, step: int) -> str:
+        epoch = min(step // trainer.source.batches_per_epoch, trainer.epochs_total - 1)
+        return f"epoch {epoch + 1}/{trainer.epochs_total}"
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        self._images += record.examples
+        self._seconds += record.seconds
+        score = trainer.score
+        stats = (
+            f"loss {score.recent_loss:.4f}  acc {100 * score.running_accuracy:5.1f}%  "
+            f"{self._images / max(self._seconds, 1e-9):,.0f} img/s"
+        )
+        self.progress.update(
+            self.task, completed=record.step + 1, stats=stats, description=self._description(trainer, record.step)
+        )
+
+    def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# --- the trainer -----------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring."""
+
+    def __init__(
+        self,
+        net: Any,
+        optimizer: Any,
+        data: Dataset,
+        *,
+        batch_size: int = 32,
+        epochs: int = 1,
+        steps: int | None = None,
+        shuffle: bool = True,
+        augment: bool = False,
+        seed: int = 0,
+        prefetch: int = 2,
+        listeners: list[TrainingListener] | tuple[TrainingListener, ...] = (),
+        monitor: Any = None,
+        gc_every: int = 100,
+        evaluate_at_end: bool = True,
+        eval_batch_size: int | None = None,
+        start_step: int = 0,
+        offload: Any = None,
+    ):
+        from engine.memory.monitor import GcPolicy, MemoryMonitor
+
+        self.net, self.optimizer, self.data = net, optimizer, data
+        self.backend = net.backend
+        self.batch_size = batch_size
+        self.seed = seed
+        self.prefetch = prefetch
+        self.source = BatchSource(
+            data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
+        )
+        self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
+        if self.total_steps < 1:
+            raise ValueError(f"nothing to train: {self.total_steps} steps")
+        self.epochs_total = -(-self.total_steps // self.source.batches_per_epoch)
+        if not 0 <= start_step <= self.total_steps:
+            raise ValueError(
+                f"cannot start at step {start_step}: the run has {self.total_steps} steps "
+                "(a resumed run needs --steps/--epochs at least as large as the checkpoint's step)"
+            )
+        self.step = start_step  # global steps done so far
+        self.monitor = monitor if monitor is not None else MemoryMonitor(net.mgr)
+        self.gc_policy = GcPolicy(collect_every=gc_every)
+        self.evaluate_at_end = evaluate_at_end
+        self.eval_batch_size = eval_batch_size or max(batch_size, 64)
+        self.score = ScoreListener()
+        self.timing = TimingListener()
+        self.listeners: list[TrainingListener] = [
+            self.score,
+            self.timing,
+            MemoryListener(self.monitor),
+            *listeners,
+        ]
+        # --- offload (offload issue): an offload scheduler plugs in here --------------------------
+        # ``offload`` is None (everything resident) or an object with ``start(trainer)`` and
+        # ``stop(trainer)``: start() installs its net.hooks and its tensor provider
+        # (net.mgr.set_provider) before the first step; stop() removes them and ends its threads.
+        self.offload = offload
+        self.input_ring_bytes = 0
+
+    # -- one step -----------------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch) -> tuple[float, int]:
+        """forward, loss, backward, update; returns the loss and how many predictions were right."""
+        logits = self.net.forward(batch.x, training=True)
+        loss = self.net.loss(batch.y)
+        predicted = np.argmax(self.backend.to_host(logits.array), axis=1)
+        correct = int(np.count_nonzero(predicted[: batch.valid_rows] == batch.y_host[: batch.valid_rows]))
+        self.net.backward()
+        self.optimizer.step()
+        return loss, correct
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def fit(self, until: int | None = None) -> TrainResult:
+        """Train from the current step to ``until`` (default: the end of the run); evaluate at the end."""
+        stop = self.total_steps if until is None else min(until, self.total_steps)
+        first = self.step
+        for listener in self.listeners:
+            listener.on_train_start(self)
+        if self.offload is not None:
+            self.offload.start(self)
+        start_time = time.perf_counter()
+        stream = BatchStream(self.source, self.backend, self.step, stop, depth=self.prefetch, name="train-input")
+        self.input_ring_bytes = stream.workspace.capacity
+        try:
+            last_time = time.perf_counter()
+            for batch in stream:
+                lr = self.optimizer.lr
+                with self.gc_policy.step():
+                    loss, correct = self.train_step(batch)
+                if not math.isfinite(loss):
+                    raise TrainingDiverged(
+                        f"the loss became {loss} at step {batch.step} (learning rate {lr:g}); "
+                        "try a smaller --lr, or --optimizer adam"
+                    )
+                self.step = batch.step + 1
+                now = time.perf_counter()
+                record = StepRecord(
+                    batch.step, batch.epoch, batch.index, loss, correct, batch.valid_rows, lr, now - last_time
+                )
+                last_time = now
+                for listener in self.listeners:
+                    listener.on_step_end(self, record)
+                if batch.index == self.source.batches_per_epoch - 1:
+                    for listener in self.listeners:
+                        listener.on_epoch_end(self, batch.epoch)
+        finally:
+            stream.close()
+            if self.offload is not None:
+                self.offload.stop(self)
+        seconds = time.perf_counter() - start_time
+        evaluation = None
+        if self.evaluate_at_end and self.step == self.total_steps:
+            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
+        result = self._result(self.step - first, seconds, evaluation)
+        for listener in self.listeners:
+            listener.on_train_end(self, result)
+        return result
+
+    def _result(self, steps: int, seconds: float, evaluation: Evaluation | None) -> TrainResult:
+        peak_bytes = dict(self.monitor.peak_by_type())
+        # the input ring lives outside the network's managers: all of it holds batches
+        peak_bytes["INPUT"] = peak_bytes.get("INPUT", 0) + self.input_ring_bytes
+        return TrainResult(
+            steps=steps,
+            final_step=self.step,
+            epochs=self.step / self.source.batches_per_epoch,
+            batch_size=self.batch_size,
+            seconds=seconds,
+            images_per_second=self.timing.images_per_second(),
+            steady_images_per_second=self.timing.images_per_second(skip=2) if steps > 2 else 0.0,
+            final_loss=self.score.recent_loss,
+            train_accuracy=self.score.running_accuracy,
+            test_accuracy=evaluation.accuracy if evaluation else None,
+            test_top5_accuracy=evaluation.top5_accuracy if evaluation else None,
+            test_loss=evaluation.loss if evaluation else None,
+            peak_rss_bytes=peak_rss_bytes(),
+            peak_bytes=dict(sorted(peak_bytes.items())),
+            evaluation=evaluation,
+        )
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batch index) of the next step."""
+        return step_position(self.step, self.source.batches_per_epoch)
+
+
+def peak_rss_bytes() -> int:
+    """The largest resident set size this process has had (the OS's high-water mark)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
