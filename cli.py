@@ -56,8 +56,300 @@ def info(as_json: bool) -> None:
 
 # --- train, eval, memory (training issue) ---
 
+MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
+
+
+def _set_threads(count: int | None) -> None:
+    if count is not None:
+        from engine.threads import set_threads
+
+        try:
+            set_threads(count)
+        except ValueError as exc:
+            fail(str(exc))
+
+
+def _load_data(spec: str, num_classes: int | None, seed: int):
+    from engine.data import DataError, load_dataset
+
+    try:
+        return load_dataset(spec, num_classes=num_classes, seed=seed)
+    except DataError as exc:
+        fail(str(exc))
+
+
+def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
+    from engine.train import build_network
+
+    try:
+        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@main.command()
+@click.option("--model", required=True, type=click.Choice(MODEL_CHOICES), help="The network to train.")
+@click.option("--data", "data_spec", default="digits", show_default=True,
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
+@click.option("--steps", type=int, default=None, help="Train this many steps in total instead of --epochs.")
+@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.05 for sgd, 0.001 for adam).")
+@click.option("--lr-schedule", default="constant", show_default=True, help="constant | cosine | step | step:N[:GAMMA]")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
+@click.option("--momentum", type=float, default=0.9, show_default=True, help="SGD momentum.")
+@click.option("--nesterov", is_flag=True, help="Nesterov momentum (SGD).")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True, help="L2 weight decay.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Weights, shuffling, augmentation, dropout.")
+@click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
+@click.option("--workspace-mode", type=click.Choice(["enabled", "none"]), default="enabled", show_default=True,
+              help="none: every tensor its own allocation (to compare against workspaces).")
+@click.option("--weights", type=click.Path(dir_okay=False), default=None,
+              help="Initial weights: a checkpoint or a PyTorch state_dict saved as safetensors.")
+@click.option("--save", type=click.Path(dir_okay=False), default=None, help="Write a checkpoint here at the end.")
+@click.option("--resume", type=click.Path(dir_okay=False), default=None,
+              help="Continue a run from its checkpoint (same bits as never stopping).")
+@click.option("--memory-log", type=click.Path(dir_okay=False), default=None, help="Per-step memory, JSON lines.")
+@click.option("--memory-plot", type=click.Path(dir_okay=False), default=None, help="Memory timeline PNG.")
+@click.option("--summary-json", type=click.Path(dir_okay=False), default=None, help="Write the summary as JSON.")
+@click.option("--no-shuffle", is_flag=True, help="Serve the training split in file order.")
+@click.option("--augment", is_flag=True, help="Random crop (padding 4) and horizontal flip.")
+@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS (default: all cores).")
+@click.option("--prefetch", type=int, default=2, show_default=True, help="Batches prepared ahead; 0 turns it off.")
+@click.option("--gc-every", type=int, default=100, show_default=True,
+              help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
+@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+# --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
+def train(
+    model: str,
+    data_spec: str,
+    num_classes: int | None,
+    batch_size: int,
+    epochs: int | None,
+    steps: int | None,
+    lr: float | None,
+    lr_schedule: str,
+    optimizer: str,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float,
+    seed: int,
+    backend_name: str,
+    workspace_mode: str,
+    weights: str | None,
+    save: str | None,
+    resume: str | None,
+    memory_log: str | None,
+    memory_plot: str | None,
+    summary_json: str | None,
+    no_shuffle: bool,
+    augment: bool,
+    threads: int | None,
+    prefetch: int,
+    gc_every: int,
+    progress: bool,
+    **offload_options,
+) -> None:
+    """Train a model; prints a progress bar and a summary.
+
+    Start with: engine train --model cnn   (digits, one epoch, a few seconds)
+    """
+    backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    _set_threads(threads)
+    if epochs is not None and steps is not None:
+        fail("give --epochs or --steps, not both")
+    if weights and resume:
+        fail("--resume restores the weights itself; give --weights or --resume, not both")
+    epochs = 1 if epochs is None and steps is None else epochs
+
+    from engine.checkpoint import CheckpointError, load_weights, read_checkpoint, restore, save_checkpoint
+    from engine.memory.monitor import MemoryMonitor
+    from engine.optim import make_optimizer
+    from engine.schedule import make_schedule
+    from engine.summary import render_training_summary
+    from engine.train import ProgressListener, Trainer, TrainingDiverged
+
+    data = _load_data(data_spec, num_classes, seed)
+    if batch_size < 1 or batch_size > len(data.y_train):
+        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)}), got {batch_size}")
+    net = _build_network(model, data, backend, seed, workspace_mode)
+    run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
+           "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
+
+    checkpoint = None
+    try:
+        if resume:
+            checkpoint = read_checkpoint(resume)
+            saved_run = checkpoint.json("run") or {}
+            different = {k: (saved_run.get(k), v) for k, v in run.items() if k in saved_run and saved_run[k] != v}
+            if different:
+                fail(f"{resume}: written by a different run: "
+                     + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
+                     + "; resume with the same options")
+        elif weights:
+            load_weights(weights, net)
+    except CheckpointError as exc:
+        fail(str(exc))
+
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
+    try:
+        schedule = make_schedule(lr_schedule, lr if lr is not None else (0.05 if optimizer == "sgd" else 1e-3),
+                                 total_steps)
+        opt = make_optimizer(optimizer, net, backend, schedule, momentum=momentum, weight_decay=weight_decay,
+                             nesterov=nesterov, manager=net.mgr)
+    except ValueError as exc:
+        fail(str(exc))
+    start_step = 0
+    if checkpoint is not None:
+        try:
+            start_step = restore(checkpoint, net, opt)
+        except CheckpointError as exc:
+            fail(str(exc))
+
+    # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
+    offload = None
+
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
+                  f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
+    monitor = MemoryMonitor(net.mgr, path=memory_log)
+    try:
+        trainer = Trainer(
+            net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
+            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress else [],
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload,
+        )
+        result = trainer.fit()
+    except (ValueError, TrainingDiverged) as exc:
+        fail(str(exc))
+    finally:
+        monitor.close()
+    if memory_plot:
+        monitor.plot(memory_plot)
+    if save:
+        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run})
+        console.print(f"checkpoint written to {save} (step {trainer.step})")
+    render_training_summary(result, console)
+    if summary_json:
+        summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
+        with open(summary_json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+
+
+@main.command(name="eval")
+@click.option("--model", required=True, type=click.Choice(MODEL_CHOICES))
+@click.option("--weights", required=True, type=click.Path(dir_okay=False),
+              help="A checkpoint from engine train --save, or a PyTorch state_dict as safetensors.")
+@click.option("--data", "data_spec", default="digits", show_default=True,
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Only for --data synthetic.")
+@click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS.")
+@click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
+def evaluate_command(
+    model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
+    backend_name: str, threads: int | None, as_json: bool,
+) -> None:
+    """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
+    backend = select_backend(backend_name)
+    _set_threads(threads)
+    from engine.checkpoint import CheckpointError, load_weights
+    from engine.evaluate import evaluate
+    from engine.summary import render_evaluation
+
+    data = _load_data(data_spec, num_classes, seed)
+    net = _build_network(model, data, backend, seed)
+    try:
+        load_weights(weights, net)
+    except CheckpointError as exc:
+        fail(str(exc))
+    result = evaluate(net, data, backend, batch_size=batch_size, split=split)
+    if as_json:
+        click.echo(json.dumps({"examples": result.examples, "accuracy": result.accuracy,
+                               "top5_accuracy": result.top5_accuracy, "loss": result.loss,
+                               "confusion_matrix": result.confusion.tolist()}, indent=2))
+    else:
+        render_evaluation(result)
+
+
+@main.command()
+@click.option("--model", required=True, type=click.Choice(MODEL_CHOICES))
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--num-classes", type=int, default=10, show_default=True)
+@click.option("--image-size", type=int, default=32, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool) -> None:
+    """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
+
+    Computed from the graph's shapes and tensor lifespans; nothing is run.
+    """
+    from engine.backend import get_backend
+    from engine.summary import render_memory_report
+    from models import build_model
+
+    if batch_size < 1:
+        fail(f"--batch-size must be at least 1, got {batch_size}")
+    options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
+    try:
+        net = build_model(model, num_classes, get_backend("cpu"), **options)
+    except ValueError as exc:
+        fail(str(exc))
+    report = net.memory_report(batch_size)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        render_memory_report(report)
+
+
 
 # --- bench: offload benchmark (offload issue) ---
+
+
+@main.command()
+@click.option("--model", default="resnet18", show_default=True, help="resnet18, mobilenetv2, cnn or mlp.")
+@click.option("--batch-size", default="10,32,128", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--offload-n", default="4", show_default=True, help="Layers kept in memory (N), or 'auto'.")
+@click.option("--steps", default=10, show_default=True, type=click.IntRange(1), help="Measured steps per run.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(1), help="Unmeasured steps first.")
+@click.option("--image-size", default=32, show_default=True, type=click.IntRange(4), help="Input height and width.")
+@click.option("--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cudasim"]))
+@click.option("--offload-dir", default=None, help="Where the swap directory goes (default: the system temp dir).")
+@click.option("--format", "output_format", default="table", show_default=True,
+              type=click.Choice(["table", "json", "markdown"]))
+def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format) -> None:
+    """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
+    peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
+    from engine.offload.bench import format_markdown, format_table, run_bench
+    from engine.offload.session import OffloadConfig
+    from models import MODEL_NAMES
+
+    if model not in MODEL_NAMES:
+        fail(f"unknown model {model!r}: choose one of {', '.join(MODEL_NAMES)}")
+    try:
+        sizes = [int(b) for b in batch_size.split(",") if b.strip()]
+        config = OffloadConfig.from_options(offload_n, None, offload_dir)
+    except ValueError as exc:
+        fail(f"--batch-size must be comma-separated integers, got {batch_size!r}" if "int()" in str(exc) else str(exc))
+    if not sizes or min(sizes) < 1:
+        fail(f"--batch-size needs positive integers, got {batch_size!r}")
+    progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
+    try:
+        results = run_bench(model, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size,
+                            backend=backend, directory=offload_dir, progress=progress)
+    except RuntimeError as exc:
+        fail(str(exc))
+    if output_format == "json":
+        click.echo(json.dumps(results, indent=2))
+    elif output_format == "markdown":
+        click.echo(format_markdown(results))
+    else:
+        click.echo(format_table(results))
 
 
 

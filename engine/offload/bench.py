@@ -1,0 +1,258 @@
+"""``engine bench``: what offload costs in time and saves in memory, per batch size.
+
+For each batch size two fresh processes train the same model on the same seeded batches, one
+without offload and one with ``--offload-n N``; each reports per-step timings (microseconds, as in
+nntrainer issue #789's table: forward+backward, offload = the saver's busy time, onload = the
+loader's, stall = the executor waiting), its step time, the peak bytes of offloadable tensors
+(ACTIVATIONS + FF_CACHE) resident at once, the page-cache bytes of the swap file (mincore, sampled
+when the most data is on disk: at the first backward step) and the process's RSS. Separate processes
+keep one run's memory from hiding in the other's RSS.
+
+    python -m engine.offload.bench --worker '{"model": "resnet18", ...}'   # one run, one JSON line
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+TIMING_KEYS = ("forward_backward", "offload", "onload", "stall")
+TABLE_LABELS = {"forward_backward": "forward + backward", "offload": "offload", "onload": "onload", "stall": "stall"}
+
+
+def summarize(values_s: list[float]) -> dict[str, float]:
+    """avg/min/max/sum in microseconds (the seed table's columns)."""
+    us = np.asarray(values_s, dtype=np.float64) * 1e6
+    if us.size == 0:
+        us = np.zeros(1)
+    return {"avg": float(us.mean()), "min": float(us.min()), "max": float(us.max()), "sum": float(us.sum())}
+
+
+class _RssSampler:
+    """A network hook sampling RSS a few times per step (at the end of forward: the no-offload peak)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self.peak = 0
+        self._calls = 0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def before_backward(self, step: int, node: Any) -> None:
+        self._calls += 1
+        if self._calls % 8 == 1:
+            self.sample()
+
+    def on_iteration_end(self, net: Any) -> None:
+        self.sample()
+
+
+def run_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """One measured run in this process (see the module docstring); returns its figures."""
+    from engine.backend import get_backend
+    from engine.memory import ArrayType
+    from engine.offload.scheduler import OffloadScheduler
+    from engine.optim import SGD
+    from models import build_model
+
+    backend = get_backend(config["backend"])
+    options = {"image_size": config["image_size"]} if config["model"] in ("resnet18", "mobilenetv2", "cnn") else {}
+    net = build_model(config["model"], num_classes=10, backend=backend, seed=0, **options)
+    optimizer = SGD(net.parameters, net.gradients, backend, lr=0.01, momentum=0.9)
+    batch = config["batch_size"]
+    shape = tuple(net.graph.input_shape)
+    rng = np.random.default_rng(0)
+    x = backend.to_device(rng.standard_normal((batch, *shape)).astype(np.float32))
+    y = backend.to_device(rng.integers(0, 10, batch).astype(np.int64))
+    scheduler = None
+    if config["window"] is not None:
+        window = config["window"] if config["window"] == "auto" else int(config["window"])
+        scheduler = OffloadScheduler(backend, window, directory=config.get("directory"), sample_page_cache=True)
+        scheduler.attach(net, batch_size=batch)
+    sampler = _RssSampler()
+    net.hooks.append(sampler)
+    step_s, forward_backward_s = [], []
+    offloadable_peak = 0
+    try:
+        for step in range(config["warmup"] + config["steps"]):
+            started = time.perf_counter()
+            net.forward(x, training=True)
+            net.loss(y)
+            net.backward()
+            backward_done = time.perf_counter()
+            optimizer.step()
+            backend.synchronize()
+            if step < config["warmup"]:
+                sampler.peak = 0
+                continue
+            step_s.append(time.perf_counter() - started)
+            forward_backward_s.append(backward_done - started)
+            if scheduler is None:
+                in_use = net.mgr.in_use_bytes_by_type()
+                offloadable = in_use.get(ArrayType.ACTIVATIONS.name, 0) + in_use.get(ArrayType.FF_CACHE.name, 0)
+                offloadable_peak = max(offloadable_peak, offloadable)
+        result: dict[str, Any] = {
+            "batch_size": batch,
+            "step_ms": 1e3 * float(np.mean(step_s)),
+            "forward_backward": summarize(forward_backward_s),
+            "peak_rss_bytes": sampler.peak,
+        }
+        if scheduler is not None:
+            stats = scheduler.stats[config["warmup"]:]
+            result.update(
+                offload=summarize([s.offload_s for s in stats]),
+                onload=summarize([s.onload_s for s in stats]),
+                stall=summarize([s.stall_s for s in stats]),
+                peak_resident_bytes=max(s.peak_resident_bytes for s in stats),
+                page_cache_bytes=max(max(s.page_cache_bytes for s in stats), 0),
+                bound_bytes=max(s.bound_bytes for s in stats),
+                windows=[s.window for s in stats],
+                written_bytes_per_step=int(np.mean([s.bytes_written for s in stats])),
+                read_bytes_per_step=int(np.mean([s.bytes_read for s in stats])),
+            )
+        else:
+            zero = summarize([0.0] * len(step_s))
+            result.update(offload=zero, onload=zero, stall=zero, peak_resident_bytes=offloadable_peak,
+                          page_cache_bytes=0)
+        return result
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+        net.close()
+
+
+def _spawn(config: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    if config["backend"] == "cudasim":
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    process = subprocess.run([sys.executable, "-m", "engine.offload.bench", "--worker", json.dumps(config)],
+                             capture_output=True, text=True, env=env)
+    if process.returncode != 0:
+        raise RuntimeError(f"benchmark run {config} failed:\n{process.stderr.strip()[-2000:]}")
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+def run_bench(
+    model: str,
+    batch_sizes: list[int],
+    window: int | str,
+    *,
+    steps: int = 10,
+    warmup: int = 2,
+    image_size: int = 32,
+    backend: str = "cpu",
+    directory: str | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """Per batch size: the no-offload and offload runs merged into one record (see ``format_*``)."""
+    results = []
+    for batch in batch_sizes:
+        base = {"model": model, "batch_size": batch, "steps": steps, "warmup": warmup, "image_size": image_size,
+                "backend": backend, "directory": directory}
+        if progress:
+            progress(f"batch size {batch}: without offload")
+        plain = _spawn({**base, "window": None})
+        if progress:
+            progress(f"batch size {batch}: with offload (N={window})")
+        offload = _spawn({**base, "window": window})
+        results.append({
+            "batch_size": batch,
+            "model": model,
+            "image_size": image_size,
+            "window": window,
+            "steps": steps,
+            "step_ms_no_offload": plain["step_ms"],
+            "step_ms_offload": offload["step_ms"],
+            "step_time_ratio": offload["step_ms"] / plain["step_ms"],
+            "peak_resident_bytes_no_offload": plain["peak_resident_bytes"],
+            "peak_resident_bytes_offload": offload["peak_resident_bytes"],
+            "page_cache_bytes_offload": offload["page_cache_bytes"],
+            "resident_reduction": 1 - (offload["peak_resident_bytes"] + offload["page_cache_bytes"])
+            / max(plain["peak_resident_bytes"], 1),
+            "peak_rss_bytes_no_offload": plain["peak_rss_bytes"],
+            "peak_rss_bytes_offload": offload["peak_rss_bytes"],
+            "windows": offload.get("windows", []),
+            "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
+            "forward_backward_no_offload": plain["forward_backward"],
+            "forward_backward": offload["forward_backward"],
+            "offload": offload["offload"],
+            "onload": offload["onload"],
+            "stall": offload["stall"],
+        })
+    return results
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _rows(r: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    rows = [(TABLE_LABELS[k], r[k]) for k in TIMING_KEYS]
+    rows.append(("forward + backward (no offload)", r["forward_backward_no_offload"]))
+    return rows
+
+
+def _summary_lines(r: dict[str, Any]) -> list[str]:
+    return [
+        f"step time: {r['step_ms_no_offload']:.1f} ms without offload, {r['step_ms_offload']:.1f} ms with "
+        f"({r['step_time_ratio']:.3f}x)",
+        f"peak resident offloadable tensors: {_mib(r['peak_resident_bytes_no_offload'])} without offload, "
+        f"{_mib(r['peak_resident_bytes_offload'])} with, + {_mib(r['page_cache_bytes_offload'])} swap page cache "
+        f"({100 * r['resident_reduction']:.1f}% lower)",
+        f"peak RSS: {_mib(r['peak_rss_bytes_no_offload'])} without offload, {_mib(r['peak_rss_bytes_offload'])} with "
+        f"({_mib(r['peak_rss_bytes_offload'] - r['peak_rss_bytes_no_offload'])})",
+    ]
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """The seed's layout: per batch size, key / avg / min / max / sum in microseconds, then the summary."""
+    out = []
+    for r in results:
+        out.append(f"{r['model']} {r['image_size']}x{r['image_size']}, offload N={r['window']}, {r['steps']} steps")
+        out.append("unit: microseconds")
+        out.append(f"batch size: {r['batch_size']}")
+        out.append(f"{'key':<34}{'avg':>14}{'min':>14}{'max':>14}{'sum':>16}")
+        out.append("=" * 92)
+        for label, s in _rows(r):
+            out.append(f"{label:<34}{s['avg']:>14.0f}{s['min']:>14.0f}{s['max']:>14.0f}{s['sum']:>16.0f}")
+        out.extend(_summary_lines(r))
+        out.append("")
+    return "\n".join(out)
+
+
+def format_markdown(results: list[dict[str, Any]]) -> str:
+    out = []
+    for r in results:
+        out.append(f"**{r['model']} {r['image_size']}×{r['image_size']}, batch size {r['batch_size']}, "
+                   f"offload N={r['window']}, {r['steps']} steps** (µs)")
+        out.append("")
+        out.append("| key | avg | min | max | sum |")
+        out.append("|---|---:|---:|---:|---:|")
+        for label, s in _rows(r):
+            out.append(f"| {label} | {s['avg']:.0f} | {s['min']:.0f} | {s['max']:.0f} | {s['sum']:.0f} |")
+        out.append("")
+        out.extend(f"- {line}" for line in _summary_lines(r))
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "--worker":
+        print("usage: python -m engine.offload.bench --worker JSON (engine bench runs this)", file=sys.stderr)
+        return 2
+    print(json.dumps(run_worker(json.loads(argv[1]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
