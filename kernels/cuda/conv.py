@@ -316,21 +316,8 @@ def conv2d_backward_data(dout: Any, w: Any, dx: Any, stride: Any, pad: Any, grou
                 continue
             col = scratch.reshape(g.Cg * g.R * g.S, g.OH * g.OW)
             gemm(_group_weights(w, g, group).T, dout_ng, col)
-            launch(
-                col2im,
-                blocks_for(g.Cg * g.H * g.W),
-                THREADS_PER_BLOCK,
-                col,
-                dx,
-                n,
-                c0,
-                g.Cg,
-                g.R,
-                g.S,
-                g.stride,
-                g.pad,
-                g.OW,
-            )
+            blocks = blocks_for(g.Cg * g.H * g.W)
+            launch(col2im, blocks, THREADS_PER_BLOCK, col, dx, n, c0, g.Cg, g.R, g.S, g.stride, g.pad, g.OW)
 
 
 def conv2d_backward_weight(
@@ -339,17 +326,8 @@ def conv2d_backward_weight(
     g = conv_geometry(x.shape, dw.shape, stride, pad, groups)
     _check_output("dout", dout, (g.N, g.K, g.OH, g.OW))
     if g.direct:
-        launch(
-            direct_conv_backward_weight,
-            dw.size,
-            reduction_threads(g.N * g.OH * g.OW),
-            x,
-            dout,
-            dw,
-            g.stride,
-            g.pad,
-            g.groups,
-        )
+        threads = reduction_threads(g.N * g.OH * g.OW)  # one block per weight
+        launch(direct_conv_backward_weight, dw.size, threads, x, dout, dw, g.stride, g.pad, g.groups)
     else:
         scratch = check_scratch(scratch, g.scratch_size, "conv2d_backward_weight")
         for group in range(g.groups):
