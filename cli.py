@@ -121,6 +121,13 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
 # --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
+@click.option("--offload-n", "offload_n", default=None,
+              help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
+@click.option("--offload-budget", "offload_budget", default=None,
+              help="Resident bytes for the offload window (e.g. 256MB); alone, picks the largest N that fits.")
+@click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
+              help="Where the private swap directory goes (default: the system temp directory).")
+# --- end of offload options ---
 def train(
     model: str,
     data_spec: str,
@@ -208,7 +215,18 @@ def train(
             fail(str(exc))
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
-    offload = None
+    from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.session import session_from_options
+
+    try:
+        offload = session_from_options(net, batch_size, offload_options["offload_n"],
+                                       offload_options["offload_budget"], offload_options["offload_dir"])
+    except (ValueError, OffloadError, OffloadStorageError) as exc:
+        fail(str(exc))
+    if offload is not None:
+        click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size))}"
+                   + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
+    # --- end of offload ---
 
     from rich.console import Console
 
@@ -284,7 +302,10 @@ def evaluate_command(
 @click.option("--num-classes", type=int, default=10, show_default=True)
 @click.option("--image-size", type=int, default=32, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool) -> None:
+@click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
+              help="Also print the planned peak with offload, keeping a window of N layers in memory.")
+def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
+           offload_n: int | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the graph's shapes and tensor lifespans; nothing is run.
@@ -301,10 +322,24 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     except ValueError as exc:
         fail(str(exc))
     report = net.memory_report(batch_size)
+    # --- offload issue: planned peak with and without offload ---
+    peaks = None
+    if offload_n is not None:
+        from engine.offload.session import planned_peaks
+
+        peaks = planned_peaks(net, batch_size, offload_n)
+    # --- end offload issue ---
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
+        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
     else:
         render_memory_report(report)
+        if peaks:  # offload issue
+            mib = 2.0**20
+            click.echo(f"offload N={offload_n}: planned peak {peaks['planned_peak_bytes_offload'] / mib:.1f} MiB "
+                       f"with offload, {peaks['planned_peak_bytes_no_offload'] / mib:.1f} MiB without; "
+                       f"saved tensors {peaks['offload_arena_bytes'] / mib:.1f} MiB resident instead of "
+                       f"{peaks['offloadable_bytes_no_offload'] / mib:.1f} MiB; "
+                       f"{peaks['written_per_step_bytes'] / mib:.1f} MiB written per step")
 
 
 

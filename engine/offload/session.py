@@ -59,13 +59,24 @@ class OffloadSession:
         self.options = options
         self.scheduler: OffloadScheduler | None = None
 
+    def prepare(self, net: Any, batch_size: int) -> OffloadScheduler:
+        """Make the scheduler, attach it to ``net`` and plan for ``batch_size`` (swap file included)."""
+        if self.scheduler is None:
+            scheduler = self.config.scheduler(net.backend, delay=self.delay, **self.options)
+            try:
+                scheduler.attach(net, batch_size=batch_size)
+            except BaseException:
+                scheduler.close()
+                raise
+            self.scheduler = scheduler
+        return self.scheduler
+
     def start(self, trainer: Any) -> None:
-        self.scheduler = self.config.scheduler(trainer.net.backend, delay=self.delay, **self.options)
+        scheduler = self.prepare(trainer.net, trainer.batch_size)
         try:
-            self.scheduler.attach(trainer.net, batch_size=trainer.batch_size)
-            _report_swap_in_memory_lines(trainer, self.scheduler)
+            _report_swap_in_memory_lines(trainer, scheduler)
         except BaseException:
-            self.scheduler.close()
+            scheduler.close()
             raise
 
     def stop(self, trainer: Any) -> None:
@@ -88,3 +99,57 @@ def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> N
     for i, listener in enumerate(trainer.listeners):
         if type(listener) is MemoryListener:
             trainer.listeners[i] = SwapMemoryListener(listener.monitor, listener.plot_path)
+
+
+def session_from_options(net: Any, batch_size: int, n: str | None, budget: str | None,
+                         directory: str | None) -> OffloadSession | None:
+    """For ``engine train``: None without offload options; else a session already planned and attached.
+
+    Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
+    an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
+    """
+    config = OffloadConfig.from_options(n, budget, directory)
+    if config is None:
+        return None
+    session = OffloadSession(config)
+    session.prepare(net, batch_size)
+    return session
+
+
+def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
+    """The planned peak of one training step with and without offload (``engine memory --offload-n``).
+
+    Without offload: ``net.memory_report``'s liveness plan. With offload: the same long-lived blocks,
+    the largest step of everything the scheduler does not place (gradients, input, loss head, working
+    memory), plus the offload arena, which holds every ACTIVATIONS and FF_CACHE tensor of the step.
+    """
+    from engine.layers.base import nbytes
+    from engine.memory.array_type import ArrayType
+    from engine.offload.plan import build_plan, graph_units
+
+    report = net.memory_report(batch_size)
+    graph = net.graph
+    steps = 2 * len(graph.nodes)
+    shapes = graph.shapes(batch_size)
+    scratch = [0] * steps
+    for node in graph.nodes:
+        inputs = [shapes[i] for i in node.inputs]
+        scratch[node.index] = 4 * node.layer.forward_scratch(inputs)
+        scratch[steps - 1 - node.index] = 4 * node.layer.backward_scratch(inputs)
+    others = [t for t in graph.tensors(batch_size)
+              if not (t.owner is not None and t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
+    rest = max(sum(nbytes(t.shape, t.dtype) for t in others if t.first <= step <= t.last) + scratch[step]
+               for step in range(steps))
+    units, _, _ = graph_units(graph, batch_size)
+    plan = build_plan(units, window, steps)
+    long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    return {
+        "window": window,
+        "planned_peak_bytes_no_offload": report.planned_peak_bytes,
+        "planned_peak_bytes_offload": long_lived + rest + plan.arena_bytes,
+        "offloadable_bytes_no_offload": plan.total_bytes,
+        "offload_arena_bytes": plan.arena_bytes,
+        "offload_lower_bound_bytes": plan.lower_bound_bytes,
+        "swap_file_bytes": plan.file_bytes,
+        "written_per_step_bytes": plan.offloaded_bytes,
+    }
