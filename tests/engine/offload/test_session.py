@@ -1,0 +1,98 @@
+"""Offload inside the Trainer: same weights, swap figures in the memory monitor's JSON lines, the CLI."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from engine.data.datasets import synthetic
+from engine.memory.monitor import MemoryMonitor
+from engine.offload import OffloadConfig, OffloadSession
+from engine.offload.bench import format_markdown, format_table, summarize
+from engine.offload.storage import DIR_PREFIX
+from engine.optim import make_optimizer
+from engine.train import Trainer, build_network
+
+
+def fit(backend_name, data, offload, tmp_path, steps=3):
+    from engine.backend import get_backend
+
+    backend = get_backend(backend_name)
+    net = build_network("cnn", data, backend, seed=3)
+    optimizer = make_optimizer("sgd", net, backend, 0.1, momentum=0.9, manager=net.mgr)
+    monitor = MemoryMonitor(net.mgr, path=str(tmp_path / f"memory-{offload is not None}.jsonl"))
+    trainer = Trainer(net, optimizer, data, batch_size=2, steps=steps, seed=4, prefetch=1, evaluate_at_end=False,
+                      monitor=monitor, offload=offload)
+    trainer.fit()
+    monitor.close()
+    return net.state_dict(), monitor.records
+
+
+def test_trainer_with_offload_matches_and_reports_swap(tmp_path):
+    data = synthetic(num_classes=4, seed=0, train=8, test=2, shape=(3, 8, 8))
+    reference, _ = fit("cpu", data, None, tmp_path)
+    session = OffloadSession(OffloadConfig(window=1, directory=str(tmp_path)))
+    weights, records = fit("cpu", data, session, tmp_path)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    lines = [json.loads(line) for line in (tmp_path / "memory-True.jsonl").read_text().splitlines()]
+    assert len(lines) == 3
+    for line in lines:
+        swap = line["swap"]
+        assert swap["window"] == 1
+        assert 0 < swap["resident_bytes"] <= swap["bound_bytes"]
+        assert swap["swapped_bytes"] > 0 and swap["in_flight_bytes"] > 0
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(DIR_PREFIX)]  # stop() removed the directory
+
+
+@pytest.mark.parametrize("n, budget, expected", [("4", None, 4), ("auto", None, "auto"), (None, "1MB", None)])
+def test_config_from_options(n, budget, expected):
+    config = OffloadConfig.from_options(n, budget, None)
+    assert config.window == expected
+    assert OffloadConfig.from_options(None, None, None) is None
+
+
+@pytest.mark.parametrize("n, message", [("zero", "positive integer or 'auto'"), ("0", "at least 1")])
+def test_config_rejects_bad_windows(n, message):
+    with pytest.raises(ValueError, match=message):
+        OffloadConfig.from_options(n, None, None)
+
+
+def test_engine_memory_prints_the_peak_with_and_without_offload():
+    result = CliRunner().invoke(main, ["memory", "--model", "mlp", "--batch-size", "8", "--offload-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    offload = json.loads(result.output)["offload"]
+    assert offload["window"] == 1
+    assert offload["offload_arena_bytes"] < offload["offloadable_bytes_no_offload"]
+    assert offload["planned_peak_bytes_offload"] > offload["offload_arena_bytes"]
+
+
+def test_engine_train_refuses_an_unwritable_offload_dir(tmp_path):
+    target = "/sys" if os.geteuid() == 0 else str(tmp_path / "locked")
+    if os.geteuid() != 0:
+        os.mkdir(target, 0o500)
+    arguments = ["train", "--model", "cnn", "--data", "synthetic", "--steps", "1", "--backend", "cpu", "--no-progress",
+                 "--offload-n", "2", "--offload-dir", target]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code != 0
+    assert "not writable" in result.output and "--offload-dir" in result.output
+
+
+def test_bench_tables_have_the_seed_columns():
+    timing = summarize([0.001, 0.003])
+    assert timing == {"avg": 2000.0, "min": 1000.0, "max": 3000.0, "sum": 4000.0}
+    record = {"batch_size": 10, "model": "resnet18", "image_size": 32, "window": 4, "steps": 2,
+              "step_ms_no_offload": 100.0, "step_ms_offload": 103.0, "step_time_ratio": 1.03,
+              "peak_resident_bytes_no_offload": 100 << 20, "peak_resident_bytes_offload": 20 << 20,
+              "page_cache_bytes_offload": 0, "resident_reduction": 0.8, "peak_rss_bytes_no_offload": 500 << 20,
+              "peak_rss_bytes_offload": 400 << 20, "forward_backward_no_offload": timing,
+              "forward_backward": timing, "offload": timing, "onload": timing, "stall": timing}
+    table = format_table([record])
+    assert "key" in table and "avg" in table and "sum" in table and "batch size: 10" in table
+    for key in ("forward + backward", "offload", "onload", "stall"):
+        assert key in table
+    assert "(80.0% lower)" in table and "1.030x" in table
+    assert "| forward + backward | 2000 | 1000 | 3000 | 4000 |" in format_markdown([record])
