@@ -289,14 +289,20 @@ class OffloadScheduler:
 
     def _window_limit(self, batch_size: int) -> int:
         """The largest useful window: past it nothing is written any more, or the budget is exceeded."""
-        limit = self.min_window
-        while True:
-            plan = self.plan_for(batch_size, limit)
-            if self.budget_bytes is not None and plan.arena_bytes > self.budget_bytes:
-                return limit - 1
-            if not plan.offloaded or limit >= self._steps:
-                return limit
-            limit += 1
+        self.plan_for(batch_size, self.min_window)
+        # A unit is written while backward_start - N > forward_end + N + 1 (plan.occupations_for).
+        gaps = [u.backward_start - u.forward_end - 1 for u in self._unit_specs if u.backward_start is not None]
+        nothing_written = max([self.min_window] + [(gap + 1) // 2 for gap in gaps])
+        if self.budget_bytes is None:
+            return nothing_written
+        low, high = self.min_window, nothing_written  # the arena grows with the window: bisect on the budget
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.plan_for(batch_size, middle).arena_bytes <= self.budget_bytes:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def prepare(self, batch_size: int) -> OffloadPlan:
         """Plan for ``batch_size``, size the arena, create the swap file (free-space check included)."""
@@ -324,9 +330,8 @@ class OffloadScheduler:
                     f"--offload-n {self.window} needs {format_bytes(fixed.arena_bytes)} of resident memory, more "
                     f"than --offload-budget {format_bytes(self.budget_bytes)}; the budget allows N={self.max_window}"
                 )
-        windows = range(self.min_window, self.max_window + 1) if self.adaptive else [self.window]
-        capacity = max(self.plan_for(batch_size, w).arena_bytes for w in windows)
-        self._ensure_arena(capacity)
+        # Room for the largest window this run may use (pages are touched only as the window needs them).
+        self._ensure_arena(self.plan_for(batch_size, self.max_window if self.adaptive else self.window).arena_bytes)
         if self.storage is None:
             self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay)
         elif self.storage.capacity_bytes < plan.file_bytes:
@@ -354,6 +359,7 @@ class OffloadScheduler:
 
     def _use_plan(self, plan: OffloadPlan) -> None:
         """Switch to ``plan`` (between steps: no tensor of the old one is alive)."""
+        self._ensure_arena(plan.arena_bytes)
         self._plan = plan
         self._units = {}
         for key, unit_plan in plan.units.items():
