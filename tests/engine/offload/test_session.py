@@ -86,6 +86,7 @@ def test_bench_tables_have_the_seed_columns():
     assert timing == {"avg": 2000.0, "min": 1000.0, "max": 3000.0, "sum": 4000.0}
     record = {"batch_size": 10, "model": "resnet18", "image_size": 32, "window": 4, "steps": 2,
               "step_ms_no_offload": 100.0, "step_ms_offload": 103.0, "step_time_ratio": 1.03,
+              "step_cpu_ms_no_offload": 180.0, "step_cpu_ms_offload": 190.0,
               "peak_resident_bytes_no_offload": 100 << 20, "peak_resident_bytes_offload": 20 << 20,
               "page_cache_bytes_offload": 0, "resident_reduction": 0.8, "peak_rss_bytes_no_offload": 500 << 20,
               "peak_rss_bytes_offload": 400 << 20, "forward_backward_no_offload": timing,
