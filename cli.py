@@ -54,6 +54,57 @@ def info(as_json: bool) -> None:
 # --- kernels: benchmark table and cache warm-up (kernels issue) ---
 
 
+@main.command()
+@click.option("--backend", type=click.Choice(["cpu", "cudasim"]), default="cpu", show_default=True,
+              help="Kernel table to time (cudasim: the CUDA kernels in the simulator; use a tiny --batch-size).")
+@click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
+@click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(1), help="Timed calls; the best counts.")
+@click.option("--compare", type=click.Choice(["torch"]), default=None, help="Also time torch's CPU op (2 threads).")
+@click.option("--versions/--no-versions", default=True, show_default=True,
+              help="Also time the numbered conv versions (cpu backend).")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON records to this file.")
+@click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
+def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
+    """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if warmup:
+        from engine.kernel_bench import warm_up
+
+        seconds, calls = warm_up()
+        click.echo(f"warm-up: {calls} CPU kernel calls in {seconds:.2f} s (Numba cache: compiled or loaded)")
+        return
+    chosen_models = tuple(m.strip() for m in models.split(",") if m.strip())
+    unknown = [m for m in chosen_models if m not in ("resnet18", "mobilenetv2")]
+    if unknown:
+        fail(f"--models: unknown {', '.join(unknown)}; choose from resnet18, mobilenetv2")
+    if compare == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            fail("--compare torch needs PyTorch: pip install -e '.[test]'")
+    select_backend(backend)
+    from engine import kernel_bench
+
+    op_list = [o.strip() for o in ops.split(",") if o.strip()]
+    cases, missing = kernel_bench.build_cases(backend, op_list, batch_size, versions, chosen_models)
+    if not cases:
+        fail(f"no kernels match --ops {ops!r} on backend {backend}")
+    sgemm = kernel_bench.sgemm_gflops(repeat)
+    records = kernel_bench.measure(cases, backend, repeat, compare == "torch", sgemm)
+    dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
+    if output:
+        with open(output, "w") as handle:
+            json.dump(dicts, handle, indent=2)
+    if output_format == "json":
+        click.echo(json.dumps(dicts, indent=2))
+    else:
+        kernel_bench.render(records, sgemm, compare == "torch")
+        if missing:
+            click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
+
+
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
@@ -95,7 +146,7 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
 @click.option("--steps", type=int, default=None, help="Train this many steps in total instead of --epochs.")
-@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.05 for sgd, 0.001 for adam).")
+@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.01 for sgd, 0.001 for adam).")
 @click.option("--lr-schedule", default="constant", show_default=True, help="constant | cosine | step | step:N[:GAMMA]")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
 @click.option("--momentum", type=float, default=0.9, show_default=True, help="SGD momentum.")
@@ -201,7 +252,7 @@ def train(
 
     total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
     try:
-        schedule = make_schedule(lr_schedule, lr if lr is not None else (0.05 if optimizer == "sgd" else 1e-3),
+        schedule = make_schedule(lr_schedule, lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
                                  total_steps)
         opt = make_optimizer(optimizer, net, backend, schedule, momentum=momentum, weight_decay=weight_decay,
                              nesterov=nesterov, manager=net.mgr)

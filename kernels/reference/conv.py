@@ -62,7 +62,7 @@ def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch=
         for r in range(kr):
             for s in range(ks):
                 view = _window(xg, r, s, stride, oh, ow)
-                result[:, g * kg : (g + 1) * kg] += np.einsum("nchw,kc->nkhw", view, wg[:, :, r, s])
+                result[:, g * kg : (g + 1) * kg] += np.einsum("nchw,kc->nkhw", view, wg[:, :, r, s], optimize=True)
     if bias is not None:
         result += bias.astype(np.float64)[None, :, None, None]
     out[...] = result
@@ -83,7 +83,7 @@ def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratc
         for r in range(kr):
             for s in range(ks):
                 view = _window(dxp[:, g * cg : (g + 1) * cg], r, s, stride, oh, ow)
-                view += np.einsum("nkhw,kc->nchw", dg, wg[:, :, r, s])
+                view += np.einsum("nkhw,kc->nchw", dg, wg[:, :, r, s], optimize=True)
     dx[...] = dxp[:, :, pad : pad + h, pad : pad + wd]
 
 
@@ -101,7 +101,7 @@ def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: in
         for r in range(kr):
             for s in range(ks):
                 view = _window(xg, r, s, stride, oh, ow)
-                result[g * kg : (g + 1) * kg, :, r, s] = np.einsum("nkhw,nchw->kc", dg, view)
+                result[g * kg : (g + 1) * kg, :, r, s] = np.einsum("nkhw,nchw->kc", dg, view, optimize=True)
     dw[...] = result
     if dbias is not None:
         dbias[...] = d64.sum(axis=(0, 2, 3))

@@ -1,0 +1,596 @@
+"""`engine kernels`: every kernel timed on the real model shapes, next to NumPy's sgemm and torch.
+
+One row per (op, shape): milliseconds, GFLOP/s (GB/s for memory-bound ops), the percentage of
+NumPy's float32 GEMM throughput measured in the same run (the ceiling for any fp32 kernel on this
+machine), the largest absolute difference from the NumPy reference, and with ``--compare torch``
+torch's time for the same op on the same arrays. Convolution also shows its numbered versions
+(``conv2d_forward[v2]`` ...), so the table says what each optimization bought.
+
+Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
+is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. The
+error is measured on the first ``CHECK_IMAGES`` images (the reference is slow NumPy), running
+the kernel again on that slice.
+
+``warm_up`` calls every kernel of the CPU table (and every conv version) once on tiny arrays, so
+Numba compiles them into its on-disk cache; later processes then start in well under a second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+CHECK_IMAGES = 4
+CONV_VERSIONS = {"forward": (1, 2, 3, 4), "data": (2, 3, 4), "weight": (2, 3, 4)}
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One convolution of a model: input and weight shapes plus stride, padding and groups."""
+
+    model: str
+    x_shape: tuple[int, int, int, int]
+    w_shape: tuple[int, int, int, int]
+    stride: int
+    pad: int
+    groups: int = 1
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        n, _, h, w = self.x_shape
+        k, _, r, _ = self.w_shape
+        size = lambda s: (s + 2 * self.pad - r) // self.stride + 1  # noqa: E731
+        return (n, k, size(h), size(w))
+
+    @property
+    def flops(self) -> float:
+        n, k, oh, ow = self.out_shape
+        return 2.0 * n * k * oh * ow * self.w_shape[1] * self.w_shape[2] * self.w_shape[3]
+
+    @property
+    def label(self) -> str:
+        n, c, h, w = self.x_shape
+        k, _, r, _ = self.w_shape
+        kind = "dw " if self.groups > 1 and self.groups == c else ""
+        return f"{kind}{c}->{k} {r}x{r} s{self.stride} @{h}x{w} n{n}"
+
+
+def resnet18_convs(batch: int) -> list[ConvShape]:
+    """The distinct convolutions of ResNet-18 for 32×32 inputs (3×3 stem, no max-pool)."""
+    shapes = [ConvShape("resnet18", (batch, 3, 32, 32), (64, 3, 3, 3), 1, 1)]
+    size, channels = 32, 64
+    for out_channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        if stride == 2:
+            shapes.append(ConvShape("resnet18", (batch, channels, size, size), (out_channels, channels, 3, 3), 2, 1))
+            shapes.append(ConvShape("resnet18", (batch, channels, size, size), (out_channels, channels, 1, 1), 2, 0))
+            size //= 2
+        shapes.append(
+            ConvShape("resnet18", (batch, out_channels, size, size), (out_channels, out_channels, 3, 3), 1, 1)
+        )
+        channels = out_channels
+    return shapes
+
+
+# models/mobilenetv2.py's INVERTED_RESIDUAL_SETTING: (expansion, channels, repeats, first stride)
+MOBILENETV2_SETTING = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 1),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
+
+
+def mobilenetv2_convs(batch: int) -> list[ConvShape]:
+    """The distinct convolutions of MobileNetV2 for 32×32 inputs: 1×1 expand, 3×3 depthwise, 1×1 project."""
+    shapes = [ConvShape("mobilenetv2", (batch, 3, 32, 32), (32, 3, 3, 3), 1, 1)]
+    size, channels = 32, 32
+    for expansion, out_channels, repeats, first_stride in MOBILENETV2_SETTING:
+        for repeat in range(repeats):
+            stride = first_stride if repeat == 0 else 1
+            hidden = channels * expansion
+            if expansion != 1:
+                shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (hidden, channels, 1, 1), 1, 0))
+            shapes.append(ConvShape("mobilenetv2", (batch, hidden, size, size), (hidden, 1, 3, 3), stride, 1, hidden))
+            size = (size + 2 - 3) // stride + 1
+            shapes.append(ConvShape("mobilenetv2", (batch, hidden, size, size), (out_channels, hidden, 1, 1), 1, 0))
+            channels = out_channels
+    shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (1280, channels, 1, 1), 1, 0))
+    return list(dict.fromkeys(shapes))
+
+
+TINY_CONVS = (
+    ConvShape("tiny", (2, 4, 5, 5), (4, 4, 3, 3), 1, 1),  # 3×3
+    ConvShape("tiny", (2, 4, 5, 5), (4, 4, 1, 1), 1, 0),  # plain 1×1: no im2col
+    ConvShape("tiny", (2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise
+)
+
+
+@dataclass
+class Case:
+    """One row: how to call the kernel and the reference on fresh arrays, and how much work it is."""
+
+    op: str
+    version: str
+    shape: str
+    run: Callable[[], Any]  # the kernel on the full-size arrays
+    check: Callable[[], float]  # max |kernel - reference| on a small slice
+    flops: float = 0.0  # floating-point operations (compute-bound ops)
+    bytes_moved: float = 0.0  # bytes read and written (memory-bound ops)
+    torch_run: Callable[[], Any] | None = None
+
+
+@dataclass
+class Record:
+    op: str
+    backend: str
+    version: str
+    shape: str
+    ms: float
+    gflops: float | None
+    gbps: float | None
+    pct_sgemm: float | None
+    max_abs_err: float | None
+    torch_ms: float | None = None
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        record = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        record.update(self.extra)
+        return record
+
+
+def best_ms(function: Callable[[], Any], repeat: int) -> float:
+    """Best of ``repeat`` timed calls after one untimed warm-up call, in milliseconds."""
+    function()
+    best = float("inf")
+    for _ in range(max(1, repeat)):
+        start = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def sgemm_gflops(repeat: int, size: int = 1024) -> float:
+    """NumPy's float32 matmul (its own OpenBLAS, all threads) on size³: the fp32 ceiling here."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    out = np.empty((size, size), np.float32)
+    ms = best_ms(lambda: np.matmul(a, b, out=out), repeat)
+    return 2.0 * size**3 / ms / 1e6
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases
+# ----------------------------------------------------------------------------------------------
+
+
+def _max_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if got.size else 0.0
+
+
+def _conv_arrays(shape: ConvShape, batch: int | None = None, seed: int = 0):
+    n = shape.x_shape[0] if batch is None else batch
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, *shape.x_shape[1:]), dtype=np.float32)
+    w = rng.standard_normal(shape.w_shape, dtype=np.float32) * np.float32(1 / np.sqrt(np.prod(shape.w_shape[1:])))
+    dout = rng.standard_normal((n, *shape.out_shape[1:]), dtype=np.float32)
+    return x, w, dout
+
+
+def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, backend: str) -> list[Case]:
+    """Forward, backward-data and backward-weight of one convolution, with the numbered CPU versions."""
+    from kernels.cpu import conv as cpu_conv
+
+    x, w, dout = _conv_arrays(shape)
+    xs, ws, ds = _conv_arrays(shape, batch=min(CHECK_IMAGES, shape.x_shape[0]))
+    kernels = {
+        "forward": ("conv2d_forward", table.get("conv2d_forward"), table.get("conv2d_forward_workspace_size")),
+        "data": (
+            "conv2d_backward_data",
+            table.get("conv2d_backward_data"),
+            table.get("conv2d_backward_data_workspace_size"),
+        ),
+        "weight": (
+            "conv2d_backward_weight",
+            table.get("conv2d_backward_weight"),
+            table.get("conv2d_backward_weight_workspace_size"),
+        ),
+    }
+    cases = []
+    for direction, (op, kernel, size_of) in kernels.items():
+        if kernel is None:
+            continue
+        variants = [("table", kernel, size_of)]
+        if versions and backend == "cpu":
+            for v in CONV_VERSIONS[direction]:
+                variants.append(
+                    (
+                        f"v{v}",
+                        cpu_conv.conv2d_version(v, direction),
+                        _version_size_function(v, direction),
+                    )
+                )
+        for version, fn, size_fn in variants:
+            if version == "v1" and shape.flops > 3e9:
+                continue  # the direct loops take seconds here; the smaller shapes show the point
+            cases.append(_conv_case(op, direction, version, shape, fn, size_fn, reference[op], x, w, dout, xs, ws, ds))
+    return cases
+
+
+def _version_size_function(version: int, direction: str) -> Callable[..., int]:
+    from kernels.cpu import conv as cpu_conv
+
+    return lambda *shapes: cpu_conv.conv2d_version_workspace_size(max(version, 2), direction, *shapes)
+
+
+def _conv_case(op, direction, version, shape, fn, size_fn, ref_fn, x, w, dout, xs, ws, ds) -> Case:
+    st, pad, groups = shape.stride, shape.pad, shape.groups
+    scratch = np.empty(max(1, size_fn(x.shape, w.shape, st, pad, groups)), np.float32)
+    small_scratch = np.empty(max(1, size_fn(xs.shape, ws.shape, st, pad, groups)), np.float32)
+    if direction == "forward":
+        out = np.empty(dout.shape, np.float32)
+        run = lambda: fn(x, w, None, out, st, pad, groups, scratch)  # noqa: E731
+
+        def check() -> float:
+            got, want = np.empty(ds.shape, np.float32), np.empty(ds.shape, np.float32)
+            fn(xs, ws, None, got, st, pad, groups, small_scratch)
+            ref_fn(xs, ws, None, want, st, pad, groups, None)
+            return _max_err(got, want)
+
+        def torch_run_factory():
+            import torch
+
+            xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+            return lambda: torch.nn.functional.conv2d(xt, wt, None, st, pad, 1, groups)
+
+    elif direction == "data":
+        dx = np.empty(x.shape, np.float32)
+        run = lambda: fn(dout, w, dx, st, pad, groups, scratch)  # noqa: E731
+
+        def check() -> float:
+            got, want = np.empty(xs.shape, np.float32), np.empty(xs.shape, np.float32)
+            fn(ds, ws, got, st, pad, groups, small_scratch)
+            ref_fn(ds, ws, want, st, pad, groups, None)
+            return _max_err(got, want)
+
+        def torch_run_factory():
+            return _torch_conv_backward(x, w, dout, st, pad, groups, (True, False, False))
+
+    else:
+        dw = np.empty(w.shape, np.float32)
+        run = lambda: fn(x, dout, dw, None, st, pad, groups, scratch)  # noqa: E731
+
+        def check() -> float:
+            got, want = np.empty(ws.shape, np.float32), np.empty(ws.shape, np.float32)
+            fn(xs, ds, got, None, st, pad, groups, small_scratch)
+            ref_fn(xs, ds, want, None, st, pad, groups, None)
+            return _max_err(got, want)
+
+        def torch_run_factory():
+            return _torch_conv_backward(x, w, dout, st, pad, groups, (False, True, False))
+
+    case = Case(op, version, shape.label, run, check, flops=shape.flops)
+    case.torch_run = torch_run_factory  # built lazily: torch is imported only with --compare torch
+    return case
+
+
+def _torch_conv_backward(x, w, dout, stride, pad, groups, mask):
+    """torch's autograd conv backward (aten.convolution_backward) for just the asked-for gradient."""
+    import torch
+
+    xt, wt, dt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(dout)
+    return lambda: torch.ops.aten.convolution_backward(
+        dt, xt, wt, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], groups, list(mask)
+    )
+
+
+def _elementwise_case(op, table, reference, shape, make_args, bytes_moved, torch_factory=None) -> Case:
+    """A memory-bound op: time it on full-size arrays, check every array it wrote against the reference."""
+    args = make_args(shape)
+    small_shape = (min(CHECK_IMAGES, shape[0]), *shape[1:])
+    fn, ref_fn = table[op], reference[op]
+
+    def check() -> float:
+        got = make_args(small_shape)
+        want = [a.copy() for a in got]
+        fn(*got)
+        ref_fn(*want)
+        return max(_max_err(g, r) for g, r in zip(got, want))
+
+    case = Case(op, "table", "x".join(map(str, shape)), lambda: fn(*args), check, bytes_moved=bytes_moved(shape))
+    case.torch_run = (lambda: torch_factory(args)) if torch_factory else None
+    return case
+
+
+def other_cases(table: dict, reference: dict, batch: int) -> list[Case]:
+    """Dense (the classifier heads) and the element-wise ops, on ResNet-18's largest activation."""
+    cases: list[Case] = []
+    rng = np.random.default_rng(0)
+    f32 = lambda *s: rng.standard_normal(s, dtype=np.float32)  # noqa: E731
+    for inputs, outputs in ((512, 10), (1280, 10), (1024, 1024)):
+        if "dense_forward" in table:
+            x, w, b = f32(batch, inputs), f32(outputs, inputs), f32(outputs)
+            out, want = np.empty((batch, outputs), np.float32), np.empty((batch, outputs), np.float32)
+
+            def check(x=x, w=w, b=b, out=out, want=want):
+                table["dense_forward"](x, w, b, out)
+                reference["dense_forward"](x, w, b, want)
+                return _max_err(out, want)
+
+            case = Case(
+                "dense_forward",
+                "table",
+                f"{batch}x{inputs}->{outputs}",
+                (lambda x=x, w=w, b=b, out=out: table["dense_forward"](x, w, b, out)),
+                check,
+                flops=2.0 * batch * inputs * outputs,
+            )
+
+            def torch_dense(x=x, w=w, b=b):
+                import torch
+
+                xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
+                return lambda: torch.nn.functional.linear(xt, wt, bt)
+
+            case.torch_run = torch_dense
+            cases.append(case)
+        if "dense_backward" in table:
+            x, w, d = f32(batch, inputs), f32(outputs, inputs), f32(batch, outputs)
+            got = [
+                np.empty((batch, inputs), np.float32),
+                np.empty((outputs, inputs), np.float32),
+                np.empty(outputs, np.float32),
+            ]
+            want = [np.empty_like(a) for a in got]
+
+            def check_b(x=x, w=w, d=d, got=got, want=want):
+                table["dense_backward"](x, w, d, *got)
+                reference["dense_backward"](x, w, d, *want)
+                return max(_max_err(g, r) for g, r in zip(got, want))
+
+            case = Case(
+                "dense_backward",
+                "table",
+                f"{batch}x{inputs}->{outputs}",
+                (lambda x=x, w=w, d=d, got=got: table["dense_backward"](x, w, d, *got)),
+                check_b,
+                flops=4.0 * batch * inputs * outputs,
+            )
+
+            def torch_dense_b(x=x, w=w, d=d):
+                import torch
+
+                xt, wt, dt = (torch.from_numpy(a) for a in (x, w, d))
+                return lambda: (dt @ wt, dt.t() @ xt, dt.sum(0))
+
+            case.torch_run = torch_dense_b
+            cases.append(case)
+
+    shape = (batch, 64, 32, 32)
+    nbytes = lambda arrays: lambda s: arrays * 4.0 * np.prod(s)  # noqa: E731
+
+    def torch_unary(name):
+        def factory(args):
+            import torch
+
+            xt = torch.from_numpy(args[0])
+            return {"relu": lambda: torch.relu(xt), "relu6": lambda: torch.nn.functional.relu6(xt)}[name]
+
+        return factory
+
+    specs = [
+        ("relu_forward", lambda s: [f32(*s), np.empty(s, np.float32)], nbytes(2), torch_unary("relu")),
+        ("relu_backward", lambda s: [np.abs(f32(*s)) - 0.5, f32(*s), np.empty(s, np.float32)], nbytes(3), None),
+        ("relu6_forward", lambda s: [f32(*s) * 4, np.empty(s, np.float32)], nbytes(2), torch_unary("relu6")),
+        ("relu6_backward", lambda s: [f32(*s) * 4, f32(*s), np.empty(s, np.float32)], nbytes(3), None),
+        ("add_forward", lambda s: [f32(*s), f32(*s), np.empty(s, np.float32)], nbytes(3), None),
+    ]
+    for op, make_args, moved, torch_factory in specs:
+        if op in table and op in reference:
+            cases.append(_elementwise_case(op, table, reference, shape, make_args, moved, torch_factory))
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the table
+# ----------------------------------------------------------------------------------------------
+
+
+def build_cases(backend: str, ops: list[str] | None, batch: int, versions: bool, models=("resnet18", "mobilenetv2")):
+    """Every case the command measures, filtered by op family (``conv2d``, ``dense``, ``relu``...)."""
+    table, reference = load_tables(backend)
+    wanted = lambda op: not ops or any(op.startswith(prefix) for prefix in ops)  # noqa: E731
+    cases: list[Case] = []
+    if backend == "cudasim":  # the simulator runs ~3,000 threads/s: tiny convolutions only
+        for shape in TINY_CONVS:
+            cases += [c for c in conv_cases(shape, table, reference, False, backend) if wanted(c.op)]
+        return cases, []
+    if wanted("conv2d"):
+        shapes = []
+        if "resnet18" in models:
+            shapes += resnet18_convs(batch)
+        if "mobilenetv2" in models:
+            shapes += mobilenetv2_convs(batch)
+        for shape in shapes:
+            cases += [c for c in conv_cases(shape, table, reference, versions, backend) if wanted(c.op)]
+    cases += [c for c in other_cases(table, reference, batch) if wanted(c.op)]
+    missing = sorted({name for name in reference if name not in table and wanted(name)})
+    return cases, missing
+
+
+def load_tables(backend: str) -> tuple[dict, dict]:
+    """The backend's kernel table and the reference table (whatever the kernel packages export now)."""
+    from kernels.reference import TABLE as reference
+
+    if backend == "cpu":
+        from kernels.cpu import TABLE as table
+    else:
+        from kernels.cuda import TABLE as table
+    return dict(table), dict(reference)
+
+
+def measure(
+    cases: list[Case], backend: str, repeat: int, compare_torch: bool, sgemm: float, progress=None
+) -> list[Record]:
+    if compare_torch:
+        import torch
+
+        torch.set_num_threads(2 if _cpu_count() >= 2 else 1)
+    records = []
+    for case in cases:
+        try:
+            ms = best_ms(case.run, repeat)
+            err = case.check()
+        except Exception as exc:  # a broken kernel gets a row that says so, the rest still run
+            records.append(
+                Record(
+                    case.op,
+                    backend,
+                    case.version,
+                    case.shape,
+                    float("nan"),
+                    None,
+                    None,
+                    None,
+                    None,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            continue
+        gflops = case.flops / ms / 1e6 if case.flops else None
+        gbps = case.bytes_moved / ms / 1e6 if case.bytes_moved else None
+        pct = 100.0 * gflops / sgemm if gflops else None
+        torch_ms = None
+        if compare_torch and case.torch_run is not None:
+            torch_ms = best_ms(case.torch_run(), repeat)
+        records.append(Record(case.op, backend, case.version, case.shape, ms, gflops, gbps, pct, err, torch_ms))
+        if progress:
+            progress(records[-1])
+    return records
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def render(records: list[Record], sgemm: float, compare_torch: bool, console=None) -> None:
+    """The rich table; the ratio column is torch's time over ours (above 1: we are faster)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kernels (NumPy sgemm {sgemm:.0f} GFLOP/s in this run; best of repeats)")
+    for name in ("op", "backend", "version", "shape", "ms", "GFLOP/s | GB/s", "% sgemm", "max abs err"):
+        table.add_column(name, justify="right" if name not in ("op", "shape", "version") else "left", no_wrap=True)
+    if compare_torch:
+        table.add_column("torch ms", justify="right", no_wrap=True)
+        table.add_column("torch/ours", justify="right", no_wrap=True)
+    for r in records:
+        rate = f"{r.gflops:.1f}" if r.gflops else (f"{r.gbps:.1f} GB/s" if r.gbps else "")
+        row = [
+            r.op,
+            r.backend,
+            r.version,
+            r.shape,
+            f"{r.ms:.2f}" if r.error is None else "error",
+            rate,
+            f"{r.pct_sgemm:.0f}%" if r.pct_sgemm else "",
+            f"{r.max_abs_err:.1e}" if r.max_abs_err is not None else (r.error or ""),
+        ]
+        if compare_torch:
+            row += [f"{r.torch_ms:.2f}" if r.torch_ms else "", f"{r.torch_ms / r.ms:.2f}" if r.torch_ms else ""]
+        table.add_row(*row)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)  # piped to a file: keep one row per line
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------------------
+# Warm-up: compile every CPU kernel into Numba's cache
+# ----------------------------------------------------------------------------------------------
+
+
+def warm_up() -> tuple[float, int]:
+    """Call every CPU kernel (and every conv version and path) once on tiny arrays; (seconds, calls)."""
+    start = time.perf_counter()
+    table, reference = load_tables("cpu")
+    calls = 0
+    for shape in TINY_CONVS:
+        for case in conv_cases(shape, table, reference, versions=True, backend="cpu"):
+            case.run()
+            calls += 1
+    for case in other_cases(table, reference, 2):
+        case.run()
+        calls += 1
+    calls += _warm_remaining_table(table)
+    return time.perf_counter() - start, calls
+
+
+def _warm_remaining_table(table: dict) -> int:
+    """The table kernels the benchmark does not time: pooling, batch norm, loss, optimizers, dropout."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
+    out = np.empty_like(x)
+    c = np.ones(3, np.float32)
+    calls = {
+        "dropout_forward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
+        "dropout_backward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
+        "maxpool2d_forward": lambda f: f(
+            x, np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32), 2, 2, 0
+        ),
+        "avgpool2d_forward": lambda f: f(x, np.empty((2, 3, 2, 2), np.float32), 2, 2, 0),
+        "avgpool2d_backward": lambda f: f(np.ones((2, 3, 2, 2), np.float32), out, 2, 2, 0),
+        "global_avgpool_forward": lambda f: f(x, np.empty((2, 3), np.float32)),
+        "global_avgpool_backward": lambda f: f(np.ones((2, 3), np.float32), out),
+        "batchnorm_forward_train": lambda f: f(
+            x, c, c * 0, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32), 0.1, 1e-5
+        ),
+        "batchnorm_forward_infer": lambda f: f(x, c, c * 0, c * 0, c.copy(), out, 1e-5),
+        "batchnorm_backward": lambda f: f(
+            x, x, c, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32)
+        ),
+        "softmax_xent_forward": lambda f: f(
+            np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32), np.empty(1, np.float32)
+        ),
+        "softmax_xent_backward": lambda f: f(
+            np.full((2, 3), 1 / 3, np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32)
+        ),
+        "sgd_update": lambda f: f(
+            np.ones(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), 0.1, 0.9, 1e-4, False
+        ),
+        "adam_update": lambda f: f(
+            np.ones(8, np.float32),
+            np.ones(8, np.float32),
+            np.zeros(8, np.float32),
+            np.zeros(8, np.float32),
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            0.0,
+            1,
+        ),
+    }
+    done = 0
+    for name, call in calls.items():
+        if name in table:
+            call(table[name])
+            done += 1
+    if "maxpool2d_backward" in table and "maxpool2d_forward" in table:
+        pooled, argmax = np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32)
+        table["maxpool2d_forward"](x, pooled, argmax, 2, 2, 0)
+        table["maxpool2d_backward"](pooled, argmax, out)
+        done += 1
+    return done

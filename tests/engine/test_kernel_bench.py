@@ -1,0 +1,103 @@
+"""`engine kernels`: the shape lists, the records, the JSON and table output, the warm-up (tiny shapes only)."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from engine import kernel_bench
+
+
+def test_resnet18_shapes_are_its_distinct_convolutions():
+    labels = [s.label for s in kernel_bench.resnet18_convs(32)]
+    assert labels == [
+        "3->64 3x3 s1 @32x32 n32",
+        "64->64 3x3 s1 @32x32 n32",
+        "64->128 3x3 s2 @32x32 n32",
+        "64->128 1x1 s2 @32x32 n32",
+        "128->128 3x3 s1 @16x16 n32",
+        "128->256 3x3 s2 @16x16 n32",
+        "128->256 1x1 s2 @16x16 n32",
+        "256->256 3x3 s1 @8x8 n32",
+        "256->512 3x3 s2 @8x8 n32",
+        "256->512 1x1 s2 @8x8 n32",
+        "512->512 3x3 s1 @4x4 n32",
+    ]
+
+
+def test_mobilenetv2_shapes_include_every_depthwise_conv_once():
+    shapes = kernel_bench.mobilenetv2_convs(8)
+    depthwise = [s for s in shapes if s.groups > 1]
+    assert len(shapes) == len(set(shapes))
+    assert all(s.groups == s.x_shape[1] == s.w_shape[0] and s.w_shape[1] == 1 for s in depthwise)
+    # stride-2 depthwise convs: 144 at 32x32, 192 at 16x16, 576 at 8x8 (torchvision's table, CIFAR strides)
+    assert {(s.x_shape[1], s.x_shape[2]) for s in depthwise if s.stride == 2} == {(144, 32), (192, 16), (576, 8)}
+    assert shapes[-1].w_shape == (1280, 320, 1, 1) and shapes[-1].x_shape[2] == 4
+
+
+def test_conv_flops_count_multiply_and_add():
+    shape = kernel_bench.ConvShape("t", (2, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2)
+    assert shape.out_shape == (2, 6, 3, 3)
+    assert shape.flops == 2 * 2 * 6 * 3 * 3 * 2 * 3 * 3
+
+
+def test_conv_records_check_every_version_against_the_reference():
+    table, reference = kernel_bench.load_tables("cpu")
+    cases = []
+    for shape in kernel_bench.TINY_CONVS:
+        cases += kernel_bench.conv_cases(shape, table, reference, versions=True, backend="cpu")
+    records = kernel_bench.measure(cases, "cpu", repeat=1, compare_torch=False, sgemm=100.0)
+    assert {r.version for r in records} == {"table", "v1", "v2", "v3", "v4"}
+    for r in records:
+        assert r.error is None, r
+        assert r.max_abs_err < 1e-4 and r.ms > 0 and r.gflops > 0
+        assert r.pct_sgemm == pytest.approx(r.gflops)  # sgemm = 100 GFLOP/s
+
+
+def test_json_output_has_the_documented_fields():
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(
+        main,
+        ["kernels", "--ops", "relu_forward,add_forward", "--batch-size", "2", "--repeat", "1",
+         "--compare", "torch", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.output)
+    assert [r["op"] for r in records] == ["relu_forward", "add_forward"]
+    for r in records:
+        for key in ("op", "backend", "shape", "ms", "gflops", "max_abs_err", "torch_ms", "sgemm_gflops"):
+            assert key in r
+        assert r["backend"] == "cpu" and r["max_abs_err"] == 0.0 and r["gbps"] > 0
+    assert records[0]["torch_ms"] > 0
+
+
+def test_table_output_and_bad_options():
+    runner = CliRunner()
+    result = runner.invoke(main, ["kernels", "--ops", "relu_forward", "--batch-size", "1", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    assert "relu_forward" in result.output and "% sgemm" in result.output
+    result = runner.invoke(main, ["kernels", "--models", "vgg"])
+    assert result.exit_code != 0 and "unknown vgg" in result.output
+    result = runner.invoke(main, ["kernels", "--ops", "nonexistent"])
+    assert result.exit_code != 0 and "no kernels match" in result.output
+
+
+def test_warmup_calls_every_cpu_kernel():
+    seconds, calls = kernel_bench.warm_up()
+    table, _ = kernel_bench.load_tables("cpu")
+    kernels = [name for name in table if not name.endswith("workspace_size")]
+    assert seconds > 0 and calls >= len(kernels)
+
+
+def test_best_ms_is_the_fastest_timed_call(monkeypatch):
+    clock = iter([0.0, 0.005, 0.010, 0.011, 0.020, 0.030])  # (start, end) of three timed calls: 5, 1, 10 ms
+    calls = []
+    monkeypatch.setattr(kernel_bench.time, "perf_counter", lambda: next(clock))
+    assert kernel_bench.best_ms(lambda: calls.append(1), repeat=3) == pytest.approx(1.0)
+    assert len(calls) == 4  # one untimed warm-up call first
+
+
+def test_sgemm_reference_is_measured():
+    assert np.isfinite(kernel_bench.sgemm_gflops(1, size=64)) and kernel_bench.sgemm_gflops(1, size=64) > 0
