@@ -22,7 +22,8 @@ manager sees as ``mgr.owner``), its ArrayType, shape, and the first and last ste
   last consumer (owner = that consumer; None for the output node, whose gradient the loss makes),
   read by the node's backward at step ``2L-1-i``. Where a tensor fans out, the contributions are
   summed with the ``add`` kernel into a new tensor at the later consumer's step.
-- ``input`` (INPUT, owner None) and the loss head's ``loss:probs`` (ACTIVATIONS, owner None).
+- ``input`` (INPUT, owner None) and the loss head's ``loss:probs`` and ``loss:value`` (ACTIVATIONS,
+  owner None: the loss runs outside any layer scope).
 
 ``graph.lifespans()`` gives name → ``(first, last)``: what an offload scheduler needs to know which
 tensors a window of steps touches, and what a memory planner needs to share memory between tensors
@@ -182,6 +183,7 @@ class Graph:
                 )
         out = self.output
         specs.append(TensorSpec("loss:probs", None, ArrayType.ACTIVATIONS, shapes[out.index], np.float32, L - 1, L))
+        specs.append(TensorSpec("loss:value", None, ArrayType.ACTIVATIONS, (1,), np.float32, L - 1, L - 1))
         for node in reversed(self.nodes):
             i = node.index
             if node.consumers:
