@@ -214,3 +214,24 @@ def test_directory_removed_on_signal(tmp_path, signum):
         assert process.returncode == -signal.SIGTERM  # the default action still ran after our cleanup
     else:
         assert "KeyboardInterrupt" in process.stderr.read()
+
+
+def test_a_swapped_tensor_cannot_reach_a_kernel(cpu, tmp_path):
+    from engine.memory import LeakedWorkspaceError
+    from engine.offload import LayerState
+
+    net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **MLP)
+    (x, y), = batches(1, 2, (3, 8, 8))
+    with OffloadScheduler(cpu, 1, directory=str(tmp_path)).attach(net) as scheduler:
+        net.forward(x, training=True)
+        net.loss(y)
+        kept = net.node("fc2").layer.saved["x"]  # relu1's output, kept for fc2's backward
+        unit = scheduler._units[(net.node("relu1").index, "saved")]
+        deadline = time.monotonic() + 30
+        while unit.state is not LayerState.SWAPPED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert unit.state is LayerState.SWAPPED
+        with pytest.raises(LeakedWorkspaceError, match=r"offload:relu1 \(saved\)"):
+            kept.check("dense_backward", "x")
+        net.backward()  # loaded back in time for its backward: the step completes
+    net.close()
