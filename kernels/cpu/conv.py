@@ -35,6 +35,7 @@ tile after tile in a fixed order, and BLAS splits its work the same way for the 
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @njit: loaded now so it can be found
 from numba import get_num_threads, njit, prange
 from threadpoolctl import ThreadpoolController
 
@@ -42,6 +43,10 @@ from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
 """A tile holds whole images until its GEMM has at least this many columns (pixels)."""
+
+WEIGHT_TARGET_COLUMNS = 4096
+"""The weight gradient sums over a tile's columns inside the GEMM and adds tiles outside it:
+longer tiles mean fewer partial sums to add (it pays most where C·R·S is small: 1×1 and the stem)."""
 
 TILE_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (4 MiB) in one column tile, so it stays in the L2/L3 caches."""
@@ -81,8 +86,8 @@ def _threads(version: int) -> int:
     return get_num_threads() if version == 4 else 1
 
 
-def _tile_images(x_shape, w_shape, stride, pad, groups, version) -> int:
-    target = 1 if version == 2 else TARGET_COLUMNS
+def _tile_images(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
+    target = 1 if version == 2 else (WEIGHT_TARGET_COLUMNS if direction == "weight" else TARGET_COLUMNS)
     return images_per_tile(x_shape, w_shape, stride, pad, groups, target, _threads(version))
 
 
@@ -94,7 +99,7 @@ def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, versi
         return 0
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
     threads = _threads(version)
-    tile = _tile_images(x_shape, w_shape, stride, pad, groups, version)
+    tile = _tile_images(x_shape, w_shape, stride, pad, groups, version, direction)
     rows = w_shape[1] * w_shape[2] * w_shape[3]
     k_group = w_shape[0] // groups
     columns = tile * oh * ow
@@ -651,9 +656,9 @@ class _BlasOnCallingThread:
 
     def __enter__(self):
         if self._libraries is None:
-            self._libraries = [
-                lib for lib in ThreadpoolController().lib_controllers if "scipy" in lib.filepath.split("/")[-2]
-            ]
+            blas = ThreadpoolController().select(user_api="blas").lib_controllers
+            scipys = [lib for lib in blas if "scipy" in lib.filepath.replace("\\", "/").split("/")[-2]]
+            self._libraries = scipys or blas  # unknown layout: limit every BLAS rather than oversubscribe
         self._saved = [lib.num_threads for lib in self._libraries]
         for lib in self._libraries:
             lib.set_num_threads(1)
@@ -727,7 +732,7 @@ def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
     else:
         needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
         scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
-        tile = _tile_images(x.shape, w.shape, stride, pad, groups, version)
+        tile = _tile_images(x.shape, w.shape, stride, pad, groups, version, "forward")
         if version == 4:
             with _blas_on_calling_thread:
                 _forward_per_thread(x, w, out, stride, pad, groups, tile, _threads(version), scratch[:needed])
@@ -747,7 +752,7 @@ def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
         return
     needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
-    tile = _tile_images(dx.shape, w.shape, stride, pad, groups, version)
+    tile = _tile_images(dx.shape, w.shape, stride, pad, groups, version, "data")
     if version == 4:
         with _blas_on_calling_thread:
             _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile, _threads(version), scratch[:needed])
@@ -767,7 +772,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
     else:
         needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
-        tile = _tile_images(x.shape, dw.shape, stride, pad, groups, version)
+        tile = _tile_images(x.shape, dw.shape, stride, pad, groups, version, "weight")
         if version == 4:
             with _blas_on_calling_thread:
                 _backward_weight_per_thread(
