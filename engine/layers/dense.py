@@ -74,7 +74,7 @@ class Flatten(Layer):
         x = inputs[0]
         shape = self.output_shape([tuple(x.shape)])
         out = self.output(shape)
-        out.array[...] = _array(x).reshape(shape)
+        out.array[...] = _array(x, "flatten_forward").reshape(shape)
         if training:
             self.saved = {"x_shape": tuple(x.shape)}
         return out
@@ -84,10 +84,10 @@ class Flatten(Layer):
             return [None]
         x_shape = self.saved["x_shape"]
         dx = self.input_grad(x_shape)
-        dx.array[...] = _array(dout).reshape(x_shape)
+        dx.array[...] = _array(dout, "flatten_backward").reshape(x_shape)
         return [dx]
 
 
-def _array(x: Any) -> Any:
-    """The raw array of a workspace Tensor (or the array itself, for the network input)."""
-    return x.array if hasattr(x, "array") else x
+def _array(x: Any, op: str) -> Any:
+    """The raw array of a workspace Tensor, checked as the kernel table checks it (a plain array as is)."""
+    return x._kernel_array(op, "argument 0") if hasattr(x, "_kernel_array") else x

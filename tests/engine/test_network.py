@@ -249,6 +249,17 @@ def test_steady_state_makes_no_block_allocations_and_no_spills(backend):
     net.close()
 
 
+def test_without_workspaces_the_same_bits(backend):
+    x, y = batch()
+    results = []
+    for mode in ("enabled", "none"):
+        net = Network(residual_graph(), backend, seed=4, workspace_mode=mode)
+        train_step(net, x, y)
+        results.append((net.parameters.flat.copy(), net.predict(x)))
+        net.close()
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+
+
 def test_predict_is_inference_and_detached(backend):
     net = Network(residual_graph(dropout=0.5), backend)
     x, _ = batch()
