@@ -359,6 +359,32 @@ class Trainer:
         return step_position(self.step, self.source.batches_per_epoch)
 
 
+def build_network(
+    model: str,
+    data: Dataset,
+    backend: Any,
+    seed: int = 0,
+    workspace_mode: str = "enabled",
+    num_classes: int = 0,
+    **model_options: Any,
+) -> Any:
+    """``models.build_model`` for ``model``, shaped for ``data``'s images (channels, size) and classes;
+    ``model_options`` go to the model (``width``, ``hidden``, ...)."""
+    from models import build_model
+
+    channels, height, width = data.image_shape
+    if model == "mlp":
+        options: dict[str, Any] = {"input_shape": data.image_shape}
+    else:
+        if height != width:
+            raise ValueError(f"model {model!r} takes square images; {data.name} has {height}×{width}")
+        options = {"in_channels": channels, "image_size": height}
+    return build_model(
+        model, num_classes or data.num_classes, backend, seed=seed, workspace_mode=workspace_mode,
+        **options, **model_options,
+    )
+
+
 def peak_rss_bytes() -> int:
     """The largest resident set size this process has had (the OS's high-water mark)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -22,7 +22,7 @@ def digits():
     return load_dataset("digits")
 
 
-def make_trainer(backend, data, model="cnn", lr=0.05, optimizer="sgd", seed=0, **kwargs):
+def make_trainer(backend, data, model="cnn", lr=0.01, optimizer="sgd", seed=0, **kwargs):
     options = kwargs.pop("model_options", {})
     net = build_model(model, num_classes=data.num_classes, backend=backend, seed=seed, **options)
     opt = make_optimizer(optimizer, net, backend, lr, momentum=0.9, manager=net.mgr)
