@@ -23,7 +23,9 @@ layer scope (owner None).
 ``before_forward(step, node)``, ``after_forward(step, node)``, ``before_backward(step, node)``,
 ``after_backward(step, node)``, ``on_iteration_end(net)``; steps are numbered as in
 ``engine.graph``. They fire in training iterations only: ``on_iteration_start`` right after the
-iteration scope opens, ``on_iteration_end`` after the last backward step, just before it closes.
+iteration scope opens, ``on_iteration_end`` after the last backward step, just before it closes. An
+iteration abandoned before the end of backward (a forward without backward, an error) closes without
+``on_iteration_end``; the next ``on_iteration_start`` is the hook's cue to drop what it left.
 """
 
 from __future__ import annotations
