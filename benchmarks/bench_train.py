@@ -1,0 +1,149 @@
+"""Training throughput and memory: the engine against a PyTorch CPU loop of the same model.
+
+    python benchmarks/bench_train.py --models resnet18 mobilenetv2 --batch-size 32 --steps 50 --threads 2
+
+Each (framework, model) pair runs in a fresh process, so one run's peak RSS does not hide the
+other's. Both train the same architecture (the engine's models and their PyTorch twins in
+tests/models/torch_models.py) with SGD (momentum 0.9) on the same seeded synthetic 3×32×32 images.
+Reported per run: images/s from the third step on (the first steps compile kernels and learn
+workspace sizes), the first step's seconds, the process's peak RSS, and RSS after step 3 and after
+the last step (a loop that leaks grows between the two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEADY_FROM = 3  # steps before this one are warm-up
+
+
+def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
+    from engine.backend import get_backend
+    from engine.data.datasets import synthetic
+    from engine.optim import make_optimizer
+    from engine.threads import set_threads
+    from engine.train import Trainer, build_network
+
+    set_threads(threads)
+    backend = get_backend("cpu")
+    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size)
+    net = build_network(model, data, backend, seed=0)
+    opt = make_optimizer("sgd", net, backend, 0.01, momentum=0.9, manager=net.mgr)
+    trainer = Trainer(net, opt, data, batch_size=batch_size, steps=steps, evaluate_at_end=False)
+    trainer.fit()
+    rss = [r["rss_bytes"] for r in trainer.monitor.records]
+    return {"step_seconds": trainer.timing.step_seconds, "rss": rss}
+
+
+def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
+    import numpy as np
+    import psutil
+    import torch
+
+    sys.path.insert(0, ROOT)
+    from engine.data.datasets import synthetic
+    from tests.models.torch_models import TORCH_MODELS
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size)
+    x_all = torch.from_numpy((data.x_train - data.mean[:, None, None]) / data.std[:, None, None])
+    y_all = torch.from_numpy(data.y_train)
+    net = TORCH_MODELS[model](num_classes=10)
+    net.train()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    process = psutil.Process()
+    step_seconds, rss = [], []
+    batches = len(y_all) // batch_size
+    order = np.random.default_rng(0).permutation(len(y_all))
+    for step in range(steps):
+        start = time.perf_counter()
+        chosen = torch.from_numpy(order[(step % batches) * batch_size : (step % batches + 1) * batch_size])
+        x, y = x_all[chosen], y_all[chosen]
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        step_seconds.append(time.perf_counter() - start)
+        rss.append(process.memory_info().rss)
+    return {"step_seconds": step_seconds, "rss": rss}
+
+
+def worker(framework: str, model: str, batch_size: int, steps: int, threads: int) -> None:
+    run = engine_worker if framework == "engine" else torch_worker
+    result = run(model, batch_size, steps, threads)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    seconds = result["step_seconds"]
+    steady = seconds[STEADY_FROM:]
+    print(
+        json.dumps(
+            {
+                "framework": framework,
+                "model": model,
+                "batch_size": batch_size,
+                "steps": steps,
+                "threads": threads,
+                "images_per_second": batch_size * len(steady) / sum(steady),
+                "first_step_seconds": seconds[0],
+                "peak_rss_bytes": peak,
+                "rss_after_step_3_bytes": result["rss"][STEADY_FROM - 1],
+                "rss_after_last_step_bytes": result["rss"][-1],
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--frameworks", nargs="+", default=["engine", "torch"])
+    parser.add_argument("--json", help="Also write the results here.")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps <= STEADY_FROM:
+        parser.error(f"--steps must be more than {STEADY_FROM} (the warm-up steps)")
+    if args.worker:
+        worker(args.worker, args.model, args.batch_size, args.steps, args.threads)
+        return
+
+    results = []
+    for model in args.models:
+        for framework in args.frameworks:
+            command = [
+                sys.executable, __file__, "--worker", framework, "--model", model,
+                "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", str(args.threads),
+            ]
+            out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                sys.exit(f"{framework} {model} failed:\n{out.stderr}")
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(format_row(results[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+
+
+def format_row(r: dict) -> str:
+    mib = 2.0**20
+    return (
+        f"{r['model']:<12} {r['framework']:<7} batch {r['batch_size']:<3} threads {r['threads']:<2} "
+        f"{r['images_per_second']:8.1f} img/s  first step {r['first_step_seconds']:6.1f} s  "
+        f"peak RSS {r['peak_rss_bytes'] / mib:7.0f} MiB  "
+        f"RSS after step 3 {r['rss_after_step_3_bytes'] / mib:6.0f} MiB, "
+        f"after step {r['steps']} {r['rss_after_last_step_bytes'] / mib:6.0f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()
