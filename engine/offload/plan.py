@@ -16,7 +16,7 @@ when those two spans touch, the unit stays resident and is never written (the la
 forward are used again right away); a unit that no backward uses is freed after its last forward
 use, never written either.
 
-Every unit gets one offset in a resident *arena* for both of its spans (the layers hold tensors that
+Every unit gets one page-aligned offset in a resident *arena* for both of its spans (the layers hold tensors that
 must come back to the same address), chosen first-fit by decreasing size among the units whose spans
 overlap in time (TFLite's greedy arena planner). Because the spans include the lag and the
 lookahead, data being saved or prefetched never shares memory with a live tensor: nntrainer's
@@ -87,6 +87,11 @@ class UnitSpec:
         return align(last.offset + last.nbytes)
 
     @property
+    def footprint(self) -> int:
+        """Its bytes in the arena and in the swap file: whole pages, so IO can bypass the page cache."""
+        return align(self.nbytes, PAGE)
+
+    @property
     def payload_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
@@ -129,7 +134,8 @@ class UnitPlan:
 
     @property
     def nbytes(self) -> int:
-        return self.spec.nbytes
+        """The unit's footprint (whole pages)."""
+        return self.spec.footprint
 
 
 @dataclass
@@ -185,7 +191,7 @@ def file_layout(units: Sequence[UnitSpec]) -> tuple[dict[tuple[int, str], int], 
         if unit.backward_start is None or not unit.tensors:
             continue
         offsets[unit.key] = position
-        position += align(unit.nbytes, PAGE)
+        position += unit.footprint
     return offsets, position
 
 
@@ -213,16 +219,16 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPla
 
     placed: dict[tuple[int, str], int] = {}
     # Largest first, earlier first among equals: the TFLite arena order; first fit at the lowest offset.
-    for unit in sorted(units, key=lambda u: (-u.nbytes, u.created, u.key)):
+    for unit in sorted(units, key=lambda u: (-u.footprint, u.created, u.key)):
         mine = spans[unit.key][0]
         busy = sorted(
-            (placed[other.key], placed[other.key] + other.nbytes)
+            (placed[other.key], placed[other.key] + other.footprint)
             for other in units
             if other.key in placed and _spans_overlap(mine, spans[other.key][0])
         )
         offset = 0
         for start, end in busy:
-            if offset + unit.nbytes <= start:
+            if offset + unit.footprint <= start:
                 break
             offset = max(offset, end)
         placed[unit.key] = offset
@@ -241,7 +247,7 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPla
         arena_bytes=arena_bytes,
         lower_bound_bytes=lower_bound,
         peak_units=peak_units,
-        total_bytes=sum(u.nbytes for u in units),
+        total_bytes=sum(u.footprint for u in units),
         file_bytes=file_bytes,
         predecessors=_predecessors(plans.values()),
     )

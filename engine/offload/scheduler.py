@@ -338,7 +338,7 @@ class OffloadScheduler:
             raise OffloadError("the batch size grew past the swap file planned at the first step; "
                                "keep the batch size of the first step")
         if self._transfer is None:
-            self._transfer = transfer_for(self.backend, max(u.nbytes for u in self._unit_specs))
+            self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
                  batch_size, "auto" if self.adaptive else self.window, self.max_window,
                  format_bytes(self.plan_for(batch_size).arena_bytes), format_bytes(plan.total_bytes),
@@ -640,14 +640,12 @@ class OffloadScheduler:
 
     # -- IO threads ------------------------------------------------------------------------------
 
-    def _records(self, unit: _Unit) -> tuple[list[SwapRecord], list[Any]]:
+    def _records(self, unit: _Unit) -> tuple[list[SwapRecord], Any, int]:
+        """The unit's records, its whole span in the arena (page aligned) and its offset in the file."""
         plan = unit.plan
-        records, views = [], []
-        for tensor in unit.spec.tensors:
-            records.append(SwapRecord(plan.file_offset + tensor.offset, tensor.nbytes, unit.spec.name, tensor.name))
-            start = plan.arena_offset + tensor.offset
-            views.append(self._arena[start:start + tensor.nbytes])
-        return records, views
+        records = [SwapRecord(plan.file_offset + t.offset, t.nbytes, unit.spec.name, t.name) for t in unit.spec.tensors]
+        span = self._arena[plan.arena_offset:plan.arena_offset + plan.nbytes]
+        return records, span, plan.file_offset
 
     def _saver_loop(self) -> None:
         while True:
@@ -657,9 +655,9 @@ class OffloadScheduler:
             generation, unit = item
             try:
                 if generation == self._generation and self._error is None:
-                    records, views = self._records(unit)
+                    records, span, file_offset = self._records(unit)
                     started = time.perf_counter()
-                    self._transfer.save(self.storage, records, views, unit.event)
+                    self._transfer.save(self.storage, records, span, file_offset, unit.event)
                     with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
                         if generation == self._generation:
@@ -691,9 +689,9 @@ class OffloadScheduler:
                         if generation != self._generation or self._error is not None or self._closed:
                             break
                         self._set_state(unit, LayerState.WAIT_FOR_EXEC)
-                    records, views = self._records(unit)
+                    records, span, file_offset = self._records(unit)
                     started = time.perf_counter()
-                    event = self._transfer.load(self.storage, records, views)
+                    event = self._transfer.load(self.storage, records, span, file_offset)
                     with self._cond:
                         self._io_busy["loader"] += time.perf_counter() - started
                         unit.event = event

@@ -17,6 +17,7 @@ path runs with NumPy "pinned" buffers and plain copies, which is what the simula
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,11 +34,12 @@ class HostTransfer:
     def ready_event(self) -> Any:
         return None
 
-    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], views: Sequence[Any], ready: Any) -> None:
-        storage.write(records, views)
+    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             ready: Any) -> None:
+        storage.write(records, span, file_offset)
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], views: Sequence[Any]) -> Any:
-        storage.read(records, views)
+    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int) -> Any:
+        storage.read(records, span, file_offset)
         return None
 
     def wait_loaded(self, event: Any) -> None:
@@ -45,7 +47,11 @@ class HostTransfer:
 
 
 class DeviceStaging:
-    """cuda / cudasim: device arena <-> preallocated pinned host buffers <-> disk, on copy streams."""
+    """cuda / cudasim: device arena <-> preallocated pinned host buffers <-> disk, on copy streams.
+
+    A unit's whole span (page aligned) moves in one copy each way, so the disk IO can bypass the page
+    cache (pinned buffers are page aligned).
+    """
 
     def __init__(self, backend: Any, max_unit_bytes: int):
         self.backend = backend
@@ -62,10 +68,11 @@ class DeviceStaging:
             self.save_stream = cupy.cuda.Stream(non_blocking=True)
             self.load_stream = cupy.cuda.Stream(non_blocking=True)
             self.compute_stream = cupy.cuda.get_current_stream()  # the executor's stream
-        else:  # the simulator: "pinned" buffers are NumPy arrays, streams are synchronous
+        else:  # the simulator: "pinned" buffers are page-aligned NumPy arrays, streams are synchronous
             self._cupy = None
-            self.save_buffer = np.empty(size, dtype=np.uint8)
-            self.load_buffer = np.empty(size, dtype=np.uint8)
+            self._maps = [mmap.mmap(-1, size), mmap.mmap(-1, size)]
+            self.save_buffer = np.frombuffer(self._maps[0], dtype=np.uint8)
+            self.load_buffer = np.frombuffer(self._maps[1], dtype=np.uint8)
         self._previous_load: Any = None  # the event of the last host->device copy out of load_buffer
 
     def _event(self, stream: Any) -> Any:
@@ -77,39 +84,31 @@ class DeviceStaging:
         """Called by the executor after a forward: marks when the data to save is complete on the device."""
         return self._event(self.compute_stream) if self.on_gpu else None
 
-    def _host_views(self, buffer: np.ndarray, records: Sequence[SwapRecord]) -> list[np.ndarray]:
-        base = records[0].file_offset  # records of a unit keep their relative layout in the buffer
-        return [buffer[r.file_offset - base:r.file_offset - base + r.nbytes] for r in records]
-
-    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], views: Sequence[Any], ready: Any) -> None:
-        host = self._host_views(self.save_buffer, records)
+    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             ready: Any) -> None:
+        host = self.save_buffer[:span.nbytes]
         if self.on_gpu:
             stream = self.save_stream
             stream.wait_event(ready)
-            for device, pinned in zip(views, host):
-                device.get(stream=stream, out=pinned, blocking=False)
+            span.get(stream=stream, out=host, blocking=False)
             self._event(stream).synchronize()  # the pinned copy is complete before the disk write reads it
         else:
-            for device, pinned in zip(views, host):
-                np.copyto(pinned, device)
-        self.staged_bytes += sum(r.nbytes for r in records)
-        storage.write(records, host)
+            np.copyto(host, span)
+        self.staged_bytes += span.nbytes
+        storage.write(records, host, file_offset)
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], views: Sequence[Any]) -> Any:
+    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int) -> Any:
         if self._previous_load is not None:
             self._previous_load.synchronize()  # the last copy out of load_buffer finished: safe to refill
             self._previous_load = None
-        host = self._host_views(self.load_buffer, records)
-        storage.read(records, host)
-        self.staged_bytes += sum(r.nbytes for r in records)
+        host = self.load_buffer[:span.nbytes]
+        storage.read(records, host, file_offset)
+        self.staged_bytes += span.nbytes
         if self.on_gpu:
-            stream = self.load_stream
-            for device, pinned in zip(views, host):
-                device.set(pinned, stream=stream)
-            self._previous_load = self._event(stream)
+            span.set(host, stream=self.load_stream)
+            self._previous_load = self._event(self.load_stream)
             return self._previous_load
-        for device, pinned in zip(views, host):
-            np.copyto(device, pinned)
+        np.copyto(span, host)
         return None
 
     def wait_loaded(self, event: Any) -> None:

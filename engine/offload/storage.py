@@ -7,11 +7,14 @@ Why it looks like this:
 * One preallocated file (``posix_fallocate``): a full disk is an error before training starts, not a
   short write in the middle of a step. Records sit at offsets the plan chose once.
 * ``os.pwritev`` / ``os.preadv`` straight between the file and the arena's memory (memoryviews of the
-  NumPy arrays): no intermediate copies, no seek, safe from two threads at once.
+  NumPy arrays): no intermediate copies, no seek, safe from two threads at once. One call per layer:
+  the caller hands one contiguous buffer covering all of a layer's records.
 * A CRC-32 per record, verified on read: a flipped bit on disk is an error naming the layer and the
   tensor, never a silently wrong gradient.
-* ``fdatasync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)`` after each write (and DONTNEED after each
-  read): otherwise the bytes we "freed" only move into the kernel's page cache, which is memory too.
+* The page cache must not keep what we "freed" (it is memory too). Page-aligned buffers go through an
+  ``O_DIRECT`` descriptor, which bypasses the cache (and copies nothing in the kernel); anything else,
+  or a file system without O_DIRECT (tmpfs), goes through the buffered descriptor followed by
+  ``fdatasync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)`` (and DONTNEED after each read).
 * The directory is removed at close, at interpreter exit, on SIGINT/SIGTERM (handlers chain to the
   previous ones) and when the ``with`` block ends in an exception.
 """
@@ -80,16 +83,18 @@ class SwapStorage:
     in the order given, padding between them is allowed and skipped.
     """
 
-    def __init__(self, capacity_bytes: int, directory: str | None = None, delay: DelayHook | None = None):
+    def __init__(self, capacity_bytes: int, directory: str | None = None, delay: DelayHook | None = None,
+                 direct: bool = True):
         self.capacity_bytes = page_align(max(int(capacity_bytes), PAGE))
         self.delay = delay
         base = os.path.abspath(directory or tempfile.gettempdir())
         self.base = base
         self._checksums: dict[int, int] = {}
-        self._lock = threading.Lock()
         self.bytes_written = 0
         self.bytes_read = 0
+        self.direct_bytes = 0  # of bytes_written + bytes_read, those that bypassed the page cache
         self.fd = -1
+        self.direct_fd = -1
         self.path: str | None = None
         self.file_path: str | None = None
         check_directory(base)
@@ -110,49 +115,59 @@ class SwapStorage:
         except BaseException:
             self.close()
             raise
-        log.debug("swap storage %s: %d bytes preallocated", self.file_path, self.capacity_bytes)
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self.direct_fd = os.open(self.file_path, os.O_RDWR | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+            except OSError:  # tmpfs and some other file systems refuse O_DIRECT: the buffered path remains
+                self.direct_fd = -1
+        log.debug("swap storage %s: %d bytes preallocated, O_DIRECT %s", self.file_path, self.capacity_bytes,
+                  "on" if self.direct_fd >= 0 else "off")
 
     # -- I/O ------------------------------------------------------------------------------------
 
-    def write(self, records: Sequence[SwapRecord], buffers: Sequence[Any]) -> None:
-        """Write each buffer at its record's offset, remember its CRC, and push it out of the page cache."""
-        if not records:
-            return
-        views = [byte_view(b) for b in buffers]
-        for record, view in zip(records, views):
-            self._check_record(record, view)
-        total = self._span(records)
+    def write(self, records: Sequence[SwapRecord], buffer: Any, file_offset: int) -> None:
+        """Write ``buffer`` (holding ``records`` at their offsets relative to ``file_offset``) in one call.
+
+        Each record's CRC is remembered; the bytes do not stay in the page cache.
+        """
+        view = byte_view(buffer)
+        pieces = self._pieces(records, view, file_offset)
         if self.delay is not None:
-            self.delay("write", total)
-        start = records[0].file_offset
-        iov = self._with_padding(records, views, read=False)
-        _full_io(os.pwritev, self.fd, iov, start, "write", self.file_path)
-        for record, view in zip(records, views):
-            self._checksums[record.file_offset] = zlib.crc32(view)
-        os.fdatasync(self.fd)
-        os.posix_fadvise(self.fd, start, total, os.POSIX_FADV_DONTNEED)
+            self.delay("write", view.nbytes)
+        for record, piece in zip(records, pieces):
+            self._checksums[record.file_offset] = zlib.crc32(piece)
+        if self._direct_ok(view, file_offset):
+            done = _full_io(os.pwritev, self.direct_fd, view, file_offset, "write", self.file_path, direct=True)
+            self.direct_bytes += done
+        else:
+            done = 0
+        if done < view.nbytes:  # unaligned (or a short direct write): buffered, then out of the cache
+            _full_io(os.pwritev, self.fd, view[done:], file_offset + done, "write", self.file_path)
+            os.fdatasync(self.fd)
+            os.posix_fadvise(self.fd, file_offset, view.nbytes, os.POSIX_FADV_DONTNEED)
         self.bytes_written += sum(r.nbytes for r in records)
 
-    def read(self, records: Sequence[SwapRecord], buffers: Sequence[Any]) -> None:
-        """Read each record into its buffer and verify its CRC; the page cache forgets the bytes again."""
-        if not records:
-            return
-        views = [byte_view(b) for b in buffers]
-        for record, view in zip(records, views):
-            self._check_record(record, view)
+    def read(self, records: Sequence[SwapRecord], buffer: Any, file_offset: int) -> None:
+        """Read ``buffer``'s span from ``file_offset`` in one call and verify every record's CRC."""
+        view = byte_view(buffer)
+        pieces = self._pieces(records, view, file_offset)
+        for record in records:
             if record.file_offset not in self._checksums:
                 raise OffloadStorageError(
                     f"layer {record.layer!r}, tensor {record.tensor!r}: read before it was ever written"
                 )
-        total = self._span(records)
         if self.delay is not None:
-            self.delay("read", total)
-        start = records[0].file_offset
-        iov = self._with_padding(records, views, read=True)
-        _full_io(os.preadv, self.fd, iov, start, "read", self.file_path)
-        os.posix_fadvise(self.fd, start, total, os.POSIX_FADV_DONTNEED)
-        for record, view in zip(records, views):
-            if zlib.crc32(view) != self._checksums[record.file_offset]:
+            self.delay("read", view.nbytes)
+        if self._direct_ok(view, file_offset):
+            done = _full_io(os.preadv, self.direct_fd, view, file_offset, "read", self.file_path, direct=True)
+            self.direct_bytes += done
+        else:
+            done = 0
+        if done < view.nbytes:
+            _full_io(os.preadv, self.fd, view[done:], file_offset + done, "read", self.file_path)
+            os.posix_fadvise(self.fd, file_offset, view.nbytes, os.POSIX_FADV_DONTNEED)
+        for record, piece in zip(records, pieces):
+            if zlib.crc32(piece) != self._checksums[record.file_offset]:
                 raise SwapChecksumError(
                     f"checksum mismatch reading layer {record.layer!r}, tensor {record.tensor!r} "
                     f"({record.nbytes} bytes at offset {record.file_offset} of {self.file_path}): the swap file "
@@ -160,30 +175,23 @@ class SwapStorage:
                 )
         self.bytes_read += sum(r.nbytes for r in records)
 
-    def _check_record(self, record: SwapRecord, view: memoryview) -> None:
-        if view.nbytes != record.nbytes:
-            raise ValueError(f"layer {record.layer!r}, tensor {record.tensor!r}: buffer has {view.nbytes} bytes, "
-                             f"the record {record.nbytes}")
-        if record.file_offset < 0 or record.file_offset + record.nbytes > self.capacity_bytes:
-            raise ValueError(f"layer {record.layer!r}, tensor {record.tensor!r}: record past the end of the swap file")
+    def _pieces(self, records: Sequence[SwapRecord], view: memoryview, file_offset: int) -> list[memoryview]:
+        if file_offset < 0 or file_offset + view.nbytes > self.capacity_bytes:
+            raise ValueError(f"swap IO of {view.nbytes} bytes at {file_offset} runs past the end of the swap file "
+                             f"({self.capacity_bytes} bytes)")
+        pieces = []
+        for record in records:
+            start = record.file_offset - file_offset
+            if start < 0 or start + record.nbytes > view.nbytes:
+                raise ValueError(f"layer {record.layer!r}, tensor {record.tensor!r}: record outside the buffer")
+            pieces.append(view[start:start + record.nbytes])
+        return pieces
 
-    @staticmethod
-    def _span(records: Sequence[SwapRecord]) -> int:
-        return records[-1].file_offset + records[-1].nbytes - records[0].file_offset
-
-    def _with_padding(self, records: Sequence[SwapRecord], views: list[memoryview], read: bool) -> list[memoryview]:
-        """The iovec for one positional call: the records' views with small scratch pieces over the gaps."""
-        iov: list[memoryview] = []
-        position = records[0].file_offset
-        for record, view in zip(records, views):
-            gap = record.file_offset - position
-            if gap < 0:
-                raise ValueError("records of one batch must be in file order without overlap")
-            if gap:
-                iov.append(memoryview(bytearray(gap)))
-            iov.append(view)
-            position = record.file_offset + record.nbytes
-        return iov
+    def _direct_ok(self, view: memoryview, file_offset: int) -> bool:
+        """O_DIRECT needs the address, the length and the file offset aligned to the block size."""
+        if self.direct_fd < 0 or view.nbytes == 0 or file_offset % PAGE or view.nbytes % PAGE:
+            return False
+        return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0
 
     # -- measurement ----------------------------------------------------------------------------
 
@@ -197,12 +205,13 @@ class SwapStorage:
 
     def close(self) -> None:
         """Close the file and remove the directory (idempotent; safe from a signal handler)."""
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for fd in (self.fd, self.direct_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.fd = self.direct_fd = -1
         path, self.path = self.path, None
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
@@ -305,26 +314,29 @@ def _preallocate(fd: int, nbytes: int, base: str) -> None:
             raise
 
 
-def _full_io(call: Callable[..., int], fd: int, iov: list[memoryview], offset: int, what: str, path: Any) -> None:
-    """pwritev/preadv until every byte moved (both may return short counts)."""
-    remaining = sum(v.nbytes for v in iov)
-    while remaining:
+def _full_io(call: Callable[..., int], fd: int, view: memoryview, offset: int, what: str, path: Any,
+             direct: bool = False) -> int:
+    """pwritev/preadv until every byte moved (both may return short counts); returns the bytes moved.
+
+    On the O_DIRECT descriptor a short count would leave the rest unaligned: stop, the caller finishes
+    through the buffered one.
+    """
+    done = 0
+    while done < view.nbytes:
         try:
-            done = call(fd, iov, offset)
+            moved = call(fd, [view[done:]], offset + done)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise OffloadStorageError(f"no space left writing the swap file {path}: choose another "
                                           f"--offload-dir") from exc
             raise
-        if done <= 0:
-            raise OffloadStorageError(f"swap file {path}: {what} returned {done} with {remaining} bytes to go")
-        remaining -= done
-        offset += done
-        while iov and done >= iov[0].nbytes:
-            done -= iov[0].nbytes
-            iov = iov[1:]
-        if done:
-            iov = [iov[0][done:]] + iov[1:]
+        if moved <= 0:
+            raise OffloadStorageError(f"swap file {path}: {what} returned {moved} with {view.nbytes - done} "
+                                      f"bytes to go")
+        done += moved
+        if direct and done % PAGE:
+            break
+    return done
 
 
 # -- page cache measurement -----------------------------------------------------------------------

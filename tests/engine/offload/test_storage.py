@@ -1,5 +1,6 @@
 """SwapStorage: positional IO with checksums, page-cache drops, and a directory that never outlives us."""
 
+import mmap
 import os
 import stat
 
@@ -17,28 +18,50 @@ from engine.offload.storage import (
 )
 
 
-def records_for(arrays, start=0, gap=64):
+def pack(arrays, start=0, aligned=True):
+    """The records of ``arrays`` laid out 64-byte aligned from file offset ``start``, and one buffer holding them.
+
+    ``aligned``: a page-aligned buffer of whole pages (the O_DIRECT path); else an odd-sized NumPy one.
+    """
     records, offset = [], start
     for i, a in enumerate(arrays):
         records.append(SwapRecord(offset, a.nbytes, "layer1.0.conv1", f"tensor{i}"))
-        offset += (a.nbytes + gap - 1) // gap * gap
-    return records
+        offset += (a.nbytes + 63) // 64 * 64
+    size = offset - start
+    if aligned:
+        size = (size + 4095) // 4096 * 4096
+        buffer = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+    else:
+        buffer = np.zeros(size + 8, dtype=np.uint8)[8:]  # an address that is not page aligned
+    for record, a in zip(records, arrays):
+        buffer[record.file_offset - start:record.file_offset - start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    return records, buffer
 
 
-def test_roundtrip_private_directory_and_cleanup(tmp_path):
+def unpack(records, buffer, like, start=0):
+    return [buffer[r.file_offset - start:r.file_offset - start + r.nbytes].view(a.dtype).reshape(a.shape)
+            for r, a in zip(records, like)]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["direct", "buffered"])
+def test_roundtrip_private_directory_and_cleanup(tmp_path, aligned):
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in [(3, 5), (7,), (2, 2, 9)]]
     with SwapStorage(1 << 16, str(tmp_path)) as storage:
         assert stat.S_IMODE(os.stat(storage.path).st_mode) == 0o700
         assert os.path.basename(storage.path).startswith(f"{DIR_PREFIX}{os.getpid()}-")
         assert os.path.getsize(storage.file_path) == 1 << 16  # preallocated
-        records = records_for(arrays, start=4096)
-        storage.write(records, arrays)
-        back = [np.zeros_like(a) for a in arrays]
-        storage.read(records, back)
-        for a, b in zip(arrays, back):
+        records, buffer = pack(arrays, start=4096, aligned=aligned)
+        storage.write(records, buffer, 4096)
+        buffer[:] = 0
+        storage.read(records, buffer, 4096)
+        for a, b in zip(arrays, unpack(records, buffer, arrays, start=4096)):
             np.testing.assert_array_equal(a, b)
         assert storage.bytes_written == storage.bytes_read == sum(a.nbytes for a in arrays)
+        if not aligned:
+            assert storage.direct_bytes == 0
+        elif storage.direct_fd >= 0:  # the file system takes O_DIRECT: the page cache was bypassed
+            assert storage.direct_bytes == 2 * buffer.nbytes
         path = storage.path
     assert not os.path.exists(path)
 
@@ -47,24 +70,35 @@ def test_checksum_mismatch_names_layer_and_tensor(tmp_path):
     arrays = [np.arange(100, dtype=np.float32), np.ones(10, dtype=np.float32)]
     storage = SwapStorage(1 << 14, str(tmp_path))
     try:
-        records = records_for(arrays)
-        storage.write(records, arrays)
+        records, buffer = pack(arrays)
+        storage.write(records, buffer, 0)
         with open(storage.file_path, "r+b") as f:  # flip one byte of the second record
             f.seek(records[1].file_offset + 5)
             byte = f.read(1)
             f.seek(records[1].file_offset + 5)
             f.write(bytes([byte[0] ^ 0xFF]))
+            f.flush()
+            os.fsync(f.fileno())
         with pytest.raises(SwapChecksumError, match=r"layer 'layer1.0.conv1', tensor 'tensor1'"):
-            storage.read(records, [np.empty_like(a) for a in arrays])
+            storage.read(records, buffer, 0)
     finally:
         storage.close()
 
 
 def test_reading_what_was_never_written_is_an_error(tmp_path):
     with SwapStorage(1 << 14, str(tmp_path)) as storage:
-        a = np.zeros(4, np.float32)
+        records, buffer = pack([np.zeros(4, np.float32)])
         with pytest.raises(OffloadStorageError, match="before it was ever written"):
-            storage.read(records_for([a]), [a])
+            storage.read(records, buffer, 0)
+
+
+def test_records_must_lie_inside_the_file_and_the_buffer(tmp_path):
+    with SwapStorage(4096, str(tmp_path)) as storage:
+        records, buffer = pack([np.zeros(4, np.float32)])
+        with pytest.raises(ValueError, match="past the end of the swap file"):
+            storage.write(records, buffer, 4096)
+        with pytest.raises(ValueError, match="outside the buffer"):
+            storage.write([SwapRecord(8192, 16, "fc1", "fc1:out")], buffer, 0)
 
 
 def test_unwritable_directory_is_refused(tmp_path):
@@ -127,18 +161,20 @@ def test_written_bytes_leave_the_page_cache(tmp_path):
     if _on_tmpfs(tmp_path):
         pytest.skip("tmpfs keeps files in memory by design")
     big = np.ones(1 << 20, dtype=np.float32)  # 4 MiB
-    with SwapStorage(big.nbytes, str(tmp_path)) as storage:
-        storage.write(records_for([big]), [big])
-        assert storage.page_cache_bytes() < big.nbytes // 4
+    for aligned in (True, False):  # O_DIRECT, and buffered + fdatasync + DONTNEED
+        with SwapStorage(2 * big.nbytes, str(tmp_path)) as storage:
+            records, buffer = pack([big], aligned=aligned)
+            storage.write(records, buffer, 0)
+            assert storage.page_cache_bytes() < big.nbytes // 4
 
 
 def test_delay_hook_sees_every_operation(tmp_path):
     calls = []
-    a = np.ones(16, np.float32)
     with SwapStorage(4096, str(tmp_path), delay=lambda op, n: calls.append((op, n))) as storage:
-        storage.write(records_for([a]), [a])
-        storage.read(records_for([a]), [a])
-    assert calls == [("write", 64), ("read", 64)]
+        records, buffer = pack([np.ones(16, np.float32)])
+        storage.write(records, buffer, 0)
+        storage.read(records, buffer, 0)
+    assert calls == [("write", 4096), ("read", 4096)]
 
 
 @pytest.mark.parametrize("text, expected", [("4096", 4096), ("256MB", 256_000_000), ("1.5GiB", 3 << 29), ("2k", 2000)])
