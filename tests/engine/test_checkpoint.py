@@ -149,3 +149,38 @@ def test_resume_gives_the_same_bits_as_an_uninterrupted_run(tmp_path, backend, d
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert read_checkpoint(str(tmp_path / "resumed.safetensors")).step == 4
+
+
+def dropout_net(backend, seed):
+    from engine.graph import Graph
+    from engine.layers import Dense, Dropout, Flatten, ReLU
+    from engine.network import Network
+
+    nodes = [
+        ("flatten", Flatten(), ["input"]),
+        ("fc1", Dense(3 * 32 * 32, 16), ["flatten"]),
+        ("relu", ReLU(), ["fc1"]),
+        ("drop", Dropout(0.5), ["relu"]),
+        ("fc2", Dense(16, 4), ["drop"]),
+    ]
+    return Network(Graph(nodes, input_shape=(3, 32, 32)), backend, seed=seed)
+
+
+def test_resume_restores_the_dropout_generator(tmp_path, backend, data):
+    with threads(1):
+        straight = dropout_net(backend, 0)
+        trainer, _ = trainer_for(straight, backend, data, optimizer="sgd")
+        trainer.fit()
+
+        first = dropout_net(backend, 0)
+        trainer, opt = trainer_for(first, backend, data, optimizer="sgd")
+        trainer.fit(until=2)
+        save_checkpoint(str(tmp_path / "half.st"), first, opt, step=trainer.step)
+
+        resumed = dropout_net(backend, 7)  # another seed: another dropout generator, until restored
+        opt = make_optimizer("sgd", resumed, backend, 0.01, momentum=0.9, manager=resumed.mgr)
+        step = restore(read_checkpoint(str(tmp_path / "half.st")), resumed, opt)
+        trainer, _ = trainer_for(resumed, backend, data, opt=opt, start_step=step)
+        trainer.fit()
+    assert resumed.rng.bit_generator.state == straight.rng.bit_generator.state
+    np.testing.assert_array_equal(resumed.parameters.flat, straight.parameters.flat)
