@@ -100,12 +100,13 @@ class BatchStream:
         with self._ring_lock:
             x = self.workspace.create(self.source.batch_shape, np.float32, self._input)
             y = self.workspace.create((self.source.batch_size,), np.int64, self._input)
-        if self.backend.is_device:  # fill on the host, then one copy per array to the device
-            host_x = np.empty(self.source.batch_shape, np.float32)
-            host_y = np.empty(self.source.batch_size, np.int64)
-            self.source.fill(epoch, index, host_x, host_y)
-            x.array[...] = self.backend.to_device(host_x)
-            y.array[...] = self.backend.to_device(host_y)
+        if self.backend.is_device:  # fill on the host, then one copy per array into the device ring
+            if self._host_staging is None:  # one filler at a time (the producer, or the caller at depth 0)
+                self._host_staging = np.empty(self.source.batch_shape, np.float32)
+            host_y = np.empty(self.source.batch_size, np.int64)  # handed out with the batch: its own
+            self.source.fill(epoch, index, self._host_staging, host_y)
+            x.array.set(self._host_staging)  # CuPy's host-to-device copy into existing memory
+            y.array.set(host_y)
             return step, x, y, host_y
         self.source.fill(epoch, index, x.array, y.array)
         return step, x, y, y.array
