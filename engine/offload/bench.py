@@ -1,14 +1,15 @@
 """``engine bench``: what offload costs in time and saves in memory, per batch size.
 
-For each batch size two fresh processes train the same model on the same seeded batches, one
-without offload and one with ``--offload-n N``; each reports per-step timings (microseconds, as in
-nntrainer issue #789's table: forward+backward, offload = the saver's busy time, onload = the
-loader's, stall = the executor waiting), its step time, the peak bytes of offloadable tensors
-(ACTIVATIONS + FF_CACHE) resident at once, the page-cache bytes of the swap file (mincore, sampled
-when the most data is on disk: at the first backward step) and the process's RSS. Separate processes
-keep one run's memory from hiding in the other's RSS.
+For each batch size one process trains the same model twice on the same seeded batch, without
+offload and with ``--offload-n N``, alternating their steps so both see the same machine load; it
+reports per-step timings (microseconds, as in nntrainer issue #789's table: forward+backward,
+offload = the saver's busy time, onload = the loader's, stall = the executor waiting), step wall and
+CPU time, the peak bytes of offloadable tensors (ACTIVATIONS + FF_CACHE) resident at once and the
+page-cache bytes of the swap file (mincore, sampled when the most data is on disk: at the first
+backward step). Two more processes, one per configuration, measure the peak RSS the OS sees (one
+run's memory must not hide in the other's).
 
-    python -m engine.offload.bench --worker '{"model": "resnet18", ...}'   # one run, one JSON line
+    python -m engine.offload.bench --worker '{"model": "resnet18", "windows": [null, 4], ...}'
 """
 
 from __future__ import annotations
@@ -56,61 +57,64 @@ class _RssSampler:
         self.sample()
 
 
-def run_worker(config: dict[str, Any]) -> dict[str, Any]:
-    """One measured run in this process (see the module docstring); returns its figures."""
-    from engine.backend import get_backend
-    from engine.memory import ArrayType
-    from engine.offload.scheduler import OffloadScheduler
-    from engine.optim import SGD
-    from models import build_model
+class _Run:
+    """One network (with or without an offload scheduler) training on a fixed seeded batch."""
 
-    backend = get_backend(config["backend"])
-    options = {"image_size": config["image_size"]} if config["model"] in ("resnet18", "mobilenetv2", "cnn") else {}
-    net = build_model(config["model"], num_classes=10, backend=backend, seed=0, **options)
-    optimizer = SGD(net.parameters, net.gradients, backend, lr=0.01, momentum=0.9)
-    batch = config["batch_size"]
-    shape = tuple(net.graph.input_shape)
-    rng = np.random.default_rng(0)
-    x = backend.to_device(rng.standard_normal((batch, *shape)).astype(np.float32))
-    y = backend.to_device(rng.integers(0, 10, batch).astype(np.int64))
-    scheduler = None
-    if config["window"] is not None:
-        window = config["window"] if config["window"] == "auto" else int(config["window"])
-        scheduler = OffloadScheduler(backend, window, directory=config.get("directory"), sample_page_cache=True)
-        scheduler.attach(net, batch_size=batch)
-    sampler = _RssSampler()
-    net.hooks.append(sampler)
-    step_s, forward_backward_s, step_cpu_s = [], [], []
-    offloadable_peak = 0
-    try:
-        for step in range(config["warmup"] + config["steps"]):
-            started = time.perf_counter()
-            cpu_started = time.process_time()  # all threads of the process: kernels and both IO threads
-            net.forward(x, training=True)
-            net.loss(y)
-            net.backward()
-            backward_done = time.perf_counter()
-            optimizer.step()
-            backend.synchronize()
-            if step < config["warmup"]:
-                sampler.peak = 0
-                continue
-            step_s.append(time.perf_counter() - started)
-            step_cpu_s.append(time.process_time() - cpu_started)
-            forward_backward_s.append(backward_done - started)
-            if scheduler is None:
-                in_use = net.mgr.in_use_bytes_by_type()
-                offloadable = in_use.get(ArrayType.ACTIVATIONS.name, 0) + in_use.get(ArrayType.FF_CACHE.name, 0)
-                offloadable_peak = max(offloadable_peak, offloadable)
+    def __init__(self, config: dict[str, Any], window: int | str | None):
+        from engine.backend import get_backend
+        from engine.offload.scheduler import OffloadScheduler
+        from engine.optim import SGD
+        from models import build_model
+
+        self.backend = backend = get_backend(config["backend"])
+        options = {"image_size": config["image_size"]} if config["model"] in ("resnet18", "mobilenetv2", "cnn") else {}
+        self.net = build_model(config["model"], num_classes=10, backend=backend, seed=0, **options)
+        self.optimizer = SGD(self.net.parameters, self.net.gradients, backend, lr=0.01, momentum=0.9)
+        batch = config["batch_size"]
+        rng = np.random.default_rng(0)
+        self.x = backend.to_device(rng.standard_normal((batch, *self.net.graph.input_shape)).astype(np.float32))
+        self.y = backend.to_device(rng.integers(0, 10, batch).astype(np.int64))
+        self.scheduler = None
+        if window is not None:
+            self.scheduler = OffloadScheduler(backend, window, directory=config.get("directory"),
+                                              sample_page_cache=True)
+            self.scheduler.attach(self.net, batch_size=batch)
+        self.step_s: list[float] = []
+        self.step_cpu_s: list[float] = []
+        self.forward_backward_s: list[float] = []
+        self.offloadable_peak = 0
+        self.measured_from = 0
+
+    def step(self, measured: bool) -> None:
+        from engine.memory import ArrayType
+
+        started = time.perf_counter()
+        cpu_started = time.process_time()  # all threads of the process: kernels and both IO threads
+        self.net.forward(self.x, training=True)
+        self.net.loss(self.y)
+        self.net.backward()
+        backward_done = time.perf_counter()
+        self.optimizer.step()
+        self.backend.synchronize()
+        if not measured:
+            self.measured_from = len(self.scheduler.stats) if self.scheduler else 0
+            return
+        self.step_s.append(time.perf_counter() - started)
+        self.step_cpu_s.append(time.process_time() - cpu_started)
+        self.forward_backward_s.append(backward_done - started)
+        if self.scheduler is None:
+            in_use = self.net.mgr.in_use_bytes_by_type()
+            offloadable = in_use.get(ArrayType.ACTIVATIONS.name, 0) + in_use.get(ArrayType.FF_CACHE.name, 0)
+            self.offloadable_peak = max(self.offloadable_peak, offloadable)
+
+    def result(self) -> dict[str, Any]:
         result: dict[str, Any] = {
-            "batch_size": batch,
-            "step_ms": 1e3 * float(np.mean(step_s)),
-            "step_cpu_ms": 1e3 * float(np.mean(step_cpu_s)),
-            "forward_backward": summarize(forward_backward_s),
-            "peak_rss_bytes": sampler.peak,
+            "step_ms": 1e3 * float(np.mean(self.step_s)),
+            "step_cpu_ms": 1e3 * float(np.mean(self.step_cpu_s)),
+            "forward_backward": summarize(self.forward_backward_s),
         }
-        if scheduler is not None:
-            stats = scheduler.stats[config["warmup"]:]
+        if self.scheduler is not None:
+            stats = self.scheduler.stats[self.measured_from:]
             result.update(
                 offload=summarize([s.offload_s for s in stats]),
                 onload=summarize([s.onload_s for s in stats]),
@@ -123,14 +127,38 @@ def run_worker(config: dict[str, Any]) -> dict[str, Any]:
                 read_bytes_per_step=int(np.mean([s.bytes_read for s in stats])),
             )
         else:
-            zero = summarize([0.0] * len(step_s))
-            result.update(offload=zero, onload=zero, stall=zero, peak_resident_bytes=offloadable_peak,
+            zero = summarize([0.0] * len(self.step_s))
+            result.update(offload=zero, onload=zero, stall=zero, peak_resident_bytes=self.offloadable_peak,
                           page_cache_bytes=0)
         return result
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+        self.net.close()
+
+
+def run_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Runs for ``config["windows"]`` (None: no offload) in this process, their steps interleaved.
+
+    Interleaving puts both runs under the same machine load (the fair way to compare step times on a
+    shared machine); the process's peak RSS means something only when there is one run.
+    """
+    sampler = _RssSampler()
+    runs = []
+    try:
+        for window in config["windows"]:
+            runs.append(_Run(config, window))
+            runs[-1].net.hooks.append(sampler)
+        for step in range(config["warmup"] + config["steps"]):
+            if step == config["warmup"]:
+                sampler.peak = 0
+            for run in runs:
+                run.step(measured=step >= config["warmup"])
+        return {"runs": [run.result() for run in runs], "peak_rss_bytes": sampler.peak}
     finally:
-        if scheduler is not None:
-            scheduler.close()
-        net.close()
+        for run in runs:
+            run.close()
 
 
 def _spawn(config: dict[str, Any]) -> dict[str, Any]:
@@ -154,19 +182,22 @@ def run_bench(
     image_size: int = 32,
     backend: str = "cpu",
     directory: str | None = None,
+    rss_steps: int = 2,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """Per batch size: the no-offload and offload runs merged into one record (see ``format_*``)."""
     results = []
     for batch in batch_sizes:
-        base = {"model": model, "batch_size": batch, "steps": steps, "warmup": warmup, "image_size": image_size,
-                "backend": backend, "directory": directory}
+        base = {"model": model, "batch_size": batch, "image_size": image_size, "backend": backend,
+                "directory": directory}
         if progress:
-            progress(f"batch size {batch}: without offload")
-        plain = _spawn({**base, "window": None})
-        if progress:
-            progress(f"batch size {batch}: with offload (N={window})")
-        offload = _spawn({**base, "window": window})
+            progress(f"batch size {batch}: both runs, steps interleaved")
+        plain, offload = _spawn({**base, "windows": [None, window], "steps": steps, "warmup": warmup})["runs"]
+        rss = {}
+        for name, run_window in (("no_offload", None), ("offload", window)):
+            if progress:
+                progress(f"batch size {batch}: peak RSS {name.replace('_', ' ')} (own process)")
+            rss[name] = _spawn({**base, "windows": [run_window], "steps": rss_steps, "warmup": 1})["peak_rss_bytes"]
         results.append({
             "batch_size": batch,
             "model": model,
@@ -183,8 +214,8 @@ def run_bench(
             "page_cache_bytes_offload": offload["page_cache_bytes"],
             "resident_reduction": 1 - (offload["peak_resident_bytes"] + offload["page_cache_bytes"])
             / max(plain["peak_resident_bytes"], 1),
-            "peak_rss_bytes_no_offload": plain["peak_rss_bytes"],
-            "peak_rss_bytes_offload": offload["peak_rss_bytes"],
+            "peak_rss_bytes_no_offload": rss["no_offload"],
+            "peak_rss_bytes_offload": rss["offload"],
             "windows": offload.get("windows", []),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
             "forward_backward_no_offload": plain["forward_backward"],
