@@ -97,3 +97,15 @@ def test_bench_tables_have_the_seed_columns():
         assert key in table
     assert "(80.0% lower)" in table and "1.030x" in table
     assert "| forward + backward | 2000 | 1000 | 3000 | 4000 |" in format_markdown([record])
+
+
+def test_bench_worker_interleaves_both_runs():
+    from engine.offload.bench import run_worker
+
+    config = {"model": "mlp", "batch_size": 4, "image_size": 8, "backend": "cpu", "directory": None,
+              "windows": [None, 1], "steps": 2, "warmup": 1}
+    plain, offload = run_worker(config)["runs"]
+    assert plain["offload"]["sum"] == 0 and offload["offload"]["sum"] > 0 and offload["onload"]["sum"] > 0
+    assert offload["windows"] == [1, 1]  # the two measured steps
+    assert 0 < offload["peak_resident_bytes"] < plain["peak_resident_bytes"]
+    assert offload["written_bytes_per_step"] == offload["read_bytes_per_step"] > 0
