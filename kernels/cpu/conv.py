@@ -163,47 +163,66 @@ def _valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int)
 
 @njit(cache=True)
 def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
-    """One row of the column tile: channel c, offset (r, s), for every output pixel of every image."""
-    height, width = x.shape[2], x.shape[3]
+    """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
+
+    Flat views and unsigned offsets, as in the depthwise kernels: no wrap-around checks, so the
+    stride-1 copy vectorizes. A row start may be "−1" (column s − pad < 0); unsigned arithmetic
+    wraps modulo 2⁶⁴ and the first valid column (x_lo ≥ 1 there) brings it back in range.
+    """
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     pixels = out_h * out_w
     c = row // (kernel * kernel)
     r = (row // kernel) % kernel
     s = row % kernel
     y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
     x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+    src, dst = x.reshape(x.size), cols.reshape(cols.size)
+    line0 = uint64(row * cols.shape[1])
     for i in range(images):
-        plane = x[n0 + i, c0 + c]
-        line = cols[row, i * pixels : (i + 1) * pixels]
+        plane = uint64(((n0 + i) * channels + c0 + c) * height * width)
+        line = line0 + uint64(i * pixels)
         for y in range(out_h):
-            dst = y * out_w
+            out_row = line + uint64(y * out_w)
             if y < y_lo or y >= y_hi:
-                line[dst : dst + out_w] = 0.0
+                for ox in range(out_w):
+                    dst[out_row + uint64(ox)] = 0.0
                 continue
-            src = plane[y * stride + r - pad]
+            in_row = plane + uint64((y * stride + r - pad) * width + s - pad)
             for ox in range(x_lo):
-                line[dst + ox] = 0.0
-            for ox in range(x_lo, x_hi):
-                line[dst + ox] = src[ox * stride + s - pad]
+                dst[out_row + uint64(ox)] = 0.0
+            if stride == 1:
+                for ox in range(x_lo, x_hi):
+                    dst[out_row + uint64(ox)] = src[in_row + uint64(ox)]
+            else:
+                for ox in range(x_lo, x_hi):
+                    dst[out_row + uint64(ox)] = src[in_row + uint64(ox * stride)]
             for ox in range(x_hi, out_w):
-                line[dst + ox] = 0.0
+                dst[out_row + uint64(ox)] = 0.0
 
 
 @njit(cache=True)
 def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
     """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order."""
-    height, width = dx.shape[2], dx.shape[3]
+    channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
     pixels = out_h * out_w
-    plane = dx[n0 + i, c0 + c]
-    plane[:, :] = 0.0
+    src, dst = dcols.reshape(dcols.size), dx.reshape(dx.size)
+    plane = uint64(((n0 + i) * channels + c0 + c) * height * width)
+    for k in range(height * width):
+        dst[plane + uint64(k)] = 0.0
     for r in range(kernel):
         y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
         for s in range(kernel):
             x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
-            line = dcols[(c * kernel + r) * kernel + s, i * pixels : (i + 1) * pixels]
+            line = uint64(((c * kernel + r) * kernel + s) * dcols.shape[1] + i * pixels)
             for y in range(y_lo, y_hi):
-                dst = plane[y * stride + r - pad]
-                for ox in range(x_lo, x_hi):
-                    dst[ox * stride + s - pad] += line[y * out_w + ox]
+                in_row = line + uint64(y * out_w)
+                out_row = plane + uint64((y * stride + r - pad) * width + s - pad)
+                if stride == 1:
+                    for ox in range(x_lo, x_hi):
+                        dst[out_row + uint64(ox)] += src[in_row + uint64(ox)]
+                else:
+                    for ox in range(x_lo, x_hi):
+                        dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
 @njit(parallel=True, cache=True)
