@@ -279,11 +279,11 @@ class OffloadScheduler:
     def plan_for(self, batch_size: int, window: int | None = None) -> OffloadPlan:
         """The plan for this network at ``batch_size`` and ``window`` (cached)."""
         window = self.window if window is None else window
+        if self._batch_size != batch_size or not self._unit_specs:  # what create() checks against, too
+            self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
+            self._batch_size = batch_size
         key = (batch_size, window)
         if key not in self._plans:
-            if self._batch_size != batch_size or not self._unit_specs:
-                self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
-                self._batch_size = batch_size
             self._plans[key] = build_plan(self._unit_specs, window, self._steps)
         return self._plans[key]
 
