@@ -123,6 +123,7 @@ class _Run:
                 page_cache_bytes=max(max(s.page_cache_bytes for s in stats), 0),
                 bound_bytes=max(s.bound_bytes for s in stats),
                 windows=[s.window for s in stats],
+                io_cpu_ms_per_step=1e3 * float(np.mean([s.offload_cpu_s + s.onload_cpu_s for s in stats])),
                 written_bytes_per_step=int(np.mean([s.bytes_written for s in stats])),
                 read_bytes_per_step=int(np.mean([s.bytes_read for s in stats])),
             )
@@ -217,6 +218,7 @@ def run_bench(
             "peak_rss_bytes_no_offload": rss["no_offload"],
             "peak_rss_bytes_offload": rss["offload"],
             "windows": offload.get("windows", []),
+            "io_cpu_ms_per_step": offload.get("io_cpu_ms_per_step", 0.0),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
             "forward_backward_no_offload": plain["forward_backward"],
             "forward_backward": offload["forward_backward"],
@@ -241,7 +243,7 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"step time: {r['step_ms_no_offload']:.1f} ms without offload, {r['step_ms_offload']:.1f} ms with "
         f"({r['step_time_ratio']:.3f}x); CPU time per step {r['step_cpu_ms_no_offload']:.1f} ms without, "
-        f"{r['step_cpu_ms_offload']:.1f} ms with",
+        f"{r['step_cpu_ms_offload']:.1f} ms with, of which the IO threads {r.get('io_cpu_ms_per_step', 0):.1f} ms",
         f"peak resident offloadable tensors: {_mib(r['peak_resident_bytes_no_offload'])} without offload, "
         f"{_mib(r['peak_resident_bytes_offload'])} with, + {_mib(r['page_cache_bytes_offload'])} swap page cache "
         f"({100 * r['resident_reduction']:.1f}% lower)",

@@ -100,6 +100,8 @@ class StepStats:
     forward_backward_s: float = 0.0  # executor wall time from iteration start to end
     offload_s: float = 0.0  # saver busy time
     onload_s: float = 0.0  # loader busy time
+    offload_cpu_s: float = 0.0  # CPU the saver used (checksums, system calls): taken from the kernels' cores
+    onload_cpu_s: float = 0.0
     stall_s: float = 0.0  # executor waiting (loads + room)
     load_wait_s: float = 0.0
     room_wait_s: float = 0.0
@@ -207,7 +209,7 @@ class OffloadScheduler:
         self._resident_units = 0
         self._in_flight_bytes = 0
         self._swapped_bytes = 0
-        self._io_busy = {"saver": 0.0, "loader": 0.0}
+        self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
 
         self._save_queue: queue.Queue = queue.Queue()
         self._load_queue: queue.Queue = queue.Queue()
@@ -451,7 +453,7 @@ class OffloadScheduler:
         self._load_cursor = 0
         self._created_by_owner: dict[int, int] = {}
         self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
-        self._io_busy = {"saver": 0.0, "loader": 0.0}
+        self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
         self._written0 = self.storage.bytes_written if self.storage else 0
         self._read0 = self.storage.bytes_read if self.storage else 0
         self._current = StepStats(step=len(self.stats), window=self.window)
@@ -512,6 +514,8 @@ class OffloadScheduler:
         stats.forward_backward_s = time.perf_counter() - self._step_started
         stats.offload_s = self._io_busy["saver"]
         stats.onload_s = self._io_busy["loader"]
+        stats.offload_cpu_s = self._io_busy["saver_cpu"]
+        stats.onload_cpu_s = self._io_busy["loader_cpu"]
         stats.stall_s = stats.load_wait_s + stats.room_wait_s
         if self.storage is not None:
             stats.bytes_written = self.storage.bytes_written - self._written0
@@ -656,10 +660,11 @@ class OffloadScheduler:
             try:
                 if generation == self._generation and self._error is None:
                     records, span, file_offset = self._records(unit)
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.thread_time()
                     self._transfer.save(self.storage, records, span, file_offset, unit.event)
                     with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
+                        self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
                         if generation == self._generation:
                             unit.region.close()
                             self._set_state(unit, LayerState.SWAPPED)
@@ -690,10 +695,11 @@ class OffloadScheduler:
                             break
                         self._set_state(unit, LayerState.WAIT_FOR_EXEC)
                     records, span, file_offset = self._records(unit)
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.thread_time()
                     event = self._transfer.load(self.storage, records, span, file_offset)
                     with self._cond:
                         self._io_busy["loader"] += time.perf_counter() - started
+                        self._io_busy["loader_cpu"] += time.thread_time() - cpu_started
                         unit.event = event
                         unit.region.open(generation)
                         self._set_state(unit, LayerState.READY_FOR_EXEC)
