@@ -161,6 +161,72 @@ def test_outputs_and_saved_tensors_are_created_under_their_node_index(backend):
     net.close()
 
 
+class StepClock:
+    """Hook that knows the current step; the loss head runs at the last forward step."""
+
+    step = -1
+
+    def before_forward(self, step, node):
+        self.step = step
+
+    def before_backward(self, step, node):
+        self.step = step
+
+
+class RecordingKernels:
+    """The kernel table, recording for every call which tensors it touched and at which step."""
+
+    def __init__(self, kernels, clock):
+        self._kernels, self._clock, self.uses = kernels, clock, []
+
+    def __getattr__(self, op):
+        function = getattr(self._kernels, op)
+
+        def call(*args):
+            self.uses += [(a, self._clock.step) for a in args if isinstance(a, Tensor)]  # kept alive: ids stay unique
+            return function(*args)
+
+        return call
+
+
+class RecordingBackend:
+    def __init__(self, backend, clock):
+        self.kernels = RecordingKernels(backend.kernels, clock)
+        self.to_host, self.to_device = backend.to_host, backend.to_device
+
+
+def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(backend):
+    """What offload relies on: no kernel reads an ACTIVATIONS or FF_CACHE tensor outside graph.tensors' span."""
+    net = Network(residual_graph(), backend)
+    clock = StepClock()
+    net.hooks.append(clock)
+    provider = RecordingProvider(backend)
+    made = []
+    provider.create = lambda t, shape, dtype, owner: made.append(Tensor(backend.xp.empty(shape, dtype), t)) or made[-1]
+    net.mgr.set_provider({ArrayType.ACTIVATIONS, ArrayType.FF_CACHE}, provider)
+    recording = RecordingBackend(backend, clock)
+    for node in net.graph.nodes:
+        node.layer.backend = recording
+    net.backend = net.loss_head.backend = recording
+    x, y = batch(n=2)
+    net.forward(x, training=True)
+    net.loss(y)
+    net.backward()
+    planned = [t for t in net.graph.tensors(2) if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)]
+    name_of = {id(tensor): spec for tensor, spec in zip(made, planned, strict=True)}
+    used: dict[str, list[int]] = {}
+    for tensor, step in recording.kernels.uses:
+        if id(tensor) in name_of:
+            used.setdefault(name_of[id(tensor)].name, []).append(step)
+    assert len(used) >= len(planned) - 2  # all but flatten's input and output are seen by the table
+    for spec in planned:
+        steps = used.get(spec.name, [])
+        assert all(spec.first <= s <= spec.last for s in steps), (spec.name, (spec.first, spec.last), steps)
+        if spec.array_type is ArrayType.FF_CACHE:  # made in forward, read in backward: exactly its span
+            assert (min(steps), max(steps)) == (spec.first, spec.last), spec.name
+    net.close()
+
+
 def test_iteration_scope_spans_forward_to_backward(backend):
     net = Network(residual_graph(), backend)
     x, y = batch()
