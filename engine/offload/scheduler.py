@@ -334,11 +334,11 @@ class OffloadScheduler:
                 )
         # Room for the largest window this run may use (pages are touched only as the window needs them).
         self._ensure_arena(self.plan_for(batch_size, self.max_window if self.adaptive else self.window).arena_bytes)
+        if self.storage is not None and self.storage.capacity_bytes < plan.file_bytes:
+            self.storage.close()  # between steps nothing on disk is needed any more: a larger file replaces it
+            self.storage = None
         if self.storage is None:
             self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay)
-        elif self.storage.capacity_bytes < plan.file_bytes:
-            raise OffloadError("the batch size grew past the swap file planned at the first step; "
-                               "keep the batch size of the first step")
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",

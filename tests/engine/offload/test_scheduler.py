@@ -242,14 +242,14 @@ def test_a_step_with_another_batch_size_gets_its_own_plan(cpu, tmp_path):
     net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **wide)
     reference = build_model("mlp", num_classes=10, backend=cpu, seed=0, **wide)
     with OffloadScheduler(cpu, 1, directory=str(tmp_path)).attach(net, batch_size=4) as scheduler:
-        for batch in (4, 2, 4):  # e.g. a short last batch of an epoch, then full batches again
+        for batch in (4, 2, 4, 8):  # a short last batch of an epoch, full batches again, a larger one
             (x, y), = batches(1, batch, (3, 8, 8), seed=batch)
             for model in (net, reference):
                 model.forward(x, training=True)
                 model.loss(y)
                 model.backward()
         bounds = [s.bound_bytes for s in scheduler.stats]
-        assert bounds[0] == bounds[2] > bounds[1]
+        assert bounds[3] > bounds[0] == bounds[2] > bounds[1]
         assert_bounded(scheduler.stats)
     for key, value in reference.state_dict().items():
         assert np.array_equal(value, net.state_dict()[key])
