@@ -102,6 +102,9 @@ class Graph:
             raise ValueError(f"duplicate node names: {', '.join(duplicates)}")
         if INPUT_NAME in names:
             raise ValueError(f"{INPUT_NAME!r} is reserved for the network input")
+        shared = sorted({name for name, layer, _ in declared if sum(layer is other for _, other, _ in declared) > 1})
+        if shared:  # one layer in two places would share weights: two gradient contributions, one name
+            raise ValueError(f"nodes {', '.join(shared)} use the same layer object: give each node its own layer")
         known = set(names) | {INPUT_NAME}
         for name, layer, inputs in declared:
             unknown = [i for i in inputs if i not in known]

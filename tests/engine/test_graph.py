@@ -9,6 +9,8 @@ from engine.graph import GRAPH_INPUT, Graph
 from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Flatten, MaxPool2d, ReLU
 from engine.memory import ArrayType
 
+SHARED = ReLU()
+
 
 def residual_graph() -> Graph:
     """c1 -> bn -> r1 -> c2 -> add(c2, r1) -> pool -> flat -> fc: a skip connection around c2."""
@@ -56,6 +58,7 @@ def test_nodes_are_numbered_in_topological_order_with_declaration_order_for_ties
         ([("a", Add(), ["input"])], "Add takes 2 input"),
         ([("input", ReLU(), ["input"])], "reserved"),
         ([], "at least one node"),
+        ([("a", SHARED, ["input"]), ("b", SHARED, ["a"])], "nodes a, b use the same layer object"),
     ],
 )
 def test_bad_wiring_is_a_clear_error(declarations, message):
