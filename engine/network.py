@@ -1,8 +1,10 @@
 """Network: a graph of layers with its parameters, gradients and buffers, trained one step at a time.
 
     logits = net.forward(x, training=True)   # x: N×C×H×W float32 array on the backend (or a Tensor)
-    loss = net.loss(labels)                  # int64 labels on the backend -> float
+    loss = net.loss(labels)                  # int64 labels -> float
     net.backward()                           # fills net.gradients
+
+Host (NumPy) batches and labels are accepted on a GPU backend too: they are copied over first.
 
 **Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
@@ -171,6 +173,8 @@ class Network:
         try:
             if training:
                 self._call_hooks("on_iteration_start", self)
+            if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
+                x = mgr.leverage_to(ArrayType.INPUT, x)
             outputs: dict[int, Any] = {GRAPH_INPUT: x}
             remaining = {GRAPH_INPUT: len(self.graph.input_consumers)}
             for node in self.graph.nodes:
@@ -197,6 +201,8 @@ class Network:
         if self._scope is None or self._logits is None:
             raise RuntimeError(f"{self.name}: call forward(x) before loss(labels)")
         mgr = self.mgr if self._scope_training else self.inference_mgr
+        if self.backend.is_device and isinstance(labels, np.ndarray):
+            labels = self.backend.to_device(labels)
         value = self.loss_head.forward(mgr, self._logits, labels)
         self._loss_ready = True
         return value

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.backend import get_backend
+from engine.backend import Backend, get_backend
 from engine.graph import Graph
 from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Dropout, Flatten, MaxPool2d, ReLU
 from engine.memory import ArrayType, Tensor, WorkspaceError
@@ -192,7 +192,7 @@ class RecordingKernels:
 class RecordingBackend:
     def __init__(self, backend, clock):
         self.kernels = RecordingKernels(backend.kernels, clock)
-        self.to_host, self.to_device = backend.to_host, backend.to_device
+        self.to_host, self.to_device, self.is_device = backend.to_host, backend.to_device, backend.is_device
 
 
 def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(backend):
@@ -324,6 +324,25 @@ def test_without_workspaces_the_same_bits(backend):
         results.append((net.parameters.flat.copy(), net.predict(x)))
         net.close()
     assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+
+
+class PretendDevice(Backend):
+    """NumPy arrays, but treated like a GPU backend's: host batches must be copied in."""
+
+    @property
+    def is_device(self):
+        return True
+
+
+def test_host_batches_are_copied_into_the_input_workspace_on_a_device_backend():
+    net = Network(residual_graph(), PretendDevice("cpu", np, "kernels.cpu"), seed=1)
+    x, y = batch()
+    net.forward(x, training=True)
+    kept = net.node("c1").layer.saved["x"]
+    assert isinstance(kept, Tensor) and kept.array_type is ArrayType.INPUT and np.array_equal(kept.array, x)
+    net.loss(y)
+    net.backward()
+    net.close()
 
 
 def test_predict_is_inference_and_detached(backend):
