@@ -222,9 +222,10 @@ class Network:
                 step = 2 * L - 1 - node.index
                 self._call_hooks("before_backward", step, node)
                 dout = grads.pop(node.index)
+                reuse_dout = all(other is not dout for other in grads.values())  # Add shares one dout
                 with mgr.layer(node.index):
                     need = [source != GRAPH_INPUT for source in node.inputs]
-                    input_grads = node.layer.backward(dout, need)
+                    input_grads = node.layer.backward(dout, need, reuse_dout)
                     for source, dx in zip(node.inputs, input_grads):
                         if source == GRAPH_INPUT:
                             continue

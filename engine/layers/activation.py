@@ -1,4 +1,5 @@
-"""ReLU and ReLU6. Backward takes its mask from the forward *output*, so the layer keeps its output."""
+"""ReLU and ReLU6. Backward takes its mask from the forward *output*, so the layer keeps its output,
+and writes the input gradient over the output gradient when nothing else reads that."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ class ReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         out = self.saved["out"]
-        dx = self.input_grad(out.shape)
+        dx = dout if reuse_dout else self.input_grad(out.shape)  # the kernel allows dx to be dout
         getattr(self.backend.kernels, self.backward_op)(out, dout, dx)
         return [dx]
 

@@ -122,9 +122,11 @@ class Layer:
     def forward(self, inputs: list[Any], training: bool) -> Any:
         raise NotImplementedError
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         """Gradients with respect to each input (None where not needed); parameter gradients go to
-        ``self.grads`` (the kernels overwrite them)."""
+        ``self.grads`` (the kernels overwrite them). ``reuse_dout`` is True when nothing else will read
+        ``dout``: a layer whose kernel allows it may then write its input gradient over it (ReLU does),
+        which saves one ACTIVATION_GRAD tensor."""
         raise NotImplementedError
 
     def clear_saved(self) -> None:

@@ -68,7 +68,7 @@ class BatchNorm2d(Layer):
             )
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         s = self.saved
         dx = self.input_grad(s["x"].shape)  # the kernel always writes dx
         self.backend.kernels.batchnorm_backward(

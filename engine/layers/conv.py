@@ -103,7 +103,7 @@ class Conv2d(Layer):
             self.saved = {"x": x}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         x = self.saved["x"]
         kernels = self.backend.kernels
         geometry = self._geometry(x.shape)

@@ -53,7 +53,7 @@ class Dense(Layer):
             self.saved = {"x": x}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         x = self.saved["x"]
         dx = self.input_grad(x.shape) if need_input_grads[0] else None
         self.backend.kernels.dense_backward(
@@ -79,7 +79,7 @@ class Flatten(Layer):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         x_shape = self.saved["x_shape"]

@@ -45,7 +45,7 @@ class Dropout(Layer):
         self.saved = {"mask": mask, "scale": scale}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(dout.shape)

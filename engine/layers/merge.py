@@ -24,5 +24,5 @@ class Add(Layer):
         self.backend.kernels.add_forward(a, b, out)
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         return [dout if need else None for need in need_input_grads]

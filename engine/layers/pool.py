@@ -54,7 +54,7 @@ class MaxPool2d(_WindowPool):
             self.saved = {"x_shape": tuple(x.shape), "argmax": argmax}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])
@@ -71,7 +71,7 @@ class AvgPool2d(_WindowPool):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])
@@ -95,7 +95,7 @@ class GlobalAvgPool(Layer):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool]) -> list[Any]:
+    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])

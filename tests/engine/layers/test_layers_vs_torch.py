@@ -174,6 +174,22 @@ def test_layer(backend, case):
     torch_check(make_layer(), make_module(), backend, shapes, scale)
 
 
+@pytest.mark.parametrize("make_layer", [ReLU, ReLU6])
+def test_activation_backward_may_write_over_dout(backend, make_layer):
+    layer = make_layer()
+    x = 4 * np.random.default_rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    dout = np.random.default_rng(6).standard_normal(x.shape).astype(np.float32)
+    expected = run_layer(make_layer(), backend, [x], dout)["dx"][0]
+    mgr = WorkspaceManager(backend, "training")
+    layer.bind(backend, mgr, {}, {}, {})
+    with mgr.iteration():
+        layer.forward([x], True)
+        given = dout.copy()
+        (dx,) = layer.backward(given, [True], reuse_dout=True)
+        assert dx is given and np.array_equal(given, expected)
+    mgr.close()
+
+
 def test_dropout_applies_its_mask_and_scale(backend):
     layer = Dropout(0.25)
     layer.rng = np.random.default_rng(7)
