@@ -96,7 +96,17 @@ def _threads(version: int) -> int:
 
 def _tile_images(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
     target = 1 if version == 2 else (WEIGHT_TARGET_COLUMNS if direction == "weight" else TARGET_COLUMNS)
-    return images_per_tile(x_shape, w_shape, stride, pad, groups, target, _threads(version))
+    threads = _threads(version)
+    tile = images_per_tile(x_shape, w_shape, stride, pad, groups, target, threads)
+    images_per_set = -(-x_shape[0] // threads)
+    if direction == "weight" and version > 2 and tile < images_per_set:
+        # a second tile needs a dw-sized partial sum; when that is bigger than the columns of the
+        # whole set (deep layers: 512·4608 weights, 16 pixels an image), take the whole set at once
+        oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+        rows = w_shape[1] * w_shape[2] * w_shape[3]
+        if (w_shape[0] // groups) * rows >= rows * oh * ow * images_per_set:
+            tile = images_per_set
+    return tile
 
 
 def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, version: int) -> int:
