@@ -101,19 +101,20 @@ def test_scorer_against_direct_formulas():
     assert result.confusion.sum() == 12 and np.trace(result.confusion) == np.sum(logits.argmax(1) == labels)
 
 
-def final_weights(backend, data, **kwargs):
+def final_weights(backend, data, thread_count=1, **kwargs):
     trainer = make_trainer(
         backend, data, steps=6, batch_size=16, augment=True, evaluate_at_end=False, model_options={"width": 4}, **kwargs
     )
-    with threads(1):
+    with threads(thread_count):
         trainer.fit()
     return trainer.net.parameters.flat.copy(), trainer.net.buffers.flat.copy()
 
 
-def test_same_seed_same_bits_and_prefetch_changes_nothing(backend, digits):
-    a = final_weights(backend, digits, prefetch=0)
-    b = final_weights(backend, digits, prefetch=3)
-    c = final_weights(backend, digits, prefetch=2, seed=1)
+@pytest.mark.parametrize("thread_count", [1, 2])
+def test_same_seed_same_bits_and_prefetch_changes_nothing(backend, digits, thread_count):
+    a = final_weights(backend, digits, thread_count, prefetch=0)
+    b = final_weights(backend, digits, thread_count, prefetch=3)
+    c = final_weights(backend, digits, thread_count, prefetch=2, seed=1)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     assert not np.array_equal(a[0], c[0])
