@@ -256,7 +256,7 @@ class Trainer:
         self.monitor = monitor if monitor is not None else MemoryMonitor(net.mgr)
         self.gc_policy = GcPolicy(collect_every=gc_every)
         self.evaluate_at_end = evaluate_at_end
-        self.eval_batch_size = eval_batch_size or max(batch_size, 64)
+        self.eval_batch_size = eval_batch_size or batch_size  # a larger one would raise the peak
         self.score = ScoreListener()
         self.timing = TimingListener()
         self.listeners: list[TrainingListener] = [
