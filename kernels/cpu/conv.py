@@ -16,7 +16,11 @@ The versions, numbered as in llm.c's dev/cuda, are kept side by side so the benc
 - ``conv2d_forward_v2_im2col``: im2col of one image into scratch, then one GEMM straight into
   ``out[n]``.
 - ``conv2d_forward_v3_tiled``: blocks of images per tile, so the small late layers (8×8, 4×4) still
-  hand BLAS a wide matrix; the tile's result is scattered back to NCHW. The table exports this one.
+  hand BLAS a wide matrix; the tile's result is scattered back to NCHW.
+- v4: one parallel region per call, each thread its share of the images, its own tiles and a
+  single-threaded GEMM.
+- v5 (exported): v4 plus fast paths for the shapes v4 handles badly: depthwise 3×3 stride 1 as flat
+  vector runs across channel planes (``conv_depthwise.py``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from. Backward to weights accumulates ``dw += dout_tile @ cols_tile.T``
@@ -47,6 +51,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
+from kernels.cpu import conv_depthwise
 from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
@@ -59,7 +64,7 @@ longer tiles mean fewer partial sums to add (it pays most where C·R·S is small
 TILE_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (4 MiB) in one column tile, so it stays in the L2/L3 caches."""
 
-EXPORTED_VERSION = 4
+EXPORTED_VERSION = 5
 """The version the kernel table uses (the fastest in ``engine kernels --ops conv2d``)."""
 
 
@@ -90,8 +95,8 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def _threads(version: int) -> int:
-    """Threads that each get their own tiles: all of Numba's for v4, one tile set for v2 and v3."""
-    return get_num_threads() if version == 4 else 1
+    """Threads that each get their own tiles: all of Numba's for v4 and v5, one tile set for v2 and v3."""
+    return get_num_threads() if version >= 4 else 1
 
 
 def _tile_images(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
@@ -114,6 +119,8 @@ def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, versi
     and, for the weight gradient, a partial dw when a set has several tiles; v4 has one tile set per
     thread and one dw-sized partial sum per extra thread."""
     if version > 2 and _is_depthwise(x_shape, w_shape, groups):
+        if version >= 5 and conv_depthwise.supported(x_shape, w_shape, stride, pad):
+            return conv_depthwise.workspace_size(x_shape)
         return 0
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
     threads = _threads(version)
@@ -147,7 +154,7 @@ def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: in
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch for a numbered version (2, 3 or 4) and direction ("forward", "data" or "weight")."""
+    """Scratch for a numbered version (2 to 5) and direction ("forward", "data" or "weight")."""
     return _workspace_size(x_shape, w_shape, stride, pad, groups, direction, version)
 
 
@@ -752,9 +759,10 @@ def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-4), "data" or "weight" (2-4), with the table's signature.
+    """A numbered version's kernel for "forward" (1-5), "data" or "weight" (2-5), with the table's signature.
 
-    1 direct loops, 2 im2col one image at a time, 3 tiles of several images, 4 a tile set per thread.
+    1 direct loops, 2 im2col one image at a time, 3 tiles of several images, 4 a tile set per thread,
+    5 as 4 plus the fast paths: depthwise v2 (``conv_depthwise``).
     """
     if direction == "forward":
         if version == 1:
@@ -782,13 +790,19 @@ def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
 def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_forward_args(x, w, bias, out, stride, pad, groups)
-    if version > 2 and _is_depthwise(x.shape, w.shape, groups):
+    if version >= 5 and _is_depthwise(x.shape, w.shape, groups) and conv_depthwise.supported(
+        x.shape, w.shape, stride, pad
+    ):
+        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
+        scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
+        conv_depthwise.run_forward(x, w, out, scratch)
+    elif version > 2 and _is_depthwise(x.shape, w.shape, groups):
         depthwise_forward(x, w, out, stride, pad)
     else:
         needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
         scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
         tile = _tile_images(x.shape, w.shape, stride, pad, groups, version, "forward")
-        if version == 4:
+        if version >= 4:
             with _blas_on_calling_thread:
                 _forward_per_thread(x, w, out, stride, pad, groups, tile, _threads(version), scratch[:needed])
         else:
@@ -802,13 +816,20 @@ def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
     _check_array("dx", dx, dx.shape)
     _check_array("w", w, w.shape)
     _check_array("dout", dout, _check_conv(dx.shape, w, stride, pad, groups))
+    if version >= 5 and _is_depthwise(dx.shape, w.shape, groups) and conv_depthwise.supported(
+        dx.shape, w.shape, stride, pad
+    ):
+        needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
+        scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
+        conv_depthwise.run_backward_data(dout, w, dx, scratch)
+        return
     if version > 2 and _is_depthwise(dx.shape, w.shape, groups):
         depthwise_backward_data(dout, w, dx, stride, pad)
         return
     needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
     tile = _tile_images(dx.shape, w.shape, stride, pad, groups, version, "data")
-    if version == 4:
+    if version >= 4:
         with _blas_on_calling_thread:
             _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile, _threads(version), scratch[:needed])
     else:
@@ -822,13 +843,19 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
     _check_array("dout", dout, _check_conv(x.shape, dw, stride, pad, groups))
     if dbias is not None:
         _check_array("dbias", dbias, (dw.shape[0],))
-    if version > 2 and _is_depthwise(x.shape, dw.shape, groups):
+    if version >= 5 and _is_depthwise(x.shape, dw.shape, groups) and conv_depthwise.supported(
+        x.shape, dw.shape, stride, pad
+    ):
+        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
+        scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
+        conv_depthwise.run_backward_weight(x, dout, dw, scratch)
+    elif version > 2 and _is_depthwise(x.shape, dw.shape, groups):
         depthwise_backward_weight(x, dout, dw, stride, pad)
     else:
         needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
         tile = _tile_images(x.shape, dw.shape, stride, pad, groups, version, "weight")
-        if version == 4:
+        if version >= 4:
             with _blas_on_calling_thread:
                 _backward_weight_per_thread(
                     x, dout, dw, stride, pad, groups, tile, _threads(version), scratch[:needed]

@@ -19,6 +19,7 @@ SHAPES = [
     (1, 3, 5, 5, 4, 3, 1, 1, 1),
     (37, 8, 4, 4, 8, 3, 1, 1, 1),
     (40, 6, 2, 2, 4, 1, 1, 0, 2),
+    (4, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: two channel chunks, runs away from the tensor's ends
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -89,7 +90,7 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
     np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4], SHAPES[8]], ids=[IDS[0], IDS[4], IDS[8]])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[4], SHAPES[8], SHAPES[10]], ids=[IDS[0], IDS[4], IDS[8], IDS[10]])
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
     first = _run_cpu(x, w, b, dout, args)
@@ -98,7 +99,7 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
         assert np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[8]], ids=[IDS[1], IDS[3], IDS[8]])
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)

@@ -1,0 +1,219 @@
+"""Depthwise convolution on the CPU, version 2: flat runs of whole channel planes with border masks.
+
+Why. A depthwise filter (``groups == C == K``) reads one input plane: nine multiply-adds per output
+pixel, nothing for a GEMM. Version 1 (``depthwise_forward`` in ``conv.py``) walks one plane at a
+time, row by row; on the late MobileNetV2 layers a row is 8 or 4 pixels, so every inner loop is a
+few lanes long and the loop set-up costs more than the arithmetic (960 channels @4×4: 10× slower
+than torch).
+
+The trick. In NCHW the planes of consecutive channels of one image are contiguous, and at stride 1
+tap (r, s) of output q reads the input at q + d with d = (r − 1)·W + (s − 1): the same offset for
+every pixel of every plane. So a run of channel planes is one flat loop per image, nine loads and
+multiply-adds per output, straight across plane borders. What the borders break (a tap that falls
+off the plane reads a pixel of the next row or plane) is zeroed by the *weights*: each tap gets a
+weight per position, ``w[c, r, s]`` where the tap stays inside the plane and 0 where it does not,
+built once per channel chunk in scratch and used for all the images. Backward to data is the same
+loop with the masks mirrored (the transposed filter); backward to weights accumulates per-position
+products over the images, then sums each plane's valid positions. Reads that would leave the tensor
+itself (the first and last rows) take a checked loop.
+
+Tried first and dropped: copying each channel's planes, zero padding written out, into scratch so
+one flat loop covers a block of images (polyphase planes for stride 2). Correct, but the row-by-row
+copy in and out cost more than v1 saved on 4×4 and 8×8 planes.
+
+Caveat of masks-as-weights: a tap off the plane multiplies a neighbour's value by 0, so an inf or
+NaN in one channel also reaches the border pixels of its neighbour channel (NaN·0 = NaN).
+
+Threads: thread ``t`` owns channel chunks ``[t·chunks/T, (t+1)·chunks/T)`` and a fixed slice of the
+caller's scratch, so every output and every weight-gradient sum is computed by one thread in one
+fixed order: the same bits on every call with the same thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import get_num_threads, njit, prange, uint64
+
+CHUNK_ELEMENTS = 1024
+"""Channel planes per chunk: about this many floats, so nine position-weights stay in L1/L2."""
+
+
+def supported(x_shape, w_shape, stride: int, pad: int) -> bool:
+    """3×3, stride 1, pad 1 (the MobileNetV2 depthwise layers at stride 1)."""
+    return w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
+
+
+def channels_per_chunk(x_shape) -> int:
+    return max(1, min(x_shape[1], CHUNK_ELEMENTS // (x_shape[2] * x_shape[3])))
+
+
+def workspace_size(x_shape) -> int:
+    """Nine position-weights (or accumulators) per chunk element, one chunk per thread."""
+    return get_num_threads() * 9 * channels_per_chunk(x_shape) * x_shape[2] * x_shape[3]
+
+
+@njit(cache=True, inline="always")
+def _tap_inside(y, x, r, s, height, width, mirrored):
+    """Whether tap (r, s) of pixel (y, x) stays in the plane (mirrored: the backward-data direction)."""
+    if mirrored:
+        yy, xx = y - r + 1, x - s + 1
+    else:
+        yy, xx = y + r - 1, x + s - 1
+    return 0 <= yy < height and 0 <= xx < width
+
+
+@njit(cache=True)
+def _position_weights(weights, c0, channels, height, width, mirrored, pw):
+    """pw[k·L + q] = the weight position q applies to the input at offset d_k, 0 where that tap is
+    off the plane. Forward: tap k itself. Mirrored (backward-data): offset d_k = −d_(8−k), tap 8 − k."""
+    length = channels * height * width
+    for k in range(9):
+        t = 8 - k if mirrored else k
+        r, s = t // 3, t % 3
+        q = k * length
+        for c in range(channels):
+            weight = weights[(c0 + c) * 9 + t]
+            for y in range(height):
+                for x in range(width):
+                    pw[q] = weight if _tap_inside(y, x, r, s, height, width, mirrored) else 0.0
+                    q += 1
+
+
+@njit(cache=True)
+def _flat_filter(src, base, size, pw, length, width, dst):
+    """dst[base + q] = Σ_k pw[k·L + q] · src[base + q + d_k] for q < L.
+
+    The run of the tensor's first and last planes would read outside ``src``: it takes a checked
+    loop (two runs per call); every other run the vectorized one."""
+    reach = width + 1
+    if base >= reach and base + length + reach <= size:
+        _flat_filter_fast(src, base, pw, length, width, dst)
+        return
+    for q in range(length):
+        total = np.float32(0.0)
+        for k in range(9):
+            at = base + q + (k // 3 - 1) * width + (k % 3 - 1)
+            if 0 <= at < size and pw[k * length + q] != 0.0:
+                total += pw[k * length + q] * src[at]
+        dst[base + q] = total
+
+
+@njit(cache=True)
+def _flat_filter_fast(src, start, pw, length, width, dst):
+    """The unchecked loop: nine taps written out over flat unsigned offsets.
+
+    Written this way on purpose: the offsets ±W and ±1 spelled out (not a runtime sign) and the
+    loop running over exactly the ``L`` that strides ``pw``. Either change made LLVM give up on
+    vectorizing (measured 5× slower), presumably because it could no longer bound the overlap
+    checks between the reads and ``dst``."""
+    L, o = uint64(length), uint64(start)
+    s0, s1, s2 = uint64(start - width - 1), uint64(start - width), uint64(start - width + 1)
+    s3, s4, s5 = uint64(start - 1), uint64(start), uint64(start + 1)
+    s6, s7, s8 = uint64(start + width - 1), uint64(start + width), uint64(start + width + 1)
+    for jj in range(length):
+        j = uint64(jj)
+        total = pw[j] * src[s0 + j]
+        total += pw[L + j] * src[s1 + j]
+        total += pw[2 * L + j] * src[s2 + j]
+        total += pw[3 * L + j] * src[s3 + j]
+        total += pw[4 * L + j] * src[s4 + j]
+        total += pw[5 * L + j] * src[s5 + j]
+        total += pw[6 * L + j] * src[s6 + j]
+        total += pw[7 * L + j] * src[s7 + j]
+        total += pw[8 * L + j] * src[s8 + j]
+        dst[o + j] = total
+
+
+@njit(parallel=True, cache=True)
+def flat_forward(x, w, out, mirrored, threads, chunk, scratch):
+    """out = depthwise 3×3 stride-1 pad-1 conv of x (mirrored: dx from dout, the backward-data pass)."""
+    n, c, height, width = x.shape
+    plane = height * width
+    chunks = (c + chunk - 1) // chunk
+    share = scratch.size // threads
+    src, dst, weights = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
+    for t in prange(threads):
+        pw = scratch[t * share : (t + 1) * share]
+        for k in range(t * chunks // threads, (t + 1) * chunks // threads):
+            c0 = k * chunk
+            channels = min(chunk, c - c0)
+            length = channels * plane
+            _position_weights(weights, c0, channels, height, width, mirrored, pw)
+            for i in range(n):
+                _flat_filter(src, (i * c + c0) * plane, src.size, pw, length, width, dst)
+
+
+@njit(cache=True)
+def _flat_accumulate(src, grad, base, size, acc, length, width):
+    """acc[t·L + q] += grad[base + q] · src[base + q + d_t], checked: for chunks at the tensor's ends."""
+    for t in range(9):
+        d = (t // 3 - 1) * width + (t % 3 - 1)
+        for q in range(length):
+            at = base + q + d
+            if 0 <= at < size:
+                acc[t * length + q] += grad[base + q] * src[at]
+
+
+@njit(cache=True)
+def _flat_accumulate_fast(src, grad, base, acc, length, width, lo, hi):
+    """The unchecked middle of _flat_accumulate, one vector loop per tap."""
+    for t in range(9):
+        d = (t // 3 - 1) * width + (t % 3 - 1)
+        a0 = uint64(t * length + lo)
+        g0 = uint64(base + lo)
+        s0 = uint64(base + lo + d)
+        for jj in range(hi - lo):
+            j = uint64(jj)
+            acc[a0 + j] += grad[g0 + j] * src[s0 + j]
+
+
+@njit(parallel=True, cache=True)
+def flat_backward_weight(x, dout, dw, threads, chunk, scratch):
+    """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order."""
+    n, c, height, width = x.shape
+    plane = height * width
+    chunks = (c + chunk - 1) // chunk
+    share = scratch.size // threads
+    src, grad, result = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
+    reach = width + 1
+    for t in prange(threads):
+        acc = scratch[t * share : (t + 1) * share]
+        for k in range(t * chunks // threads, (t + 1) * chunks // threads):
+            c0 = k * chunk
+            channels = min(chunk, c - c0)
+            length = channels * plane
+            for q in range(9 * length):
+                acc[q] = 0.0
+            for i in range(n):
+                base = (i * c + c0) * plane
+                lo = max(0, reach - base)
+                hi = min(length, src.size - base - reach)
+                if hi < lo:
+                    hi = lo
+                if lo > 0 or hi < length:
+                    _flat_accumulate(src, grad, base, src.size, acc, length, width)
+                else:
+                    _flat_accumulate_fast(src, grad, base, acc, length, width, lo, hi)
+            for cc in range(channels):
+                for tap in range(9):
+                    r, s = tap // 3, tap % 3
+                    total = np.float32(0.0)
+                    for p in range(plane):
+                        if _tap_inside(p // width, p % width, r, s, height, width, False):
+                            total += acc[tap * length + cc * plane + p]
+                    result[(c0 + cc) * 9 + tap] = total
+
+
+def run_forward(x, w, out, scratch) -> None:
+    threads = get_num_threads()
+    flat_forward(x, w, out, False, threads, channels_per_chunk(x.shape), scratch[: workspace_size(x.shape)])
+
+
+def run_backward_data(dout, w, dx, scratch) -> None:
+    threads = get_num_threads()
+    flat_forward(dout, w, dx, True, threads, channels_per_chunk(dx.shape), scratch[: workspace_size(dx.shape)])
+
+
+def run_backward_weight(x, dout, dw, scratch) -> None:
+    threads = get_num_threads()
+    flat_backward_weight(x, dout, dw, threads, channels_per_chunk(x.shape), scratch[: workspace_size(x.shape)])
