@@ -178,6 +178,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="Resident bytes for the offload window (e.g. 256MB); alone, picks the largest N that fits.")
 @click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
               help="Where the private swap directory goes (default: the system temp directory).")
+@click.option("--offload-params", "offload_params", is_flag=True,
+              help="Also keep the optimizer state on disk between updates (with --offload-n/--offload-budget).")
 # --- end of offload options ---
 def train(
     model: str,
@@ -271,7 +273,8 @@ def train(
 
     try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],
-                                       offload_options["offload_budget"], offload_options["offload_dir"])
+                                       offload_options["offload_budget"], offload_options["offload_dir"],
+                                       offload_options["offload_params"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None:

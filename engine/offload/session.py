@@ -17,16 +17,20 @@ from engine.offload.storage import DelayHook, parse_bytes
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``."""
+    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``, ``--offload-params``."""
 
     window: int | str | None = None  # N, "auto", or None with a budget (the largest window that fits)
     budget_bytes: int | None = None
     directory: str | None = None
+    params: bool = False  # the optimizer state goes to disk between updates (engine.offload.params)
 
     @classmethod
-    def from_options(cls, n: str | None, budget: str | None, directory: str | None) -> OffloadConfig | None:
+    def from_options(cls, n: str | None, budget: str | None, directory: str | None,
+                     params: bool = False) -> OffloadConfig | None:
         """The config for the command-line options, None when offload is off; ValueError on bad values."""
         if n is None and budget is None:
+            if params:
+                raise ValueError("--offload-params goes with --offload-n N|auto or --offload-budget BYTES")
             return None
         window: int | str | None = None
         if n is not None:
@@ -43,7 +47,7 @@ class OffloadConfig:
         budget_bytes = parse_bytes(budget) if budget is not None else None
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"--offload-budget must be positive, got {budget!r}")
-        return cls(window, budget_bytes, directory)
+        return cls(window, budget_bytes, directory, params)
 
     def scheduler(self, backend: Any, delay: DelayHook | None = None, **options: Any) -> OffloadScheduler:
         return OffloadScheduler(backend, self.window, budget_bytes=self.budget_bytes, directory=self.directory,
@@ -58,6 +62,7 @@ class OffloadSession:
         self.delay = delay
         self.options = options
         self.scheduler: OffloadScheduler | None = None
+        self.state_offload: Any = None
 
     def prepare(self, net: Any, batch_size: int) -> OffloadScheduler:
         """Make the scheduler, attach it to ``net`` and plan for ``batch_size`` (swap file included)."""
@@ -75,13 +80,26 @@ class OffloadSession:
         scheduler = self.prepare(trainer.net, trainer.batch_size)
         try:
             _report_swap_in_memory_lines(trainer, scheduler)
+            if self.config.params:
+                from engine.offload.params import OptimizerStateOffload
+
+                lookahead = scheduler.window if isinstance(scheduler.window, int) else 4
+                self.state_offload = OptimizerStateOffload(trainer.optimizer, self.config.directory, lookahead,
+                                                           delay=self.delay)
+                trainer.net.hooks.append(self.state_offload)
         except BaseException:
-            scheduler.close()
+            self.stop(trainer)
             raise
 
     def stop(self, trainer: Any) -> None:
-        if self.scheduler is not None:
-            self.scheduler.close()
+        try:
+            if self.state_offload is not None:
+                if self.state_offload in trainer.net.hooks:
+                    trainer.net.hooks.remove(self.state_offload)
+                self.state_offload.close()  # the state comes back into memory first
+        finally:
+            if self.scheduler is not None:
+                self.scheduler.close()
 
 
 def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> None:
@@ -102,15 +120,18 @@ def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> N
 
 
 def session_from_options(net: Any, batch_size: int, n: str | None, budget: str | None,
-                         directory: str | None) -> OffloadSession | None:
+                         directory: str | None, params: bool = False) -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
     Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
     an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
     """
-    config = OffloadConfig.from_options(n, budget, directory)
+    config = OffloadConfig.from_options(n, budget, directory, params)
     if config is None:
         return None
+    if params and net.backend.is_device:
+        raise ValueError("--offload-params works on the cpu and cudasim backends (the optimizer state of a GPU run "
+                         "lives in device memory)")
     session = OffloadSession(config)
     session.prepare(net, batch_size)
     return session
