@@ -6,8 +6,9 @@
 
 ``plan`` decides where every unit lives (arena offsets, swap-file offsets, spans extended by the
 window), ``scheduler`` runs the loader and saver threads beside the executor, ``storage`` is the
-private swap file, ``staging`` the GPU path through pinned buffers, ``session`` the Trainer's plug,
-``bench`` the ``engine bench`` measurements.
+private swap file, ``staging`` the GPU path through pinned buffers, ``params`` keeps the optimizer
+state on disk between updates, ``session`` is the Trainer's plug, ``bench`` the ``engine bench``
+measurements.
 """
 
 from engine.offload.plan import OffloadPlan, build_plan, check_plan, graph_units
