@@ -19,7 +19,7 @@ The versions, numbered as in llm.c's dev/cuda, are kept side by side so the benc
   hand BLAS a wide matrix; the tile's result is scattered back to NCHW.
 - v4: one parallel region per call, each thread its share of the images, its own tiles and a
   single-threaded GEMM.
-- v5 (exported): v4 plus fast paths for the shapes v4 handles badly: depthwise 3×3 stride 1 as flat
+- v5 (exported): v4 plus fast paths for the shapes v4 handles badly: depthwise 3×3 stride 1 and 2 as flat
   vector runs across channel planes (``conv_depthwise.py``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
@@ -120,7 +120,7 @@ def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, versi
     thread and one dw-sized partial sum per extra thread."""
     if version > 2 and _is_depthwise(x_shape, w_shape, groups):
         if version >= 5 and conv_depthwise.supported(x_shape, w_shape, stride, pad):
-            return conv_depthwise.workspace_size(x_shape)
+            return conv_depthwise.workspace_size(x_shape, stride)
         return 0
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
     threads = _threads(version)
@@ -795,7 +795,7 @@ def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
     ):
         needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
         scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
-        conv_depthwise.run_forward(x, w, out, scratch)
+        conv_depthwise.run_forward(x, w, out, stride, scratch)
     elif version > 2 and _is_depthwise(x.shape, w.shape, groups):
         depthwise_forward(x, w, out, stride, pad)
     else:
@@ -821,7 +821,7 @@ def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
     ):
         needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
-        conv_depthwise.run_backward_data(dout, w, dx, scratch)
+        conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
         return
     if version > 2 and _is_depthwise(dx.shape, w.shape, groups):
         depthwise_backward_data(dout, w, dx, stride, pad)
@@ -848,7 +848,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
     ):
         needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
-        conv_depthwise.run_backward_weight(x, dout, dw, scratch)
+        conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
     elif version > 2 and _is_depthwise(x.shape, dw.shape, groups):
         depthwise_backward_weight(x, dout, dw, stride, pad)
     else:

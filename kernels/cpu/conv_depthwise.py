@@ -39,17 +39,20 @@ CHUNK_ELEMENTS = 1024
 
 
 def supported(x_shape, w_shape, stride: int, pad: int) -> bool:
-    """3×3, stride 1, pad 1 (the MobileNetV2 depthwise layers at stride 1)."""
-    return w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
+    """3×3, pad 1, stride 1 or 2: every MobileNetV2 depthwise layer."""
+    return w_shape[2] == 3 and w_shape[3] == 3 and stride in (1, 2) and pad == 1
 
 
 def channels_per_chunk(x_shape) -> int:
     return max(1, min(x_shape[1], CHUNK_ELEMENTS // (x_shape[2] * x_shape[3])))
 
 
-def workspace_size(x_shape) -> int:
-    """Nine position-weights (or accumulators) per chunk element, one chunk per thread."""
-    return get_num_threads() * 9 * channels_per_chunk(x_shape) * x_shape[2] * x_shape[3]
+def workspace_size(x_shape, stride: int) -> int:
+    """Per thread: nine position-weights (or accumulators) per chunk element; at stride 2 also one
+    full-resolution chunk (with a row of zeros either side) to subsample from or upsample into."""
+    chunk = channels_per_chunk(x_shape) * x_shape[2] * x_shape[3]
+    full = chunk + 2 * (x_shape[3] + 1) if stride == 2 else 0
+    return get_num_threads() * (9 * chunk + full)
 
 
 @njit(cache=True, inline="always")
@@ -80,14 +83,14 @@ def _position_weights(weights, c0, channels, height, width, mirrored, pw):
 
 
 @njit(cache=True)
-def _flat_filter(src, base, size, pw, length, width, dst):
-    """dst[base + q] = Σ_k pw[k·L + q] · src[base + q + d_k] for q < L.
+def _flat_filter(src, base, size, pw, length, width, dst, dst_base):
+    """dst[dst_base + q] = Σ_k pw[k·L + q] · src[base + q + d_k] for q < L.
 
     The run of the tensor's first and last planes would read outside ``src``: it takes a checked
     loop (two runs per call); every other run the vectorized one."""
     reach = width + 1
     if base >= reach and base + length + reach <= size:
-        _flat_filter_fast(src, base, pw, length, width, dst)
+        _flat_filter_fast(src, base, pw, length, width, dst, dst_base)
         return
     for q in range(length):
         total = np.float32(0.0)
@@ -95,18 +98,18 @@ def _flat_filter(src, base, size, pw, length, width, dst):
             at = base + q + (k // 3 - 1) * width + (k % 3 - 1)
             if 0 <= at < size and pw[k * length + q] != 0.0:
                 total += pw[k * length + q] * src[at]
-        dst[base + q] = total
+        dst[dst_base + q] = total
 
 
 @njit(cache=True)
-def _flat_filter_fast(src, start, pw, length, width, dst):
+def _flat_filter_fast(src, start, pw, length, width, dst, dst_start):
     """The unchecked loop: nine taps written out over flat unsigned offsets.
 
     Written this way on purpose: the offsets ±W and ±1 spelled out (not a runtime sign) and the
     loop running over exactly the ``L`` that strides ``pw``. Either change made LLVM give up on
     vectorizing (measured 5× slower), presumably because it could no longer bound the overlap
     checks between the reads and ``dst``."""
-    L, o = uint64(length), uint64(start)
+    L, o = uint64(length), uint64(dst_start)
     s0, s1, s2 = uint64(start - width - 1), uint64(start - width), uint64(start - width + 1)
     s3, s4, s5 = uint64(start - 1), uint64(start), uint64(start + 1)
     s6, s7, s8 = uint64(start + width - 1), uint64(start + width), uint64(start + width + 1)
@@ -124,60 +127,106 @@ def _flat_filter_fast(src, start, pw, length, width, dst):
         dst[o + j] = total
 
 
+@njit(cache=True)
+def _subsample(full, channels, height, width, small, base, out_h, out_w):
+    """small[base + c·OH·OW + y·OW + x] = full[c·H·W + 2y·W + 2x]: the stride-2 outputs of a stride-1 run."""
+    for cc in range(channels):
+        for y in range(out_h):
+            src = uint64(cc * height * width + 2 * y * width)
+            dst = uint64(base + (cc * out_h + y) * out_w)
+            for x in range(out_w):
+                small[dst + uint64(x)] = full[src + uint64(2 * x)]
+
+
+@njit(cache=True)
+def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
+    """The transpose of _subsample into ``full`` (zeros between, ``margin`` zeros at both ends)."""
+    for q in range(channels * height * width + 2 * margin):
+        full[q] = 0.0
+    for cc in range(channels):
+        for y in range(out_h):
+            dst = uint64(margin + cc * height * width + 2 * y * width)
+            src = uint64(base + (cc * out_h + y) * out_w)
+            for x in range(out_w):
+                full[dst + uint64(2 * x)] = small[src + uint64(x)]
+
+
 @njit(parallel=True, cache=True)
-def flat_forward(x, w, out, mirrored, threads, chunk, scratch):
-    """out = depthwise 3×3 stride-1 pad-1 conv of x (mirrored: dx from dout, the backward-data pass)."""
-    n, c, height, width = x.shape
-    plane = height * width
+def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch):
+    """out = depthwise 3×3 pad-1 conv of x; mirrored: dx from dout (the backward-data pass).
+
+    Stride 2 runs the stride-1 filter at full resolution: forward keeps every other output
+    (subsample), backward-data spreads dout over the full-resolution grid first (upsample)."""
+    n, c = x.shape[0], x.shape[1]
+    full_shape = out.shape if mirrored else x.shape
+    small_shape = x.shape if mirrored else out.shape
+    height, width, out_h, out_w = full_shape[2], full_shape[3], small_shape[2], small_shape[3]
+    plane, small_plane = height * width, out_h * out_w
     chunks = (c + chunk - 1) // chunk
     share = scratch.size // threads
     src, dst, weights = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
+    margin = width + 1
     for t in prange(threads):
-        pw = scratch[t * share : (t + 1) * share]
+        mine = scratch[t * share : (t + 1) * share]
+        pw = mine[: 9 * chunk * plane]
+        buf = mine[9 * chunk * plane :]
         for k in range(t * chunks // threads, (t + 1) * chunks // threads):
             c0 = k * chunk
             channels = min(chunk, c - c0)
             length = channels * plane
             _position_weights(weights, c0, channels, height, width, mirrored, pw)
             for i in range(n):
-                _flat_filter(src, (i * c + c0) * plane, src.size, pw, length, width, dst)
+                base = (i * c + c0) * plane
+                if stride == 1:
+                    _flat_filter(src, base, src.size, pw, length, width, dst, base)
+                elif mirrored:
+                    _upsample(src, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, margin, buf)
+                    _flat_filter(buf, margin, length + 2 * margin, pw, length, width, dst, base)
+                else:
+                    _flat_filter(src, base, src.size, pw, length, width, buf, 0)
+                    _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
 
 
 @njit(cache=True)
-def _flat_accumulate(src, grad, base, size, acc, length, width):
-    """acc[t·L + q] += grad[base + q] · src[base + q + d_t], checked: for chunks at the tensor's ends."""
+def _flat_accumulate(src, base, size, grad, grad_base, acc, length, width):
+    """acc[t·L + q] += grad[grad_base + q] · src[base + q + d_t], checked: for runs at the tensor's ends."""
     for t in range(9):
         d = (t // 3 - 1) * width + (t % 3 - 1)
         for q in range(length):
             at = base + q + d
             if 0 <= at < size:
-                acc[t * length + q] += grad[base + q] * src[at]
+                acc[t * length + q] += grad[grad_base + q] * src[at]
 
 
 @njit(cache=True)
-def _flat_accumulate_fast(src, grad, base, acc, length, width, lo, hi):
-    """The unchecked middle of _flat_accumulate, one vector loop per tap."""
+def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
+    """The unchecked _flat_accumulate, one vector loop per tap."""
     for t in range(9):
         d = (t // 3 - 1) * width + (t % 3 - 1)
-        a0 = uint64(t * length + lo)
-        g0 = uint64(base + lo)
-        s0 = uint64(base + lo + d)
-        for jj in range(hi - lo):
+        a0 = uint64(t * length)
+        g0 = uint64(grad_base)
+        s0 = uint64(base + d)
+        for jj in range(length):
             j = uint64(jj)
             acc[a0 + j] += grad[g0 + j] * src[s0 + j]
 
 
 @njit(parallel=True, cache=True)
-def flat_backward_weight(x, dout, dw, threads, chunk, scratch):
-    """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order."""
+def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
+    """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order.
+
+    Stride 2: dout is spread over the full-resolution grid first (zeros between), as in backward-data."""
     n, c, height, width = x.shape
-    plane = height * width
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    plane, small_plane = height * width, out_h * out_w
     chunks = (c + chunk - 1) // chunk
     share = scratch.size // threads
     src, grad, result = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
     reach = width + 1
     for t in prange(threads):
-        acc = scratch[t * share : (t + 1) * share]
+        mine = scratch[t * share : (t + 1) * share]
+        acc = mine[: 9 * chunk * plane]
+        buf = mine[9 * chunk * plane :]
         for k in range(t * chunks // threads, (t + 1) * chunks // threads):
             c0 = k * chunk
             channels = min(chunk, c - c0)
@@ -186,14 +235,15 @@ def flat_backward_weight(x, dout, dw, threads, chunk, scratch):
                 acc[q] = 0.0
             for i in range(n):
                 base = (i * c + c0) * plane
-                lo = max(0, reach - base)
-                hi = min(length, src.size - base - reach)
-                if hi < lo:
-                    hi = lo
-                if lo > 0 or hi < length:
-                    _flat_accumulate(src, grad, base, src.size, acc, length, width)
+                if stride == 1:
+                    g, g0 = grad, base
                 else:
-                    _flat_accumulate_fast(src, grad, base, acc, length, width, lo, hi)
+                    _upsample(grad, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, 0, buf)
+                    g, g0 = buf, 0
+                if base >= reach and base + length + reach <= src.size:
+                    _flat_accumulate_fast(src, base, g, g0, acc, length, width)
+                else:
+                    _flat_accumulate(src, base, src.size, g, g0, acc, length, width)
             for cc in range(channels):
                 for tap in range(9):
                     r, s = tap // 3, tap % 3
@@ -204,16 +254,19 @@ def flat_backward_weight(x, dout, dw, threads, chunk, scratch):
                     result[(c0 + cc) * 9 + tap] = total
 
 
-def run_forward(x, w, out, scratch) -> None:
+def run_forward(x, w, out, stride: int, scratch) -> None:
     threads = get_num_threads()
-    flat_forward(x, w, out, False, threads, channels_per_chunk(x.shape), scratch[: workspace_size(x.shape)])
+    size = workspace_size(x.shape, stride)
+    flat_forward(x, w, out, False, stride, threads, channels_per_chunk(x.shape), scratch[:size])
 
 
-def run_backward_data(dout, w, dx, scratch) -> None:
+def run_backward_data(dout, w, dx, stride: int, scratch) -> None:
     threads = get_num_threads()
-    flat_forward(dout, w, dx, True, threads, channels_per_chunk(dx.shape), scratch[: workspace_size(dx.shape)])
+    size = workspace_size(dx.shape, stride)
+    flat_forward(dout, w, dx, True, stride, threads, channels_per_chunk(dx.shape), scratch[:size])
 
 
-def run_backward_weight(x, dout, dw, scratch) -> None:
+def run_backward_weight(x, dout, dw, stride: int, scratch) -> None:
     threads = get_num_threads()
-    flat_backward_weight(x, dout, dw, threads, channels_per_chunk(x.shape), scratch[: workspace_size(x.shape)])
+    size = workspace_size(x.shape, stride)
+    flat_backward_weight(x, dout, dw, stride, threads, channels_per_chunk(x.shape), scratch[:size])
