@@ -96,10 +96,11 @@ def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a RAM-backed directory for instant storage")
 def test_auto_window_shrinks_to_its_minimum_when_storage_is_instant(cpu, tmp_path):
-    _, stats, scheduler = train(cpu, "mlp", "auto", 12, 2, MLP, "/dev/shm", (3, 8, 8), initial_window=4,
+    _, stats, scheduler = train(cpu, "mlp", "auto", 16, 2, MLP, "/dev/shm", (3, 8, 8), initial_window=4,
                                 shrink_after=1)
-    assert stats[0].window == 4
-    assert scheduler.window == scheduler.min_window == 1
+    windows = [s.window for s in stats] + [scheduler.window]
+    assert windows[0] == 4
+    assert min(windows) == scheduler.min_window == 1  # shrank all the way (a busy machine may bump it back)
     assert_bounded(stats)
 
 
