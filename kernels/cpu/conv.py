@@ -38,15 +38,7 @@ tile after tile in a fixed order, and BLAS splits its work the same way for the 
 
 from __future__ import annotations
 
-import os
-
-# Numba's OpenMP workers spin after every parallel loop by default. On a busy 2-core machine a
-# spinning worker steals the core the next loop (or BLAS) needs: a parallel launch measured 8 ms
-# with spinning and 0.1 ms passive. The variable is read when the thread pool starts (the first
-# parallel call), so setting it at import is early enough; a value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numpy as np  # noqa: E402
+import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @njit: loaded now so it can be found
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
