@@ -249,7 +249,7 @@ def check_directory(base: str) -> None:
         raise OffloadStorageError(f"offload directory {base!r} is not writable: choose a writable one with "
                                   f"--offload-dir")
     try:  # root passes os.access everywhere; a read-only file system still refuses: find out now
-        probe = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}probe-{os.getpid()}-", dir=base)
+        probe = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-probe-", dir=base)  # stale-cleanable
         os.rmdir(probe)
     except OSError as exc:
         raise OffloadStorageError(f"offload directory {base!r} is not writable ({exc.strerror or exc}): choose a "
