@@ -121,7 +121,7 @@ def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, versi
     and, for the weight gradient, a partial dw when a set has several tiles; v4 has one tile set per
     thread and one dw-sized partial sum per extra thread."""
     if version > 2 and _is_depthwise(x_shape, w_shape, groups):
-        if version >= 5 and conv_depthwise.supported(x_shape, w_shape, stride, pad):
+        if version >= 5 and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
             return conv_depthwise.workspace_size(x_shape, stride)
         return 0
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
@@ -793,7 +793,7 @@ def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_forward_args(x, w, bias, out, stride, pad, groups)
     if version >= 5 and _is_depthwise(x.shape, w.shape, groups) and conv_depthwise.supported(
-        x.shape, w.shape, stride, pad
+        x.shape, w.shape, stride, pad, "forward"
     ):
         needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
         scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
@@ -819,7 +819,7 @@ def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
     _check_array("w", w, w.shape)
     _check_array("dout", dout, _check_conv(dx.shape, w, stride, pad, groups))
     if version >= 5 and _is_depthwise(dx.shape, w.shape, groups) and conv_depthwise.supported(
-        dx.shape, w.shape, stride, pad
+        dx.shape, w.shape, stride, pad, "data"
     ):
         needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
@@ -846,7 +846,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
     if dbias is not None:
         _check_array("dbias", dbias, (dw.shape[0],))
     if version >= 5 and _is_depthwise(x.shape, dw.shape, groups) and conv_depthwise.supported(
-        x.shape, dw.shape, stride, pad
+        x.shape, dw.shape, stride, pad, "weight"
     ):
         needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
         scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")

@@ -38,8 +38,15 @@ CHUNK_ELEMENTS = 1024
 """Channel planes per chunk: about this many floats, so nine position-weights stay in L1/L2."""
 
 
-def supported(x_shape, w_shape, stride: int, pad: int) -> bool:
-    """3×3, pad 1, stride 1 or 2: every MobileNetV2 depthwise layer."""
+FULL_RESOLUTION_FORWARD_LIMIT = 1024
+"""Stride-2 forward computes four times the outputs it keeps: on planes this large (32×32) v1's
+row loops are long enough to win (measured 144 ch @32×32: 5.1 ms v1, 6.2 ms here, one thread)."""
+
+
+def supported(x_shape, w_shape, stride: int, pad: int, direction: str) -> bool:
+    """3×3, pad 1, stride 1 or 2 (every MobileNetV2 depthwise layer), except large stride-2 forwards."""
+    if direction == "forward" and stride == 2 and x_shape[2] * x_shape[3] >= FULL_RESOLUTION_FORWARD_LIMIT:
+        return False
     return w_shape[2] == 3 and w_shape[3] == 3 and stride in (1, 2) and pad == 1
 
 
