@@ -218,6 +218,25 @@ def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
             acc[a0 + j] += grad[g0 + j] * src[s0 + j]
 
 
+@njit(cache=True)
+def _flat_accumulate_fast4(src, grad, b0, b1, b2, b3, acc, length, width):
+    """_flat_accumulate_fast for four images at once (stride 1: dout read in place): a quarter of
+    the read-modify-write traffic on ``acc``, which is what bounds this loop."""
+    for t in range(9):
+        d = (t // 3 - 1) * width + (t % 3 - 1)
+        a0 = uint64(t * length)
+        g0, g1, g2, g3 = uint64(b0), uint64(b1), uint64(b2), uint64(b3)
+        s0, s1, s2, s3 = uint64(b0 + d), uint64(b1 + d), uint64(b2 + d), uint64(b3 + d)
+        for jj in range(length):
+            j = uint64(jj)
+            acc[a0 + j] += (
+                grad[g0 + j] * src[s0 + j]
+                + grad[g1 + j] * src[s1 + j]
+                + grad[g2 + j] * src[s2 + j]
+                + grad[g3 + j] * src[s3 + j]
+            )
+
+
 @njit(parallel=True, cache=True)
 def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
     """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order.
@@ -240,8 +259,15 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
             length = channels * plane
             for q in range(9 * length):
                 acc[q] = 0.0
-            for i in range(n):
+            i = 0
+            while i < n:
                 base = (i * c + c0) * plane
+                last = ((i + 3) * c + c0) * plane
+                if stride == 1 and i + 4 <= n and base >= reach and last + length + reach <= src.size:
+                    step = c * plane
+                    _flat_accumulate_fast4(src, grad, base, base + step, base + 2 * step, last, acc, length, width)
+                    i += 4
+                    continue
                 if stride == 1:
                     g, g0 = grad, base
                 else:
@@ -251,6 +277,7 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
                     _flat_accumulate_fast(src, base, g, g0, acc, length, width)
                 else:
                     _flat_accumulate(src, base, src.size, g, g0, acc, length, width)
+                i += 1
             for cc in range(channels):
                 for tap in range(9):
                     r, s = tap // 3, tap % 3
