@@ -143,3 +143,20 @@ def test_scratch_stays_modest_on_resnet_shapes():
     # the column tile is a few MB, never the whole batch's columns (75 MB for this layer)
     size = cpu.conv2d_backward_weight_workspace_size((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1)
     assert size * 4 <= 6 * 2**20
+
+
+def test_scipy_blas_is_single_threaded_inside_the_parallel_gemms_and_restored():
+    # v4/v5 call BLAS from inside Numba's parallel loop: a multithreaded pthreads OpenBLAS there
+    # oversubscribes the cores (and can print "Detect OpenMP Loop and this application may hang")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        libraries = threadpoolctl.threadpool_info()
+        return {lib["filepath"]: lib["num_threads"] for lib in libraries if lib["user_api"] == "blas"}
+
+    before = blas_threads()
+    with cpu._blas_on_calling_thread:
+        inside = blas_threads()
+    scipy_libs = [path for path in inside if "scipy" in path.replace("\\", "/").split("/")[-2]]
+    assert scipy_libs and all(inside[path] == 1 for path in scipy_libs)
+    assert blas_threads() == before
