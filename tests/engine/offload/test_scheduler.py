@@ -96,7 +96,10 @@ def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a RAM-backed directory for instant storage")
 def test_auto_window_shrinks_to_its_minimum_when_storage_is_instant(cpu, tmp_path):
-    _, stats, scheduler = train(cpu, "mlp", "auto", 16, 2, MLP, "/dev/shm", (3, 8, 8), initial_window=4,
+    # Layers wide enough that a step outlasts a thread wake-up on a busy machine: "instant" storage
+    # must not look slow because the loader thread was scheduled a millisecond late.
+    wide = dict(MLP, hidden=512)
+    _, stats, scheduler = train(cpu, "mlp", "auto", 30, 64, wide, "/dev/shm", (3, 8, 8), initial_window=4,
                                 shrink_after=1)
     windows = [s.window for s in stats] + [scheduler.window]
     assert windows[0] == 4
