@@ -280,11 +280,15 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
                 i += 1
             for cc in range(channels):
                 for tap in range(9):
+                    # the positions whose tap stays inside the plane: a rectangle of rows and columns
                     r, s = tap // 3, tap % 3
+                    y_lo, y_hi = max(0, 1 - r), min(height, height + 1 - r)
+                    x_lo, x_hi = max(0, 1 - s), min(width, width + 1 - s)
                     total = np.float32(0.0)
-                    for p in range(plane):
-                        if _tap_inside(p // width, p % width, r, s, height, width, False):
-                            total += acc[tap * length + cc * plane + p]
+                    for y in range(y_lo, y_hi):
+                        row = tap * length + cc * plane + y * width
+                        for x in range(x_lo, x_hi):
+                            total += acc[row + x]
                     result[(c0 + cc) * 9 + tap] = total
 
 
