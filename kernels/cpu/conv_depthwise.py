@@ -55,10 +55,11 @@ def channels_per_chunk(x_shape) -> int:
 
 
 def workspace_size(x_shape, stride: int) -> int:
-    """Per thread: nine position-weights (or accumulators) per chunk element; at stride 2 also one
-    full-resolution chunk (with a row of zeros either side) to subsample from or upsample into."""
+    """Per thread: nine position-weights (or accumulators) per chunk element; at stride 2 also
+    full-resolution chunks to subsample from or upsample into (four for the weight gradient's
+    four-image passes, plus a row of zeros either side for backward-data)."""
     chunk = channels_per_chunk(x_shape) * x_shape[2] * x_shape[3]
-    full = chunk + 2 * (x_shape[3] + 1) if stride == 2 else 0
+    full = 4 * chunk + 2 * (x_shape[3] + 1) if stride == 2 else 0
     return get_num_threads() * (9 * chunk + full)
 
 
@@ -219,21 +220,21 @@ def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
 
 
 @njit(cache=True)
-def _flat_accumulate_fast4(src, grad, b0, b1, b2, b3, acc, length, width):
-    """_flat_accumulate_fast for four images at once (stride 1: dout read in place): a quarter of
-    the read-modify-write traffic on ``acc``, which is what bounds this loop."""
+def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, length, width):
+    """_flat_accumulate_fast for four images at once: a quarter of the read-modify-write traffic on
+    ``acc``, which is what bounds this loop."""
     for t in range(9):
         d = (t // 3 - 1) * width + (t % 3 - 1)
         a0 = uint64(t * length)
-        g0, g1, g2, g3 = uint64(b0), uint64(b1), uint64(b2), uint64(b3)
+        r0, r1, r2, r3 = uint64(g0), uint64(g1), uint64(g2), uint64(g3)
         s0, s1, s2, s3 = uint64(b0 + d), uint64(b1 + d), uint64(b2 + d), uint64(b3 + d)
         for jj in range(length):
             j = uint64(jj)
             acc[a0 + j] += (
-                grad[g0 + j] * src[s0 + j]
-                + grad[g1 + j] * src[s1 + j]
-                + grad[g2 + j] * src[s2 + j]
-                + grad[g3 + j] * src[s3 + j]
+                grad[r0 + j] * src[s0 + j]
+                + grad[r1 + j] * src[s1 + j]
+                + grad[r2 + j] * src[s2 + j]
+                + grad[r3 + j] * src[s3 + j]
             )
 
 
@@ -263,9 +264,19 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
             while i < n:
                 base = (i * c + c0) * plane
                 last = ((i + 3) * c + c0) * plane
-                if stride == 1 and i + 4 <= n and base >= reach and last + length + reach <= src.size:
+                if i + 4 <= n and base >= reach and last + length + reach <= src.size:
                     step = c * plane
-                    _flat_accumulate_fast4(src, grad, base, base + step, base + 2 * step, last, acc, length, width)
+                    b1, b2 = base + step, base + 2 * step
+                    if stride == 1:
+                        _flat_accumulate_fast4(src, base, b1, b2, last, grad, base, b1, b2, last, acc, length, width)
+                    else:
+                        # dout of the four images spread over the full-resolution grid, side by side
+                        for k in range(4):
+                            small = ((i + k) * c + c0) * small_plane
+                            _upsample(grad, small, out_h, out_w, channels, height, width, 0, buf[k * length :])
+                        _flat_accumulate_fast4(
+                            src, base, b1, b2, last, buf, 0, length, 2 * length, 3 * length, acc, length, width
+                        )
                     i += 4
                     continue
                 if stride == 1:

@@ -20,7 +20,7 @@ SHAPES = [
     (37, 8, 4, 4, 8, 3, 1, 1, 1),
     (40, 6, 2, 2, 4, 1, 1, 0, 2),
     (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: two channel chunks, checked runs at the ends, four-image runs
-    (4, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), two chunks
+    (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), two chunks, four-image runs
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
