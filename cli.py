@@ -358,8 +358,10 @@ def evaluate_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
+@click.option("--measure", is_flag=True,  # planned arena
+              help="Run one real training step and print the measured bytes beside the plan.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None) -> None:
+           offload_n: int | None = None, measure: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the graph's shapes and tensor lifespans; nothing is run.
@@ -376,6 +378,8 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     except ValueError as exc:
         fail(str(exc))
     report = net.memory_report(batch_size)
+    if measure:  # planned arena: one real step
+        net.measure_memory(batch_size, report)
     # --- offload issue: planned peak with and without offload ---
     peaks = None
     if offload_n is not None:
@@ -387,6 +391,17 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
     else:
         render_memory_report(report)
+        # planned arena: the static plan of ACTIVATIONS + FF_CACHE + ACTIVATION_GRAD beside what one step reserved
+        mib = 2.0**20
+        line = (f"activations + saved + activation gradients: planned peak {report.arena_planned_bytes / mib:.1f} MiB, "
+                f"lower bound {report.arena_lower_bound_bytes / mib:.1f} MiB, all kept at once "
+                f"{report.arena_total_bytes / mib:.1f} MiB")
+        if report.measured:
+            line += (f"; measured (one step): reserved {report.measured['arena_reserved_bytes'] / mib:.1f} MiB, "
+                     f"live at once {report.measured['arena_live_peak_bytes'] / mib:.1f} MiB, "
+                     f"all workspaces and blocks {report.measured['reserved_bytes'] / mib:.1f} MiB, "
+                     f"peak RSS {report.measured['peak_rss_bytes'] / mib:.1f} MiB")
+        click.echo(line)
         if peaks:  # offload issue
             mib = 2.0**20
             click.echo(f"offload N={offload_n}: planned peak {peaks['planned_peak_bytes_offload'] / mib:.1f} MiB "

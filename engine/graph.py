@@ -201,6 +201,73 @@ class Graph:
             )
         return specs
 
+    def allocations(self, batch_size: int = 1) -> list[TensorSpec]:
+        """The ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD tensors a training iteration really allocates,
+        in creation order, with the steps they really live: what the planned arena places.
+
+        Unlike ``tensors`` (one logical gradient per node), this follows ``Network.backward`` tensor by
+        tensor: a layer's backward makes a new gradient per input it is asked for (BatchNorm2d always
+        makes one), Add hands its ``dout`` on, ReLU writes over ``dout`` when nothing else reads it, a
+        fan-out sums into a new tensor (``<node>:grad_sum@<consumer>``); a gradient lives until its last
+        reader, through every tensor that aliases it. The logits live until the loss head's backward
+        (step ``L``), as do the loss head's tensors. ``Network`` checks every step that the layers did
+        what this says.
+        """
+        from engine.layers.activation import ReLU
+        from engine.layers.batchnorm import BatchNorm2d
+        from engine.layers.merge import Add
+
+        L = len(self.nodes)
+        shapes = self.shapes(batch_size)
+        made: list[TensorSpec] = []
+        for t in self.tensors(batch_size):
+            if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE):
+                last = max(t.last, L) if t.owner == self.output.index or t.owner is None else t.last
+                made.append(TensorSpec(t.name, t.owner, t.array_type, t.shape, t.dtype, t.first, last))
+
+        class Grad:  # one gradient buffer while the simulation runs
+            def __init__(self, name: str, owner: int | None, shape: Shape, step: int):
+                self.name, self.owner, self.shape, self.first, self.last = name, owner, shape, step, step
+
+        buffers: list[Grad] = []
+
+        def new(name: str, owner: int | None, shape: Shape, step: int) -> Grad:
+            buffers.append(Grad(name, owner, shape, step))
+            return buffers[-1]
+
+        out = self.output
+        grads: dict[int, Grad] = {out.index: new(f"{out.name}:grad", None, shapes[out.index], L)}  # the loss
+        for node in reversed(self.nodes):
+            step = 2 * L - 1 - node.index
+            dout = grads.pop(node.index)
+            dout.last = step
+            reuse_dout = all(other is not dout for other in grads.values())
+            results: list[Grad | None] = []
+            for source in node.inputs:
+                needed = source != GRAPH_INPUT
+                name = f"{'input' if source == GRAPH_INPUT else self.nodes[source].name}:grad@{node.name}"
+                if isinstance(node.layer, Add):
+                    results.append(dout if needed else None)
+                elif isinstance(node.layer, ReLU) and needed and reuse_dout:
+                    results.append(dout)
+                elif needed or isinstance(node.layer, BatchNorm2d):
+                    results.append(new(name, node.index, shapes[source], step))
+                else:
+                    results.append(None)
+            for source, dx in zip(node.inputs, results):
+                if source == GRAPH_INPUT or dx is None:
+                    continue
+                if source in grads:  # a fan-out: both contributions are read by the add into a new tensor
+                    grads[source].last = dx.last = step
+                    grads[source] = new(f"{self.nodes[source].name}:grad_sum@{node.name}", node.index,
+                                        shapes[source], step)
+                else:
+                    grads[source] = dx
+        for g in buffers:
+            made.append(TensorSpec(g.name, g.owner, ArrayType.ACTIVATION_GRAD, tuple(g.shape), np.float32,
+                                   g.first, g.last))
+        return made
+
     def lifespans(self) -> dict[str, Lifespan]:
         """Tensor name → (first step, last step); steps 0..L-1 forward, L..2L-1 backward."""
         return {t.name: Lifespan(t.first, t.last) for t in self.tensors(1)}

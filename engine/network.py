@@ -42,6 +42,10 @@ from engine.layers.base import nbytes
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
+from engine.memory.arena import ArenaPlan, PlannedArena, make_plan
+
+PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD)
+"""What the planned arena provides in training (an offload scheduler takes over the first two)."""
 
 HOOK_METHODS = (
     "on_iteration_start",
@@ -82,6 +86,11 @@ class MemoryReport:
     peak_step: int
     planned_peak_bytes: int  # long-lived blocks + iteration peak (a liveness-based plan, no fragmentation)
     by_type_at_peak: dict[str, int] = field(default_factory=dict)
+    # The planned arena (ACTIVATIONS, FF_CACHE, ACTIVATION_GRAD): offsets planned from lifespans.
+    arena_planned_bytes: int = 0  # the arena the static plan needs
+    arena_lower_bound_bytes: int = 0  # the most of those bytes alive at one step (no placement beats it)
+    arena_total_bytes: int = 0  # all of those tensors at once: what keeping them for the whole step costs
+    measured: dict[str, int] = field(default_factory=dict)  # filled by Network.measure_memory
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +103,10 @@ class MemoryReport:
             "peak_step": self.peak_step,
             "planned_peak_bytes": self.planned_peak_bytes,
             "by_type_at_peak": dict(self.by_type_at_peak),
+            "arena_planned_bytes": self.arena_planned_bytes,
+            "arena_lower_bound_bytes": self.arena_lower_bound_bytes,
+            "arena_total_bytes": self.arena_total_bytes,
+            "measured": dict(self.measured),
         }
 
 
@@ -122,6 +135,13 @@ class Network:
         # A child of the training manager: closing the network (``close``) closes both.
         self.inference_mgr = self.mgr.sub_manager("inference" if enabled else "none", name="inference")
         self.loss_head = SoftmaxCrossEntropy(backend)
+        # Training tensors go to offsets planned from their lifespans (engine.memory.arena), not a bump
+        # workspace that keeps all of them for the whole step.
+        self.arena: PlannedArena | None = None
+        if enabled:
+            self.arena = PlannedArena(backend, f"{self.mgr.name}/planned", self.arena_plan)
+            self.mgr.track_arena(self.arena)
+            self.mgr.set_default_provider(PLANNED_TYPES, self.arena)
 
         parameter_specs, buffer_specs = [], []
         for node in graph.nodes:
@@ -171,6 +191,9 @@ class Network:
         scope.__enter__()
         self._scope, self._scope_training, self._loss_ready = scope, training, False
         try:
+            if training and self.arena is not None:
+                types = [t for t in PLANNED_TYPES if mgr.provider_for(t) is self.arena]
+                self.arena.start_iteration(int(x.shape[0]), types)
             if training:
                 self._call_hooks("on_iteration_start", self)
             if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
@@ -188,6 +211,8 @@ class Network:
                     remaining[source] -= 1
                     if remaining[source] == 0 and source != GRAPH_INPUT:
                         del outputs[source]
+                if training and self.arena is not None:
+                    self.arena.end_step(node.index, node.index)
                 if training:
                     self._call_hooks("after_forward", node.index, node)
             self._logits = outputs[self.graph.output.index]
@@ -236,6 +261,8 @@ class Network:
                         else:
                             grads[source] = dx
                 node.layer.clear_saved()
+                if self.arena is not None:
+                    self.arena.end_step(step, node.index, backward=True)
                 self._call_hooks("after_backward", step, node)
             self._call_hooks("on_iteration_end", self)
         finally:
@@ -251,6 +278,8 @@ class Network:
         self.loss_head.saved = {}
         if scope is not None:
             scope.__exit__(None, None, None)
+        if self.arena is not None:
+            self.arena.end_iteration()
 
     def close(self) -> None:
         """Release every workspace of this network (both managers); the network is unusable afterwards."""
@@ -398,6 +427,7 @@ class Network:
                     by_type[t.array_type.name] = by_type.get(t.array_type.name, 0) + t.nbytes
                 scratch_type = ArrayType.FF_WORKING_MEM if step < L else ArrayType.BP_WORKING_MEM
                 by_type[scratch_type.name] = step_scratch[step]
+        arena = self.arena_plan(batch_size)
         parameter_bytes = int(self.parameters.flat.nbytes)
         gradient_bytes = int(self.gradients.flat.nbytes)
         buffer_bytes = int(self.buffers.flat.nbytes)
@@ -411,7 +441,40 @@ class Network:
             peak_step=peak_step,
             planned_peak_bytes=parameter_bytes + gradient_bytes + buffer_bytes + peak,
             by_type_at_peak=by_type,
+            arena_planned_bytes=arena.planned_peak,
+            arena_lower_bound_bytes=arena.lower_bound,
+            arena_total_bytes=arena.total_bytes,
         )
+
+    def measure_memory(self, batch_size: int, report: MemoryReport | None = None) -> MemoryReport:
+        """Run one real training step (random data, no optimizer update) and add what the workspaces reserved.
+
+        ``report.measured``: reserved bytes of the planned types, of everything, and the process's peak RSS.
+        """
+        import resource
+
+        report = report if report is not None else self.memory_report(batch_size)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((batch_size, *self.graph.input_shape)).astype(np.float32)
+        num_classes = int(self.graph.shapes(1)[self.graph.output.index][-1])
+        labels = (np.arange(batch_size) % num_classes).astype(np.int64)
+        self.forward(self.backend.to_device(x), training=True)
+        self.loss(labels)
+        self.backward()
+        reserved = self.mgr.reserved_bytes_by_type()
+        report.measured = {
+            "arena_reserved_bytes": sum(reserved.get(t.name, 0) for t in PLANNED_TYPES),
+            "arena_live_peak_bytes": self.arena.measured_peak if self.arena is not None else 0,
+            "reserved_bytes": sum(reserved.values()),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            **{f"reserved_{k}": v for k, v in sorted(reserved.items())},
+        }
+        return report
+
+    def arena_plan(self, batch_size: int, types: Any = PLANNED_TYPES) -> ArenaPlan:
+        """The static plan of the training tensors of ``types`` (default: all the arena can provide)."""
+        types = frozenset(types)
+        return make_plan(t for t in self.graph.allocations(batch_size) if t.array_type in types)
 
     def node(self, name: str) -> Node:
         return self.graph.by_name[name]

@@ -4,9 +4,11 @@
 block each, bump allocation, scopes with a generation counter) for its mode; a ``Tensor`` remembers
 its workspace generation so a stale one is caught before a kernel runs; ``ContiguousBlock`` holds the
 long-lived parameters, gradients and optimizer state as one array each; the manager tree closes what
-a closed owner held; the ``MemoryMonitor`` records what all of it costs per step.
+a closed owner held; ``PlannedArena`` places a training step's tensors at offsets planned from their
+lifespans (``planner``); the ``MemoryMonitor`` records what all of it costs per step.
 """
 
+from engine.memory.arena import ArenaPlan, PlanMismatchError, PlannedArena, PlannedTensor, make_plan
 from engine.memory.array_type import LONG_LIVED, ArrayType
 from engine.memory.block import ContiguousBlock
 from engine.memory.manager import MODES, ROUTES, WorkspaceManager, no_workspaces
@@ -41,6 +43,11 @@ from engine.memory.workspace import (
 )
 
 __all__ = [
+    "ArenaPlan",
+    "PlanMismatchError",
+    "PlannedArena",
+    "PlannedTensor",
+    "make_plan",
     "ALIGNMENT",
     "LONG_LIVED",
     "MODES",

@@ -13,10 +13,13 @@ one of its workspaces (the table is in the README, "## Memory"):
 
 Inference keeps every activation of a batch in one workspace rather than alternating two: the
 network is a DAG with residual connections, and ping-ponging would overwrite a skip tensor still
-waiting for its add. Training keeps activations and FF_CACHE for the whole step because backward
-reads them. All workspaces default to FIRST_LOOP learning with REALLOCATE spill: the first step
-learns the sizes (and the per-layer working memory grows to its largest layer), and from the
-second step on a step of the same shapes allocates nothing.
+waiting for its add. In training the network makes a ``PlannedArena`` (``engine.memory.arena``) the
+default provider of ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD: each tensor gets an offset planned from
+its lifespan, so the block is the planned peak rather than every tensor of the step at once; the
+"activations" and "gradients" workspaces then only serve what the plan does not (the offload
+scheduler's loss-head tensors, managers used without a network). All workspaces default to
+FIRST_LOOP learning with REALLOCATE spill: the first step learns the sizes (and the per-layer
+working memory grows to its largest layer), and from the second step on a step of the same shapes allocates nothing.
 
 ``set_provider(types, provider)`` hands chosen types to someone else (the offload scheduler places
 saved-for-backward tensors in its own windows); ``owner`` tells the provider which layer asks.
@@ -115,6 +118,8 @@ class WorkspaceManager(ManagerNode):
             role: [t for t in ArrayType if routes.get(t) == role] for role in roles
         }
         self._providers: dict[ArrayType, TensorProvider] = {}
+        self._default_providers: dict[ArrayType, TensorProvider] = {}
+        self._arenas: list[Any] = []
         self._iteration_depth = 0
         self._blocks: list[Any] = []
 
@@ -204,8 +209,27 @@ class WorkspaceManager(ManagerNode):
         for array_type in types:
             if provider is None:
                 self._providers.pop(array_type, None)
+                if array_type in self._default_providers:
+                    self._providers[array_type] = self._default_providers[array_type]
             else:
                 self._providers[array_type] = provider
+
+    def set_default_provider(self, array_types: Iterable[ArrayType], provider: TensorProvider | None) -> None:
+        """The provider these types go back to when ``set_provider(type, None)`` removes another one.
+
+        The network's planned arena is the default; an offload scheduler set with ``set_provider`` takes
+        over its types and gives them back to the arena when it detaches, in whichever order they came.
+        """
+        for array_type in array_types:
+            current = self._default_providers.pop(array_type, None)
+            if provider is not None:
+                self._default_providers[array_type] = provider
+            if self._providers.get(array_type) is current or array_type not in self._providers:
+                self.set_provider(array_type, provider)
+
+    def track_arena(self, arena: Any) -> None:
+        """Count a planned arena (``engine.memory.arena``) in this manager's reserved/in-use bytes and allocations."""
+        self._arenas.append(arena)
 
     def provider_for(self, array_type: ArrayType) -> TensorProvider | None:
         return self._providers.get(array_type)
@@ -274,6 +298,10 @@ class WorkspaceManager(ManagerNode):
         self._iteration_depth = 0
         self._blocks = []
         self._providers = {}
+        self._default_providers = {}
+        for arena in self._arenas:
+            arena.release(f"manager [{self.name}]")
+        self._arenas = []
 
     # --- accounting ---------------------------------------------------------------------------------
 
@@ -301,6 +329,9 @@ class WorkspaceManager(ManagerNode):
                 totals[key] = totals.get(key, 0) + nbytes
         for block in self._blocks:
             totals[block.array_type.name] = totals.get(block.array_type.name, 0) + block.nbytes
+        for arena in self._arenas:
+            for array_type, nbytes in arena.in_use_bytes_by_type().items():
+                totals[array_type.name] = totals.get(array_type.name, 0) + nbytes
         return totals
 
     def reserved_bytes_by_type(self) -> dict[str, int]:
@@ -322,16 +353,22 @@ class WorkspaceManager(ManagerNode):
                 totals[t.name] = totals.get(t.name, 0) + nbytes
         for block in self._blocks:
             totals[block.array_type.name] = totals.get(block.array_type.name, 0) + block.nbytes
+        for arena in self._arenas:
+            for array_type, nbytes in arena.reserved_bytes_by_type().items():
+                totals[array_type.name] = totals.get(array_type.name, 0) + nbytes
         return totals
 
     def spilled_bytes(self) -> int:
         return sum(ws.spilled_bytes for ws in self._workspaces.values())
 
     def block_allocations(self) -> int:
-        return sum(ws.block_allocations for ws in self._workspaces.values())
+        return sum(ws.block_allocations for ws in self._workspaces.values()) + sum(
+            a.block_allocations for a in self._arenas
+        )
 
     def _describe(self) -> tuple[str, int, dict[str, int]]:
-        reserved = sum(ws.capacity for ws in self._workspaces.values()) + sum(b.nbytes for b in self._blocks)
+        reserved = (sum(ws.capacity for ws in self._workspaces.values()) + sum(b.nbytes for b in self._blocks)
+                    + sum(a.capacity for a in self._arenas))
         spilled = self.spilled_bytes()
         summary = f"{self.name} [{self.mode}]"
         if spilled:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.memory.array_type import ArrayType
+from engine.memory.planner import first_fit
 
 ALIGN = 64  # tensor alignment inside a unit, as the workspaces use
 PAGE = 4096  # unit alignment in the swap file: page-cache drops and O_DIRECT work on whole pages
@@ -217,21 +218,11 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPla
     file_offsets, file_bytes = file_layout(units)
     spans = {u.key: occupations_for(u, window) for u in units}
 
-    placed: dict[tuple[int, str], int] = {}
     # Largest first, earlier first among equals: the TFLite arena order; first fit at the lowest offset.
-    for unit in sorted(units, key=lambda u: (-u.footprint, u.created, u.key)):
-        mine = spans[unit.key][0]
-        busy = sorted(
-            (placed[other.key], placed[other.key] + other.footprint)
-            for other in units
-            if other.key in placed and _spans_overlap(mine, spans[other.key][0])
-        )
-        offset = 0
-        for start, end in busy:
-            if offset + unit.footprint <= start:
-                break
-            offset = max(offset, end)
-        placed[unit.key] = offset
+    order = sorted(range(len(units)), key=lambda i: (-units[i].footprint, units[i].created, units[i].key))
+    offsets = first_fit([u.footprint for u in units],
+                        [[(o.start, o.end) for o in spans[u.key][0]] for u in units], order)
+    placed = {u.key: offset for u, offset in zip(units, offsets)}
 
     plans = {
         u.key: UnitPlan(u, placed[u.key], spans[u.key][1], spans[u.key][0],

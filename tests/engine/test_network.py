@@ -208,9 +208,13 @@ def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(bac
     for node in net.graph.nodes:
         node.layer.backend = recording
     net.backend = net.loss_head.backend = recording
+    grads = []
+    arena_create = net.arena.create  # the planned arena still provides ACTIVATION_GRAD
+    net.arena.create = lambda *args: grads.append(arena_create(*args)) or grads[-1]
     x, y = batch(n=2)
     net.forward(x, training=True)
     net.loss(y)
+    clock.step = len(net.graph.nodes)  # the loss head's backward opens the backward: step L
     net.backward()
     planned = [t for t in net.graph.tensors(2) if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)]
     name_of = {id(tensor): spec for tensor, spec in zip(made, planned, strict=True)}
@@ -224,6 +228,19 @@ def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(bac
         assert all(spec.first <= s <= spec.last for s in steps), (spec.name, (spec.first, spec.last), steps)
         if spec.array_type is ArrayType.FF_CACHE:  # made in forward, read in backward: exactly its span
             assert (min(steps), max(steps)) == (spec.first, spec.last), spec.name
+    # ACTIVATION_GRAD: every gradient the backward really makes, used exactly within its planned span
+    grad_plan = net.arena.plan.tensors
+    assert {t.array_type for t in grad_plan} == {ArrayType.ACTIVATION_GRAD}
+    spec_of = {id(tensor): spec for tensor, spec in zip(grads, grad_plan, strict=True)}
+    grad_uses: dict[str, list[int]] = {}
+    for tensor, step in recording.kernels.uses:
+        if id(tensor) in spec_of:
+            grad_uses.setdefault(spec_of[id(tensor)].name, []).append(step)
+    for spec in grad_plan:
+        steps = grad_uses.get(spec.name, [])
+        assert steps and all(spec.first <= s <= spec.last for s in steps), (spec.name, spec.first, spec.last, steps)
+        if "flat" not in spec.name:  # Flatten reads and writes gradients outside the kernel table
+            assert (min(steps), max(steps)) == (spec.first, spec.last), spec.name  # kept no longer than needed
     net.close()
 
 
