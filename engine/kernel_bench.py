@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 CHECK_IMAGES = 4
-CONV_VERSIONS = {"forward": (1, 2, 3, 4), "data": (2, 3, 4), "weight": (2, 3, 4)}
+CONV_VERSIONS = {"forward": (1, 2, 3, 4, 5), "data": (2, 3, 4, 5), "weight": (2, 3, 4, 5)}
 
 
 @dataclass(frozen=True)
