@@ -10,7 +10,10 @@ Host (NumPy) batches and labels are accepted on a GPU backend too: they are copi
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
 running statistics in a third block (``net.buffers``); layers get views into them. Everything an
 iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
-``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``.
+``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``. In training,
+ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD go to ``net.arena`` (a ``PlannedArena``): offsets planned
+before the first step from ``graph.allocations`` (``net.arena_plan(batch)``); ``end_step`` after each
+forward and backward step retires what that step was the last to read.
 
 **Scope of an iteration.** ``forward`` enters ``mgr.iteration()`` (which resets the per-iteration
 workspaces) and leaves it open: the logits, the loss and every tensor kept for backward stay valid
@@ -191,11 +194,11 @@ class Network:
         scope.__enter__()
         self._scope, self._scope_training, self._loss_ready = scope, training, False
         try:
-            if training and self.arena is not None:
-                types = [t for t in PLANNED_TYPES if mgr.provider_for(t) is self.arena]
-                self.arena.start_iteration(int(x.shape[0]), types)
             if training:
                 self._call_hooks("on_iteration_start", self)
+            if training and self.arena is not None:  # after the hooks: a provider they install is seen
+                types = [t for t in PLANNED_TYPES if mgr.provider_for(t) is self.arena]
+                self.arena.start_iteration(int(x.shape[0]), types)
             if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
                 x = mgr.leverage_to(ArrayType.INPUT, x)
             outputs: dict[int, Any] = {GRAPH_INPUT: x}
