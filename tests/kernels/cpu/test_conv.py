@@ -21,6 +21,7 @@ SHAPES = [
     (40, 6, 2, 2, 4, 1, 1, 0, 2),
     (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: two channel chunks, checked runs at the ends, four-image runs
     (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), two chunks, four-image runs
+    (3, 2, 7, 3, 3, 5, 1, 2, 1),  # 5×5 "same" on a plane narrower than the kernel: flat im2col rows, two zeroed columns
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
