@@ -259,18 +259,37 @@ def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 @njit(cache=True)
 def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
-    """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order."""
+    """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order.
+
+    Overwrites the entries of ``dcols`` that fall off the plane (scratch, read by no one after)."""
     channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
     pixels = out_h * out_w
     src, dst = dcols.reshape(dcols.size), dx.reshape(dx.size)
     plane = uint64(((n0 + i) * channels + c0 + c) * height * width)
     for k in range(height * width):
         dst[plane + uint64(k)] = 0.0
+    same = stride == 1 and out_w == width
     for r in range(kernel):
         y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
         for s in range(kernel):
             x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
             line = uint64(((c * kernel + r) * kernel + s) * dcols.shape[1] + i * pixels)
+            if same and y_lo < y_hi and x_lo < x_hi:
+                # As in _im2col_row_same: one flat run per offset. The wrapped-around column's
+                # entries (taps off the plane) are zeroed in dcols first, so they add nothing.
+                for y in range(y_lo, y_hi):
+                    row_start = line + uint64(y * width)
+                    for ox in range(x_lo):
+                        src[row_start + uint64(ox)] = 0.0
+                    for ox in range(x_hi, width):
+                        src[row_start + uint64(ox)] = 0.0
+                first = y_lo * width + x_lo
+                last = (y_hi - 1) * width + x_hi
+                read_from = line + uint64(first)
+                add_to = plane + uint64(first + (r - pad) * width + s - pad)
+                for q in range(last - first):
+                    dst[add_to + uint64(q)] += src[read_from + uint64(q)]
+                continue
             for y in range(y_lo, y_hi):
                 in_row = line + uint64(y * out_w)
                 out_row = plane + uint64((y * stride + r - pad) * width + s - pad)
