@@ -287,6 +287,10 @@ def train(
     console = Console(stderr=False)
     console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
+    from engine.info import blas_pin_advice
+
+    if blas_pin_advice():
+        console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
     monitor = MemoryMonitor(net.mgr, path=memory_log)
     try:
         trainer = Trainer(

@@ -96,3 +96,16 @@ def test_info_json_and_help():
     assert report["cpu"]["threading_layer"]
     help_text = subprocess.run(["engine", "--help"], capture_output=True, text=True).stdout
     assert "info" in help_text
+
+
+def test_blas_pin_advice_names_the_variable_and_the_fix(monkeypatch):
+    from engine import info
+
+    monkeypatch.setattr(info, "_cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    advice = info.blas_pin_advice()
+    assert "OPENBLAS_CORETYPE=Haswell" in advice and "env -u OPENBLAS_CORETYPE" in advice
+    monkeypatch.setattr(info, "_cpu_flags", lambda: {"avx2"})  # nothing faster to gain on an AVX2 CPU
+    assert info.blas_pin_advice() is None
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert info.blas_pin_advice() is None
