@@ -206,16 +206,14 @@ class Graph:
         in creation order, with the steps they really live: what the planned arena places.
 
         Unlike ``tensors`` (one logical gradient per node), this follows ``Network.backward`` tensor by
-        tensor: a layer's backward makes a new gradient per input it is asked for (BatchNorm2d always
-        makes one), Add hands its ``dout`` on, ReLU writes over ``dout`` when nothing else reads it, a
-        fan-out sums into a new tensor (``<node>:grad_sum@<consumer>``); a gradient lives until its last
-        reader, through every tensor that aliases it. The logits live until the loss head's backward
-        (step ``L``), as do the loss head's tensors. ``Network`` checks every step that the layers did
-        what this says.
+        tensor, as each layer declares in ``input_gradients`` (a new gradient per input asked for; one
+        even when none is (BatchNorm2d); ``dout`` handed on (Add); ``dout`` written over when nothing
+        else reads it (ReLU)), a fan-out sums into a new tensor (``<node>:grad_sum@<consumer>``); a
+        gradient lives until its last reader, through every tensor that aliases it. The logits live
+        until the loss head's backward (step ``L``), as do the loss head's tensors. ``Network`` checks
+        every step that the layers did what this says.
         """
-        from engine.layers.activation import ReLU
-        from engine.layers.batchnorm import BatchNorm2d
-        from engine.layers.merge import Add
+        from engine.layers.base import InputGradients
 
         L = len(self.nodes)
         shapes = self.shapes(batch_size)
@@ -246,11 +244,12 @@ class Graph:
             for source in node.inputs:
                 needed = source != GRAPH_INPUT
                 name = f"{'input' if source == GRAPH_INPUT else self.nodes[source].name}:grad@{node.name}"
-                if isinstance(node.layer, Add):
+                policy = node.layer.input_gradients
+                if policy is InputGradients.PASS_THROUGH:
                     results.append(dout if needed else None)
-                elif isinstance(node.layer, ReLU) and needed and reuse_dout:
+                elif policy is InputGradients.OVER_DOUT and needed and reuse_dout:
                     results.append(dout)
-                elif needed or isinstance(node.layer, BatchNorm2d):
+                elif needed or policy is InputGradients.ALWAYS_NEW:
                     results.append(new(name, node.index, shapes[source], step))
                 else:
                     results.append(None)

@@ -4,7 +4,7 @@ See ``engine.layers.base`` for the contract between a layer and the graph.
 """
 
 from engine.layers.activation import ReLU, ReLU6
-from engine.layers.base import BufferSpec, Layer, ParameterSpec, SavedSpec
+from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec
 from engine.layers.batchnorm import BatchNorm2d
 from engine.layers.conv import Conv2d
 from engine.layers.dense import Dense, Flatten
@@ -23,6 +23,7 @@ __all__ = [
     "Dropout",
     "Flatten",
     "GlobalAvgPool",
+    "InputGradients",
     "Layer",
     "MaxPool2d",
     "ParameterSpec",

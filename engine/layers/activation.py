@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.layers.base import Layer, Shape
+from engine.layers.base import InputGradients, Layer, Shape
 
 
 class ReLU(Layer):
     keeps_output = True
+    input_gradients = InputGradients.OVER_DOUT
     forward_op = "relu_forward"
     backward_op = "relu_backward"
 

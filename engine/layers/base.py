@@ -19,6 +19,7 @@ two in ``self.saved`` and forgets it in ``clear_saved()``.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +60,23 @@ def nbytes(shape: Shape, dtype: Any = np.float32) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
+class InputGradients(enum.Enum):
+    """Where a layer's backward puts its input gradients: the memory plan reads this declaration,
+    so the planned arena and the layer's ``backward`` agree on which gradient tensors exist."""
+
+    NEW = "new"  # a new ACTIVATION_GRAD per input that needs one
+    ALWAYS_NEW = "always new"  # one new gradient even when no input needs it (the kernel always writes dx)
+    PASS_THROUGH = "pass through"  # hands ``dout`` itself to every input (Add)
+    OVER_DOUT = "over dout"  # writes over ``dout`` when nothing else reads it, else a new one (ReLU)
+
+
 class Layer:
     """Base class. Subclasses set the class attributes and implement the shape and compute methods."""
 
     num_inputs: int = 1
     keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
+    input_gradients: InputGradients = InputGradients.NEW
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)

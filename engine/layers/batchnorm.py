@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from engine.layers.base import BufferSpec, Layer, ParameterSpec, SavedSpec, Shape
+from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
 
 
 class BatchNorm2d(Layer):
     keeps_input = True
+    input_gradients = InputGradients.ALWAYS_NEW
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.layers.base import Layer, Shape
+from engine.layers.base import InputGradients, Layer, Shape
 
 
 class Add(Layer):
     num_inputs = 2
+    input_gradients = InputGradients.PASS_THROUGH
 
     def output_shape(self, input_shapes: list[Shape]) -> Shape:
         self.check_num_inputs(input_shapes)
