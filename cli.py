@@ -70,7 +70,7 @@ def info(as_json: bool) -> None:
 def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
     if warmup:
-        from engine.kernel_bench import warm_up
+        from engine.bench.kernels import warm_up
 
         seconds, calls = warm_up()
         click.echo(f"warm-up: {calls} CPU kernel calls in {seconds:.2f} s (Numba cache: compiled or loaded)")
@@ -85,7 +85,7 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
         except ImportError:
             fail("--compare torch needs PyTorch: pip install -e '.[test]'")
     select_backend(backend)
-    from engine import kernel_bench
+    from engine.bench import kernels as kernel_bench
 
     op_list = [o.strip() for o in ops.split(",") if o.strip()]
     cases, missing = kernel_bench.build_cases(backend, op_list, batch_size, versions, chosen_models)
@@ -433,7 +433,7 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format) -> None:
     """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
     peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
-    from engine.offload.bench import format_markdown, format_table, run_bench
+    from engine.bench.offload import format_markdown, format_table, run_bench
     from engine.offload.session import OffloadConfig
     from models import MODEL_NAMES
 

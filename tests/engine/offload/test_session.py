@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
+from engine.bench.offload import format_markdown, format_table, summarize
 from engine.data.datasets import synthetic
 from engine.memory.monitor import MemoryMonitor
 from engine.offload import OffloadConfig, OffloadSession
-from engine.offload.bench import format_markdown, format_table, summarize
 from engine.offload.storage import DIR_PREFIX
 from engine.optim import make_optimizer
 from engine.train import Trainer, build_network
@@ -100,7 +100,7 @@ def test_bench_tables_have_the_seed_columns():
 
 
 def test_bench_worker_interleaves_both_runs():
-    from engine.offload.bench import run_worker
+    from engine.bench.offload import run_worker
 
     config = {"model": "mlp", "batch_size": 4, "image_size": 8, "backend": "cpu", "directory": None,
               "windows": [None, 1], "steps": 2, "warmup": 1}

@@ -9,7 +9,7 @@ page-cache bytes of the swap file (mincore, sampled when the most data is on dis
 backward step). Two more processes, one per configuration, measure the peak RSS the OS sees (one
 run's memory must not hide in the other's).
 
-    python -m engine.offload.bench --worker '{"model": "resnet18", "windows": [null, 4], ...}'
+    python -m engine.bench.offload --worker '{"model": "resnet18", "windows": [null, 4], ...}'
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _spawn(config: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     if config["backend"] == "cudasim":
         env["NUMBA_ENABLE_CUDASIM"] = "1"
-    process = subprocess.run([sys.executable, "-m", "engine.offload.bench", "--worker", json.dumps(config)],
+    process = subprocess.run([sys.executable, "-m", "engine.bench.offload", "--worker", json.dumps(config)],
                              capture_output=True, text=True, env=env)
     if process.returncode != 0:
         raise RuntimeError(f"benchmark run {config} failed:\n{process.stderr.strip()[-2000:]}")
@@ -287,7 +287,7 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "--worker":
-        print("usage: python -m engine.offload.bench --worker JSON (engine bench runs this)", file=sys.stderr)
+        print("usage: python -m engine.bench.offload --worker JSON (engine bench runs this)", file=sys.stderr)
         return 2
     print(json.dumps(run_worker(json.loads(argv[1]))))
     return 0

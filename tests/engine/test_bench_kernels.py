@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from engine import kernel_bench
+from engine.bench import kernels as kernel_bench
 
 
 def test_resnet18_shapes_are_its_distinct_convolutions():
