@@ -213,7 +213,7 @@ def train(
 ) -> None:
     """Train a model; prints a progress bar and a summary.
 
-    Start with: engine train --model cnn   (digits, one epoch, a few seconds)
+    Start with: engine train --model resnet18 --offload-n 4   (digits, one epoch; --model cnn takes seconds)
     """
     backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
     _set_threads(threads)
@@ -278,13 +278,13 @@ def train(
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None:
-        click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size))}"
+        click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size), offload.no_offload_bytes)}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
 
-    from rich.console import Console
+    from engine.summary import make_console
 
-    console = Console(stderr=False)
+    console = make_console()
     console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
@@ -303,16 +303,24 @@ def train(
         fail(str(exc))
     finally:
         monitor.close()
-    if memory_plot:
-        monitor.plot(memory_plot)
     if save:
         save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run})
-        console.print(f"checkpoint written to {save} (step {trainer.step})")
     render_training_summary(result, console)
+    written = []  # every file this run wrote, named
+    if memory_log:
+        written.append(f"memory log {memory_log} ({len(monitor.records)} lines)")
+    if memory_plot:
+        monitor.plot(memory_plot, peak_rss=(result.peak_rss_bytes, result.peak_rss_phase))
+        written.append(f"memory plot {memory_plot}")
+    if save:
+        written.append(f"checkpoint {save} (step {trainer.step})")
     if summary_json:
         summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
         with open(summary_json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
+        written.append(f"summary {summary_json}")
+    for line in written:
+        console.print(f"wrote {line}", markup=False, highlight=False)
 
 
 @main.command(name="eval")
@@ -391,29 +399,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 
         peaks = planned_peaks(net, batch_size, offload_n)
     # --- end offload issue ---
-    if as_json:
-        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
-    else:
-        render_memory_report(report)
-        # planned arena: the static plan of ACTIVATIONS + FF_CACHE + ACTIVATION_GRAD beside what one step reserved
-        mib = 2.0**20
-        line = (f"activations + saved + activation gradients: planned peak {report.arena_planned_bytes / mib:.1f} MiB, "
-                f"lower bound {report.arena_lower_bound_bytes / mib:.1f} MiB, all kept at once "
-                f"{report.arena_total_bytes / mib:.1f} MiB")
-        if report.measured:
-            line += (f"; measured (one step): reserved {report.measured['arena_reserved_bytes'] / mib:.1f} MiB, "
-                     f"live at once {report.measured['arena_live_peak_bytes'] / mib:.1f} MiB, "
-                     f"all workspaces and blocks {report.measured['reserved_bytes'] / mib:.1f} MiB, "
-                     f"peak RSS {report.measured['peak_rss_bytes'] / mib:.1f} MiB")
-        click.echo(line)
-        if peaks:  # offload issue
-            mib = 2.0**20
-            click.echo(f"offload N={offload_n}: planned peak {peaks['planned_peak_bytes_offload'] / mib:.1f} MiB "
-                       f"with offload, {peaks['planned_peak_bytes_no_offload'] / mib:.1f} MiB without; "
-                       f"saved tensors {peaks['offload_arena_bytes'] / mib:.1f} MiB resident instead of "
-                       f"{peaks['offloadable_bytes_no_offload'] / mib:.1f} MiB; "
-                       f"{peaks['written_per_step_bytes'] / mib:.1f} MiB written per step")
+    from engine.report import table_dict
+    from engine.summary import memory_tables
 
+    if as_json:
+        tables = [table_dict(t) for t in memory_tables(report, peaks)]
+        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}), "tables": tables},
+                              indent=2))
+    else:
+        render_memory_report(report, offload=peaks)
 
 
 # --- bench: offload benchmark (offload issue) ---

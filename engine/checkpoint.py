@@ -144,9 +144,76 @@ def load_weights(path: str, net: Any) -> Checkpoint:
     checkpoint = read_checkpoint(path)
     try:
         net.load_state_dict(checkpoint.model_state(), strict=True)
-    except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"{path}: weights do not fit the model: {exc}") from None
+    except (KeyError, ValueError):
+        raise CheckpointError(mismatch_message(checkpoint, net)) from None
     return checkpoint
+
+
+def _expected_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
+    """Every tensor name a network of ``graph`` loads, with its shape (num_batches_tracked aside)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for node in graph.nodes:
+        for spec in (*node.layer.parameter_specs(), *node.layer.buffer_specs()):
+            shapes[f"{node.name}.{spec.name}"] = tuple(spec.shape)
+    return shapes
+
+
+def _counted(state: dict[str, Any]) -> set[str]:
+    return {k for k in state if not k.endswith(".num_batches_tracked")}
+
+
+def guess_model(checkpoint: Checkpoint) -> str | None:
+    """Which model a file's tensors are (the run's metadata, else the model whose names match best).
+
+    Names decide, not shapes: a resnet18 trained for 100 classes is still a resnet18. A model counts
+    when at least 90% of the names in the file and in the model agree (Jaccard index).
+    """
+    run = checkpoint.json("run") if checkpoint.is_training_checkpoint else None
+    if isinstance(run, dict) and run.get("model"):
+        return str(run["model"])
+    from models import GRAPHS  # an error path only: the engine otherwise never imports the models
+
+    names = _counted(checkpoint.model_state())
+    best, best_score = None, 0.0
+    for model, graph_fn in GRAPHS.items():
+        try:
+            expected = set(_expected_shapes(graph_fn(num_classes=10)))
+        except (TypeError, ValueError):
+            continue
+        score = len(names & expected) / max(len(names | expected), 1)
+        if score > best_score:
+            best, best_score = model, score
+    return best if best_score >= 0.9 else None
+
+
+def mismatch_message(checkpoint: Checkpoint, net: Any) -> str:
+    """One line when a file's weights do not fit ``net``: what the file seems to hold, how many tensors
+    differ, the first few (a strict load lists every key: 3,000 characters for a cnn file given to a
+    resnet18)."""
+    state = checkpoint.model_state()
+    expected = _expected_shapes(net.graph)
+    names = _counted(state)
+    missing = [k for k in expected if k not in names]
+    unexpected = [k for k in state if k in names and k not in expected]
+    reshaped = [f"{k} {tuple(np.shape(state[k]))} in the file, {expected[k]} here"
+                for k in expected if k in names and tuple(np.shape(state[k])) != expected[k]]
+    model = getattr(net, "name", "model")
+    held = guess_model(checkpoint)
+    if held is not None and held != model:
+        head = f"this checkpoint holds a {held} ({len(names)} tensors), not a {model} ({len(expected)} tensors)"
+        advice = f"give --model {held}, or a file saved from a {model}"
+    elif held == model and reshaped and not missing and not unexpected:
+        head = f"this checkpoint holds a {model} whose shapes differ from this one"
+        advice = "give the same --num-classes (and --data) it was trained with"
+    else:
+        head = f"the weights do not fit a {model} ({len(names)} tensors in the file, {len(expected)} in the model)"
+        advice = f"give a file saved from a {model}"
+    parts = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("differ in shape", reshaped)):
+        if keys:
+            first = ", ".join(keys[:3]) + (", …" if len(keys) > 3 else "")
+            parts.append(f"{len(keys)} {label} ({first})")
+    return f"{checkpoint.path}: {head}: {'; '.join(parts)}; {advice}"
 
 
 def restore(checkpoint: Checkpoint, net: Any, optimizer: Any = None) -> int:
@@ -157,8 +224,8 @@ def restore(checkpoint: Checkpoint, net: Any, optimizer: Any = None) -> int:
         )
     try:
         net.load_state_dict(checkpoint.model_state(), strict=True)
-    except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"{checkpoint.path}: weights do not fit the model: {exc}") from None
+    except (KeyError, ValueError):
+        raise CheckpointError(mismatch_message(checkpoint, net)) from None
     if optimizer is not None:
         saved = checkpoint.json("optimizer") or {}
         if saved.get("name") != optimizer.name:

@@ -27,6 +27,7 @@ class Evaluation:
     top5_accuracy: float
     loss: float
     confusion: np.ndarray
+    input_ring_bytes: int = 0  # the INPUT ring the batches came through (outside the network's managers)
 
     def per_class_accuracy(self) -> np.ndarray:
         totals = self.confusion.sum(axis=1)
@@ -87,9 +88,12 @@ def evaluate(
     scorer = Scorer(data.num_classes, batch_size)
     logits = np.empty((batch_size, data.num_classes), dtype=np.float32)  # host logits, reused every batch
     with BatchStream(source, backend, 0, source.batches_per_epoch, depth=1, name="eval-input") as stream:
+        ring_bytes = stream.workspace.capacity
         for batch in stream:
             net.predict(batch.x, out=logits)
             scorer.add(logits, batch.y_host, batch.valid_rows)
             if listener is not None:
                 listener(batch)
-    return scorer.result()
+    result = scorer.result()
+    result.input_ring_bytes = ring_bytes
+    return result

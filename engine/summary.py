@@ -1,89 +1,188 @@
-"""Tables for people: the training summary, an evaluation, and a network's memory report (rich)."""
+"""Tables for people: the training summary, an evaluation, and a network's memory report.
+
+Every byte count goes through ``engine.report.format_bytes`` and every table through
+``engine.report.render_table`` (never cut; plain text when piped; ``*_table`` functions give the
+same tables as data for ``--json``/``--summary-json``). A figure that needs more steps than a run
+had reads "n/a" and says why, never 0.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.memory.tree import format_bytes
+from engine.report import Table, format_bytes, format_seconds, render_table, table_dict
+
+PHASE_LABELS = {"setup": "setup", "training": "training steps", "evaluation": "evaluation"}
+OFFLOAD_ARENA_TYPES = ("ACTIVATIONS", "FF_CACHE")  # what the offload scheduler places, in its own arena
 
 
-def _console(console: Any) -> Any:
-    if console is not None:
-        return console
+def make_console() -> Any:
+    """A rich Console that wraps nothing when piped (a summary line is one line in a log or a README)."""
     from rich.console import Console
 
     console = Console()
-    if not console.is_terminal:  # piped into a file or a pager: do not squeeze tables into 80 columns
-        console = Console(width=max(console.width, 140))
+    if not console.is_terminal:
+        console = Console(soft_wrap=True)
     return console
 
 
-def render_training_summary(result: Any, console: Any = None) -> None:
-    """Time, throughput, losses, accuracies, peak RSS and peak bytes per ArrayType of a TrainResult."""
-    from rich.table import Table
+def _console(console: Any) -> Any:
+    return console if console is not None else make_console()
 
-    console = _console(console)
-    table = Table(title="training summary", show_header=False, title_justify="left")
-    table.add_column("what", style="bold")
-    table.add_column("value", justify="right")
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{100 * value:.2f}%"
+
+
+def summary_table(result: Any) -> Table:
+    """Time, throughput, losses, accuracies and the process's peak RSS with the phase it came from."""
+    table = Table("training summary", ["what", "value"], show_header=False)
     table.add_row("steps", f"{result.steps} (now at step {result.final_step}, epoch {result.epochs:.2f})")
     table.add_row("time", f"{result.seconds:.1f} s")
-    table.add_row("images/s", f"{result.images_per_second:,.1f} (after the first two steps: "
-                  f"{result.steady_images_per_second:,.1f})")
-    table.add_row("final loss", f"{result.final_loss:.4f} (mean of the last 10 steps)")
-    table.add_row("train accuracy", f"{100 * result.train_accuracy:.2f}% (running, last epoch)")
+    if result.steady_images_per_second is None:
+        rate = (f"{result.images_per_second:,.1f} over all {result.steps} steps (compilation included); "
+                "after the first two steps: n/a (needs more than 2 steps)")
+    else:
+        rate = (f"{result.steady_images_per_second:,.1f} after the first two steps "
+                f"({result.images_per_second:,.1f} over all {result.steps}, compilation included)")
+    table.add_row("images/s", rate)
+    table.add_row("final loss", f"{result.final_loss:.4f} (mean of the last {result.loss_window} steps)")
+    table.add_row("train accuracy",
+                  f"{_percent(result.train_accuracy)} (running, over the last epoch's {result.accuracy_steps} steps)")
     if result.test_accuracy is not None:
-        top5 = f"(top-5 {100 * result.test_top5_accuracy:.2f}%)"
-        table.add_row("test accuracy", f"{100 * result.test_accuracy:.2f}%  {top5}")
+        top5 = _percent(result.test_top5_accuracy)
+        table.add_row("test accuracy", f"{_percent(result.test_accuracy)} (top-5 {top5})")
         table.add_row("test loss", f"{result.test_loss:.4f}")
-    table.add_row("peak RSS", format_bytes(result.peak_rss_bytes))
-    for name, nbytes in result.peak_bytes.items():
-        table.add_row(f"peak {name}", format_bytes(nbytes))
-    console.print(table)
+    training = result.phases.get("training")
+    where = PHASE_LABELS.get(result.peak_rss_phase, result.peak_rss_phase)
+    peak = f"{format_bytes(result.peak_rss_bytes)}, during {where}"
+    if training is not None and result.peak_rss_phase != "training":
+        peak += f" (training steps {format_bytes(training.peak_rss_bytes)})"
+    table.add_row("peak RSS", peak)
+    return table
 
 
-def render_evaluation(evaluation: Any, console: Any = None, class_names: list[str] | None = None) -> None:
-    """Accuracy, top-5, loss, and per-class accuracy with the confusion matrix (up to 20 classes)."""
-    from rich.table import Table
+def phase_table(result: Any) -> Table:
+    """Peak RSS and peak bytes per ArrayType, one column per phase; the process peak marked."""
+    phases = [p for p in ("setup", "training", "evaluation") if p in result.phases]
+    table = Table("memory by phase (peaks)", ["", *(PHASE_LABELS[p] for p in phases)],
+                  right=set(range(1, len(phases) + 1)))
+    offloaded = result.offload is not None
+    rss = []
+    for p in phases:
+        cell = format_bytes(result.phases[p].peak_rss_bytes)
+        rss.append(cell + " (process peak)" if p == result.peak_rss_phase else cell)
+    table.add_row("RSS", *rss)
+    types = sorted({k for p in phases for k in result.phases[p].peak_bytes})
+    for name in types:
+        cells = []
+        for p in phases:
+            nbytes = result.phases[p].peak_bytes.get(name)
+            if offloaded and p == "training" and name in OFFLOAD_ARENA_TYPES:
+                cells.append("(in the offload arena)")
+            else:
+                cells.append(format_bytes(nbytes) if nbytes else "-")
+        table.add_row(name, *cells)
+    if "setup" in phases:
+        table.notes.append("setup: imports, data and network before the first step; RSS is the kernel's high-water "
+                           "mark over each phase")
+    return table
 
+
+def offload_table(offload: dict[str, Any]) -> Table:
+    """What offload measurably did: window, stall, bytes moved, resident peak against the no-offload plan."""
+    averaged = offload["steps_averaged"]
+    over = (f"means over the {averaged} steps after the first" if averaged < offload["steps"]
+            else f"means over {averaged} step{'s' if averaged != 1 else ''}: the first step only, n/a for a steady "
+                 "state (needs 2 or more steps)")
+    table = Table(f"offload ({over})", ["what", "value"], show_header=False)
+    window = f"{offload['window']}"
+    if offload["requested"] == "auto":
+        history = ", ".join(f"{h['window']} from step {h['step']}" for h in offload["window_history"])
+        window += f" (auto: {history}; per step in --memory-log)"
+    elif offload["requested"] == "budget":
+        window += " (the largest that fits --offload-budget)"
+    table.add_row("window N", window)
+    table.add_row("stall per step", format_seconds(offload["stall_ms_per_step"] / 1e3))
+    table.add_row("IO threads' CPU per step", format_seconds(offload["io_cpu_ms_per_step"] / 1e3))
+    table.add_row("written per step", format_bytes(offload["written_bytes_per_step"]))
+    table.add_row("read per step", format_bytes(offload["read_bytes_per_step"]))
+    resident = format_bytes(offload["resident_peak_bytes"])
+    base = offload.get("no_offload_bytes")
+    if base:
+        resident += (f" (without offload, planned: {format_bytes(base)}; "
+                     f"{100 * (offload['resident_peak_bytes'] / base - 1):+.0f}%)")
+    table.add_row("saved for backward, resident peak", resident)
+    cache = offload.get("page_cache_bytes")
+    table.add_row("swap file in the page cache", format_bytes(cache) if cache is not None else "n/a (not sampled)")
+    return table
+
+
+def chance_hint(result: Any) -> str | None:
+    """A hint when test accuracy is no better than guessing (``TrainResult.at_chance``)."""
+    if not result.at_chance:
+        return None
+    return (f"test accuracy {_percent(result.test_accuracy)} is at chance for {result.num_classes} classes "
+            f"({100 / result.num_classes:.1f}%) after {result.final_step} steps: train for more steps "
+            "(--epochs/--steps) or with a higher --lr")
+
+
+def summary_tables(result: Any) -> list[Table]:
+    """Every table of the training summary, in print order."""
+    tables = [summary_table(result)]
+    if result.phases:
+        tables.append(phase_table(result))
+    if result.offload is not None:
+        tables.append(offload_table(result.offload))
+    return tables
+
+
+def summary_tables_dict(result: Any) -> list[dict[str, Any]]:
+    return [table_dict(t) for t in summary_tables(result)]
+
+
+def render_training_summary(result: Any, console: Any = None) -> None:
+    """The summary tables of a TrainResult, then the hint when the model is at chance."""
     console = _console(console)
-    console.print(
-        f"[bold]accuracy[/bold] {100 * evaluation.accuracy:.2f}%   [bold]top-5[/bold] "
-        f"{100 * evaluation.top5_accuracy:.2f}%   [bold]loss[/bold] {evaluation.loss:.4f}   "
-        f"({evaluation.examples} examples)"
-    )
+    for table in summary_tables(result):
+        render_table(table, console)
+    hint = chance_hint(result)
+    if hint:
+        console.print(f"hint: {hint}", markup=False, highlight=False, soft_wrap=True)
+
+
+def evaluation_tables(evaluation: Any, class_names: list[str] | None = None) -> list[Table]:
+    """The scores, and per-class accuracy with the confusion matrix (up to 20 classes)."""
+    scores = Table("evaluation", ["what", "value"], show_header=False)
+    scores.add_row("accuracy", f"{_percent(evaluation.accuracy)} ({evaluation.examples} examples)")
+    scores.add_row("top-5 accuracy", _percent(evaluation.top5_accuracy))
+    scores.add_row("loss", f"{evaluation.loss:.4f}")
     k = evaluation.confusion.shape[0]
     if k > 20:
-        return
-    table = Table(title="confusion matrix (rows: true class, columns: predicted)", title_justify="left")
-    table.add_column("class", style="bold")
-    for j in range(k):
-        table.add_column(str(j), justify="right")
-    table.add_column("accuracy", justify="right")
+        scores.notes.append(f"confusion matrix: {k} classes, in --json only")
+        return [scores]
+    matrix = Table("confusion matrix (rows: true class, columns: predicted)",
+                   ["class", *(str(j) for j in range(k)), "accuracy"], right=set(range(1, k + 2)))
     per_class = evaluation.per_class_accuracy()
     for i in range(k):
         name = class_names[i] if class_names else str(i)
         cells = [str(int(c)) if c else "." for c in evaluation.confusion[i]]
-        table.add_row(name, *cells, f"{100 * per_class[i]:.1f}%")
-    console.print(table)
+        matrix.add_row(name, *cells, f"{100 * per_class[i]:.1f}%")
+    return [scores, matrix]
 
 
-def render_memory_report(report: Any, console: Any = None) -> None:
-    """The per-layer table of ``net.memory_report(batch_size)`` and the planned peak."""
-    from rich.table import Table
-
+def render_evaluation(evaluation: Any, console: Any = None, class_names: list[str] | None = None) -> None:
+    """Accuracy, top-5, loss, and per-class accuracy with the confusion matrix (up to 20 classes)."""
     console = _console(console)
-    table = Table(title=f"memory per layer, batch size {report.batch_size}", title_justify="left")
-    for column, justify in (
-        ("layer", "left"),
-        ("kind", "left"),
-        ("output", "left"),
-        ("parameters", "right"),
-        ("output bytes", "right"),
-        ("kept for backward", "right"),
-        ("working memory", "right"),
-    ):
-        table.add_column(column, justify=justify)
+    for table in evaluation_tables(evaluation, class_names):
+        render_table(table, console)
+
+
+def layer_table(report: Any) -> Table:
+    """The per-layer rows of ``net.memory_report(batch_size)`` and their totals."""
+    table = Table(f"memory per layer, batch size {report.batch_size}",
+                  ["layer", "kind", "output", "parameters", "output bytes", "kept for backward", "working memory"],
+                  right={3, 4, 5, 6})
     for row in report.rows:
         table.add_row(
             row.name,
@@ -96,21 +195,80 @@ def render_memory_report(report: Any, console: Any = None) -> None:
         )
     table.add_section()
     table.add_row(
-        "total",
-        "",
-        "",
+        "total", "", "",
         format_bytes(report.parameter_bytes),
         format_bytes(sum(r.output_bytes for r in report.rows)),
         format_bytes(sum(r.saved_bytes for r in report.rows)),
         format_bytes(max((r.working_bytes for r in report.rows), default=0)) + " (largest)",
     )
-    console.print(table)
-    console.print(
-        f"parameters {format_bytes(report.parameter_bytes)}, gradients {format_bytes(report.gradient_bytes)}, "
-        f"buffers {format_bytes(report.buffer_bytes)}"
-    )
-    by_type = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(report.by_type_at_peak.items()) if v)
-    console.print(
-        f"[bold]planned peak[/bold] {format_bytes(report.planned_peak_bytes)}: the blocks above plus "
-        f"{format_bytes(report.iteration_peak_bytes)} of iteration tensors at step {report.peak_step} ({by_type})"
-    )
+    table.notes.append(f"parameters {format_bytes(report.parameter_bytes)}, gradients "
+                       f"{format_bytes(report.gradient_bytes)}, buffers {format_bytes(report.buffer_bytes)}")
+    return table
+
+
+SAVED_TYPES = ("ACTIVATIONS", "FF_CACHE")
+
+
+def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Table:
+    """One planned peak per plan (no offload; offload N), split into what it includes, with a legend."""
+    plans = ["no offload"] + ([f"offload N={offload['window']}"] if offload else [])
+    table = Table(f"planned peak of one training step, batch size {report.batch_size}", ["", *plans],
+                  right=set(range(1, len(plans) + 1)))
+    long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    saved = sum(v for k, v in report.by_type_at_peak.items() if k in SAVED_TYPES)
+    rest = report.iteration_peak_bytes - saved
+    other_types = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(report.by_type_at_peak.items())
+                            if v and k not in SAVED_TYPES)
+    rows = [("parameters, buffers, gradients", [long_lived]),
+            ("activations and saved for backward", [saved]),
+            ("the rest of the worst step", [rest])]
+    if offload:
+        rows[0][1].append(offload["long_lived_bytes"])
+        rows[1][1].append(offload["offload_arena_bytes"])
+        rows[2][1].append(offload["not_offloaded_peak_bytes"])
+    for label, values in rows:
+        table.add_row(label, *(format_bytes(v) for v in values))
+    table.add_section()
+    peaks = [report.planned_peak_bytes] + ([offload["planned_peak_bytes_offload"]] if offload else [])
+    table.add_row("planned peak", *(format_bytes(v) for v in peaks))
+    table.notes += [
+        "legend: planned peak = the long-lived blocks + the most bytes alive at one step of the iteration "
+        "(placed by lifespan, no fragmentation);",
+        f"  no offload: the worst step is step {report.peak_step}; its rest is {other_types or 'nothing'};",
+    ]
+    if offload:
+        table.notes.append(f"  offload N={offload['window']}: saved tensors in the offload arena, the rest "
+                           f"(activation gradients, input, working memory) at its own worst step; "
+                           f"{format_bytes(offload['written_per_step_bytes'])} written to the swap file per step")
+    table.notes.append("  not included: the optimizer's state (momentum: as large as the parameters), the INPUT "
+                       "prefetch ring, the interpreter and its libraries: RSS is larger (engine train's summary)")
+    return table
+
+
+def arena_table(report: Any) -> Table:
+    """The planned arena (activations, saved, activation gradients): the plan's size, its bound, measured."""
+    table = Table("planned arena: activations, saved for backward, activation gradients", ["", "bytes"],
+                  right={1})
+    table.add_row("arena (offsets planned from lifespans)", format_bytes(report.arena_planned_bytes))
+    table.add_row("lower bound (most alive at one step)", format_bytes(report.arena_lower_bound_bytes))
+    table.add_row("all kept at once (a bump workspace)", format_bytes(report.arena_total_bytes))
+    measured = report.measured
+    if measured:
+        table.add_section()
+        table.add_row("measured, one step: arena reserved", format_bytes(measured["arena_reserved_bytes"]))
+        table.add_row("measured: arena live at once", format_bytes(measured["arena_live_peak_bytes"]))
+        table.add_row("measured: all workspaces and blocks", format_bytes(measured["reserved_bytes"]))
+        table.add_row("measured: peak RSS of this process", format_bytes(measured["peak_rss_bytes"]))
+    return table
+
+
+def memory_tables(report: Any, offload: dict[str, Any] | None = None) -> list[Table]:
+    """Every table ``engine memory`` prints (and ``--json`` gives under ``tables``)."""
+    return [layer_table(report), planned_peak_table(report, offload), arena_table(report)]
+
+
+def render_memory_report(report: Any, console: Any = None, offload: dict[str, Any] | None = None) -> None:
+    """The per-layer table, the planned peak per plan with its legend, and the planned arena."""
+    console = _console(console)
+    for table in memory_tables(report, offload):
+        render_table(table, console)

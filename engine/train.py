@@ -21,8 +21,6 @@ the progress bar.
 from __future__ import annotations
 
 import math
-import resource
-import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -55,8 +53,20 @@ class StepRecord:
 
 
 @dataclass
+class PhaseMemory:
+    """Memory of one phase of a run (training steps, or the evaluation after them), as the monitor saw it."""
+
+    peak_rss_bytes: int  # the kernel's RSS high-water mark over the phase (engine.memory.monitor.RssHighWater)
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # ArrayType -> most bytes in use at a sample
+    samples: int = 0  # monitor lines of the phase (steps, or evaluation batches)
+
+
+@dataclass
 class TrainResult:
-    """The summary of a run (``--summary-json`` writes ``as_dict()``)."""
+    """The summary of a run (``--summary-json`` writes ``as_dict()``).
+
+    Figures that need more steps than the run had are None (printed "n/a"), never a made-up 0.
+    """
 
     steps: int  # steps run by this fit() call
     final_step: int  # global step count at the end (more than `steps` after a resume)
@@ -64,19 +74,32 @@ class TrainResult:
     batch_size: int
     seconds: float
     images_per_second: float
-    steady_images_per_second: float  # without the first two steps (kernel compilation, workspace learning)
-    final_loss: float  # mean loss of the last (up to) 10 steps
-    train_accuracy: float  # running accuracy over the last epoch's steps
+    steady_images_per_second: float | None  # without the first two steps (kernel compilation, workspace learning)
+    final_loss: float  # mean loss of the last `loss_window` steps
+    train_accuracy: float  # running accuracy over the last epoch's steps (`accuracy_steps` of them)
     test_accuracy: float | None
     test_top5_accuracy: float | None
     test_loss: float | None
-    peak_rss_bytes: int
-    peak_bytes: dict[str, int] = field(default_factory=dict)
+    peak_rss_bytes: int  # the whole process's peak RSS
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # training steps' peak bytes per ArrayType
+    peak_rss_phase: str = "training"  # where peak_rss_bytes came from: setup, training or evaluation
+    phases: dict[str, PhaseMemory] = field(default_factory=dict)  # setup / training / evaluation
+    offload: dict[str, Any] | None = None  # measured offload figures (OffloadSession.summary())
+    loss_window: int = 0  # how many steps final_loss averages
+    accuracy_steps: int = 0  # how many steps train_accuracy counts
+    num_classes: int = 0
     evaluation: Evaluation | None = None
+
+    @property
+    def at_chance(self) -> bool:
+        """Test accuracy no better than guessing (within 1.5× of 1/classes): the summary then gives a hint."""
+        return (self.test_accuracy is not None and self.num_classes > 1
+                and self.test_accuracy <= 1.5 / self.num_classes)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("evaluation")
+        data["at_chance"] = self.at_chance
         if self.evaluation is not None:
             data["confusion_matrix"] = self.evaluation.confusion.tolist()
         return data
@@ -105,15 +128,18 @@ class ScoreListener(TrainingListener):
     """Every step's loss, a running accuracy over the current epoch, and a moving-average loss."""
 
     def __init__(self, window: int = 10):
+        self.window = window
         self.losses: list[float] = []
         self.recent: deque[float] = deque(maxlen=window)
         self.epoch = -1
         self.epoch_correct = 0
         self.epoch_examples = 0
+        self.epoch_steps = 0
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
         if record.epoch != self.epoch:
-            self.epoch, self.epoch_correct, self.epoch_examples = record.epoch, 0, 0
+            self.epoch, self.epoch_correct, self.epoch_examples, self.epoch_steps = record.epoch, 0, 0, 0
+        self.epoch_steps += 1
         self.losses.append(record.loss)
         self.recent.append(record.loss)
         self.epoch_correct += record.correct
@@ -139,9 +165,10 @@ class TimingListener(TrainingListener):
         self.step_seconds.append(record.seconds)
         self.examples.append(record.examples)
 
-    def images_per_second(self, skip: int = 0) -> float:
+    def images_per_second(self, skip: int = 0) -> float | None:
+        """Images per second over the steps after the first ``skip``; None when no step is left."""
         seconds = sum(self.step_seconds[skip:])
-        return sum(self.examples[skip:]) / seconds if seconds > 0 else 0.0
+        return sum(self.examples[skip:]) / seconds if seconds > 0 else None
 
 
 class MemoryListener(TrainingListener):
@@ -269,6 +296,7 @@ class Trainer:
         # ``offload`` is None (everything resident) or an object with ``start(trainer)`` and
         # ``stop(trainer)``: start() installs its net.hooks and its tensor provider
         # (net.mgr.set_provider) before the first step; stop() removes them and ends its threads.
+        # An optional ``summary()`` returns the measured figures the training summary shows.
         self.offload = offload
         self.input_ring_bytes = 0
 
@@ -292,6 +320,7 @@ class Trainer:
         first = self.step
         for listener in self.listeners:
             listener.on_train_start(self)
+        self.monitor.begin_phase("training")  # setup's peak (imports, data, network) ends here
         if self.offload is not None:
             self.offload.start(self)
         start_time = time.perf_counter()
@@ -326,31 +355,50 @@ class Trainer:
         seconds = time.perf_counter() - start_time
         evaluation = None
         if self.evaluate_at_end and self.step == self.total_steps:
-            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
+            self.monitor.begin_phase("evaluation")
+            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size,
+                                  listener=lambda batch: self.monitor.sample(batch.step))
+        self.monitor.end_phase()
         result = self._result(self.step - first, seconds, evaluation)
         for listener in self.listeners:
             listener.on_train_end(self, result)
         return result
 
     def _result(self, steps: int, seconds: float, evaluation: Evaluation | None) -> TrainResult:
-        peak_bytes = dict(self.monitor.peak_by_type())
-        # the input ring lives outside the network's managers: all of it holds batches
-        peak_bytes["INPUT"] = peak_bytes.get("INPUT", 0) + self.input_ring_bytes
+        monitor = self.monitor
+        phases: dict[str, PhaseMemory] = {}
+        for phase, rss in monitor.phase_rss_peaks.items():
+            by_type = dict(monitor.peak_by_type(phase))
+            # the input rings live outside the network's managers: all of a ring holds batches
+            ring = {"training": self.input_ring_bytes,
+                    "evaluation": evaluation.input_ring_bytes if evaluation else 0}.get(phase, 0)
+            if ring:
+                by_type["INPUT"] = by_type.get("INPUT", 0) + ring
+            samples = sum(1 for r in monitor.records if r.get("phase") == phase)
+            phases[phase] = PhaseMemory(rss, dict(sorted(by_type.items())), samples)
+        process_peak, peak_phase = monitor.process_peak()
+        summary = getattr(self.offload, "summary", None)
         return TrainResult(
             steps=steps,
             final_step=self.step,
             epochs=self.step / self.source.batches_per_epoch,
             batch_size=self.batch_size,
             seconds=seconds,
-            images_per_second=self.timing.images_per_second(),
-            steady_images_per_second=self.timing.images_per_second(skip=2) if steps > 2 else 0.0,
+            images_per_second=self.timing.images_per_second() or 0.0,
+            steady_images_per_second=self.timing.images_per_second(skip=2) if steps > 2 else None,
             final_loss=self.score.recent_loss,
             train_accuracy=self.score.running_accuracy,
             test_accuracy=evaluation.accuracy if evaluation else None,
             test_top5_accuracy=evaluation.top5_accuracy if evaluation else None,
             test_loss=evaluation.loss if evaluation else None,
-            peak_rss_bytes=peak_rss_bytes(),
-            peak_bytes=dict(sorted(peak_bytes.items())),
+            peak_rss_bytes=process_peak,
+            peak_bytes=phases["training"].peak_bytes if "training" in phases else {},
+            peak_rss_phase=peak_phase,
+            phases=phases,
+            offload=summary() if summary is not None else None,
+            loss_window=len(self.score.recent),
+            accuracy_steps=self.score.epoch_steps,
+            num_classes=self.data.num_classes,
             evaluation=evaluation,
         )
 
@@ -386,6 +434,7 @@ def build_network(
 
 
 def peak_rss_bytes() -> int:
-    """The largest resident set size this process has had (the OS's high-water mark)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+    """The largest resident set size this process has had (the monitor's high-water mark, folded over resets)."""
+    from engine.memory.monitor import RSS_HIGH_WATER
+
+    return RSS_HIGH_WATER.process_peak()

@@ -28,13 +28,19 @@ def test_train_writes_summary_checkpoint_memory_log_and_plot(tmp_path):
         "--memory-log", tmp_path / "m.jsonl", "--memory-plot", tmp_path / "m.png", "--optimizer", "adam",
     )
     assert result.exit_code == 0, result.output
-    assert "training summary" in result.output and "peak ACTIVATIONS" in result.output
+    assert "training summary" in result.output and "memory by phase" in result.output
+    for name in ("m.jsonl", "m.png", "c.safetensors", "s.json"):  # every written file is named
+        assert f"{tmp_path / name}" in result.output, name
     summary = json.loads((tmp_path / "s.json").read_text())
     for key in ("steps", "seconds", "images_per_second", "final_loss", "test_accuracy", "peak_rss_bytes"):
         assert summary[key] > 0, key
     assert summary["steps"] == 3 and summary["peak_bytes"]["PARAMETERS"] > 0
+    assert summary["peak_rss_phase"] in ("setup", "training", "evaluation")
+    assert summary["phases"][summary["peak_rss_phase"]]["peak_rss_bytes"] <= summary["peak_rss_bytes"]
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [0, 1, 2] and all("rss_bytes" in line for line in lines)
+    assert [line["step"] for line in lines if line["phase"] == "training"] == [0, 1, 2]
+    assert all("rss_bytes" in line and line["rss_peak_bytes"] > 0 for line in lines)
+    assert {line["phase"] for line in lines} == {"training", "evaluation"}
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
     tensors = safetensors.numpy.load_file(str(tmp_path / "c.safetensors"))
     assert "conv1.weight" in tensors and "optimizer.exp_avg" in tensors

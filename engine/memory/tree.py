@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from engine.memory.tensor import WorkspaceError
+from engine.report import format_bytes
 
 
 class ManagerCappedError(WorkspaceError):
@@ -24,14 +25,6 @@ class ManagerCappedError(WorkspaceError):
 
 class ManagerClosedError(WorkspaceError):
     """A closed manager was asked for a new allocation or scope."""
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # unreachable; keeps type checkers calm
 
 
 class ManagerNode:

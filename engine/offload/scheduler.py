@@ -713,10 +713,15 @@ class OffloadScheduler:
                     self._cond.notify_all()
 
 
-def offload_summary(plan: OffloadPlan) -> str:
-    """One line for logs and the CLI: the planned peak with and without offload."""
-    return (f"window {plan.window}: resident offloadable peak {format_bytes(plan.arena_bytes)} "
-            f"(lower bound {format_bytes(plan.lower_bound_bytes)}), without offload {format_bytes(plan.total_bytes)}; "
+def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None) -> str:
+    """One line for logs and the CLI: the planned resident peak with offload against the one without.
+
+    ``no_offload_bytes``: what training without offload holds of the same tensors (the planned arena,
+    ``engine.offload.session.offloadable_resident_bytes``); without it, all of them kept at once.
+    """
+    baseline = plan.total_bytes if no_offload_bytes is None else no_offload_bytes
+    return (f"window {plan.window}: resident saved-for-backward peak {format_bytes(plan.arena_bytes)} planned "
+            f"(lower bound {format_bytes(plan.lower_bound_bytes)}), without offload {format_bytes(baseline)}; "
             f"{len(plan.offloaded)} of {len(plan.units)} units written, swap file {format_bytes(plan.file_bytes)}")
 
 

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.report import format_bytes
+
 log = logging.getLogger("engine.offload")
 
 DIR_PREFIX = "engine-offload-"
@@ -367,14 +369,6 @@ def file_page_cache_bytes(fd: int, length: int) -> int:
     finally:
         libc.munmap(ctypes.c_void_p(address), length)
     return resident * PAGE
-
-
-def format_bytes(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} GiB"
 
 
 def parse_bytes(text: str) -> int:

@@ -109,7 +109,28 @@ def test_a_pytorch_state_dict_loads_one_to_one(tmp_path, backend):
 def test_weights_for_another_model_are_refused_with_the_mismatches(tmp_path, backend):
     path = tmp_path / "w.safetensors"
     safetensors.numpy.save_file({"conv1.weight": np.zeros((1, 1, 1, 1), np.float32)}, str(path))
-    with pytest.raises(CheckpointError, match=r"w\.safetensors: weights do not fit the model.*missing keys"):
+    with pytest.raises(CheckpointError, match=r"w\.safetensors: the weights do not fit a cnn.*11 missing"):
+        load_weights(str(path), small_net(backend))
+
+
+def test_a_checkpoint_of_another_model_is_named_in_one_short_line(tmp_path, backend):
+    """A cnn file given to a resnet18: one line naming both models with counts, not every key."""
+    path = tmp_path / "cnn.safetensors"
+    source = small_net(backend)
+    safetensors.numpy.save_file(source.state_dict(), str(path))
+    resnet = build_model("resnet18", num_classes=4, backend=backend, image_size=8)
+    with pytest.raises(CheckpointError) as caught:
+        load_weights(str(path), resnet)
+    message = str(caught.value)
+    assert "this checkpoint holds a cnn (12 tensors), not a resnet18 (" in message
+    assert "give --model cnn" in message
+    assert "\n" not in message and len(message) < 500 + len(str(path))
+
+
+def test_a_checkpoint_with_other_classes_says_the_shapes_differ(tmp_path, backend):
+    path = tmp_path / "c.safetensors"
+    safetensors.numpy.save_file(build_model("cnn", num_classes=7, backend=backend, width=4).state_dict(), str(path))
+    with pytest.raises(CheckpointError, match=r"holds a cnn whose shapes differ.*2 differ in shape.*--num-classes"):
         load_weights(str(path), small_net(backend))
 
 

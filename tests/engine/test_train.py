@@ -51,8 +51,9 @@ def test_cnn_on_digits_reaches_95_percent_in_three_epochs(digits_run):
 
 def test_from_the_third_step_on_nothing_is_allocated_or_spilled(digits_run):
     trainer, result = digits_run
-    records = trainer.monitor.records
+    records = [r for r in trainer.monitor.records if r["phase"] == "training"]
     assert len(records) == result.steps
+    assert len(trainer.monitor.records) == result.steps + result.phases["evaluation"].samples
     learned = records[1]  # after the second step: the workspaces have learned their sizes
     for record in records[2:]:
         assert record["block_allocations"] == learned["block_allocations"], record["step"]
