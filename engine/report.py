@@ -111,13 +111,9 @@ def render_table(table: Table, console: Any = None) -> None:
         from rich.console import Console
 
         console = Console()
-    if not console.is_terminal:
-        for text in plain_lines(table):
-            console.print(text, markup=False, highlight=False, soft_wrap=True)
-        return
-    borders = 3 * len(table.columns) + 1
-    if table.width() + borders > console.width:
-        for text in key_value_lines(table):
+    if not console.is_terminal or table.width() + 3 * len(table.columns) + 1 > console.width:
+        lines = plain_lines(table) if not console.is_terminal else key_value_lines(table)
+        for text in [*lines, ""]:
             console.print(text, markup=False, highlight=False, soft_wrap=True)
         return
     from rich.table import Table as RichTable

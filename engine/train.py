@@ -321,6 +321,9 @@ class Trainer:
         for listener in self.listeners:
             listener.on_train_start(self)
         self.monitor.begin_phase("training")  # setup's peak (imports, data, network) ends here
+        rss_hook = self.monitor if hasattr(self.monitor, "sample_rss") else None  # RSS after every layer
+        if rss_hook is not None:
+            self.net.hooks.append(rss_hook)
         if self.offload is not None:
             self.offload.start(self)
         start_time = time.perf_counter()
@@ -350,6 +353,8 @@ class Trainer:
                         listener.on_epoch_end(self, batch.epoch)
         finally:
             stream.close()
+            if rss_hook is not None and rss_hook in self.net.hooks:
+                self.net.hooks.remove(rss_hook)
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
@@ -434,7 +439,7 @@ def build_network(
 
 
 def peak_rss_bytes() -> int:
-    """The largest resident set size this process has had (the monitor's high-water mark, folded over resets)."""
-    from engine.memory.monitor import RSS_HIGH_WATER
+    """The largest resident set size this process has had (the OS's high-water mark)."""
+    from engine.memory.monitor import max_rss_bytes
 
-    return RSS_HIGH_WATER.process_peak()
+    return max_rss_bytes()
