@@ -145,6 +145,13 @@ class Network:
             self.arena = PlannedArena(backend, f"{self.mgr.name}/planned", self.arena_plan)
             self.mgr.track_arena(self.arena)
             self.mgr.set_default_provider(PLANNED_TYPES, self.arena)
+        # Inference outputs likewise, by their forward-only lifespans (graph.inference_allocations): a bump
+        # workspace kept a whole batch's outputs (ResNet-18, batch 32: 248.1 MiB against 24.0 planned).
+        self.inference_arena: PlannedArena | None = None
+        if enabled:
+            self.inference_arena = PlannedArena(backend, f"{self.inference_mgr.name}/planned", self.inference_plan)
+            self.inference_mgr.track_arena(self.inference_arena)
+            self.inference_mgr.set_default_provider((ArrayType.ACTIVATIONS,), self.inference_arena)
 
         parameter_specs, buffer_specs = [], []
         for node in graph.nodes:
@@ -199,6 +206,9 @@ class Network:
             if training and self.arena is not None:  # after the hooks: a provider they install is seen
                 types = [t for t in PLANNED_TYPES if mgr.provider_for(t) is self.arena]
                 self.arena.start_iteration(int(x.shape[0]), types)
+            inference_arena = self._inference_arena_in_use(training)
+            if inference_arena is not None:
+                inference_arena.start_iteration(int(x.shape[0]), (ArrayType.ACTIVATIONS,))
             if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
                 x = mgr.leverage_to(ArrayType.INPUT, x)
             outputs: dict[int, Any] = {GRAPH_INPUT: x}
@@ -216,6 +226,8 @@ class Network:
                         del outputs[source]
                 if training and self.arena is not None:
                     self.arena.end_step(node.index, node.index)
+                if inference_arena is not None:
+                    inference_arena.end_step(node.index, node.index)
                 if training:
                     self._call_hooks("after_forward", node.index, node)
             self._logits = outputs[self.graph.output.index]
@@ -283,6 +295,15 @@ class Network:
             scope.__exit__(None, None, None)
         if self.arena is not None:
             self.arena.end_iteration()
+        if self.inference_arena is not None:
+            self.inference_arena.end_iteration()
+
+    def _inference_arena_in_use(self, training: bool) -> PlannedArena | None:
+        """The inference arena when this forward is an inference one and nothing else provides its outputs."""
+        arena = self.inference_arena
+        if training or arena is None or self.inference_mgr.provider_for(ArrayType.ACTIVATIONS) is not arena:
+            return None
+        return arena
 
     def close(self) -> None:
         """Release every workspace of this network (both managers); the network is unusable afterwards."""
@@ -478,6 +499,10 @@ class Network:
         """The static plan of the training tensors of ``types`` (default: all the arena can provide)."""
         types = frozenset(types)
         return make_plan(t for t in self.graph.allocations(batch_size) if t.array_type in types)
+
+    def inference_plan(self, batch_size: int, types: Any = (ArrayType.ACTIVATIONS,)) -> ArenaPlan:
+        """The static plan of an inference forward's outputs (``graph.inference_allocations``)."""
+        return make_plan(self.graph.inference_allocations(batch_size))
 
     def node(self, name: str) -> Node:
         return self.graph.by_name[name]
