@@ -475,7 +475,7 @@ class Network:
 
         ``report.measured``: reserved bytes of the planned types, of everything, and the process's peak RSS.
         """
-        import resource
+        from engine.memory.monitor import max_rss_bytes
 
         report = report if report is not None else self.memory_report(batch_size)
         rng = np.random.default_rng(0)
@@ -490,7 +490,7 @@ class Network:
             "arena_reserved_bytes": sum(reserved.get(t.name, 0) for t in PLANNED_TYPES),
             "arena_live_peak_bytes": self.arena.measured_peak if self.arena is not None else 0,
             "reserved_bytes": sum(reserved.values()),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": max_rss_bytes(),
             **{f"reserved_{k}": v for k, v in sorted(reserved.items())},
         }
         return report

@@ -80,8 +80,8 @@ def phase_table(result: Any) -> Table:
                 cells.append(format_bytes(nbytes) if nbytes else "-")
         table.add_row(name, *cells)
     if "setup" in phases:
-        table.notes.append("setup: imports, data and network before the first step; RSS is the kernel's high-water "
-                           "mark over each phase")
+        table.notes.append("setup: imports, data and network before the first step. RSS: the OS's high-water mark "
+                           "where a phase raised it, else the most sampled after every layer and step")
     return table
 
 
@@ -236,6 +236,11 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
         table.notes.append(f"  offload N={offload['window']}: saved tensors in the offload arena, the rest "
                            f"(activation gradients, input, working memory) at its own worst step; "
                            f"{format_bytes(offload['written_per_step_bytes'])} written to the swap file per step")
+    if offload:
+        table.notes.append(f"  activations and saved for backward at their own peak (not at the worst step): "
+                           f"{format_bytes(offload['offloadable_bytes_no_offload'])} without offload, "
+                           f"{format_bytes(offload['offload_arena_bytes'])} with: what engine train's summary and "
+                           "engine bench compare")
     table.notes.append("  not included: the optimizer's state (momentum: as large as the parameters), the INPUT "
                        "prefetch ring, the interpreter and its libraries: RSS is larger (engine train's summary)")
     return table

@@ -230,7 +230,9 @@ def run_bench(
 
 
 def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
+    from engine.report import format_bytes  # one formatter for every byte count the engine prints
+
+    return format_bytes(nbytes)
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:

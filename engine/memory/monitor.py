@@ -99,6 +99,7 @@ class MemoryMonitor:
     def begin_phase(self, name: str) -> None:
         """End the current phase (its RSS peak is kept) and start ``name`` (one of ``PHASES``)."""
         self._close_phase()
+        self._step_rss.take()  # a step's interval starts with its phase: setup's peak is not step 0's
         self.phase = name
         self.phase_spans[name] = (self._now(), self._now())
 
