@@ -97,6 +97,7 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     if output:
         with open(output, "w") as handle:
             json.dump(dicts, handle, indent=2)
+        click.echo(f"wrote {output} ({len(dicts)} records)", err=True)  # stderr: stdout may be the JSON itself
     if output_format == "json":
         click.echo(json.dumps(dicts, indent=2))
     else:

@@ -269,7 +269,7 @@ class Graph:
 
     def inference_allocations(self, batch_size: int = 1) -> list[TensorSpec]:
         """The ACTIVATIONS an inference forward allocates (one output per node, none for a layer that
-        ``passes_input_in_inference``), each living from its node's step to its last reader's, through
+        ``inference_passes_input``), each living from its node's step to its last reader's, through
         the nodes that pass it on; the logits live to step ``L`` (read after the last node).
 
         Why: inference used to keep every output of a batch in one bump workspace (248.1 MiB for
@@ -284,11 +284,11 @@ class Graph:
             for source in node.inputs:
                 owner = holder[source]
                 last[owner] = max(last.get(owner, -1), node.index)
-            holder[node.index] = holder[node.inputs[0]] if node.layer.passes_input_in_inference else node.index
+            holder[node.index] = holder[node.inputs[0]] if node.layer.inference_passes_input else node.index
         last[holder[self.output.index]] = L
         made = [TensorSpec(f"{node.name}:out", node.index, ArrayType.ACTIVATIONS, shapes[node.index], np.float32,
                            node.index, max(last.get(node.index, node.index), node.index))
-                for node in self.nodes if not node.layer.passes_input_in_inference]
+                for node in self.nodes if not node.layer.inference_passes_input]
         # the loss head, when a loss is asked for after an inference forward (owner None, as in training)
         made += [TensorSpec(t.name, None, t.array_type, t.shape, t.dtype, t.first, L)
                  for t in self.tensors(batch_size) if t.owner is None and t.array_type is ArrayType.ACTIVATIONS]

@@ -77,7 +77,7 @@ class Layer:
     keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
     input_gradients: InputGradients = InputGradients.NEW
-    passes_input_in_inference: bool = False  # inference returns the input itself (Dropout): no new output
+    inference_passes_input: bool = False  # inference returns the input itself (Dropout): no new output
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)

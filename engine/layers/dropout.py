@@ -15,7 +15,7 @@ from engine.layers.base import Layer, SavedSpec, Shape
 
 
 class Dropout(Layer):
-    passes_input_in_inference = True  # forward(training=False) returns x: the inference plan aliases it
+    inference_passes_input = True  # forward(training=False) returns x: the inference plan aliases it
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()

@@ -462,7 +462,7 @@ def test_inference_places_outputs_by_lifespan_and_matches_unmanaged(model):
 def test_the_inference_plan_keeps_a_passed_on_tensor_alive_for_its_readers():
     graph = build_model("mobilenetv2", num_classes=10, backend=get_backend("cpu"), image_size=8).graph
     specs = {t.owner: t for t in graph.inference_allocations(2)}
-    dropout = next(n for n in graph.nodes if n.layer.passes_input_in_inference)
+    dropout = next(n for n in graph.nodes if n.layer.inference_passes_input)
     assert dropout.index not in specs
     source = dropout.inputs[0]
     assert specs[source].last >= max(dropout.consumers)
