@@ -257,7 +257,11 @@ class MemoryMonitor:
         types = sorted({k for r in self.records for k in r["in_use_bytes"]})
         if types:
             series = [[r["in_use_bytes"].get(k, 0) / mib for r in self.records] for k in types]
-            bottom.stackplot(times, series, labels=types)
+            labels = list(types)
+            if any(r.get("swap", {}).get("resident_bytes") for r in self.records):  # the offload arena's own bytes
+                series.append([r.get("swap", {}).get("resident_bytes", 0) / mib for r in self.records])
+                labels.append("saved for backward, resident (offload arena)")
+            bottom.stackplot(times, series, labels=labels)
             bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small", borderaxespad=0)
         bottom.set_ylabel("MiB in use per ArrayType")
         bottom.set_xlabel("seconds since the monitor started (one sample per step or evaluation batch)")
