@@ -193,11 +193,12 @@ def torch_worker(batch_size: int = 32, threads: int = 2) -> None:
     print(json.dumps({"test_accuracy": correct / len(data.y_test)}))
 
 
-def measure(command: list[str], env: dict[str, str]) -> dict:
-    """Run ``command``; its peak RSS from wait4 (bytes), wall seconds and the last line of its output."""
+def measure(command: list[str], env: dict[str, str], cwd: str = ROOT) -> dict:
+    """Run ``command`` in ``cwd`` (``python -c`` puts it first on sys.path: the checkout measured); its peak
+    RSS from wait4 (bytes), wall seconds and the last line of its output."""
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - started
@@ -224,7 +225,7 @@ def process_main(argv: list[str]) -> None:
         for label, path in [("engine", ROOT)] + [(f"engine@{p}", p) for p in args.engine_path] + [("torch", ROOT)]:
             env = dict(os.environ, PYTHONPATH=path)
             command = engine_command if label != "torch" else [sys.executable, __file__, "--torch-worker"]
-            result = measure(command, env)
+            result = measure(command, env, cwd=path)
             runs.append({"run": label, **result})
             print(f"{label:<40} peak RSS {result['peak_rss_bytes'] / 2**20:7.1f} MiB  {result['seconds']:6.1f} s",
                   flush=True)
