@@ -109,34 +109,30 @@ def collect_info() -> dict[str, Any]:
 
 
 def render_info(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    """The report as three tables (engine.report: never cut, plain text when piped) and the BLAS note."""
+    from engine.report import Table, make_console, render_table
 
-    console = Console()
-    versions = Table(title="Versions", show_header=False)
+    console = make_console()
+    versions = Table("Versions", ["package", "version"], show_header=False)
     for name, version in report["versions"].items():
-        versions.add_row(name, version or "[dim]not installed[/dim]")
-    console.print(versions)
+        versions.add_row(name, version or "not installed")
+    render_table(versions, console)
 
-    backends = Table(title="Backends")
-    backends.add_column("backend")
-    backends.add_column("available")
-    backends.add_column("why not / note")
+    backends = Table("Backends", ["backend", "available", "why not / note"])
     for name, entry in report["backends"].items():
         note = entry["reason"] or (f"resolves to {entry['resolves_to']}" if "resolves_to" in entry else "")
-        backends.add_row(name, "yes" if entry["available"] else "[red]no[/red]", escape(note))
-    console.print(backends)
+        backends.add_row(name, "yes" if entry["available"] else "no", note)
+    render_table(backends, console)
 
     cpu = report["cpu"]
     blas = report["blas"]
-    machine = Table(title="CPU", show_header=False)
+    machine = Table("CPU", ["what", "value"], show_header=False)
     machine.add_row("logical CPUs", str(cpu["logical_cpus"]))
     machine.add_row("Numba threads", str(cpu["threads"]))
     machine.add_row("Numba threading layer", str(cpu["threading_layer"]))
     machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
     machine.add_row("BLAS", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
     machine.add_row("BLAS threads", str(blas["threads"]))
-    console.print(machine)
+    render_table(machine, console)
     if blas.get("advice"):
-        console.print(f"[yellow]note:[/yellow] {escape(blas['advice'])}")
+        console.print(f"note: {blas['advice']}", markup=False, highlight=False)

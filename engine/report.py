@@ -105,12 +105,20 @@ def key_value_lines(table: Table) -> list[str]:
     return out + table.notes
 
 
+def make_console() -> Any:
+    """A rich Console that wraps nothing when piped (a summary line is one line in a log or a README)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(soft_wrap=True)
+    return console
+
+
 def render_table(table: Table, console: Any = None) -> None:
     """Print ``table`` in the layout that fits where it goes (module docstring); ``console``: a rich Console."""
     if console is None:
-        from rich.console import Console
-
-        console = Console()
+        console = make_console()
     if not console.is_terminal or table.width() + 3 * len(table.columns) + 1 > console.width:
         lines = plain_lines(table) if not console.is_terminal else key_value_lines(table)
         for text in [*lines, ""]:
@@ -131,4 +139,7 @@ def render_table(table: Table, console: Any = None) -> None:
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-__all__ = ["Table", "format_bytes", "format_seconds", "key_value_lines", "plain_lines", "render_table", "table_dict"]
+__all__ = [
+    "Table", "format_bytes", "format_seconds", "key_value_lines", "make_console", "plain_lines", "render_table",
+    "table_dict",
+]

@@ -10,20 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.report import Table, format_bytes, format_seconds, render_table, table_dict
+from engine.report import Table, format_bytes, format_seconds, make_console, render_table, table_dict
 
 PHASE_LABELS = {"setup": "setup", "training": "training steps", "evaluation": "evaluation"}
 OFFLOAD_ARENA_TYPES = ("ACTIVATIONS", "FF_CACHE")  # what the offload scheduler places, in its own arena
-
-
-def make_console() -> Any:
-    """A rich Console that wraps nothing when piped (a summary line is one line in a log or a README)."""
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(soft_wrap=True)
-    return console
 
 
 def _console(console: Any) -> Any:

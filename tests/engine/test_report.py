@@ -67,3 +67,13 @@ def test_the_json_form_holds_the_same_cells():
 def test_a_row_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match="2 cells for 3 columns"):
         wide_table().add_row("a", "b")
+
+
+def test_engine_info_piped_is_plain_and_uncut():
+    from click.testing import CliRunner
+
+    from cli import main
+
+    output = CliRunner().invoke(main, ["info"], catch_exceptions=False).output
+    assert "Numba cache directory" in output and "why not / note" in output
+    assert not set("│┃─━") & set(output) and "…" not in output
