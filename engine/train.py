@@ -346,11 +346,6 @@ class Trainer:
                     batch.step, batch.epoch, batch.index, loss, correct, batch.valid_rows, lr, now - last_time
                 )
                 last_time = now
-                if batch.step == first:  # the compiler's freed memory (cold cache) back to the OS
-                    from engine.memory.monitor import trim_heap
-
-                    trim_heap()
-                    last_time = time.perf_counter()
                 for listener in self.listeners:
                     listener.on_step_end(self, record)
                 if batch.index == self.source.batches_per_epoch - 1:

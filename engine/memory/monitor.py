@@ -53,36 +53,6 @@ def max_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-def trim_heap() -> None:
-    """Give the C allocator's free memory back to the OS (glibc ``malloc_trim``; elsewhere nothing).
-
-    Why: temporaries freed during setup (the digits' float64 resize and statistics, Numba's compiler
-    on a cold cache) stay resident in glibc's heap and are counted by every later RSS figure and by a
-    memory limit. Measured: loading the digits leaves RSS 62 MiB, 38 MiB after a trim. The monitor trims
-    at every phase boundary and the trainer after its first step (kernel compilation); a trim takes
-    about a millisecond.
-    """
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        _MALLOC_TRIM = False
-        try:
-            import ctypes
-            import ctypes.util
-
-            name = ctypes.util.find_library("c")
-            function = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-            if function is not None:
-                function.argtypes = [ctypes.c_size_t]
-                _MALLOC_TRIM = function
-        except OSError:
-            pass
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
-
-
 class RssPeaks:
     """The RSS peak of consecutive intervals (phases, steps): exact where an interval raised the process's
     high-water mark, else the largest RSS sampled in it (class docstring of the module)."""
@@ -129,7 +99,6 @@ class MemoryMonitor:
     def begin_phase(self, name: str) -> None:
         """End the current phase (its RSS peak is kept) and start ``name`` (one of ``PHASES``)."""
         self._close_phase()
-        trim_heap()  # what the last phase freed goes back to the OS before the next one is measured
         self._step_rss.take()  # a step's interval starts with its phase: setup's peak is not step 0's
         self.phase = name
         self.phase_spans[name] = (self._now(), self._now())
