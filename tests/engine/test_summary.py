@@ -104,3 +104,15 @@ def test_a_phase_that_raises_the_high_water_mark_gets_it_exactly():
     assert monitor.phase_rss_peaks["training"] == max_rss_bytes() > before + 60 * 2**20
     assert monitor.phase_rss_peaks["evaluation"] < monitor.phase_rss_peaks["training"]
     assert monitor.process_peak() == (max_rss_bytes(), "training")
+
+
+def test_auto_reports_the_window_it_settled_on_with_its_history(tmp_path):
+    result, monitor = run(tmp_path, steps=3, offload=OffloadSession(OffloadConfig(window="auto",
+                                                                                  directory=str(tmp_path))))
+    offload = result.offload
+    assert offload["requested"] == "auto" and offload["window_history"][0]["step"] == 0
+    assert offload["window"] == offload["window_history"][-1]["window"]
+    windows = [r["swap"]["window"] for r in monitor.records if r["phase"] == "training"]  # the memory log
+    changes = [{"step": i, "window": w} for i, w in enumerate(windows) if i == 0 or w != windows[i - 1]]
+    assert offload["window_history"] == changes and windows[-1] == offload["window"]
+    assert "(auto: " in text_of(result) and "per step in --memory-log" in text_of(result)
