@@ -7,14 +7,19 @@ A layer is a small object that knows four things:
   (``self.params``, ``self.grads``, ``self.buffers``), so an optimizer updates every weight in one pass;
 - the **shape** of its output for given input shapes, and the error it raises for a wrong input shape;
 - what it **keeps for backward**: its input (``keeps_input``), its output (``keeps_output``), and
-  extra FF_CACHE tensors (``saved_specs``), so the graph can tell how long every tensor lives;
+  extra FF_CACHE tensors (``saved_specs``), and where its backward puts input gradients
+  (``input_gradients``), so the step program (``engine.program``) knows how long every tensor lives;
 - the **scratch** its kernels need (``forward_scratch`` / ``backward_scratch``).
+
+Those declarations are all the rest of the engine learns about a layer: a new layer type needs its
+kernel calls and its declarations, and nothing in the network, the graph, the arena or offload
+(``LeakyReLU`` was added that way).
 
 Layers allocate only through the WorkspaceManager (``self.mgr.create(ArrayType.X, shape)``) and run
 only kernels of the backend's table (``self.backend.kernels.<op>``): a layer never asks which backend
-it runs on. The graph calls ``forward(inputs, training)`` inside ``mgr.layer(node.index)`` and
-``backward(dout, need_input_grads)`` in reverse order; a layer remembers what it needs between the
-two in ``self.saved`` and forgets it in ``clear_saved()``.
+it runs on. The network calls ``forward(inputs, training)`` inside ``mgr.layer(node.index)`` and
+``backward(dout, need_input_grads, reuse_dout)`` in reverse order, as the step program says; a layer
+remembers what it needs between the two in ``self.saved`` and forgets it in ``clear_saved()``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.memory import ArrayType
-
-Shape = tuple[int, ...]
+from engine.memory import ArrayType, Shape
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,10 @@ class SavedSpec:
     dtype: Any = np.float32
 
 
-def nbytes(shape: Shape, dtype: Any = np.float32) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
 class InputGradients(enum.Enum):
-    """Where a layer's backward puts its input gradients: the memory plan reads this declaration,
-    so the planned arena and the layer's ``backward`` agree on which gradient tensors exist."""
+    """Where a layer's backward puts its input gradients: the step program (engine.program) reads this
+    declaration, so the program, the planned arena and the layer's ``backward`` agree on which gradient
+    tensors exist."""
 
     NEW = "new"  # a new ACTIVATION_GRAD per input that needs one
     ALWAYS_NEW = "always new"  # one new gradient even when no input needs it (the kernel always writes dx)
@@ -77,6 +77,7 @@ class Layer:
     keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
     input_gradients: InputGradients = InputGradients.NEW
+    inference_passes_input: bool = False  # inference forward returns its input itself (Dropout): no new output
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)

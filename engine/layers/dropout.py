@@ -15,6 +15,7 @@ from engine.layers.base import Layer, SavedSpec, Shape
 
 
 class Dropout(Layer):
+    inference_passes_input = True
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:

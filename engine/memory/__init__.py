@@ -13,6 +13,7 @@ from engine.memory.array_type import LONG_LIVED, ArrayType
 from engine.memory.block import ContiguousBlock
 from engine.memory.manager import MODES, ROUTES, WorkspaceManager, no_workspaces
 from engine.memory.monitor import GcPolicy, MemoryMonitor
+from engine.memory.sizes import Shape, nbytes
 from engine.memory.tensor import (
     LeakedWorkspaceError,
     OutdatedWorkspaceError,
@@ -43,6 +44,8 @@ from engine.memory.workspace import (
 )
 
 __all__ = [
+    "Shape",
+    "nbytes",
     "ArenaPlan",
     "PlanMismatchError",
     "PlannedArena",

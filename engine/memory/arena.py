@@ -109,7 +109,7 @@ class PlannedArena:
     """The provider (``create(array_type, shape, dtype, owner)``) of the planned types of one manager.
 
     ``plan_for(batch_size, types)`` says what an iteration allocates (the network builds it from the
-    graph); ``start_iteration(batch_size)`` picks the plan for the types this arena provides now,
+    step program, ``engine.program``); ``start_iteration(batch_size)`` picks the plan for the types this arena provides now,
     ``end_step(step, owner)`` retires what the step was the last to use, ``end_iteration()`` closes all.
     """
 
@@ -193,7 +193,7 @@ class PlannedArena:
             if made != expected:
                 raise PlanMismatchError(
                     f"[{self.name}] node {owner} made {made} planned tensors by the end of step {step}, but the "
-                    f"memory plan (engine.graph.Graph.allocations) expected {expected}: a layer allocates other "
+                    f"step program (engine.program) expected {expected}: a layer allocates other "
                     f"than the plan says (a missing tensor would make the next one alias a live tensor)"
                 )
         for slot in self._ending.get(step, ()):
@@ -242,7 +242,7 @@ class PlannedArena:
                         if entry is not None else "nothing more")
             raise PlanMismatchError(
                 f"[{self.name}] node {owner} created {array_type.name} {tuple(shape)} {dtype} as its planned tensor "
-                f"#{sequence}, but the memory plan (engine.graph.Graph.allocations) expected {expected}. The layer "
+                f"#{sequence}, but the step program (engine.program) expected {expected}. The layer "
                 f"allocates other than its output_shape/saved_specs/backward say; fix the layer or the plan, or "
                 f"build the network with workspace_mode='none'"
             )

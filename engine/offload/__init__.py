@@ -11,7 +11,7 @@ state on disk between updates, ``session`` is the Trainer's plug, ``bench`` the 
 measurements.
 """
 
-from engine.offload.plan import OffloadPlan, build_plan, check_plan, graph_units
+from engine.offload.plan import OffloadPlan, build_plan, check_plan, program_units
 from engine.offload.scheduler import LayerState, OffloadError, OffloadScheduler, StepStats, offload_summary
 from engine.offload.session import OffloadConfig, OffloadSession
 from engine.offload.storage import OffloadStorageError, SwapChecksumError, SwapStorage, parse_bytes
@@ -29,7 +29,7 @@ __all__ = [
     "SwapStorage",
     "build_plan",
     "check_plan",
-    "graph_units",
     "offload_summary",
     "parse_bytes",
+    "program_units",
 ]

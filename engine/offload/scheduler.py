@@ -46,7 +46,7 @@ import numpy as np
 
 from engine.memory.array_type import ArrayType
 from engine.memory.tensor import CLOSED, Tensor
-from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
+from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, program_units
 from engine.offload.staging import transfer_for
 from engine.offload.storage import DelayHook, SwapRecord, SwapStorage, format_bytes
 
@@ -176,6 +176,7 @@ class OffloadScheduler:
 
         self._cond = threading.Condition()
         self._graph: Any = None
+        self._program_for: Any = None  # batch size -> the network's training step program
         self._plans: dict[tuple[int, int], OffloadPlan] = {}  # (batch size, window) -> plan
         self._batch_size: int | None = None
         self._unit_specs: list[UnitSpec] = []
@@ -231,6 +232,7 @@ class OffloadScheduler:
         self.net = net
         self.mgr = net.mgr
         self._graph = net.graph
+        self._program_for = net.program
         net.hooks.append(self)
         self.mgr.set_provider(set(OFFLOADED_TYPES), self)
         if batch_size is not None:
@@ -282,7 +284,7 @@ class OffloadScheduler:
         """The plan for this network at ``batch_size`` and ``window`` (cached)."""
         window = self.window if window is None else window
         if self._batch_size != batch_size or not self._unit_specs:  # what create() checks against, too
-            self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
+            self._unit_specs, self._creations, self._steps = program_units(self._program_for(batch_size))
             self._batch_size = batch_size
         key = (batch_size, window)
         if key not in self._plans:
@@ -405,8 +407,8 @@ class OffloadScheduler:
                         if tensor_spec is not None else "nothing more")
             raise OffloadError(
                 f"layer {node!r} created {array_type.name} {tuple(shape)} {np.dtype(dtype)} as its tensor "
-                f"#{sequence}, but the offload plan (from engine.graph's tensors) expected {expected}: the layer's "
-                f"saved_specs/output_shape disagree with what it allocates"
+                f"#{sequence}, but the offload plan (from the step program, engine.program) expected {expected}: "
+                f"the layer's saved_specs/output_shape disagree with what it allocates"
             )
         self._created_by_owner[owner] = sequence + 1
         unit = self._units[unit_key]

@@ -141,27 +141,21 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     """The planned peak of one training step with and without offload (``engine memory --offload-n``).
 
     Without offload: ``net.memory_report``'s liveness plan. With offload: the same long-lived blocks,
-    the largest step of everything the scheduler does not place (gradients, input, loss head, working
-    memory), plus the offload arena, which holds every ACTIVATIONS and FF_CACHE tensor of the step.
+    the largest moment of everything the scheduler does not place (the program's gradients, input and
+    loss head buffers, and working memory), plus the offload arena, which holds every ACTIVATIONS and
+    FF_CACHE buffer a node makes.
     """
-    from engine.layers.base import nbytes
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import build_plan, graph_units
+    from engine.offload.plan import build_plan, program_units
 
     report = net.memory_report(batch_size)
-    graph = net.graph
-    steps = 2 * len(graph.nodes)
-    shapes = graph.shapes(batch_size)
-    scratch = [0] * steps
-    for node in graph.nodes:
-        inputs = [shapes[i] for i in node.inputs]
-        scratch[node.index] = 4 * node.layer.forward_scratch(inputs)
-        scratch[steps - 1 - node.index] = 4 * node.layer.backward_scratch(inputs)
-    others = [t for t in graph.tensors(batch_size)
-              if not (t.owner is not None and t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
-    rest = max(sum(nbytes(t.shape, t.dtype) for t in others if t.first <= step <= t.last) + scratch[step]
-               for step in range(steps))
-    units, _, _ = graph_units(graph, batch_size)
+    program = net.program(batch_size)
+    scratch = program.scratch_at()
+    kept = [b for b in program.buffers
+            if not (b.owner is not None and b.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
+    rest = max(sum(b.nbytes for b in kept if b.first <= moment <= b.last) + scratch[moment]
+               for moment in range(program.moments))
+    units, _, steps = program_units(program)
     plan = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     return {
