@@ -364,8 +364,10 @@ def evaluate_command(
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
+@click.option("--program", "show_program", is_flag=True,  # step program
+              help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, show_program: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the graph's shapes and tensor lifespans; nothing is run.
@@ -381,6 +383,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         net = build_model(model, num_classes, get_backend("cpu"), **options)
     except ValueError as exc:
         fail(str(exc))
+    if show_program:  # step program: the table every memory figure below is computed from
+        click.echo(net.program(batch_size).table())
+        return
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)
