@@ -109,8 +109,9 @@ class PlannedArena:
     """The provider (``create(array_type, shape, dtype, owner)``) of the planned types of one manager.
 
     ``plan_for(batch_size, types)`` says what an iteration allocates (the network builds it from the
-    step program, ``engine.program``); ``start_iteration(batch_size)`` picks the plan for the types this arena provides now,
-    ``end_step(step, owner)`` retires what the step was the last to use, ``end_iteration()`` closes all.
+    step program, ``engine.program``); ``start_iteration(batch_size)`` picks the plan for the types
+    this arena provides now, ``end_step(step, owner)`` retires what the step was the last to use,
+    ``end_iteration()`` closes all.
     """
 
     def __init__(self, backend: Any, name: str, plan_for: Any, manager: Any = None):

@@ -196,7 +196,7 @@ class RecordingBackend:
 
 
 def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(backend):
-    """What offload relies on: no kernel reads an ACTIVATIONS or FF_CACHE tensor outside its span in the step program."""
+    """What offload relies on: no kernel reads an ACTIVATIONS or FF_CACHE tensor outside its program span."""
     net = Network(residual_graph(), backend)
     clock = StepClock()
     net.hooks.append(clock)

@@ -7,9 +7,11 @@ import pytest
 
 from engine.backend import get_backend
 from engine.graph import Graph
-from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Dropout, Flatten, MaxPool2d, ReLU
+from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Dropout, Flatten, LeakyReLU, MaxPool2d, ReLU
 from engine.memory import ArrayType, Tensor
 from engine.network import PLANNED_TYPES, Network, ProgramMismatchError
+from engine.offload import OffloadScheduler
+from engine.optim import SGD
 from engine.program import Op
 from models import MODEL_NAMES, build_model
 
@@ -223,3 +225,53 @@ def test_every_models_inference_creates_what_its_program_says(backend, name):
     net.predict(x)
     assert made == [(program.buffers[i].owner, program.buffers[i].shape) for s in program.steps for i in s.creates]
     net.close()
+
+
+def leaky_graph() -> Graph:
+    """A residual net of LeakyReLUs, the layer added with nothing but its kernels and declarations."""
+    return Graph(
+        [
+            ("c1", Conv2d(3, 4, 3, 1, 1, bias=False), ["input"]),
+            ("bn", BatchNorm2d(4), ["c1"]),
+            ("a1", LeakyReLU(0.1), ["bn"]),
+            ("c2", Conv2d(4, 4, 3, 1, 1), ["a1"]),
+            ("add", Add(), ["c2", "a1"]),
+            ("a2", LeakyReLU(0.2), ["add"]),
+            ("pool", MaxPool2d(2), ["a2"]),
+            ("flat", Flatten(), ["pool"]),
+            ("fc", Dense(16, 5), ["flat"]),
+        ],
+        input_shape=(3, 4, 4),
+    )
+
+
+def test_a_new_layer_type_needs_only_its_kernels_and_declarations(backend, tmp_path):
+    """LeakyReLU through the program, the planned arena and offload (window 1: every unit written and read
+    back): the same weights to the bit as without offload, and its gradient written over dout as declared."""
+    program = Network(leaky_graph(), backend).program(2)
+    a1 = next(s for s in program.steps if s.op is Op.BACKWARD and s.node == 2)
+    assert a1.reuse_dout and a1.writes == a1.inputs and not a1.creates
+
+    def train(window):
+        net = Network(leaky_graph(), backend, seed=0)
+        optimizer = SGD(net.parameters, net.gradients, backend, lr=0.1, momentum=0.9)
+        scheduler = OffloadScheduler(backend, window, directory=str(tmp_path)).attach(net) if window else None
+        rng = np.random.default_rng(1)
+        try:
+            for _ in range(3):
+                net.forward(rng.standard_normal((2, 3, 4, 4)).astype(np.float32), training=True)
+                net.loss(rng.integers(0, 5, 2).astype(np.int64))
+                net.backward()
+                optimizer.step()
+            written = sum(s.bytes_written for s in scheduler.stats) if scheduler else 0
+            return net.state_dict(), written
+        finally:
+            if scheduler is not None:
+                scheduler.close()
+            net.close()
+
+    reference, _ = train(None)
+    weights, written = train(1)
+    assert written > 0
+    for key, value in reference.items():
+        assert np.array_equal(value, weights[key]), key
