@@ -130,7 +130,7 @@ def _load_data(spec: str, num_classes: int | None, seed: int):
 
 
 def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
-    from engine.train import build_network
+    from models import build_network
 
     try:
         return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)

@@ -8,10 +8,11 @@ swap file are made for the run's batch size, so a full disk is an error before t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from engine.offload.scheduler import OffloadScheduler
+from engine.offload.scheduler import OffloadScheduler, OffloadTarget
 from engine.offload.storage import DelayHook, parse_bytes
 
 
@@ -54,8 +55,23 @@ class OffloadConfig:
                                 delay=delay, **options)
 
 
+class OffloadHost(Protocol):
+    """What an offload session needs of the trainer (``engine.train.Trainer`` has it), so offload does not
+    import the trainer: the network, the batch size, the optimizer (for ``--offload-params``) and the
+    fields it may add to every memory-monitor line."""
+
+    @property
+    def net(self) -> OffloadTarget: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def optimizer(self) -> Any: ...
+    @property
+    def memory_fields(self) -> dict[str, Callable[[], Any]]: ...
+
+
 class OffloadSession:
-    """What the Trainer's ``offload`` slot takes: ``start(trainer)`` / ``stop(trainer)``."""
+    """What the Trainer's ``offload`` slot takes (a ``TrainerPlugin``): ``start(trainer)`` / ``stop(trainer)``."""
 
     def __init__(self, config: OffloadConfig, delay: DelayHook | None = None, **options: Any):
         self.config = config
@@ -64,7 +80,7 @@ class OffloadSession:
         self.scheduler: OffloadScheduler | None = None
         self.state_offload: Any = None
 
-    def prepare(self, net: Any, batch_size: int) -> OffloadScheduler:
+    def prepare(self, net: OffloadTarget, batch_size: int) -> OffloadScheduler:
         """Make the scheduler, attach it to ``net`` and plan for ``batch_size`` (swap file included)."""
         if self.scheduler is None:
             scheduler = self.config.scheduler(net.backend, delay=self.delay, **self.options)
@@ -76,10 +92,10 @@ class OffloadSession:
             self.scheduler = scheduler
         return self.scheduler
 
-    def start(self, trainer: Any) -> None:
+    def start(self, trainer: OffloadHost) -> None:
         scheduler = self.prepare(trainer.net, trainer.batch_size)
         try:
-            _report_swap_in_memory_lines(trainer, scheduler)
+            trainer.memory_fields["swap"] = scheduler.swap_report  # each memory-monitor line gets the window
             if self.config.params:
                 from engine.offload.params import OptimizerStateOffload
 
@@ -91,7 +107,8 @@ class OffloadSession:
             self.stop(trainer)
             raise
 
-    def stop(self, trainer: Any) -> None:
+    def stop(self, trainer: OffloadHost) -> None:
+        trainer.memory_fields.pop("swap", None)
         try:
             if self.state_offload is not None:
                 if self.state_offload in trainer.net.hooks:
@@ -102,24 +119,7 @@ class OffloadSession:
                 self.scheduler.close()
 
 
-def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> None:
-    """Make the trainer's memory listener pass ``swap=scheduler.swap_report()`` to the monitor.
-
-    The Trainer's MemoryListener samples the monitor after every step; its subclass below adds the
-    scheduler's resident, in-flight and swapped bytes and the window to each JSON line.
-    """
-    from engine.train import MemoryListener
-
-    class SwapMemoryListener(MemoryListener):
-        def on_step_end(self, trainer: Any, record: Any) -> None:
-            self.monitor.sample(record.step, loss=record.loss, swap=scheduler.swap_report())
-
-    for i, listener in enumerate(trainer.listeners):
-        if type(listener) is MemoryListener:
-            trainer.listeners[i] = SwapMemoryListener(listener.monitor, listener.plot_path)
-
-
-def session_from_options(net: Any, batch_size: int, n: str | None, budget: str | None,
+def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget: str | None,
                          directory: str | None, params: bool = False) -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
