@@ -33,7 +33,7 @@ class KernelTable:
     """The ops a backend offers, by name; every call validates and unwraps workspace tensors.
 
     An argument that knows how to hand itself to a kernel (an ``engine.memory.Tensor``) is asked
-    for its array through ``_kernel_array(op, argument)``, which raises a clear error when the tensor
+    for its array through ``kernel_array(op, argument)``, which raises a clear error when the tensor
     lives in a closed or reset workspace. Everything else (arrays, numbers, None) passes as it is.
     """
 
@@ -71,12 +71,12 @@ class KernelTable:
 def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         args = tuple(
-            a._kernel_array(op, f"argument {i}") if hasattr(a, "_kernel_array") else a
+            a.kernel_array(op, f"argument {i}") if hasattr(a, "kernel_array") else a
             for i, a in enumerate(args)
         )
         if kwargs:
             kwargs = {
-                k: (v._kernel_array(op, k) if hasattr(v, "_kernel_array") else v) for k, v in kwargs.items()
+                k: (v.kernel_array(op, k) if hasattr(v, "kernel_array") else v) for k, v in kwargs.items()
             }
         return function(*args, **kwargs)
 

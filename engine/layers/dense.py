@@ -90,4 +90,4 @@ class Flatten(Layer):
 
 def _array(x: Any, op: str) -> Any:
     """The raw array of a workspace Tensor, checked as the kernel table checks it (a plain array as is)."""
-    return x._kernel_array(op, "argument 0") if hasattr(x, "_kernel_array") else x
+    return x.kernel_array(op, "argument 0") if hasattr(x, "kernel_array") else x

@@ -34,7 +34,7 @@ from engine.memory.array_type import ArrayType
 from engine.memory.planner import ALIGNMENT, align, plan_offsets
 from engine.memory.tensor import CLOSED, RELEASED, Tensor, WorkspaceError
 
-OUTDATED = -4  # a slot's _live_generation once its tensor's planned lifespan is over (no generation equals it)
+OUTDATED = -4  # a slot's live_generation once its tensor's planned lifespan is over (no generation equals it)
 
 
 class PlanMismatchError(WorkspaceError):
@@ -92,16 +92,16 @@ def make_plan(specs: Iterable[Any]) -> ArenaPlan:
 
 
 class _Slot:
-    """The stand-in workspace of one planned tensor (what ``Tensor`` checks: name, generation, _live_generation)."""
+    """The stand-in workspace of one planned tensor (what ``Tensor`` checks: name, generation, live_generation)."""
 
-    __slots__ = ("name", "generation", "_live_generation", "released_by", "array_type", "nbytes")
+    __slots__ = ("name", "generation", "live_generation", "released_by", "array_type", "nbytes")
 
     def __init__(self, name: str, array_type: ArrayType, nbytes: int):
         self.name = name
         self.array_type = array_type
         self.nbytes = nbytes
         self.generation = 0
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
         self.released_by = None
 
 
@@ -198,8 +198,8 @@ class PlannedArena:
                     f"than the plan says (a missing tensor would make the next one alias a live tensor)"
                 )
         for slot in self._ending.get(step, ()):
-            if slot._live_generation == self.generation:
-                slot._live_generation = OUTDATED
+            if slot.live_generation == self.generation:
+                slot.live_generation = OUTDATED
                 self._live_bytes[slot.array_type] -= slot.nbytes
                 self._live_total -= slot.nbytes
 
@@ -209,14 +209,14 @@ class PlannedArena:
             return
         self._in_iteration = False
         for _, slot in self._keys.values():
-            slot._live_generation = CLOSED
+            slot.live_generation = CLOSED
         self._last_peak = dict(self._peak_bytes)
 
     def release(self, released_by: str) -> None:
         """Drop the block (the manager was closed): every tensor handed out raises ReleasedTensorError."""
         self._in_iteration = False
         for _, slot in self._keys.values():
-            slot._live_generation = RELEASED
+            slot.live_generation = RELEASED
             slot.released_by = released_by
         self._block = None
         self.capacity = 0
@@ -250,7 +250,7 @@ class PlannedArena:
         planned, slot = entry
         self._made[owner] = sequence + 1
         slot.generation = self.generation
-        slot._live_generation = self.generation
+        slot.live_generation = self.generation
         start = planned.offset
         if self._numpy_block:
             array = np.ndarray(shape, dtype, self._block, start)

@@ -107,21 +107,21 @@ class OffloadError(RuntimeError):
 class UnitRegion:
     """Stands in for a workspace for one unit's tensors: open while the unit is in memory.
 
-    The kernel table compares a tensor's generation with ``_live_generation``; closing the region
+    The kernel table compares a tensor's generation with ``live_generation``; closing the region
     (CLOSED) when the unit leaves memory turns a use of swapped data into a clear error.
     """
 
     def __init__(self, name: str):
         self.name = f"offload:{name}"
         self.generation = 0
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
 
     def open(self, generation: int) -> None:
         self.generation = generation
-        self._live_generation = generation
+        self.live_generation = generation
 
     def close(self) -> None:
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
 
 
 @dataclass
