@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -83,6 +83,24 @@ def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]
     call.__name__ = op
     call.__doc__ = function.__doc__
     return call
+
+
+class ComputeBackend(Protocol):
+    """What the layers, the memory and offload need from a backend (``Backend`` is the one we ship; the
+    tests wrap it to record kernel calls): the array module, the kernel table, blocks of bytes, host
+    and device copies, and a way to wait for queued work."""
+
+    name: str
+    xp: Any
+
+    @property
+    def kernels(self) -> Any: ...
+    @property
+    def is_device(self) -> bool: ...
+    def alloc_block(self, nbytes: int) -> Any: ...
+    def synchronize(self) -> None: ...
+    def to_host(self, array: Any) -> np.ndarray: ...
+    def to_device(self, array: np.ndarray) -> Any: ...
 
 
 @dataclass

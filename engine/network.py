@@ -35,17 +35,19 @@ iteration abandoned before the end of backward (a forward without backward, an e
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from engine.backend import ComputeBackend
 from engine.graph import Graph, Node
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
 from engine.memory.arena import ArenaPlan, PlannedArena, make_plan
-from engine.memory.tensor import WorkspaceError
+from engine.memory.tensor import Tensor, WorkspaceError
 from engine.program import Op, Program, Step, compile_inference, compile_training
 
 PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD)
@@ -59,6 +61,18 @@ HOOK_METHODS = (
     "after_backward",
     "on_iteration_end",
 )
+
+
+class NetworkHook(Protocol):
+    """What ``net.hooks`` hold (the offload scheduler, the optimizer-state offload, test probes). A hook
+    may define any subset of these; the network calls the ones it has, in training iterations only."""
+
+    def on_iteration_start(self, net: Network) -> None: ...
+    def before_forward(self, step: int, node: Node) -> None: ...
+    def after_forward(self, step: int, node: Node) -> None: ...
+    def before_backward(self, step: int, node: Node) -> None: ...
+    def after_backward(self, step: int, node: Node) -> None: ...
+    def on_iteration_end(self, net: Network) -> None: ...
 
 
 class ProgramMismatchError(WorkspaceError):
@@ -124,7 +138,7 @@ class Network:
     def __init__(
         self,
         graph: Graph,
-        backend: Any,
+        backend: ComputeBackend,
         *,
         seed: int = 0,
         name: str = "network",
@@ -137,7 +151,7 @@ class Network:
         self.backend = backend
         self.name = name
         self.seed = seed
-        self.hooks: list[Any] = []
+        self.hooks: list[NetworkHook] = []
         enabled = workspace_mode == "enabled"
         self.mgr = WorkspaceManager(backend, mode="training" if enabled else "none")
         # A child of the training manager: closing the network (``close``) closes both.
@@ -183,11 +197,11 @@ class Network:
 
         self._scope: Any = None  # the open mgr.iteration() context, if any
         self._scope_training = False
-        self._logits: Any = None
+        self._logits: Tensor | None = None
         self._loss_ready = False
         self._programs: dict[tuple[int, bool], Program] = {}
         self._program: Program | None = None  # the program of the open iteration
-        self._registers: dict[int, Any] = {}  # buffer id -> the tensor bound to it in the open iteration
+        self._registers: dict[int, Tensor] = {}  # buffer id -> the tensor bound to it in the open iteration
 
     # ---- one iteration ----------------------------------------------------------------------------
 
@@ -200,7 +214,7 @@ class Network:
             program = self._programs[key] = compile_(self.graph, int(batch_size), self.name)
         return program
 
-    def forward(self, x: Any, training: bool = True) -> Any:
+    def forward(self, x: Tensor | np.ndarray | Any, training: bool = True) -> Tensor:
         """Run the program's forward steps; returns the logits Tensor (valid until the iteration scope closes)."""
         self._check_input(x)
         self.end_iteration()
@@ -499,7 +513,7 @@ class Network:
         }
         return report
 
-    def arena_plan(self, batch_size: int, types: Any = PLANNED_TYPES) -> ArenaPlan:
+    def arena_plan(self, batch_size: int, types: Iterable[ArrayType] = PLANNED_TYPES) -> ArenaPlan:
         """The static plan of the training tensors of ``types`` (default: all the arena can provide)."""
         types = frozenset(types)
         return make_plan(b for b in self.program(batch_size).buffers if b.array_type in types)

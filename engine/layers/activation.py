@@ -9,9 +9,8 @@ and without offload).
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.layers.base import InputGradients, Layer, Shape
+from engine.memory import Tensor
 
 
 class ReLU(Layer):
@@ -24,7 +23,7 @@ class ReLU(Layer):
         self.check_num_inputs(input_shapes)
         return tuple(input_shapes[0])
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(x.shape)
         getattr(self.backend.kernels, self.forward_op)(x, out)
@@ -32,7 +31,7 @@ class ReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         out = self.saved["out"]
@@ -66,7 +65,7 @@ class LeakyReLU(Layer):
         self.check_num_inputs(input_shapes)
         return tuple(input_shapes[0])
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(x.shape)
         self.backend.kernels.leaky_relu_forward(x, out, self.negative_slope)
@@ -74,7 +73,7 @@ class LeakyReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         out = self.saved["out"]

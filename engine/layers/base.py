@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.memory import ArrayType, Shape
+from engine.backend import ComputeBackend
+from engine.memory import ArrayType, Shape, Tensor, WorkspaceManager
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,12 @@ class Layer:
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
-        self.backend: Any = None
-        self.mgr: Any = None
-        self.params: dict[str, Any] = {}
+        self.backend: ComputeBackend = None  # type: ignore[assignment]  # set by bind()
+        self.mgr: WorkspaceManager = None  # type: ignore[assignment]  # set by bind()
+        self.params: dict[str, Any] = {}  # backend arrays: views into the network's blocks
         self.grads: dict[str, Any] = {}
         self.buffers: dict[str, Any] = {}
-        self.saved: dict[str, Any] = {}
+        self.saved: dict[str, Any] = {}  # tensors and host values kept from forward to backward
 
     # ---- declarations --------------------------------------------------------------------------
 
@@ -118,7 +119,8 @@ class Layer:
 
     # ---- wiring ----------------------------------------------------------------------------------
 
-    def bind(self, backend: Any, mgr: Any, params: dict, grads: dict, buffers: dict) -> None:
+    def bind(self, backend: ComputeBackend, mgr: WorkspaceManager, params: dict[str, Any], grads: dict[str, Any],
+             buffers: dict[str, Any]) -> None:
         """Attach the backend, the workspace manager and this layer's views into the network's blocks."""
         self.backend = backend
         self.mgr = mgr
@@ -126,16 +128,16 @@ class Layer:
         self.grads = grads
         self.buffers = buffers
 
-    def use_manager(self, mgr: Any) -> None:
+    def use_manager(self, mgr: WorkspaceManager) -> None:
         """Allocate through ``mgr`` from now on (the network switches between training and inference)."""
         self.mgr = mgr
 
     # ---- compute ---------------------------------------------------------------------------------
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         raise NotImplementedError
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         """Gradients with respect to each input (None where not needed); parameter gradients go to
         ``self.grads`` (the kernels overwrite them). ``reuse_dout`` is True when nothing else will read
         ``dout``: a layer whose kernel allows it may then write its input gradient over it (ReLU does),
@@ -157,19 +159,19 @@ class Layer:
         if len(input_shapes) != self.num_inputs:
             raise ValueError(f"{self.describe()} takes {self.num_inputs} input(s), got {len(input_shapes)}")
 
-    def output(self, shape: Shape) -> Any:
+    def output(self, shape: Shape) -> Tensor:
         """A new ACTIVATIONS tensor for this layer's output."""
         return self.mgr.create(ArrayType.ACTIVATIONS, tuple(shape), dtype=np.float32)
 
-    def input_grad(self, shape: Shape) -> Any:
+    def input_grad(self, shape: Shape) -> Tensor:
         """A new ACTIVATION_GRAD tensor for the gradient with respect to an input."""
         return self.mgr.create(ArrayType.ACTIVATION_GRAD, tuple(shape), dtype=np.float32)
 
-    def keep(self, name: str, shape: Shape, dtype: Any = np.float32) -> Any:
+    def keep(self, name: str, shape: Shape, dtype: Any = np.float32) -> Tensor:
         """A new FF_CACHE tensor kept for backward."""
         return self.mgr.create(ArrayType.FF_CACHE, tuple(shape), dtype=dtype)
 
-    def scratch(self, array_type: ArrayType, elements: int) -> Any:
+    def scratch(self, array_type: ArrayType, elements: int) -> Tensor:
         """A 1-D float32 scratch buffer of working memory (at least one element, so it is a real array)."""
         return self.mgr.create(array_type, (max(int(elements), 1),), dtype=np.float32)
 
