@@ -370,7 +370,7 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
            offload_n: int | None = None, measure: bool = False, show_program: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
-    Computed from the graph's shapes and tensor lifespans; nothing is run.
+    Computed from the step program (shapes and buffer lifespans); nothing is run.
     """
     from engine.backend import get_backend
     from engine.summary import render_memory_report

@@ -6,14 +6,20 @@
 
 Host (NumPy) batches and labels are accepted on a GPU backend too: they are copied over first.
 
+**The step program.** ``net.program(batch)`` is the iteration compiled from the graph
+(``engine.program``): which call runs when, which buffers it creates, reads, writes in place, hands
+on and retires. ``forward``, ``loss`` and ``backward`` execute its steps and nothing else: they pass
+each call the tensors bound to the buffers the step names, bind the results as the step says, and
+retire what it says. A training and an inference program are compiled once per batch size.
+
 **Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
 running statistics in a third block (``net.buffers``); layers get views into them. Everything an
 iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
 ``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``. In training,
 ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD go to ``net.arena`` (a ``PlannedArena``): offsets planned
-before the first step from ``graph.allocations`` (``net.arena_plan(batch)``); ``end_step`` after each
-forward and backward step retires what that step was the last to read.
+before the first step from the program's buffers (``net.arena_plan(batch)``); ``end_step`` after each
+forward and backward moment retires what that moment was the last to use.
 
 **Scope of an iteration.** ``forward`` enters ``mgr.iteration()`` (which resets the per-iteration
 workspaces) and leaves it open: the logits, the loss and every tensor kept for backward stay valid
@@ -26,9 +32,10 @@ layer scope (owner None).
 
 **Hooks.** ``net.hooks`` holds objects with any of ``on_iteration_start(net)``,
 ``before_forward(step, node)``, ``after_forward(step, node)``, ``before_backward(step, node)``,
-``after_backward(step, node)``, ``on_iteration_end(net)``; steps are numbered as in
-``engine.graph``. They fire in training iterations only: ``on_iteration_start`` right after the
-iteration scope opens, ``on_iteration_end`` after the last backward step, just before it closes. An
+``after_backward(step, node)``, ``on_iteration_end(net)`` (a ``NetworkHook``); ``step`` is the
+program's moment (``engine.program``: forward of node i is i, its backward 2L-1-i). They fire in
+training iterations only: ``on_iteration_start`` right after the iteration scope opens,
+``on_iteration_end`` after the last backward step, just before it closes. An
 iteration abandoned before the end of backward (a forward without backward, an error) closes without
 ``on_iteration_end``; the next ``on_iteration_start`` is the hook's cue to drop what it left.
 """
