@@ -53,6 +53,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -134,16 +135,14 @@ class Program:
     def phase(self, *ops: Op) -> list[Step]:
         return [s for s in self.steps if s.op in ops]
 
-    @property
+    @cached_property
     def forward_steps(self) -> list[Step]:
+        """What ``net.forward`` runs."""
         return self.phase(Op.FORWARD)
 
-    @property
-    def loss_step(self) -> Step:
-        return self.phase(Op.LOSS)[0]
-
-    @property
+    @cached_property
     def backward_steps(self) -> list[Step]:
+        """What ``net.backward`` runs: the loss head's backward, then each node's backward and sums."""
         return self.phase(Op.LOSS_BACKWARD, Op.BACKWARD, Op.GRAD_SUM)
 
     def live_bytes(self, time: int, types: Sequence[ArrayType] | None = None) -> int:
