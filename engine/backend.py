@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -37,10 +38,18 @@ class KernelTable:
     lives in a closed or reset workspace. Everything else (arrays, numbers, None) passes as it is.
     """
 
-    def __init__(self, backend_name: str, functions: dict[str, Callable[..., Any]]):
+    def __init__(
+        self, backend_name: str, functions: dict[str, Callable[..., Any]], launches: Counter[str] | None = None
+    ):
         self.backend_name = backend_name
         self._functions = dict(functions)
         self._callers: dict[str, Callable[..., Any]] = {}
+        self.launches = launches
+        """GPU kernel launches by kernel name (the CUDA tables count every launch); None on the CPU."""
+
+    def launch_count(self) -> int | None:
+        """Total GPU kernel launches counted so far (None where the table launches no GPU kernels)."""
+        return None if self.launches is None else sum(self.launches.values())
 
     def names(self) -> list[str]:
         return sorted(self._functions)
@@ -98,7 +107,7 @@ class Backend:
     def kernels(self) -> KernelTable:
         if self._table is None:
             module = importlib.import_module(self._kernel_module)
-            self._table = KernelTable(self.name, module.TABLE)
+            self._table = KernelTable(self.name, module.TABLE, getattr(module, "LAUNCHES", None))
         return self._table
 
     @property
