@@ -191,6 +191,16 @@ def get_backend(name: str = "auto") -> Backend:
     return Backend("cuda", cupy, "kernels.cuda")
 
 
+def counting_backend() -> Backend:
+    """The CUDA kernel table on NumPy arrays, for counting and recording launches without running them.
+
+    Only for use inside ``kernels.cuda.count_only()`` (engine/bench/cuda_launches.py, roofline.py):
+    the launchers check shapes and count, nothing executes, so it needs neither a GPU nor the
+    simulator, and the counts are those a GPU would see.
+    """
+    return Backend("cuda-count", np, "kernels.cuda")
+
+
 def backend_report() -> dict[str, str | None]:
     """Each backend name → None when available, else the reason it is not."""
     cuda = cuda_unavailable_reason()

@@ -5,8 +5,8 @@ name; under ``count_only()`` it counts and returns without running anything. So 
 step (forward, loss, backward, SGD update) of a real model at a real batch size costs only the
 Python of the launchers here, and the count is exactly what a GPU would see: launch counts depend on
 shapes and on the code paths the shapes pick, never on the values in the arrays (the unwritten
-outputs are never read by a launcher). Run it on the ``cudasim`` backend (NumPy arrays, nothing
-executes) or on ``cuda`` (CuPy arrays, nothing launches).
+outputs are never read by a launcher). Run it on ``engine.backend.counting_backend()`` or
+``cudasim`` (NumPy arrays, nothing executes) or on ``cuda`` (CuPy arrays, nothing launches).
 
 Why it matters: each launch with CuPy arguments costs tens of microseconds of host time
 (numba-cuda #578); a per-image conv at batch 32 made thousands of them a step.
@@ -41,35 +41,73 @@ class StepLaunches:
         }
 
 
-def count_step_launches(
-    model: str, batch: int, backend: Any, image_size: int = 32, num_classes: int = 10
-) -> StepLaunches:
-    """Build ``model`` on ``backend`` (cudasim or cuda) and count the launches of one SGD training step.
+@dataclass(frozen=True)
+class ArrayArg:
+    """What the roofline needs of a kernel's array argument: its shape and size (not its bytes)."""
 
-    The first step is counted after one uncounted step, so one-time work (none today) would not
-    inflate it.
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a step: kernel name, grid, block and its arguments (arrays as ArrayArg)."""
+
+    kernel: str
+    blocks: Any
+    threads: Any
+    args: tuple[Any, ...]
+
+
+def _describe(argument: Any) -> Any:
+    if hasattr(argument, "shape") and hasattr(argument, "dtype"):
+        return ArrayArg(tuple(int(v) for v in argument.shape), int(argument.size) * argument.dtype.itemsize)
+    return argument
+
+
+def counted_step(
+    model: str, batch: int, backend: Any, image_size: int = 32, num_classes: int = 10
+) -> tuple[Counter[str], list[Launch]]:
+    """Build ``model`` on ``backend`` and run one SGD training step under ``count_only``.
+
+    Returns the launches by kernel name and every launch in order. The step is run twice and the
+    second one counted, so one-time work (none today) would not inflate it.
     """
     from engine.optim import make_optimizer
-    from kernels.cuda import LAUNCHES, count_only, reset_launches
+    from kernels.cuda import LAUNCHES, count_only, record_launches, reset_launches
     from models import build_model
 
-    if backend.name not in ("cuda", "cudasim"):
-        raise ValueError(f"launch counts need a CUDA backend (cuda or cudasim), not {backend.name!r}")
+    if backend.name not in ("cuda", "cudasim", "cuda-count"):
+        raise ValueError(f"launch counts need a CUDA backend (cuda, cudasim or cuda-count), not {backend.name!r}")
     net = build_model(model, num_classes, backend, seed=0, image_size=image_size)
     try:
         optimizer = make_optimizer("sgd", net, backend, 0.01, momentum=0.9, manager=net.mgr)
         x = backend.to_device(np.zeros((batch, 3, image_size, image_size), np.float32))
         y = backend.to_device(np.zeros(batch, np.int64))
-        counts: Counter[str] = Counter()
         with count_only():
             for _ in range(2):
                 reset_launches()
-                net.forward(x, training=True)
-                net.loss(y)
-                net.backward()
-                optimizer.step()
+                with record_launches() as calls:
+                    net.forward(x, training=True)
+                    net.loss(y)
+                    net.backward()
+                    optimizer.step()
                 counts = Counter(LAUNCHES)
+                launches = [Launch(name, blocks, threads, tuple(_describe(a) for a in args))
+                            for name, blocks, threads, args in calls]
         reset_launches()
     finally:
         net.close()
+    return counts, launches
+
+
+def count_step_launches(
+    model: str, batch: int, backend: Any, image_size: int = 32, num_classes: int = 10
+) -> StepLaunches:
+    """Launches of one SGD training step of ``model`` at ``batch``, in total and by kernel."""
+    counts, _ = counted_step(model, batch, backend, image_size, num_classes)
     return StepLaunches(model, batch, image_size, sum(counts.values()), dict(sorted(counts.items())))

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kernels.cuda import batchnorm, conv, dense, elementwise, loss, optim, pool
-from kernels.cuda._launch import LAUNCHES, count_only, reset_launches
+from kernels.cuda._launch import LAUNCHES, count_only, record_launches, reset_launches
 
-__all__ = ["LAUNCHES", "TABLE", "count_only", "reset_launches"]
+__all__ = ["LAUNCHES", "TABLE", "count_only", "record_launches", "reset_launches"]
 
 TABLE: dict[str, Callable[..., Any]] = {
     "conv2d_forward": conv.conv2d_forward,

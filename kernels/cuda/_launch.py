@@ -29,6 +29,7 @@ LAUNCHES: Counter[str] = Counter()
 ``launch`` below, so this is the exact count a GPU would see (the engine reports it per training step)."""
 
 _count_only: list[bool] = [False]
+_recorders: list[list[tuple[str, Any, Any, tuple[Any, ...]]]] = []
 
 
 def kernel_name(kernel: Any) -> str:
@@ -75,13 +76,31 @@ def f32(value: float) -> np.float32:
     return np.float32(value)
 
 
+@contextmanager
+def record_launches() -> Iterator[list[tuple[str, Any, Any, tuple[Any, ...]]]]:
+    """Collect (kernel name, blocks, threads, arguments) of every launch inside the block, in order.
+
+    With ``count_only()`` this is how the roofline (engine/bench/roofline.py) learns every kernel a
+    training step runs, with its real shapes, on a machine without a GPU.
+    """
+    calls: list[tuple[str, Any, Any, tuple[Any, ...]]] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
+
+
 def _is_cupy(array: Any) -> bool:
     return type(array).__module__.split(".")[0] == "cupy"
 
 
 def launch(kernel: Any, blocks: Any, threads: Any, *args: Any) -> None:
     """Run ``kernel[blocks, threads](*args)`` on CuPy's current stream when the arrays are CuPy's; count it."""
-    LAUNCHES[kernel_name(kernel)] += 1
+    name = kernel_name(kernel)
+    LAUNCHES[name] += 1
+    for calls in _recorders:
+        calls.append((name, blocks, threads, args))
     if _count_only[0]:
         return
     if any(_is_cupy(a) for a in args):
