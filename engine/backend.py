@@ -16,7 +16,8 @@ import importlib
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -45,6 +46,7 @@ class KernelTable:
         self._functions = dict(functions)
         self._callers: dict[str, Callable[..., Any]] = {}
         self.launches = launches
+        self._hook: Callable[..., Any] | None = None
         """GPU kernel launches by kernel name (the CUDA tables count every launch); None on the CPU."""
 
     def launch_count(self) -> int | None:
@@ -72,12 +74,27 @@ class KernelTable:
                 raise AttributeError(
                     f"backend {self.backend_name!r} has no kernel {op!r}; it has: {', '.join(self.names())}"
                 ) from None
-            caller = _checked_caller(op, function)
+            caller = _checked_caller(op, function, self)
             self._callers[op] = caller
         return caller
 
+    @contextmanager
+    def intercept(self, hook: Callable[..., Any]) -> Iterator[None]:
+        """Route every kernel call through ``hook(op, function, args, kwargs)`` inside the block.
 
-def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        The hook must call ``function(*args, **kwargs)`` itself (and return its result); it sees the
+        unwrapped arrays. The GPU acceptance run uses it to check each kernel of a real training
+        step against the NumPy reference on the very same inputs (engine/bench/gpu_acceptance.py).
+        """
+        previous = self._hook
+        self._hook = hook
+        try:
+            yield
+        finally:
+            self._hook = previous
+
+
+def _checked_caller(op: str, function: Callable[..., Any], table: KernelTable) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         args = tuple(
             a._kernel_array(op, f"argument {i}") if hasattr(a, "_kernel_array") else a
@@ -87,6 +104,8 @@ def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]
             kwargs = {
                 k: (v._kernel_array(op, k) if hasattr(v, "_kernel_array") else v) for k, v in kwargs.items()
             }
+        if table._hook is not None:
+            return table._hook(op, function, args, kwargs)
         return function(*args, **kwargs)
 
     call.__name__ = op

@@ -15,7 +15,7 @@ Why it matters: each launch with CuPy arguments costs tens of microseconds of ho
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ class ArrayArg:
 
     shape: tuple[int, ...]
     nbytes: int
+    dtype: str = "float32"
 
     @property
     def size(self) -> int:
@@ -61,16 +62,18 @@ class Launch:
     blocks: Any
     threads: Any
     args: tuple[Any, ...]
+    function: Any = field(default=None, repr=False, compare=False)  # the kernel object, to replay the launch
 
 
 def _describe(argument: Any) -> Any:
-    if hasattr(argument, "shape") and hasattr(argument, "dtype"):
-        return ArrayArg(tuple(int(v) for v in argument.shape), int(argument.size) * argument.dtype.itemsize)
+    if getattr(argument, "ndim", 0) >= 1:  # arrays; NumPy float32 scalars (eps, lr) stay values
+        shape = tuple(int(v) for v in argument.shape)
+        return ArrayArg(shape, int(argument.size) * argument.dtype.itemsize, str(argument.dtype))
     return argument
 
 
 def counted_step(
-    model: str, batch: int, backend: Any, image_size: int = 32, num_classes: int = 10
+    model: str, batch: int, backend: Any, image_size: int = 32, num_classes: int = 10, **model_options: Any
 ) -> tuple[Counter[str], list[Launch]]:
     """Build ``model`` on ``backend`` and run one SGD training step under ``count_only``.
 
@@ -83,7 +86,7 @@ def counted_step(
 
     if backend.name not in ("cuda", "cudasim", "cuda-count"):
         raise ValueError(f"launch counts need a CUDA backend (cuda, cudasim or cuda-count), not {backend.name!r}")
-    net = build_model(model, num_classes, backend, seed=0, image_size=image_size)
+    net = build_model(model, num_classes, backend, seed=0, image_size=image_size, **model_options)
     try:
         optimizer = make_optimizer("sgd", net, backend, 0.01, momentum=0.9, manager=net.mgr)
         x = backend.to_device(np.zeros((batch, 3, image_size, image_size), np.float32))
@@ -97,8 +100,8 @@ def counted_step(
                     net.backward()
                     optimizer.step()
                 counts = Counter(LAUNCHES)
-                launches = [Launch(name, blocks, threads, tuple(_describe(a) for a in args))
-                            for name, blocks, threads, args in calls]
+                launches = [Launch(name, blocks, threads, tuple(_describe(a) for a in args), kernel)
+                            for name, kernel, blocks, threads, args in calls]
         reset_launches()
     finally:
         net.close()

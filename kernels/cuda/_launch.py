@@ -29,7 +29,7 @@ LAUNCHES: Counter[str] = Counter()
 ``launch`` below, so this is the exact count a GPU would see (the engine reports it per training step)."""
 
 _count_only: list[bool] = [False]
-_recorders: list[list[tuple[str, Any, Any, tuple[Any, ...]]]] = []
+_recorders: list[list[tuple[str, Any, Any, Any, tuple[Any, ...]]]] = []
 
 
 def kernel_name(kernel: Any) -> str:
@@ -77,13 +77,13 @@ def f32(value: float) -> np.float32:
 
 
 @contextmanager
-def record_launches() -> Iterator[list[tuple[str, Any, Any, tuple[Any, ...]]]]:
-    """Collect (kernel name, blocks, threads, arguments) of every launch inside the block, in order.
+def record_launches() -> Iterator[list[tuple[str, Any, Any, Any, tuple[Any, ...]]]]:
+    """Collect (kernel name, kernel, blocks, threads, arguments) of every launch inside the block, in order.
 
     With ``count_only()`` this is how the roofline (engine/bench/roofline.py) learns every kernel a
     training step runs, with its real shapes, on a machine without a GPU.
     """
-    calls: list[tuple[str, Any, Any, tuple[Any, ...]]] = []
+    calls: list[tuple[str, Any, Any, Any, tuple[Any, ...]]] = []
     _recorders.append(calls)
     try:
         yield calls
@@ -100,7 +100,7 @@ def launch(kernel: Any, blocks: Any, threads: Any, *args: Any) -> None:
     name = kernel_name(kernel)
     LAUNCHES[name] += 1
     for calls in _recorders:
-        calls.append((name, blocks, threads, args))
+        calls.append((name, kernel, blocks, threads, args))
     if _count_only[0]:
         return
     if any(_is_cupy(a) for a in args):
