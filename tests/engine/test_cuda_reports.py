@@ -88,3 +88,19 @@ def test_reference_checker_catches_a_wrong_kernel():
     inplace = x.copy()  # out is x: the reference must see one array too
     checker("relu_forward", TABLE["relu_forward"], (inplace[:6], inplace[:6]), {})
     assert checker.checks[-1].ok
+
+
+def test_the_cuda_kernel_table_counts_launches():
+    from kernels.cuda import count_only, reset_launches
+
+    table = counting_backend().kernels
+    assert get_backend("cpu").kernels.launch_count() is None
+    reset_launches()
+    x = np.zeros((2, 3, 4, 4), np.float32)
+    with count_only():
+        table.relu_forward(x, x)
+        table.conv2d_forward(x, np.zeros((5, 3, 3, 3), np.float32), None, np.zeros((2, 5, 4, 4), np.float32),
+                             1, 1, 1, None)
+    assert table.launch_count() == 2
+    assert dict(table.launches) == {"relu_forward_kernel": 1, "conv_forward_v3_register_blocked": 1}
+    reset_launches()
