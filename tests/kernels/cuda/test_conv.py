@@ -109,14 +109,22 @@ def test_workspace_sizes():
     assert cuda_conv.conv_geometry((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1).weight_splits == (1, 512)
 
 
-def test_split_k_weight_gradient(tiny_gemm, monkeypatch):
-    """A weight gradient cut into 4 ragged k-chunks (16, 16, 16, 2 products) matches the reference."""
+@pytest.mark.parametrize(
+    "shape, splits",
+    [
+        ((2, 3, 5, 5, 4, 3, 1, 1, 1), (4, 16)),  # 50 products: chunks of 16, 16, 16, 2
+        ((2, 4, 6, 6, 6, 3, 1, 1, 2), (9, 8)),  # two groups, each cut into 9 chunks (grid z = 18)
+    ],
+    ids=["ragged", "groups2"],
+)
+def test_split_k_weight_gradient(shape, splits, tiny_gemm, monkeypatch):
+    """A weight gradient cut into k-chunks (SPLIT_MIN_K lowered so tiny shapes split) matches the reference."""
     monkeypatch.setattr(cuda_conv, "SPLIT_MIN_K", 8)
-    x, w, b, dout, args = _case(SHAPES["im2col"], seed=3)
+    x, w, b, dout, args = _case(shape, seed=3)
     g = cuda_conv.conv_geometry(x.shape, w.shape, *args)
-    assert g.weight_splits == (4, 16)
+    assert g.weight_splits == splits
     scratch = _scratch(cuda_conv.conv2d_backward_weight_workspace_size, x, w, args)
-    assert scratch.size == 4 * 4 * 27
+    assert scratch.size == splits[0] * w.size
     dw, db = np.full(w.shape, np.nan, np.float32), np.full(b.shape, np.nan, np.float32)
     cuda_conv.conv2d_backward_weight(x, dout, dw, db, *args, scratch)
     expected_dw, expected_db = np.empty_like(dw), np.empty_like(db)
