@@ -318,9 +318,6 @@ def direct_conv_backward_weight(x, dout, dw, stride, pad, groups):
 
 # --- host side ---------------------------------------------------------------------------------------
 
-
-# --- host side ---------------------------------------------------------------------------------------
-
 SPLIT_TARGET_BLOCKS = 264
 """Blocks a split weight gradient aims for: two per SM of an H100 SXM (132 SMs), more than an A100's 108.
 Reasoned, not measured (no GPU here): the acceptance run's timings are where to tune it."""
