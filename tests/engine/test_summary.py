@@ -12,7 +12,8 @@ from engine.memory.monitor import MemoryMonitor, max_rss_bytes
 from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer
 from engine.summary import chance_hint, render_training_summary, summary_tables
-from engine.train import Trainer, TrainResult, build_network
+from engine.train import Trainer, TrainResult
+from models import build_network
 
 
 def run(tmp_path, steps, offload=None, test=8):
