@@ -232,6 +232,7 @@ class Trainer:
         eval_batch_size: int | None = None,
         start_step: int = 0,
         offload: Any = None,
+        parallel: Any = None,
     ):
         from engine.memory.monitor import GcPolicy, MemoryMonitor
 
@@ -240,7 +241,13 @@ class Trainer:
         self.batch_size = batch_size
         self.seed = seed
         self.prefetch = prefetch
-        self.source = BatchSource(
+        # --- data parallel (issue 12): ``parallel`` is None (one process) or an engine.parallel.DataParallel:
+        # batch_source() gives this rank's shard of every global batch; start(trainer)/finish(trainer)/
+        # stop(trainer) wrap the loop (install the gradient allreduce hook or the averaging listener, last
+        # synchronisation, removal); evaluate() is the sharded evaluation; reduce_result() sums throughput.
+        self.parallel = parallel
+        make_source = parallel.batch_source if parallel is not None else BatchSource
+        self.source = make_source(
             data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
         )
         self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
@@ -294,6 +301,8 @@ class Trainer:
             listener.on_train_start(self)
         if self.offload is not None:
             self.offload.start(self)
+        if self.parallel is not None:
+            self.parallel.start(self)
         start_time = time.perf_counter()
         stream = BatchStream(self.source, self.backend, self.step, stop, depth=self.prefetch, name="train-input")
         self.input_ring_bytes = stream.workspace.capacity
@@ -319,15 +328,22 @@ class Trainer:
                 if batch.index == self.source.batches_per_epoch - 1:
                     for listener in self.listeners:
                         listener.on_epoch_end(self, batch.epoch)
+            if self.parallel is not None:
+                self.parallel.finish(self)
         finally:
             stream.close()
+            if self.parallel is not None:
+                self.parallel.stop(self)
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
         evaluation = None
         if self.evaluate_at_end and self.step == self.total_steps:
-            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
+            score = self.parallel.evaluate if self.parallel is not None else evaluate
+            evaluation = score(self.net, self.data, self.backend, self.eval_batch_size)
         result = self._result(self.step - first, seconds, evaluation)
+        if self.parallel is not None:
+            result = self.parallel.reduce_result(self, result)
         for listener in self.listeners:
             listener.on_train_end(self, result)
         return result
