@@ -16,12 +16,13 @@ code path. The cost is one process start (~0.5 s measured here for ``mpiexec -n 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,14 @@ class World:
         self.comm.Abort(code)
 
 
+_JOINED: World | None = None  # the world this process joined (join_world), for abort_on_error()
+
+
+def current_world() -> World | None:
+    """The world ``join_world`` joined in this process, or None (one process, or not joined yet)."""
+    return _JOINED
+
+
 def join_world(expected: int | None = None) -> World:
     """Initialize MPI and return this process's World; check it is the world that was asked for.
 
@@ -115,9 +124,11 @@ def join_world(expected: int | None = None) -> World:
         )
     if expected is not None and expected != world.size:
         raise ParallelError(
-            f"--workers {expected} asks for {expected} ranks, but this job's world has {world.size}: under mpiexec/srun "
-            f"leave --workers out (the world decides) or give --workers {world.size}"
+            f"--workers {expected} asks for {expected} ranks, but this job's world has {world.size}: under "
+            f"mpiexec/srun leave --workers out (the world decides) or give --workers {world.size}"
         )
+    global _JOINED
+    _JOINED = world
     return world
 
 
@@ -154,23 +165,51 @@ def launch(workers: int, argv: Sequence[str]) -> int:
     return subprocess.call(command, env=env)
 
 
+def start_or_join(workers: int | None, argv: Sequence[str]) -> tuple[World | None, int | None]:
+    """What ``--workers`` means for this process: (world, None) to run as a rank of ``world`` (None: one
+    process), or (None, exit status) after launching the ranks itself.
+
+    Under mpiexec/srun the process joins the world the launcher made (``--workers`` must then match
+    or be left out); otherwise ``--workers K`` (K > 1) relaunches ``engine <argv>`` as K ranks on this
+    machine, and this process only waits for them.
+    """
+    if workers is not None and workers < 1:
+        raise ParallelError(f"--workers must be at least 1, got {workers}")
+    if under_launcher():
+        world = join_world(expected=workers)
+        return (world if world.size > 1 else None), None
+    if workers is None or workers == 1:
+        return None, None
+    return None, launch(workers, argv)
+
+
 @contextmanager
-def abort_on_error(world: World | None, stream: Any = None) -> Iterator[None]:
+def abort_on_error(world: World | None = None, stream: Any = None) -> Iterator[None]:
     """Run a block; if it raises (or a signal interrupts it) on this rank, print one line naming the rank
     and the error, then ``MPI_Abort`` the whole job, so no other rank waits forever in a collective.
 
-    ``SystemExit(0)`` passes through (a normal end). Without a world (one process) this does nothing.
+    ``world`` defaults to the one this process has joined when the error happens (so a block may join
+    the world itself). ``SystemExit(0)`` passes through (a normal end). In one process this does nothing.
     """
-    if world is None or world.size == 1:
-        yield
-        return
     stream = stream or sys.stderr
     try:
         yield
+    except BaseException:
+        joined = world or _JOINED
+        if joined is None or joined.size == 1:
+            raise
+        _abort_for_current(joined, stream)
+
+
+def _abort_for_current(world: World, stream: Any) -> None:
+    """Report the exception being handled and abort, unless it is a normal exit."""
+    try:
+        raise
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
-        _report_and_abort(world, stream, f"exited with status {exc.code}", 1 if not isinstance(exc.code, int) else exc.code)
+        code = exc.code if isinstance(exc.code, int) else 1
+        _report_and_abort(world, stream, f"exited with status {exc.code}", code)
     except KeyboardInterrupt:
         _report_and_abort(world, stream, "interrupted (SIGINT)", 130)
     except BaseException as exc:  # noqa: BLE001 — every other error ends the whole job
@@ -179,6 +218,17 @@ def abort_on_error(world: World | None, stream: Any = None) -> Iterator[None]:
         if os.environ.get("ENGINE_TRACEBACK"):
             traceback.print_exc(file=stream)
         _report_and_abort(world, stream, text, 1)
+
+
+def abort_on_error_in_ranks(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a command's function: an error on any rank ends the whole job (``abort_on_error``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with abort_on_error():
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def _report_and_abort(world: World, stream: Any, text: str, code: int) -> None:

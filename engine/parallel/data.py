@@ -19,7 +19,7 @@ from engine.data.batches import BatchSource
 
 
 class ShardedBatchSource(BatchSource):
-    """The ``rank``-th of ``workers`` disjoint shards of the batches of a source of batch size ``batch_size·workers``."""
+    """Shard ``rank`` of ``workers``: rows of the batches of a source whose batch size is ``batch_size·workers``."""
 
     def __init__(
         self,
