@@ -72,6 +72,7 @@ class DataParallel:
         self.hook: GradientAllreduce | None = None
         self.listener: ParameterAveraging | None = None
         self.resynchronized = False
+        self.exposed_seconds: list[float] = []  # gradients mode: per step, the wait for the allreduce at the end
         self.averages = 0  # parameter averages done (parameters mode)
 
     @property
@@ -118,8 +119,10 @@ class DataParallel:
 
     def stop(self, trainer: Any) -> None:
         """Remove the hook or the listener (runs also when the loop raised: no collective here)."""
-        if self.hook is not None and self.hook in trainer.net.hooks:
-            trainer.net.hooks.remove(self.hook)
+        if self.hook is not None:
+            self.exposed_seconds += self.hook.exposed_seconds
+            if self.hook in trainer.net.hooks:
+                trainer.net.hooks.remove(self.hook)
         if self.listener is not None and self.listener in trainer.listeners:
             trainer.listeners.remove(self.listener)
         self.hook = self.listener = None
