@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.parallel.comm import check_peers, wait_all
+
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
@@ -96,7 +98,7 @@ class GradientAllreduce:
 
     def _drain(self) -> None:
         if self.pending:
-            self.MPI.Request.Waitall(self.pending)
+            wait_all(self.pending)  # a Waitall that stops if another rank reports a failure
             self.pending = []
 
     # --- network hooks -------------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class GradientAllreduce:
             self._start(self.flat[lo:hi])
         if self.pending:
             self.MPI.Request.Testall(self.pending)  # let MPICH move the transfers along between layers
+        check_peers()  # another rank failed: stop here instead of at the next wait
 
     def on_iteration_end(self, net: Any) -> None:
         started = time.perf_counter()

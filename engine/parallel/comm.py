@@ -19,13 +19,21 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+FAILURE_TAG, ACK_TAG = 7301, 7302  # point-to-point tags of the failure notice and its acknowledgement
+GRACE_SECONDS = 5.0  # how long a failing rank waits for the others to clean up before MPI_Abort
 
 LAUNCHED_ENV = "ENGINE_WORKERS_LAUNCHED"
 """Set by ``launch`` in the ranks it starts: their world must then have exactly that many ranks."""
@@ -129,6 +137,8 @@ def join_world(expected: int | None = None) -> World:
         )
     global _JOINED
     _JOINED = world
+    if world.size > 1:
+        install_signal_handler()
     return world
 
 
@@ -210,8 +220,12 @@ def _abort_for_current(world: World, stream: Any) -> None:
             raise
         code = exc.code if isinstance(exc.code, int) else 1
         _report_and_abort(world, stream, f"exited with status {exc.code}", code)
+    except PeerFailed as failure:
+        _acknowledge_and_abort(world, failure)
     except KeyboardInterrupt:
         _report_and_abort(world, stream, "interrupted (SIGINT)", 130)
+    except Terminated:
+        _report_and_abort(world, stream, "terminated (SIGTERM)", 143)
     except BaseException as exc:  # noqa: BLE001 — every other error ends the whole job
         message = getattr(exc, "format_message", None)
         text = message() if callable(message) else f"{type(exc).__name__}: {exc}"
@@ -232,5 +246,87 @@ def abort_on_error_in_ranks(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _report_and_abort(world: World, stream: Any, text: str, code: int) -> None:
+    """The failing rank: say what failed, let the others clean up (``GRACE_SECONDS`` at most), abort."""
     print(f"Error: rank {world.rank} of {world.size}: {text}; ending every rank", file=stream, flush=True)
+    _clean_up_local()
+    from mpi4py import MPI
+
+    notice = np.array([world.rank, code], dtype=np.int32)
+    others = [r for r in range(world.size) if r != world.rank]
+    requests = [world.comm.Isend(notice, dest=r, tag=FAILURE_TAG) for r in others]
+    acknowledged: set[int] = set()
+    status = MPI.Status()
+    deadline = time.monotonic() + GRACE_SECONDS
+    ack = np.empty(1, dtype=np.int32)
+    while len(acknowledged) < len(others) and time.monotonic() < deadline:
+        if world.comm.Iprobe(source=MPI.ANY_SOURCE, tag=ACK_TAG, status=status):
+            world.comm.Recv(ack, source=status.Get_source(), tag=ACK_TAG)
+            acknowledged.add(status.Get_source())
+        else:
+            time.sleep(0.001)
+    del requests  # MPI_Abort ends them with everything else
     world.abort(code)
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed and said so: this rank stops, cleans up and lets the job end quietly."""
+
+    def __init__(self, rank: int, code: int):
+        super().__init__(f"rank {rank} failed")
+        self.rank, self.code = rank, code
+
+
+def check_peers(world: World | None = None) -> None:
+    """Raise PeerFailed if another rank has reported a failure (a cheap probe; call it while waiting)."""
+    world = world or _JOINED
+    if world is None or world.size == 1:
+        return
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    if world.comm.Iprobe(source=MPI.ANY_SOURCE, tag=FAILURE_TAG, status=status):
+        notice = np.empty(2, dtype=np.int32)
+        world.comm.Recv(notice, source=status.Get_source(), tag=FAILURE_TAG)
+        raise PeerFailed(int(notice[0]), int(notice[1]))
+
+
+def wait_all(requests: list[Any], world: World | None = None) -> None:
+    """``MPI.Request.Waitall`` that gives up (PeerFailed) when another rank reports a failure.
+
+    A rank blocked in a plain Waitall for a partner that died would be killed by ``MPI_Abort``
+    (SIGKILL from Hydra: no clean-up, its swap directory left behind); polling lets it unwind.
+    """
+    from mpi4py import MPI
+
+    while not MPI.Request.Testall(requests):
+        check_peers(world)
+        time.sleep(0)  # let the input thread have the GIL between polls
+
+
+def _acknowledge_and_abort(world: World, failure: PeerFailed) -> None:
+    """A rank told of another's failure: clean up, tell the failed rank, then end (no message of its own)."""
+    _clean_up_local()
+    world.comm.Send(np.array([world.rank], dtype=np.int32), dest=failure.rank, tag=ACK_TAG)
+    world.abort(failure.code)
+
+
+def _clean_up_local() -> None:
+    """Remove what this process keeps on disk (offload swap directories), if offload was used at all."""
+    storage = sys.modules.get("engine.offload.storage")
+    if storage is not None:
+        storage.cleanup_all()
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception in the ranks, so a terminated rank reports it and cleans up."""
+
+
+def install_signal_handler() -> None:
+    """In a rank: SIGTERM raises Terminated (default SIGTERM would end the rank with no word and no clean-up)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        def terminate(signum: int, frame: Any) -> None:
+            raise Terminated()
+
+        signal.signal(signal.SIGTERM, terminate)

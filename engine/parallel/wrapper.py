@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from engine.parallel.allreduce import DEFAULT_BUCKET_BYTES, GradientAllreduce
-from engine.parallel.comm import World
+from engine.parallel.comm import World, check_peers, wait_all
 from engine.parallel.data import ShardedBatchSource
 from engine.train import TrainingListener
 
@@ -44,6 +44,7 @@ class ParameterAveraging(TrainingListener):
         self.last_synchronized = -1  # global step count at the last average
 
     def on_step_end(self, trainer: Any, record: Any) -> None:
+        check_peers()  # ranks do not meet between averages: notice a failed one here
         done = record.step + 1
         if done % self.frequency == 0:
             self.parallel.average_state(trainer)
@@ -171,7 +172,7 @@ class DataParallel:
 
         scale = np.float32(1.0 / self.workers)
         requests = [self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM) for a in self.state_arrays(trainer)]
-        MPI.Request.Waitall(requests)
+        wait_all(requests)
         for array in self.state_arrays(trainer):
             np.multiply(array, scale, out=array)
         self.averages += 1

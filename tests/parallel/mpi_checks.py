@@ -5,13 +5,18 @@ model without batch norm), parameter averaging with F=1 equals gradient averagin
 rank ends with bit-identical weights (cnn with batch norm and augmentation, and parameter averaging
 with F=3 over 5 steps), and the sharded evaluation equals one process's. Rank 0 prints one JSON line
 with the measured differences; a failed check raises, which ends the job with its message.
-``raise``: rank 1 raises at its third step; the job must end with that message, not hang.
+``raise DIR`` / ``term DIR``: rank 1 raises (or gets SIGTERM) after its third step while both ranks offload
+to swap directories under DIR; the job must end with one message naming rank 1, not hang, and leave
+no swap directory on any rank.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 
 import numpy as np
 
@@ -117,22 +122,31 @@ def check_train(world) -> dict:
     return report
 
 
-class RaiseAt(TrainingListener):
-    def __init__(self, rank: int, step: int):
-        self.rank, self.step = rank, step
+class FailAt(TrainingListener):
+    """Rank 1, after its third step: raise (``raise``) or send itself SIGTERM (``term``)."""
+
+    def __init__(self, how: str):
+        self.how = how
 
     def on_step_end(self, trainer, record) -> None:
-        if trainer.parallel.world.rank == self.rank and record.step == self.step:
+        if trainer.parallel.world.rank == 1 and record.step == 2:
+            if self.how == "term":
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises as soon as the signal is delivered
             raise ValueError(f"boom at step {record.step}")
 
 
-def check_raise(world) -> dict:
+def check_failure(world, how: str, swap_parent: str) -> dict:
+    """Both ranks offload to a swap directory under ``swap_parent``; none may be left behind."""
+    from engine.offload.session import session_from_options
+
     data = synthetic(10, seed=1, train=64, test=40, shape=(3, 8, 8))
     backend = get_backend("cpu")
-    net = build_network("mlp", data, backend, hidden=16, depth=1)
+    net = build_network("mlp", data, backend, hidden=16, depth=2)
     opt = make_optimizer("sgd", net, backend, 0.01, manager=net.mgr)
-    trainer = Trainer(net, opt, data, batch_size=4, steps=50, prefetch=0, listeners=[RaiseAt(1, 2)],
-                      evaluate_at_end=False, parallel=DataParallel(world))
+    offload = session_from_options(net, 4, "1", None, swap_parent)
+    trainer = Trainer(net, opt, data, batch_size=4, steps=50, prefetch=0, listeners=[FailAt(how)],
+                      evaluate_at_end=False, parallel=DataParallel(world), offload=offload)
     trainer.fit()
     return {}
 
@@ -141,6 +155,6 @@ if __name__ == "__main__":
     set_threads(1)
     world = join_world()
     with abort_on_error(world):
-        result = {"train": check_train, "raise": check_raise}[sys.argv[1]](world)
+        result = check_train(world) if sys.argv[1] == "train" else check_failure(world, sys.argv[1], sys.argv[2])
         if world.is_root:
             print(json.dumps(result), flush=True)

@@ -103,10 +103,15 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch():
     assert 0 < report["sgd_vs_one_process"] and 0 < report["parameter_averaging_f1_vs_gradients"]  # not the same run
 
 
-def test_a_rank_that_raises_ends_the_job_with_its_message():
-    result = run([mpiexec(), "-n", "2", sys.executable, CHECKS, "raise"])
+@pytest.mark.parametrize("how, message", [("raise", "ValueError: boom at step 2"), ("term", "terminated (SIGTERM)")])
+def test_a_failing_rank_ends_the_job_with_its_message_and_no_swap_directory_left(tmp_path, how, message):
+    """The other rank is told (a point-to-point notice it polls for while waiting on the allreduce),
+    removes its swap directory and acknowledges before MPI_Abort (whose SIGKILL would leave it)."""
+    result = run([mpiexec(), "-n", "2", sys.executable, CHECKS, how, str(tmp_path)])
     assert result.returncode != 0
-    assert "rank 1 of 2: ValueError: boom at step 2; ending every rank" in result.stderr, result.stderr
+    assert f"Error: rank 1 of 2: {message}; ending every rank" in result.stderr, result.stderr
+    assert result.stderr.count("Error: rank") == 1  # one message, from the failing rank
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_workers_rank_zero_writes_resume_is_bit_for_bit_and_eval_equals_one_worker(tmp_path):
