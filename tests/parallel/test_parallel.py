@@ -135,8 +135,16 @@ def test_cli_workers_rank_zero_writes_resume_is_bit_for_bit_and_eval_equals_one_
     a = safetensors.numpy.load_file(str(tmp_path / "straight.st"))
     b = safetensors.numpy.load_file(str(tmp_path / "resumed.st"))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    evaluate = [sys.executable, "-m", "cli", "eval", "--model", "mlp", "--data", "synthetic", "--num-classes", "4",
+    evaluate = ["eval", "--model", "mlp", "--data", "synthetic", "--num-classes", "4",
                 "--weights", str(tmp_path / "straight.st"), "--batch-size", "48", "--json", "--threads", "1"]
-    sharded, single = run([*evaluate, "--workers", "2"]), run(evaluate)
-    assert sharded.returncode == 0 and single.returncode == 0, sharded.stderr + single.stderr
-    assert json.loads(sharded.stdout) == json.loads(single.stdout)  # 128 test images: 3 batches, 2 ranks
+    sharded = run([sys.executable, "-m", "cli", *evaluate, "--workers", "2"])
+    assert sharded.returncode == 0, sharded.stderr
+    from click.testing import CliRunner
+
+    from cli import main
+    from engine.threads import threads
+
+    with threads(1):  # one worker, in this process
+        single = CliRunner().invoke(main, evaluate, catch_exceptions=False)
+    assert single.exit_code == 0, single.output
+    assert json.loads(sharded.stdout) == json.loads(single.output)  # 128 test images: 3 batches, 2 ranks
