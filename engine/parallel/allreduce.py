@@ -13,9 +13,10 @@ block, last written in forward) are averaged in the same way, started at the fir
 MPICH makes progress on a non-blocking collective only inside MPI calls (no progress thread unless
 ``MPIR_CVAR_ASYNC_PROGRESS=1``, which would spend a core polling: on two cores that is half the
 machine). So every ``after_backward`` also tests the outstanding requests (``Testall``), which moves
-them along between layers. What is left at the end is the exposed communication time, measured per
-step in ``exposed_seconds``; ``engine.bench.parallel`` sets it beside the time of a blocking
-allreduce of the whole block to report the fraction hidden under backward.
+them along between layers. What is left at the end is the exposed communication time plus any wait
+for a slower rank, measured per step in ``exposed_seconds``; ``engine.bench.parallel`` sets it beside
+the time of a blocking allreduce of the whole block to report (a lower bound of) the fraction hidden
+under backward.
 
 The bucket size default follows PyTorch DDP (``bucket_cap_mb=25``): large enough that the per-call
 latency of a collective is amortized, small enough that the first bucket starts long before backward
