@@ -86,7 +86,7 @@ def rank_job(model: str, batch_size: int, steps: int, warmup: int, image_size: i
         exposed = statistics.median(parallel.exposed_seconds[warmup:])
         allreduce = statistics.median(times)
         result.update(
-            allreduce_seconds=allreduce, exposed_seconds=exposed,
+            allreduce_seconds=allreduce, exposed_seconds=exposed, allreduce_ms=1e3 * allreduce, wait_ms=1e3 * exposed,
             hidden_fraction=max(0.0, 1.0 - exposed / allreduce) if allreduce > 0 else None,
         )
         if not world.is_root:
@@ -233,6 +233,7 @@ def communication_model(models: dict[str, float], ranks: tuple[int, ...] = (8, 6
                     "bytes_per_rank": ring["bytes_per_rank"], "allreduce_seconds": ring["seconds"],
                     "compute_seconds": compute, "step_no_overlap": compute + ring["seconds"],
                     "step_overlap": max(compute, forward + ring["seconds"]),
+                    "efficiency_no_overlap": compute / (compute + ring["seconds"]) if compute > 0 else None,
                 })
     return rows
 
@@ -255,7 +256,7 @@ def markdown(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) ->
 TRAIN_COLUMNS = [("model", "model", ""), ("workers", "ranks", "d"), ("threads_per_rank", "threads/rank", "d"),
                  ("batch_per_worker", "batch/rank", "d"), ("images_per_second", "images/s", ".1f"),
                  ("speedup_vs_one", "vs 1 rank", ".2f"), ("gradient_bytes", "gradients (B)", ",d"),
-                 ("allreduce_seconds", "allreduce (s)", ".4f"), ("exposed_seconds", "wait after backward (s)", ".4f"),
+                 ("allreduce_ms", "allreduce (ms)", ".2f"), ("wait_ms", "wait after backward (ms)", ".2f"),
                  ("hidden_fraction", "hidden (at least)", ".0%")]
 INFERENCE_COLUMNS = [("model", "model", ""), ("workers", "workers", "d"), ("threads_per_worker", "threads/worker", "d"),
                      ("clients", "clients", "d"),
@@ -264,7 +265,8 @@ INFERENCE_COLUMNS = [("model", "model", ""), ("workers", "workers", "d"), ("thre
 MODEL_COLUMNS = [("model", "model", ""), ("gradient_bytes", "G (bytes)", ",d"), ("ranks", "ranks", "d"),
                  ("gbit_per_s", "Gbit/s", ".0f"), ("bytes_per_rank", "sent per rank (B)", ",.0f"),
                  ("allreduce_seconds", "allreduce (s)", ".4f"), ("compute_seconds", "compute (s)", ".3f"),
-                 ("step_no_overlap", "step, no overlap (s)", ".3f"), ("step_overlap", "step, overlap (s)", ".3f")]
+                 ("step_no_overlap", "step, no overlap (s)", ".3f"), ("step_overlap", "step, overlap (s)", ".3f"),
+                 ("efficiency_no_overlap", "efficiency, no overlap", ".0%")]
 
 
 def main(argv: list[str] | None = None) -> None:

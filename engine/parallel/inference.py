@@ -20,9 +20,14 @@ by the factory, stay allocated but unread: the engine's Network has no way to be
 **Threads and the GIL.** Two workers are only faster than one if kernels run while another thread
 holds the GIL: every CPU kernel is compiled ``nogil=True`` (kernels/cpu), and the GEMMs inside them
 call OpenBLAS, which does not take the GIL either. Numba's thread count is per calling thread, so
-each worker runs its kernels on ``threads_per_worker`` threads (default: cores / workers); BLAS's
-pool is one per process, so it is limited to the same count while the ParallelInference is open and
-restored by ``close()``. Each batch's logits do not depend on what runs beside it, but a row's
+each worker runs its kernels on ``threads_per_worker`` threads (default: cores / workers). BLAS's
+pool is one per process and a multithreaded OpenBLAS called from two threads at once serializes
+them and spins: two threads predicting a cnn concurrently took 13× the CPU of one thread doing both
+in turn until BLAS was held to one thread (measured, 2 cores). So with more than one worker BLAS
+runs single-threaded (the kernels' parallelism is Numba's) while the ParallelInference is open, and
+``close()`` restores it. The warm-up predict in the constructor matters for this: the kernel table
+loads SciPy's OpenBLAS on first use, and ``threadpool_limits`` only limits libraries already loaded.
+Each batch's logits do not depend on what runs beside it, but a row's
 logits can differ in the last bits from ``net.predict`` on that row alone when its batch has other
 rows (BLAS blocks the GEMM by the batch's row count): ``tests/parallel/test_inference.py`` measures it.
 """
@@ -109,11 +114,17 @@ class ParallelInference:
         for replica in self.nets[1:]:
             share_parameters(self.nets[0], replica)
         self.input_shape = tuple(self.nets[0].graph.input_shape)
+        # One image through every replica first: it loads the kernel modules (and the BLAS they call,
+        # which threadpool_limits can only limit once loaded), compiles or loads the kernels and sizes
+        # the workspaces, so the first callers do not pay for it.
+        warm = np.zeros((1, *self.input_shape), dtype=np.float32)
+        for net in self.nets:
+            net.predict(warm)
         self.stats = InferenceStats()
         self._stats_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
         self._closed = False
-        self._blas = threadpool_limits(limits=self.threads_per_worker, user_api="blas")
+        self._blas = threadpool_limits(limits=1 if workers > 1 else self.threads_per_worker, user_api="blas")
         self._threads = [
             threading.Thread(target=self._work, args=(net,), name=f"inference-{i}", daemon=True)
             for i, net in enumerate(self.nets)

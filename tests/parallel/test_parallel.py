@@ -148,3 +148,10 @@ def test_cli_workers_rank_zero_writes_resume_is_bit_for_bit_and_eval_equals_one_
         single = CliRunner().invoke(main, evaluate, catch_exceptions=False)
     assert single.exit_code == 0, single.output
     assert json.loads(sharded.stdout) == json.loads(single.output)  # 128 test images: 3 batches, 2 ranks
+    with threads(1):  # a checkpoint of 2 workers resumed by one process: allowed, with a note
+        alone = CliRunner().invoke(main, ["train", "--model", "mlp", "--data", "synthetic", "--num-classes", "4",
+                                          "--batch-size", "8", "--threads", "1", "--no-progress", "--augment",
+                                          "--steps", "3", "--resume", str(tmp_path / "half.st")],
+                                   catch_exceptions=False)
+    assert alone.exit_code == 0, alone.output
+    assert "written with 2 worker(s), this run has 1" in " ".join(alone.output.split())
