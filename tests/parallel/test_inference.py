@@ -61,3 +61,24 @@ def test_replicas_read_the_first_networks_weights_and_errors_reach_the_caller():
         assert np.array_equal(pi.predict(x), first.predict(x))
         with pytest.raises(ValueError, match="expected input of shape"):
             pi.predict(np.ones((2, 3, 4, 4), np.float32))
+
+
+def test_every_cpu_kernel_releases_the_gil():
+    """Worker threads compute at once only if no kernel holds the GIL (inlined helpers excepted)."""
+    import importlib
+    import pkgutil
+
+    import kernels.cpu
+    from numba.core.registry import CPUDispatcher
+
+    found, holding = 0, []
+    for module_info in pkgutil.iter_modules(kernels.cpu.__path__):
+        module = importlib.import_module(f"kernels.cpu.{module_info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, CPUDispatcher) and value.__module__ == module.__name__:
+                if value.targetoptions.get("inline", "never") == "always":
+                    continue
+                found += 1
+                if not value.targetoptions.get("nogil"):
+                    holding.append(f"{module.__name__}.{name}")
+    assert found > 40 and holding == []
