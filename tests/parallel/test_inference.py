@@ -68,8 +68,9 @@ def test_every_cpu_kernel_releases_the_gil():
     import importlib
     import pkgutil
 
-    import kernels.cpu
     from numba.core.registry import CPUDispatcher
+
+    import kernels.cpu
 
     found, holding = 0, []
     for module_info in pkgutil.iter_modules(kernels.cpu.__path__):
