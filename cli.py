@@ -359,7 +359,7 @@ def train(
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
-            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress and root else [],
+            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
             monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel,
         )
         result = trainer.fit()

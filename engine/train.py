@@ -162,8 +162,9 @@ class MemoryListener(TrainingListener):
 class ProgressListener(TrainingListener):
     """A rich progress bar per run: epoch, loss, running accuracy and images per second."""
 
-    def __init__(self, console: Any = None):
+    def __init__(self, console: Any = None, workers: int = 1):
         self.console = console
+        self.workers = workers  # data parallel: every rank trains as many examples per step as this one
         self.progress: Any = None
         self.task: Any = None
         self._images = 0
@@ -190,7 +191,7 @@ class ProgressListener(TrainingListener):
         return f"epoch {epoch + 1}/{trainer.epochs_total}"
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self._images += record.examples
+        self._images += record.examples * self.workers
         self._seconds += record.seconds
         score = trainer.score
         stats = (
