@@ -48,7 +48,8 @@ def rank_job(model: str, batch_size: int, steps: int, warmup: int, image_size: i
     from engine.optim import make_optimizer
     from engine.parallel.comm import join_world, under_launcher
     from engine.threads import set_threads
-    from engine.train import Trainer, build_network
+    from engine.train import Trainer
+    from models import build_network
 
     world = join_world() if under_launcher() else None
     K = world.size if world is not None else 1

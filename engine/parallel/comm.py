@@ -167,11 +167,12 @@ def launch(workers: int, argv: Sequence[str]) -> int:
         raise ParallelError(reason)
     command = launch_command(workers, argv)
     env = {**os.environ, LAUNCHED_ENV: str(workers)}
-    # the ranks import ``cli`` by module name: make sure the directory it came from is on their path
-    import cli  # noqa: PLC0415  (cli imports this module lazily, never the other way round at import time)
-
-    root = os.path.dirname(os.path.abspath(cli.__file__))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    # the ranks import ``cli`` by module name: put the directory the running one came from on their
+    # path (looked up, not imported: the runtime never imports the command line)
+    cli = sys.modules.get("cli")
+    if cli is not None and getattr(cli, "__file__", None):
+        root = os.path.dirname(os.path.abspath(cli.__file__))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return subprocess.call(command, env=env)
 
 

@@ -27,7 +27,8 @@ from engine.optim import make_optimizer
 from engine.parallel.comm import abort_on_error, join_world
 from engine.parallel.wrapper import DataParallel
 from engine.threads import set_threads
-from engine.train import Trainer, TrainingListener, build_network
+from engine.train import Trainer, TrainingListener
+from models import build_network
 
 STEPS = 6
 
