@@ -55,7 +55,7 @@ def info(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["cpu", "cudasim"]), default="cpu", show_default=True,
+@click.option("--backend", type=click.Choice(["cpu", "cudasim", "cuda"]), default="cpu", show_default=True,
               help="Kernel table to time (cudasim: the CUDA kernels in the simulator; use a tiny --batch-size).")
 @click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
 @click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
@@ -67,8 +67,25 @@ def info(as_json: bool) -> None:
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON records to this file.")
 @click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
-def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
+# --- CUDA options (issue 16): --static, --roofline, --launches; logic in engine/bench/cuda_*.py, roofline.py ---
+@click.option("--static", "static", is_flag=True,
+              help="--backend cuda: ptxas -v registers, spills, shared memory and occupancy (sm_80, sm_90); no GPU.")
+@click.option("--roofline", "roofline", is_flag=True,
+              help="--backend cuda: per-kernel FLOPs, bytes and roofline time on A100/H100, summed per step.")
+@click.option("--launches", "launches", is_flag=True,
+              help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
+def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
+            static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if static or roofline or launches:
+        _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output)
+        return
+    if backend == "cuda":
+        select_backend("cuda")
+        from engine.bench.cuda_timing import run_timings
+
+        run_timings(models, batch_size, repeat, output_format, output)
+        return
     if warmup:
         from engine.bench.kernels import warm_up
 
@@ -103,6 +120,28 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
         kernel_bench.render(records, sgemm, compare == "torch")
         if missing:
             click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
+
+
+def _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output) -> None:
+    """The CUDA reports that need no GPU (issue 16): each prints a table or JSON."""
+    if static and backend != "cuda":
+        fail("--static reports the CUDA kernels: add --backend cuda (no GPU needed)")
+    if roofline and backend != "cuda":
+        fail("--roofline models the CUDA kernels: add --backend cuda (no GPU needed)")
+    if launches and backend not in ("cuda", "cudasim"):
+        fail("--launches counts CUDA kernel launches: add --backend cudasim (no GPU) or --backend cuda")
+    if launches and backend == "cudasim":
+        select_backend("cudasim")
+    from engine.bench import cuda_reports
+
+    chosen = tuple(m.strip() for m in models.split(",") if m.strip())
+    try:
+        records = cuda_reports.run(static, roofline, launches, chosen, batch_size, backend, output_format)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    if output:
+        with open(output, "w") as handle:
+            json.dump(records, handle, indent=2)
 
 
 # --- train, eval, memory (training issue) ---
