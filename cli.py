@@ -108,6 +108,11 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
+# imagenet issue: torchvision's two shapes of resnet18 / mobilenetv2 (models.VARIANTS)
+variant_option = click.option(
+    "--variant", type=click.Choice(["cifar", "imagenet"]), default=None,
+    help="resnet18/mobilenetv2: cifar (stems for 32x32) or imagenet (torchvision's exact model); "
+         "default: cifar up to 64 px, imagenet above.")
 
 
 def _set_threads(count: int | None) -> None:
@@ -120,20 +125,20 @@ def _set_threads(count: int | None) -> None:
             fail(str(exc))
 
 
-def _load_data(spec: str, num_classes: int | None, seed: int):
+def _load_data(spec: str, num_classes: int | None, seed: int, image_size: int | None = None):
     from engine.data import DataError, load_dataset
 
     try:
-        return load_dataset(spec, num_classes=num_classes, seed=seed)
+        return load_dataset(spec, num_classes=num_classes, seed=seed, image_size=image_size)
     except DataError as exc:
         fail(str(exc))
 
 
-def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
+def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled", variant: str | None = None):
     from engine.train import build_network
 
     try:
-        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
+        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode, variant=variant)
     except ValueError as exc:
         fail(str(exc))
 
@@ -141,7 +146,10 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES), help="The network to train.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
@@ -209,6 +217,8 @@ def train(
     prefetch: int,
     gc_every: int,
     progress: bool,
+    image_size: int | None = None,
+    variant: str | None = None,
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -230,12 +240,14 @@ def train(
     from engine.summary import render_training_summary
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
-    data = _load_data(data_spec, num_classes, seed)
+    data = _load_data(data_spec, num_classes, seed, image_size)
     if batch_size < 1 or batch_size > len(data.y_train):
         fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)}), got {batch_size}")
-    net = _build_network(model, data, backend, seed, workspace_mode)
+    net = _build_network(model, data, backend, seed, workspace_mode, variant)
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
+    if net.variant:  # imagenet issue: which of torchvision's two shapes ran
+        run["variant"] = net.variant
 
     checkpoint = None
     try:
@@ -285,7 +297,8 @@ def train(
     from rich.console import Console
 
     console = Console(stderr=False)
-    console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
+    shown = f"{model} ({net.variant} variant)" if net.variant else model
+    console.print(f"[bold]{shown}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
 
@@ -320,7 +333,10 @@ def train(
 @click.option("--weights", required=True, type=click.Path(dir_okay=False),
               help="A checkpoint from engine train --save, or a PyTorch state_dict as safetensors.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
@@ -330,7 +346,7 @@ def train(
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
-    backend_name: str, threads: int | None, as_json: bool,
+    backend_name: str, threads: int | None, as_json: bool, image_size: int | None = None, variant: str | None = None,
 ) -> None:
     """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
     backend = select_backend(backend_name)
@@ -339,8 +355,8 @@ def evaluate_command(
     from engine.evaluate import evaluate
     from engine.summary import render_evaluation
 
-    data = _load_data(data_spec, num_classes, seed)
-    net = _build_network(model, data, backend, seed)
+    data = _load_data(data_spec, num_classes, seed, image_size)
+    net = _build_network(model, data, backend, seed, variant=variant)
     try:
         load_weights(weights, net)
     except CheckpointError as exc:

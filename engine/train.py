@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.batches import BatchSource, step_position
+from engine.data.batches import step_position
 from engine.data.datasets import Dataset
 from engine.data.prefetch import Batch, BatchStream
 from engine.evaluate import Evaluation, evaluate
@@ -240,9 +240,7 @@ class Trainer:
         self.batch_size = batch_size
         self.seed = seed
         self.prefetch = prefetch
-        self.source = BatchSource(
-            data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
-        )
+        self.source = data.batch_source("train", batch_size, shuffle=shuffle, augment=augment, seed=seed)
         self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
         if self.total_steps < 1:
             raise ValueError(f"nothing to train: {self.total_steps} steps")
