@@ -183,7 +183,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
 @click.option("--offload-budget", "offload_budget", default=None,
-              help="Resident bytes for the offload window (e.g. 256MB); alone, picks the largest N that fits.")
+              help="Resident bytes for the offload window (e.g. 256MB), or 'auto' (the cgroup limit or available RAM "
+                   "less everything else; --offload-n auto uses it too); alone, picks the largest N that fits.")
 @click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
               help="Where the private swap directory goes (default: the system temp directory).")
 @click.option("--offload-params", "offload_params", is_flag=True,
@@ -281,11 +282,19 @@ def train(
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.budget import DoesNotFit, describe_fit, resolve_budget  # imagenet issue: budget 'auto'
     from engine.offload.session import session_from_options
 
     try:
+        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
+                                     offload_options["offload_budget"])
+    except DoesNotFit as exc:
+        fail(str(exc))
+    if budget != offload_options["offload_budget"]:
+        click.echo(describe_fit(fit))
+    try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],
-                                       offload_options["offload_budget"], offload_options["offload_dir"],
+                                       budget, offload_options["offload_dir"],
                                        offload_options["offload_params"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
@@ -375,13 +384,14 @@ def evaluate_command(
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--num-classes", type=int, default=10, show_default=True)
 @click.option("--image-size", type=int, default=32, show_default=True)
+@variant_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, variant: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the graph's shapes and tensor lifespans; nothing is run.
@@ -394,7 +404,7 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         fail(f"--batch-size must be at least 1, got {batch_size}")
     options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
     try:
-        net = build_model(model, num_classes, get_backend("cpu"), **options)
+        net = build_model(model, num_classes, get_backend("cpu"), variant=variant, **options)
     except ValueError as exc:
         fail(str(exc))
     report = net.memory_report(batch_size)
@@ -407,8 +417,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 
         peaks = planned_peaks(net, batch_size, offload_n)
     # --- end offload issue ---
+    # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
+    from engine.data.prefetch import ring_bytes
+    from engine.offload.budget import describe_fit, memory_fit
+
+    fit = memory_fit(net, batch_size, report.parameter_bytes,  # sgd with momentum, prefetch 2: train's defaults
+                     ring_bytes((batch_size, *net.graph.input_shape), 3))
     if as_json:
-        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
+        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
+                               "variant": net.variant, "fit": fit.as_dict()}, indent=2))
     else:
         render_memory_report(report)
         # planned arena: the static plan of ACTIVATIONS + FF_CACHE + ACTIVATION_GRAD beside what one step reserved
@@ -429,6 +446,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
                        f"saved tensors {peaks['offload_arena_bytes'] / mib:.1f} MiB resident instead of "
                        f"{peaks['offloadable_bytes_no_offload'] / mib:.1f} MiB; "
                        f"{peaks['written_per_step_bytes'] / mib:.1f} MiB written per step")
+        if net.variant:
+            click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
+        click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")
 
 
 

@@ -97,8 +97,10 @@ def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0, image
         if not location:
             raise DataError("--data imagefolder needs a location: imagefolder:DIR (one subfolder per class)")
         data: Dataset = imagefolder(location, image_size or DEFAULT_IMAGE_SIZE)
-    elif kind == "synthetic" and image_size:
-        data = synthetic(num_classes or 10, seed=seed, shape=(3, image_size, image_size))
+    elif kind == "synthetic" and image_size:  # large images: fewer of them (96 + 32 at 224×224 is 77 MB)
+        many = image_size <= 64
+        data = synthetic(num_classes or 10, seed=seed, train=512 if many else 96, test=128 if many else 32,
+                         shape=(3, image_size, image_size))
     elif kind == "synthetic":
         data = synthetic(num_classes or 10, seed=seed)
     elif kind == "digits":
