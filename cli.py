@@ -260,8 +260,11 @@ def train(
                 fail(f"{resume}: written by a different run: "
                      + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                      + "; resume with the same options")
-        elif weights:
-            load_weights(weights, net)
+        elif weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
+            loaded = load_weights(weights, net, fresh_classifier=True)
+            if loaded.redrawn:
+                click.echo(f"{weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
+                           f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
     except CheckpointError as exc:
         fail(str(exc))
 

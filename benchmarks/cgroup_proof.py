@@ -9,8 +9,8 @@ machine has) with the same limit:
 2. ``engine train --offload-n auto``: completes its steps and leaves no swap directory behind;
 3. the same loop in PyTorch (torchvision's resnet18, SGD with momentum, one synthetic batch);
 and, for the ratio, PyTorch once more without a limit. The limit defaults to the smallest one the
-engine says works with offload (``engine memory --json``: ``fit.needed_min_offload_bytes``), so the
-run also checks that prediction. Prints a Markdown table (the README's) and optionally JSON.
+engine says works with offload (the first line ``engine train --offload-n auto`` prints), so the run
+also checks that prediction. Prints a Markdown table (the README's) and optionally JSON.
 
 Linux and root only (a cgroup is made and written); anywhere else it says why and exits 0.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,6 +155,26 @@ def run_in_cgroup(command: list[str], limit: int | None, name: str) -> dict:
     return result
 
 
+def smallest_offload_limit(train: list[str]) -> int:
+    """What ``engine train --offload-n auto`` says it needs at N=1 (its first line), up to the next 16 MiB.
+
+    Read from the training process itself, not ``engine memory``: its baseline (the data set, the
+    libraries it has loaded) is what the limit has to hold.
+    """
+    process = subprocess.Popen(train + ["--offload-n", "auto"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=ROOT)
+    try:
+        for line in process.stdout:
+            match = re.search(r"([0-9.]+) GiB with offload N=1", line)
+            if match:
+                needed = (float(match.group(1)) + 0.01) * 2**30  # the line rounds to 0.01 GiB
+                return int(-(-needed // 2**24) * 2**24)
+        raise RuntimeError("engine train --offload-n auto did not print what it needs")
+    finally:
+        process.kill()
+        process.wait()
+
+
 def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
@@ -214,20 +235,14 @@ def main() -> int:
     engine = [sys.executable, os.path.join(ROOT, "cli.py")]
     common = ["--model", "resnet18", "--variant", "imagenet", "--image-size", str(args.image_size),
               "--batch-size", str(args.batch_size)]
-    if args.limit:
-        limit = parse_bytes(args.limit)
-    else:
-        plan = subprocess.run(engine + ["memory", *common, "--json"], capture_output=True, text=True, cwd=ROOT,
-                              check=True)
-        limit = json.loads(plan.stdout)["fit"]["needed_min_offload_bytes"]
-        limit = -(-limit // 2**24) * 2**24  # up to 16 MiB
+    train = engine + ["train", *common, "--data", "synthetic", "--steps", str(args.steps), "--no-progress"]
+    limit = parse_bytes(args.limit) if args.limit else smallest_offload_limit(train)
     print(f"limit {gib(limit)} ({limit} bytes); ResNet-18 imagenet {args.image_size}x{args.image_size}, "
           f"batch {args.batch_size}, {args.steps} steps", file=sys.stderr)
 
     rows: dict[str, dict] = {}
     scratch = tempfile.mkdtemp(prefix="cgroup-proof-")
     try:
-        train = engine + ["train", *common, "--data", "synthetic", "--steps", str(args.steps), "--no-progress"]
         for name, extra in (("engine_no_offload", []), ("engine_offload_auto", ["--offload-n", "auto"])):
             swap_dir = os.path.join(scratch, f"swap-{name}")
             os.makedirs(swap_dir)
