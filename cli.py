@@ -465,11 +465,13 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(1), help="Measured steps per run.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1), help="Unmeasured steps first.")
 @click.option("--image-size", default=32, show_default=True, type=click.IntRange(4), help="Input height and width.")
+@variant_option
 @click.option("--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cudasim"]))
 @click.option("--offload-dir", default=None, help="Where the swap directory goes (default: the system temp dir).")
 @click.option("--format", "output_format", default="table", show_default=True,
               type=click.Choice(["table", "json", "markdown"]))
-def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format) -> None:
+def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format,
+          variant=None) -> None:
     """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
     peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
     from engine.bench.offload import format_markdown, format_table, run_bench
@@ -488,8 +490,8 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
         results = run_bench(model, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size,
-                            backend=backend, directory=offload_dir, progress=progress)
-    except RuntimeError as exc:
+                            backend=backend, directory=offload_dir, progress=progress, variant=variant)
+    except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     if output_format == "json":
         click.echo(json.dumps(results, indent=2))

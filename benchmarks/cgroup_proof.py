@@ -205,7 +205,8 @@ def describe(row: dict) -> str:
     if row.get("oom_kills") or row["returncode"] in (-9, 137):
         return "OOM-killed"
     errors = [ln for ln in row.get("lines", []) if "Error:" in ln]
-    return "refused: " + (errors[0].split("Error:", 1)[1].strip() if errors else f"exit {row['returncode']}")
+    text = errors[0].split("Error:", 1)[1].strip() if errors else f"exit {row['returncode']}"
+    return "refused: " + re.sub(r" \(cgroup v[12] [^)]*\)", "", text)  # the cgroup's path: printed once, above
 
 
 def main() -> int:
@@ -216,7 +217,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-torch", action="store_true", help="Leave out the PyTorch runs.")
     parser.add_argument("--json", default=None, help="Also write the results here.")
+    parser.add_argument("--from-json", default=None, help="Only print the table of results written by --json.")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        print_table(saved["limit_bytes"], saved["runs"])
+        return 0
 
     if not sys.platform.startswith("linux"):
         print(f"cgroup_proof: needs Linux memory cgroups; this is {sys.platform}. Nothing run.")
@@ -267,6 +274,15 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+    print_table(limit, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"limit_bytes": limit, "batch_size": args.batch_size, "image_size": args.image_size,
+                       "steps": args.steps, "runs": rows}, f, indent=2)
+    return 0
+
+
+def print_table(limit: int, rows: dict) -> None:
     def torch_text(row: dict | None) -> str:
         if row is None:
             return "not run"
@@ -274,6 +290,10 @@ def main() -> int:
             return f"{row['step_s']:.2f} s/step, peak RSS {gib(row['peak_rss_bytes'])}"
         return "OOM-killed" if row.get("oom_kills") or row["returncode"] in (-9, 137) else f"exit {row['returncode']}"
 
+    sources = [re.search(r"\((cgroup v[12] [^)]*)\)", ln) for r in rows.values() for ln in r.get("lines", [])]
+    found = next((m.group(1) for m in sources if m), None)
+    if found:
+        print(f"limit set in {found.replace('memory.limit_in_bytes', '').replace('memory.max', '')}")
     print("| limit | engine, no offload | engine, --offload-n auto | PyTorch, same limit | PyTorch, no limit |")
     print("|---|---|---|---|---|")
     print(f"| {gib(limit)} | {describe(rows['engine_no_offload'])} | {describe(rows['engine_offload_auto'])} | "
@@ -283,11 +303,6 @@ def main() -> int:
     free = rows.get("torch_unlimited", {}).get("peak_rss_bytes")
     if free:
         print(f"limit / PyTorch's peak RSS without a limit: {limit / free:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"limit_bytes": limit, "batch_size": args.batch_size, "image_size": args.image_size,
-                       "steps": args.steps, "runs": rows}, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":
