@@ -91,6 +91,8 @@ def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0, image
     """The data set a ``--data`` spec names; ``num_classes`` checks (or, for synthetic, sets) the label count;
     ``image_size`` is the crop of ``imagefolder`` data (default 224) and the side of ``synthetic`` images."""
     kind, _, location = spec.partition(":")
+    if image_size is not None and kind not in ("imagefolder", "synthetic"):
+        raise DataError(f"--image-size applies to imagefolder and synthetic data; {kind} images keep their size")
     if kind == "imagefolder":
         from engine.data.imagefolder import DEFAULT_IMAGE_SIZE, imagefolder
 

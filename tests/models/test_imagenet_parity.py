@@ -22,7 +22,18 @@ from engine.checkpoint import load_weights
 from models import build_model
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
-BATCH, SIZE, CLASSES = 2, 224, 10
+SIZE, CLASSES = 224, 10
+BATCH = {"resnet18": 2, "mobilenetv2": 1}  # torch's float64 depthwise conv is slow: one image for MobileNetV2
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the float64 reference: on a busy 2-core machine its two spinning OpenMP
+    threads took MobileNetV2's float64 forward+backward at 224×224 from 1.5 s to 71 s."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class Replay(torch.nn.Module):
@@ -71,7 +82,7 @@ def torchvision_model(torchvision, name: str):
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenetv2"])
-def test_imagenet_variant_matches_torchvision(name, torchvision, tmp_path):
+def test_imagenet_variant_matches_torchvision(name, torchvision, tmp_path, one_torch_thread):
     from safetensors.torch import save_file
 
     backend = get_backend("cpu")
@@ -85,8 +96,8 @@ def test_imagenet_variant_matches_torchvision(name, torchvision, tmp_path):
     load_weights(path, net)  # strict: every key, every shape
 
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((BATCH, 3, SIZE, SIZE)).astype(np.float32)
-    labels = rng.integers(0, CLASSES, BATCH).astype(np.int64)
+    x = rng.standard_normal((BATCH[name], 3, SIZE, SIZE)).astype(np.float32)
+    labels = rng.integers(0, CLASSES, BATCH[name]).astype(np.int64)
     recorded: list[np.ndarray] = []
 
     class Recorder:
