@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from engine.data import DataError, load_dataset
@@ -131,6 +132,48 @@ def test_crop_parameters_follow_torchvision(torchvision):
         ratios.append(w / h)
     assert 0.07 < min(areas) and max(areas) <= 1.0 and np.mean(areas) > 0.4  # uniform in [0.08, 1] (clipped)
     assert 0.74 < min(ratios) and max(ratios) < 1.35
+
+
+class Draws:
+    """The same uniform numbers for our sampler (as a Generator) and for torchvision's (as torch calls)."""
+
+    def __init__(self, seed: int):
+        self.source = np.random.default_rng(seed)
+
+    def unit(self) -> float:
+        return float(self.source.random())
+
+    # our side: the two Generator methods sample_crop calls
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self.unit()
+
+    def integers(self, low: int, high: int) -> int:
+        return low + int(self.unit() * (high - low))
+
+
+class TorchUniform:
+    """What ``torch.empty(1)`` returns while patched: its ``uniform_`` takes the shared draw."""
+
+    def __init__(self, draws: Draws):
+        self.draws = draws
+
+    def uniform_(self, low: float, high: float) -> torch.Tensor:
+        return torch.tensor([self.draws.uniform(low, high)], dtype=torch.float64)
+
+
+def test_crop_sampler_is_torchvisions_algorithm(torchvision, monkeypatch):
+    """Fed the same uniform numbers, sample_crop and RandomResizedCrop.get_params return the same crops."""
+    get_params = torchvision.transforms.RandomResizedCrop.get_params
+    for shape in ((500, 375), (120, 400), (64, 64)):
+        image = make_image("RGB", shape, 0)
+        for seed in range(40):
+            ours = sample_crop(Draws(seed), *shape)
+            draws = Draws(seed)
+            monkeypatch.setattr(torch, "empty", lambda *a, d=draws, **k: TorchUniform(d))
+            monkeypatch.setattr(torch, "randint", lambda lo, hi, size, d=draws: torch.tensor([d.integers(lo, hi)]))
+            theirs = get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
+            monkeypatch.undo()
+            assert ours == tuple(theirs), (shape, seed)
 
 
 def test_batches_are_functions_of_seed_epoch_index(tmp_path):
