@@ -293,7 +293,7 @@ def train(
                                      offload_options["offload_budget"])
     except DoesNotFit as exc:
         fail(str(exc))
-    if budget != offload_options["offload_budget"]:
+    if fit is not None and budget != offload_options["offload_budget"]:
         click.echo(describe_fit(fit))
     try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],

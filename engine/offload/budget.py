@@ -151,18 +151,24 @@ def check_fit(fit: MemoryFit, offload: bool) -> None:
 
 
 def resolve_budget(net: Any, batch_size: int, optimizer: Any, prefetch: int, offload_n: str | None,
-                   offload_budget: str | None) -> tuple[str | None, MemoryFit]:
+                   offload_budget: str | None) -> tuple[str | None, MemoryFit | None]:
     """The ``--offload-budget`` to use and the fit it came from, for ``engine train``.
 
     ``--offload-budget auto``, or ``--offload-n auto`` without a budget: the window's bytes under the
     limit. Without offload options the run is checked to fit. Raises DoesNotFit before the first step.
+    On device backends nothing is checked (the fit is None): host limits do not bound device memory.
     """
     from engine.data.prefetch import ring_bytes
 
-    ring = ring_bytes((batch_size, *net.graph.input_shape), prefetch + 1)
-    fit = memory_fit(net, batch_size, optimizer_state_bytes(optimizer), ring)
     auto = str(offload_budget).strip().lower() == "auto" or (
         offload_budget is None and str(offload_n).strip().lower() == "auto")
+    if net.backend.is_device:  # the tensors live in device memory: host RAM and cgroups do not bound them
+        if str(offload_budget).strip().lower() == "auto":
+            raise DoesNotFit(f"--offload-budget auto reads host memory limits; on the {net.backend.name} backend "
+                             "give --offload-budget BYTES")
+        return offload_budget, None
+    ring = ring_bytes((batch_size, *net.graph.input_shape), prefetch + 1)
+    fit = memory_fit(net, batch_size, optimizer_state_bytes(optimizer), ring)
     if auto:
         check_fit(fit, offload=True)
         return str(fit.arena_budget), fit

@@ -101,3 +101,15 @@ def test_train_refuses_before_the_first_step(monkeypatch):
     result = runner.invoke(main, [*args, "--offload-budget", "auto"])
     assert result.exit_code == 0, result.output
     assert "memory limit 16.00 GiB (test limit)" in result.output and "offload: window" in result.output
+
+
+def test_device_backends_skip_the_host_fit():
+    from types import SimpleNamespace
+
+    from engine.offload.budget import DoesNotFit, resolve_budget
+
+    net = SimpleNamespace(backend=SimpleNamespace(is_device=True, name="cuda"))
+    assert resolve_budget(net, 32, None, 2, "auto", None) == (None, None)
+    assert resolve_budget(net, 32, None, 2, None, "1GB") == ("1GB", None)
+    with pytest.raises(DoesNotFit, match="on the cuda backend give --offload-budget BYTES"):
+        resolve_budget(net, 32, None, 2, None, "auto")
