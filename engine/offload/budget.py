@@ -38,7 +38,7 @@ RUNTIME_BYTES = 128 * 2**20
 
 def inference_peak_bytes(graph: Any, batch_size: int) -> int:
     """The largest sum of live outputs plus forward scratch over one inference pass (liveness order)."""
-    from engine.layers.base import nbytes
+    from engine.memory.sizes import nbytes
 
     shapes = graph.shapes(batch_size)
     last_use = {}
