@@ -41,6 +41,7 @@ class Checkpoint:
     path: str
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
+    redrawn: list[str] = field(default_factory=list)  # keys left as drawn (load_weights' fresh classifier)
 
     @property
     def is_training_checkpoint(self) -> bool:
@@ -140,13 +141,30 @@ def read_checkpoint(path: str) -> Checkpoint:
     return checkpoint
 
 
-def load_weights(path: str, net: Any) -> Checkpoint:
-    """Initial weights from a checkpoint or a PyTorch state_dict saved as safetensors."""
+def load_weights(path: str, net: Any, fresh_classifier: bool = False) -> Checkpoint:
+    """Initial weights from a checkpoint or a PyTorch state_dict saved as safetensors, strictly.
+
+    ``fresh_classifier`` (fine-tuning with another ``--num-classes``): when the file's classifier (the
+    last layer with parameters: ``fc`` in ResNet-18, ``classifier.1`` in MobileNetV2) has another
+    shape than the network's, the network keeps its freshly drawn one and every other tensor must
+    load. ``Checkpoint.redrawn`` lists the keys that were left as drawn.
+    """
     checkpoint = read_checkpoint(path)
+    state = checkpoint.model_state()
+    if fresh_classifier:
+        keys = classifier_keys(net)
+        shapes = {key: tuple(view.shape) for key, view in net.parameters.views.items() if key in keys}
+        if any(key in state and tuple(state[key].shape) != shape for key, shape in shapes.items()):
+            state = {k: v for k, v in state.items() if k not in keys}
+            checkpoint.redrawn = sorted(keys)
     try:
-        net.load_state_dict(checkpoint.model_state(), strict=True)
+        result = net.load_state_dict(state, strict=not checkpoint.redrawn)
+        missing = [k for k in result.missing_keys if k not in checkpoint.redrawn]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"missing keys: {', '.join(missing) or 'none'}; "
+                             f"unexpected keys: {', '.join(result.unexpected_keys) or 'none'}")
     except (KeyError, ValueError):
-        raise CheckpointError(mismatch_message(checkpoint, net)) from None
+        raise CheckpointError(mismatch_message(checkpoint, net, exclude=checkpoint.redrawn)) from None
     return checkpoint
 
 
@@ -193,13 +211,13 @@ def guess_model(checkpoint: Checkpoint) -> str | None:
     return best if best_score >= 0.9 else None
 
 
-def mismatch_message(checkpoint: Checkpoint, net: Any) -> str:
+def mismatch_message(checkpoint: Checkpoint, net: Any, exclude: list[str] | None = None) -> str:
     """One line when a file's weights do not fit ``net``: what the file seems to hold, how many tensors
     differ, the first few (a strict load lists every key: 3,000 characters for a cnn file given to a
     resnet18)."""
     state = checkpoint.model_state()
-    expected = _expected_shapes(net.graph)
-    names = _counted(state)
+    expected = {k: v for k, v in _expected_shapes(net.graph).items() if k not in (exclude or ())}
+    names = _counted(state) - set(exclude or ())
     missing = [k for k in expected if k not in names]
     unexpected = [k for k in state if k in names and k not in expected]
     reshaped = [f"{k} {tuple(np.shape(state[k]))} in the file, {expected[k]} here"
@@ -221,6 +239,15 @@ def mismatch_message(checkpoint: Checkpoint, net: Any) -> str:
             first = ", ".join(keys[:3]) + (", …" if len(keys) > 3 else "")
             parts.append(f"{len(keys)} {label} ({first})")
     return f"{checkpoint.path}: {head}: {'; '.join(parts)}; {advice}"
+
+
+def classifier_keys(net: Any) -> list[str]:
+    """The parameter names of the network's last layer with parameters (its classifier)."""
+    for node in reversed(net.graph.nodes):
+        specs = node.layer.parameter_specs()
+        if specs:
+            return [f"{node.name}.{spec.name}" for spec in specs]
+    return []
 
 
 def restore(checkpoint: Checkpoint, net: Any, optimizer: Any = None) -> int:
