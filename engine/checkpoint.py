@@ -220,7 +220,7 @@ def mismatch_message(checkpoint: Checkpoint, net: Any, exclude: list[str] | None
     names = _counted(state) - set(exclude or ())
     missing = [k for k in expected if k not in names]
     unexpected = [k for k in state if k in names and k not in expected]
-    reshaped = [f"{k} {tuple(np.shape(state[k]))} in the file, {expected[k]} here"
+    reshaped = [f"{k}: expected {expected[k]}, got {tuple(np.shape(state[k]))}"
                 for k in expected if k in names and tuple(np.shape(state[k])) != expected[k]]
     model = getattr(net, "name", "model")
     held = guess_model(checkpoint)
