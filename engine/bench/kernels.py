@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 CHECK_IMAGES = 4
-CONV_VERSIONS = {"forward": (1, 2, 3, 4, 5), "data": (2, 3, 4, 5), "weight": (2, 3, 4, 5)}
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,9 @@ TINY_CONVS = (
     ConvShape("tiny", (2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise
 )
 
+WARMUP_CONVS = (*TINY_CONVS, ConvShape("tiny", (2, 4, 8, 8), (4, 4, 3, 3), 1, 1))
+"""The warm-up also compiles the shifted-GEMM path (3×3 stride 1 on planes of ≥ 64 pixels)."""
+
 
 @dataclass
 class Case:
@@ -188,7 +190,7 @@ def _conv_arrays(shape: ConvShape, batch: int | None = None, seed: int = 0):
 
 def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, backend: str) -> list[Case]:
     """Forward, backward-data and backward-weight of one convolution, with the numbered CPU versions."""
-    from kernels.cpu import conv as cpu_conv
+    from kernels.cpu import conv_study
 
     x, w, dout = _conv_arrays(shape)
     xs, ws, ds = _conv_arrays(shape, batch=min(CHECK_IMAGES, shape.x_shape[0]))
@@ -211,11 +213,11 @@ def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, b
             continue
         variants = [("table", kernel, size_of)]
         if versions and backend == "cpu":
-            for v in CONV_VERSIONS[direction]:
+            for v in conv_study.VERSIONS[direction]:
                 variants.append(
                     (
                         f"v{v}",
-                        cpu_conv.conv2d_version(v, direction),
+                        conv_study.conv2d_version(v, direction),
                         _version_size_function(v, direction),
                     )
                 )
@@ -227,9 +229,9 @@ def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, b
 
 
 def _version_size_function(version: int, direction: str) -> Callable[..., int]:
-    from kernels.cpu import conv as cpu_conv
+    from kernels.cpu import conv_study
 
-    return lambda *shapes: cpu_conv.conv2d_version_workspace_size(max(version, 2), direction, *shapes)
+    return lambda *shapes: conv_study.conv2d_version_workspace_size(version, direction, *shapes)
 
 
 def _conv_case(op, direction, version, shape, fn, size_fn, ref_fn, x, w, dout, xs, ws, ds) -> Case:
@@ -527,7 +529,7 @@ def warm_up() -> tuple[float, int]:
     start = time.perf_counter()
     table, reference = load_tables("cpu")
     calls = 0
-    for shape in TINY_CONVS:
+    for shape in WARMUP_CONVS:
         for case in conv_cases(shape, table, reference, versions=True, backend="cpu"):
             case.run()
             calls += 1
