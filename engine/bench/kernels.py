@@ -74,23 +74,15 @@ def resnet18_convs(batch: int) -> list[ConvShape]:
     return shapes
 
 
-# models/mobilenetv2.py's INVERTED_RESIDUAL_SETTING: (expansion, channels, repeats, first stride)
-MOBILENETV2_SETTING = (
-    (1, 16, 1, 1),
-    (6, 24, 2, 1),
-    (6, 32, 3, 2),
-    (6, 64, 4, 2),
-    (6, 96, 3, 1),
-    (6, 160, 3, 2),
-    (6, 320, 1, 1),
-)
-
-
 def mobilenetv2_convs(batch: int) -> list[ConvShape]:
-    """The distinct convolutions of MobileNetV2 for 32×32 inputs: 1×1 expand, 3×3 depthwise, 1×1 project."""
-    shapes = [ConvShape("mobilenetv2", (batch, 3, 32, 32), (32, 3, 3, 3), 1, 1)]
-    size, channels = 32, 32
-    for expansion, out_channels, repeats, first_stride in MOBILENETV2_SETTING:
+    """The distinct convolutions of MobileNetV2 for 32×32 inputs: 1×1 expand, 3×3 depthwise, 1×1 project.
+
+    Read from the model's own table (``models.mobilenetv2``), so the benchmark times what trains."""
+    from models.mobilenetv2 import INVERTED_RESIDUAL_SETTING, LAST_CHANNELS, STEM_CHANNELS
+
+    shapes = [ConvShape("mobilenetv2", (batch, 3, 32, 32), (STEM_CHANNELS, 3, 3, 3), 1, 1)]
+    size, channels = 32, STEM_CHANNELS
+    for expansion, out_channels, repeats, first_stride in INVERTED_RESIDUAL_SETTING:
         for repeat in range(repeats):
             stride = first_stride if repeat == 0 else 1
             hidden = channels * expansion
@@ -100,7 +92,7 @@ def mobilenetv2_convs(batch: int) -> list[ConvShape]:
             size = (size + 2 - 3) // stride + 1
             shapes.append(ConvShape("mobilenetv2", (batch, hidden, size, size), (out_channels, hidden, 1, 1), 1, 0))
             channels = out_channels
-    shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (1280, channels, 1, 1), 1, 0))
+    shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (LAST_CHANNELS, channels, 1, 1), 1, 0))
     return list(dict.fromkeys(shapes))
 
 
