@@ -40,6 +40,7 @@ from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
 from kernels.cpu import conv_depthwise, conv_shifted
+from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
@@ -211,7 +212,7 @@ def valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) 
     return lo, hi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, line0, pixels):
     """One im2col row of a stride-1 "same" convolution (output as wide as the input) in one copy.
 
@@ -246,7 +247,7 @@ def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, l
                 dst[row_start + uint64(ox)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
 
@@ -288,7 +289,7 @@ def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
                 dst[out_row + uint64(ox)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
     """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order.
 
@@ -332,35 +333,48 @@ def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
                         dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
     for row in range(cols.shape[0]):
         im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     for job in range(channels * images):
         col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_tile(a, n0, images, k0, tile):
-    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side."""
-    pixels = a.shape[2] * a.shape[3]
+    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side.
+
+    Flat loops rather than slice assignment: a slice assignment pulls in Numba's shape-mismatch
+    error formatting, 2.3 s of compilation on a cold cache for this four-line function."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src, dst = a.reshape(a.size), tile.reshape(tile.size)
+    width = uint64(tile.shape[1])
     for k in range(tile.shape[0]):
         for i in range(images):
-            tile[k, i * pixels : (i + 1) * pixels] = a[n0 + i, k0 + k].reshape(pixels)
+            s0 = uint64(((n0 + i) * channels + k0 + k) * pixels)
+            d0 = uint64(k) * width + uint64(i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter_tile(tile, n0, images, k0, a):
     """The inverse of gather_tile: a[n0 + i, k0 + k, p] = tile[k, i·P + p]."""
-    pixels = a.shape[2] * a.shape[3]
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src, dst = tile.reshape(tile.size), a.reshape(a.size)
+    width = uint64(tile.shape[1])
     for k in range(tile.shape[0]):
         for i in range(images):
-            a[n0 + i, k0 + k].reshape(pixels)[:] = tile[k, i * pixels : (i + 1) * pixels]
+            d0 = uint64(((n0 + i) * channels + k0 + k) * pixels)
+            s0 = uint64(k) * width + uint64(i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
 
 
 @njit(parallel=True, cache=True)
@@ -387,7 +401,7 @@ def bias_gradient(dout, dbias):
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch):
     """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM."""
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -415,17 +429,19 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
-@njit(parallel=True, cache=True)
-def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch):
-    n_images = x.shape[0]
-    share = scratch.size // threads
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch) -> None:
+    """Thread t: images [t·N/T, (t+1)·N/T) with scratch slice t (see ``threads.run_shares``)."""
+    n_images, share = x.shape[0], scratch.size // threads
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
+        mine = scratch[t * share : (t + 1) * share]
         _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine)
 
+    run_shares(work, threads)
 
-@njit(cache=True)
+
+@njit(cache=True, nogil=True)
 def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch):
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
@@ -452,17 +468,18 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
 
 
-@njit(parallel=True, cache=True)
-def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch):
-    n_images = dx.shape[0]
-    share = scratch.size // threads
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch) -> None:
+    n_images, share = dx.shape[0], scratch.size // threads
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
+        mine = scratch[t * share : (t + 1) * share]
         _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine)
 
+    run_shares(work, threads)
 
-@njit(cache=True)
+
+@njit(cache=True, nogil=True)
 def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, scratch):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order."""
     k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
@@ -499,27 +516,38 @@ def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile
                 acc_g += partial
 
 
-@njit(parallel=True, cache=True)
-def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads, scratch):
-    """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are added in order."""
+@njit(cache=True, nogil=True)
+def add_partials(total, partials, count, lo, hi):
+    """total[i] += partials[0·L + i] + partials[1·L + i] + … (``count`` slots of len(total)), i in [lo, hi)."""
+    length = total.size
+    for i in range(lo, hi):
+        value = total[i]
+        for t in range(count):
+            value += partials[t * length + i]
+        total[i] = value
+
+
+def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads, scratch) -> None:
+    """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are then added in
+    thread order (each thread adds a fixed range of dw)."""
     n_images = x.shape[0]
     slots = (threads - 1) * dw.size
     share = (scratch.size - slots) // threads
     sums = scratch[scratch.size - slots :]
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
-        if t == 0:
-            _backward_weight_images(x, dout, dw, stride, pad, groups, first, last, tile_images, mine)
-        else:
-            acc = sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-            _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
-    flat = dw.reshape(dw.size)
-    for i in prange(dw.size):
-        total = flat[i]
-        for t in range(1, threads):
-            total += sums[(t - 1) * dw.size + i]
-        flat[i] = total
+        mine = scratch[t * share : (t + 1) * share]
+        acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
+        _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
+
+    run_shares(work, threads)
+    if threads > 1:
+        flat = dw.reshape(dw.size)
+        run_shares(
+            lambda t: add_partials(flat, sums, threads - 1, t * flat.size // threads, (t + 1) * flat.size // threads),
+            threads,
+        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  numba_xxgemm forwards to it: loaded before any kernel runs
-from numba import njit, prange, types, uint64
+from numba import njit, types, uint64
+
+from kernels.cpu.threads import run_shares
 
 TARGET_COLUMNS = 1024
 """Images stack into one tile until the GEMM has at least this many output columns."""
@@ -126,7 +128,7 @@ def workspace_size(x_shape, w_shape, direction: str, threads: int) -> int:
     return threads * per_thread + (threads * filters if direction == "weight" else filters)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pack(src, n0, images, channels, height, width, row, dst):
     """dst[3c + dx, (1 + i·(H+1) + y)·W + x] = src[n0 + i, c, y, x + dx − 1], zero where off the plane."""
     plane = height * width
@@ -157,7 +159,7 @@ def _pack(src, n0, images, channels, height, width, row, dst):
                     dst[sep + uint64(x)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _filters(w, flipped, out):
     """out[dy][K, 3C] = w[k, c, dy, dx] at (k, 3c + dx); flipped: out[dy][3K, C] = w[k, c, 2 − dy, 2 − dx]
     at (3k + dx, c), which the GEMM reads transposed (C × 3K): built in w's own order, no strided
@@ -177,119 +179,150 @@ def _filters(w, flipped, out):
                         out[base + kk * 3 * c + 3 * cc + dx] = w[kk, cc, dy, dx]
 
 
-@njit(parallel=True, cache=True)
-def forward(x, w, out, flipped, threads, tile, scratch):
-    """out = conv3×3(x, w), stride 1, pad 1, as three GEMMs of depth 3·C per tile (flipped: backward-data)."""
-    n, c_in, height, width = x.shape
+@njit(cache=True, nogil=True)
+def _forward_images(x, filters, out, flipped, first, last, tile, mine):
+    """Images [first, last) on the calling thread: pack, three GEMMs, copy out (stacked tiles only)."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = out.shape[1]
     plane = height * width
     row = (tile * (height + 1) + 1) * width
     m = ((tile - 1) * (height + 1) + height) * width
     depth = 3 * c_in
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    packed = mine[: 3 * c_in * row]
+    scalars = np.empty(2, np.float32)
+    for n0 in range(first, last, tile):
+        images = min(tile, last - n0)
+        cols = ((images - 1) * (height + 1) + height) * width
+        _pack(src, n0, images, c_in, height, width, row, packed)
+        if tile == 1:
+            target, ld = dst[n0 * c_out * plane :], plane
+        else:
+            target, ld = mine[3 * c_in * row :], m
+        for dy in range(3):
+            sgemm(
+                flipped,
+                False,
+                c_out,
+                cols,
+                depth,
+                filters[dy * depth * c_out :],
+                c_out if flipped else depth,
+                packed[dy * width :],
+                row,
+                0.0 if dy == 0 else 1.0,
+                target,
+                ld,
+                scalars,
+            )
+        if tile > 1:
+            for kk in range(c_out):
+                for i in range(images):
+                    s0 = uint64(kk * m + i * (height + 1) * width)
+                    d0 = uint64(((n0 + i) * c_out + kk) * plane)
+                    for q in range(plane):
+                        dst[d0 + uint64(q)] = target[s0 + uint64(q)]
+
+
+def forward(x, w, out, flipped: bool, threads: int, tile: int, scratch) -> None:
+    """out = conv3×3(x, w), stride 1, pad 1, as three GEMMs of depth 3·C per tile (flipped: backward-data)."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    c_out = out.shape[1]
+    row = (tile * (height + 1) + 1) * width
+    m = ((tile - 1) * (height + 1) + height) * width
     filters = scratch[: 9 * c_in * c_out]
     _filters(w, flipped, filters)
     per_thread = 3 * c_in * row + (c_out * m if tile > 1 else 0)
-    src, dst = x.reshape(x.size), out.reshape(out.size)
-    start = 9 * c_in * c_out
-    for t in prange(threads):
+    start, n = 9 * c_in * c_out, x.shape[0]
+
+    def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        packed = mine[: 3 * c_in * row]
-        scalars = np.empty(2, np.float32)
-        first, last = t * n // threads, (t + 1) * n // threads
-        for n0 in range(first, last, tile):
-            images = min(tile, last - n0)
-            cols = ((images - 1) * (height + 1) + height) * width
-            _pack(src, n0, images, c_in, height, width, row, packed)
-            if tile == 1:
-                target, ld = dst[n0 * c_out * plane :], plane
-            else:
-                target, ld = mine[3 * c_in * row :], m
-            for dy in range(3):
-                sgemm(
-                    flipped,
-                    False,
-                    c_out,
-                    cols,
-                    depth,
-                    filters[dy * depth * c_out :],
-                    c_out if flipped else depth,
-                    packed[dy * width :],
-                    row,
-                    0.0 if dy == 0 else 1.0,
-                    target,
-                    ld,
-                    scalars,
-                )
-            if tile > 1:
-                for kk in range(c_out):
-                    for i in range(images):
-                        s0 = uint64(kk * m + i * (height + 1) * width)
-                        d0 = uint64(((n0 + i) * c_out + kk) * plane)
-                        for q in range(plane):
-                            dst[d0 + uint64(q)] = target[s0 + uint64(q)]
+        _forward_images(x, filters, out, flipped, t * n // threads, (t + 1) * n // threads, tile, mine)
+
+    run_shares(work, threads)
 
 
-@njit(parallel=True, cache=True)
-def backward_weight(x, dout, dw, threads, tile, scratch):
-    """dw[k, c, dy, dx]: three GEMMs dW_dy[K, 3C] += D[K, grid] @ P3[3C, grid + dy·W]ᵀ per tile."""
-    n, c_in, height, width = x.shape
+@njit(cache=True, nogil=True)
+def _backward_weight_images(x, dout, first, last, tile, mine, acc):
+    """acc[dy][K, 3C] = Σ over images [first, last) of D @ P3 shifted by dy rows, transposed."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = dout.shape[1]
     plane = height * width
     row = (tile * (height + 1) + 1) * width
     m = ((tile - 1) * (height + 1) + height) * width
     depth = 3 * c_in
-    filters = 9 * c_in * c_out
-    per_thread = 3 * c_in * row + (c_out * m if tile > 1 else 0)
     src, grad = x.reshape(x.size), dout.reshape(dout.size)
-    for t in prange(threads):
-        mine = scratch[t * per_thread : (t + 1) * per_thread]
-        packed = mine[: 3 * c_in * row]
-        acc = scratch[threads * per_thread + t * filters : threads * per_thread + (t + 1) * filters]
-        scalars = np.empty(2, np.float32)
-        first, last = t * n // threads, (t + 1) * n // threads
-        if first >= last:
-            acc[:] = 0.0
-        for n0 in range(first, last, tile):
-            images = min(tile, last - n0)
-            cols = ((images - 1) * (height + 1) + height) * width
-            _pack(src, n0, images, c_in, height, width, row, packed)
-            if tile == 1:
-                d, ld = grad[n0 * c_out * plane :], plane
-            else:
-                d, ld = mine[3 * c_in * row :], m
-                for kk in range(c_out):
-                    for i in range(images):
-                        d0 = uint64(kk * m + i * (height + 1) * width)
-                        s0 = uint64(((n0 + i) * c_out + kk) * plane)
-                        for q in range(plane):
-                            d[d0 + uint64(q)] = grad[s0 + uint64(q)]
-                        if i < images - 1:
-                            for q in range(plane, plane + width):
-                                d[d0 + uint64(q)] = 0.0
-            for dy in range(3):
-                sgemm(
-                    False,
-                    True,
-                    c_out,
-                    depth,
-                    cols,
-                    d,
-                    ld,
-                    packed[dy * width :],
-                    row,
-                    0.0 if n0 == first else 1.0,
-                    acc[dy * depth * c_out :],
-                    depth,
-                    scalars,
-                )
-    sums = scratch[threads * per_thread :]
+    packed = mine[: 3 * c_in * row]
+    scalars = np.empty(2, np.float32)
+    if first >= last:
+        acc[:] = 0.0
+    for n0 in range(first, last, tile):
+        images = min(tile, last - n0)
+        cols = ((images - 1) * (height + 1) + height) * width
+        _pack(src, n0, images, c_in, height, width, row, packed)
+        if tile == 1:
+            d, ld = grad[n0 * c_out * plane :], plane
+        else:
+            d, ld = mine[3 * c_in * row :], m
+            for kk in range(c_out):
+                for i in range(images):
+                    d0 = uint64(kk * m + i * (height + 1) * width)
+                    s0 = uint64(((n0 + i) * c_out + kk) * plane)
+                    for q in range(plane):
+                        d[d0 + uint64(q)] = grad[s0 + uint64(q)]
+                    if i < images - 1:
+                        for q in range(plane, plane + width):
+                            d[d0 + uint64(q)] = 0.0
+        for dy in range(3):
+            sgemm(
+                False,
+                True,
+                c_out,
+                depth,
+                cols,
+                d,
+                ld,
+                packed[dy * width :],
+                row,
+                0.0 if n0 == first else 1.0,
+                acc[dy * depth * c_out :],
+                depth,
+                scalars,
+            )
+
+
+@njit(cache=True, nogil=True)
+def _collect(sums, threads, dw, k_lo, k_hi):
+    """dw[k, c, dy, dx] = Σ_t sums[t][dy][k, 3c + dx] in thread order, for k in [k_lo, k_hi)."""
     k, c = dw.shape[0], dw.shape[1]
-    for kk in prange(k):
+    depth = 3 * c
+    filters = 9 * k * c
+    for kk in range(k_lo, k_hi):
         for cc in range(c):
             for dy in range(3):
                 for dx in range(3):
-                    at = dy * depth * c_out + kk * depth + 3 * cc + dx
+                    at = dy * depth * k + kk * depth + 3 * cc + dx
                     total = sums[at]
                     for t in range(1, threads):
                         total += sums[t * filters + at]
                     dw[kk, cc, dy, dx] = total
+
+
+def backward_weight(x, dout, dw, threads: int, tile: int, scratch) -> None:
+    """dw[k, c, dy, dx]: three GEMMs dW_dy[K, 3C] += D[K, grid] @ P3[3C, grid + dy·W]ᵀ per tile; each
+    thread sums its images into its own partial, and the partials are added in thread order."""
+    n, c_in, height, width = x.shape
+    c_out = dout.shape[1]
+    row = (tile * (height + 1) + 1) * width
+    m = ((tile - 1) * (height + 1) + height) * width
+    filters = 9 * c_in * c_out
+    per_thread = 3 * c_in * row + (c_out * m if tile > 1 else 0)
+    sums = scratch[threads * per_thread : threads * per_thread + threads * filters]
+
+    def work(t: int) -> None:
+        mine = scratch[t * per_thread : (t + 1) * per_thread]
+        acc = sums[t * filters : (t + 1) * filters]
+        _backward_weight_images(x, dout, t * n // threads, (t + 1) * n // threads, tile, mine, acc)
+
+    run_shares(work, threads)
+    run_shares(lambda t: _collect(sums, threads, dw, t * c_out // threads, (t + 1) * c_out // threads), threads)
