@@ -71,8 +71,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
     if warmup:
         from engine.bench.kernels import warm_up
+        from engine.warmup import ProgressLine
 
-        seconds, calls = warm_up()
+        seconds, calls = warm_up(parallel=True, progress=ProgressLine(prefix="compiling kernels"))
         click.echo(f"warm-up: {calls} CPU kernel calls in {seconds:.2f} s (Numba cache: compiled or loaded)")
         return
     chosen_models = tuple(m.strip() for m in models.split(",") if m.strip())
@@ -291,6 +292,10 @@ def train(
 
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
+    if backend.name == "cpu":  # kernels issue: compile what this model uses in worker processes, once
+        from engine.warmup import warm_for_training
+
+        warm_for_training(net.graph, optimizer, model)
     monitor = MemoryMonitor(net.mgr, path=memory_log)
     try:
         trainer = Trainer(

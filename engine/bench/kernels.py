@@ -102,8 +102,6 @@ TINY_CONVS = (
     ConvShape("tiny", (2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise
 )
 
-WARMUP_CONVS = (*TINY_CONVS, ConvShape("tiny", (2, 4, 8, 8), (4, 4, 3, 3), 1, 1))
-"""The warm-up also compiles the shifted-GEMM path (3×3 stride 1 on planes of ≥ 64 pixels)."""
 
 
 @dataclass
@@ -516,75 +514,22 @@ def render(records: list[Record], sgemm: float, compare_torch: bool, console=Non
 # ----------------------------------------------------------------------------------------------
 
 
-def warm_up() -> tuple[float, int]:
-    """Call every CPU kernel (and every conv version and path) once on tiny arrays; (seconds, calls)."""
+def warm_up(parallel: bool = False, progress=None) -> tuple[float, int]:
+    """Call every CPU table kernel, conv path and conv version once on tiny arrays; (seconds, calls).
+
+    ``parallel``: in worker processes (``engine.warmup.ensure_compiled``), which fill the on-disk
+    cache; otherwise one after another in this process (the kernels are then loaded here too)."""
+    from engine.warmup import all_jobs, ensure_compiled, run_job
+
+    jobs = all_jobs()
     start = time.perf_counter()
-    table, reference = load_tables("cpu")
-    calls = 0
-    for shape in WARMUP_CONVS:
-        for case in conv_cases(shape, table, reference, versions=True, backend="cpu"):
-            case.run()
-            calls += 1
-    for case in other_cases(table, reference, 2):
-        case.run()
-        calls += 1
-    calls += _warm_remaining_table(table)
-    return time.perf_counter() - start, calls
-
-
-def _warm_remaining_table(table: dict) -> int:
-    """The table kernels the benchmark does not time: pooling, batch norm, loss, optimizers, dropout."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
-    out = np.empty_like(x)
-    c = np.ones(3, np.float32)
-    calls = {
-        "dropout_forward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
-        "dropout_backward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
-        "maxpool2d_forward": lambda f: f(
-            x, np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32), 2, 2, 0
-        ),
-        "avgpool2d_forward": lambda f: f(x, np.empty((2, 3, 2, 2), np.float32), 2, 2, 0),
-        "avgpool2d_backward": lambda f: f(np.ones((2, 3, 2, 2), np.float32), out, 2, 2, 0),
-        "global_avgpool_forward": lambda f: f(x, np.empty((2, 3), np.float32)),
-        "global_avgpool_backward": lambda f: f(np.ones((2, 3), np.float32), out),
-        "batchnorm_forward_train": lambda f: f(
-            x, c, c * 0, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32), 0.1, 1e-5
-        ),
-        "batchnorm_forward_infer": lambda f: f(x, c, c * 0, c * 0, c.copy(), out, 1e-5),
-        "batchnorm_backward": lambda f: f(
-            x, x, c, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32)
-        ),
-        "softmax_xent_forward": lambda f: f(
-            np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32), np.empty(1, np.float32)
-        ),
-        "softmax_xent_backward": lambda f: f(
-            np.full((2, 3), 1 / 3, np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32)
-        ),
-        "sgd_update": lambda f: f(
-            np.ones(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), 0.1, 0.9, 1e-4, False
-        ),
-        "adam_update": lambda f: f(
-            np.ones(8, np.float32),
-            np.ones(8, np.float32),
-            np.zeros(8, np.float32),
-            np.zeros(8, np.float32),
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.0,
-            1,
-        ),
-    }
-    done = 0
-    for name, call in calls.items():
-        if name in table:
-            call(table[name])
-            done += 1
-    if "maxpool2d_backward" in table and "maxpool2d_forward" in table:
-        pooled, argmax = np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32)
-        table["maxpool2d_forward"](x, pooled, argmax, 2, 2, 0)
-        table["maxpool2d_backward"](pooled, argmax, out)
-        done += 1
-    return done
+    if parallel:
+        result = ensure_compiled(jobs, "engine kernels --warmup", progress, force=True)
+        if result is not None and result.failed:
+            raise RuntimeError("warm-up failed: " + "; ".join(result.failed))
+    else:
+        for done, job in enumerate(jobs, 1):
+            run_job(job)
+            if progress:
+                progress(done, len(jobs))
+    return time.perf_counter() - start, len(jobs)
