@@ -73,6 +73,7 @@ class Paths:
     depthwise_flat: bool = True
     pointwise_tiles: bool = True
     shifted: bool = True
+    depthwise_kept_only: bool = True
 
 
 EXPORTED = Paths()
@@ -746,7 +747,7 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")[:needed]
     threads = get_num_threads()
     if kind == "depthwise-flat":
-        conv_depthwise.run_forward(x, w, out, stride, scratch)
+        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
     elif kind == "shifted":

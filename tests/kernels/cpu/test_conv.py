@@ -25,6 +25,7 @@ SHAPES = [
     (3, 2, 7, 3, 3, 5, 1, 2, 1),  # 5×5 "same" on a plane narrower than the kernel: flat im2col rows, two zeroed columns
     (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3×3 shifted GEMMs: stacked tiles (separator rows), a thread with a partial tile
     (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 3×3 shifted GEMMs: one-image tiles written straight into out / read from dout
+    (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, three chunks
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -96,7 +97,7 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14)], ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14)]
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)], ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)]
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
