@@ -4,15 +4,17 @@ One row per (op, shape): milliseconds, GFLOP/s (GB/s for memory-bound ops), the 
 NumPy's float32 GEMM throughput measured in the same run (the ceiling for any fp32 kernel on this
 machine), the largest absolute difference from the NumPy reference, and with ``--compare torch``
 torch's time for the same op on the same arrays. Convolution also shows its numbered versions
-(``conv2d_forward[v2]`` ...), so the table says what each optimization bought.
+(rows with version ``v1`` … ``v7``, from ``kernels/cpu/conv_study.py``; ``table`` is the kernel the
+layers call), so the table says what each optimization bought.
 
 Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
 is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. The
 error is measured on the first ``CHECK_IMAGES`` images (the reference is slow NumPy), running
 the kernel again on that slice.
 
-``warm_up`` calls every kernel of the CPU table (and every conv version) once on tiny arrays, so
-Numba compiles them into its on-disk cache; later processes then start in well under a second.
+``warm_up`` calls every kernel of the CPU table (and every conv path and version) once on tiny
+arrays, in worker processes for ``engine kernels --warmup`` (``engine/warmup.py``), so Numba
+compiles them into its on-disk cache; later processes load them instead of compiling.
 """
 
 from __future__ import annotations
