@@ -44,7 +44,14 @@ from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
-"""A tile holds whole images until its GEMM has at least this many columns (pixels)."""
+"""A tile holds whole images until its GEMM has at least this many columns (pixels): v3–v6."""
+
+SMALL_TARGET_COLUMNS = 256
+"""v7's target for forward and backward-data (``Paths.small_tiles``): a 16×16 output image is then
+a tile by itself, whose GEMM writes straight into ``out`` with no scatter. One thread, thread CPU
+ms, forward / backward-data at 1024 → 256 columns: 64→128 3×3 stride 2 @32×32 19.8 / 15.0 →
+14.4 / 12.5; 128→256 stride 2 @16×16 15.6 / 12.3 → 14.2 / 11.8; 256→512 stride 2 @8×8 and 512 ch
+@4×4 within noise (their tiles are bounded by ``TILE_BUDGET_ELEMENTS`` anyway)."""
 
 WEIGHT_TARGET_COLUMNS = 4096
 """The weight gradient sums over a tile's columns inside the GEMM and adds tiles outside it:
@@ -74,6 +81,7 @@ class Paths:
     pointwise_tiles: bool = True
     shifted: bool = True
     depthwise_kept_only: bool = True
+    small_tiles: bool = True
 
 
 EXPORTED = Paths()
@@ -156,7 +164,9 @@ def gemm_workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, t
 def _target(w_shape, direction: str, paths: Paths) -> int:
     if paths.pointwise_tiles and w_shape[2] == 1 and w_shape[3] == 1:
         return POINTWISE_WEIGHT_TARGET_COLUMNS if direction == "weight" else POINTWISE_TARGET_COLUMNS
-    return WEIGHT_TARGET_COLUMNS if direction == "weight" else TARGET_COLUMNS
+    if direction == "weight":
+        return WEIGHT_TARGET_COLUMNS
+    return SMALL_TARGET_COLUMNS if paths.small_tiles else TARGET_COLUMNS
 
 
 def workspace_size(

@@ -22,7 +22,8 @@ kernels/README.md ("What each step bought").
 - v7 ``three shifted GEMMs`` (exported): v6 with the horizontal taps unrolled into a 3× copy, so
   three GEMMs of depth 3C; 4×4 planes stay on im2col (``conv_shifted.py``, ``conv.py``). Also:
   depthwise stride-2 forward on even planes computes only the kept outputs, on input row pairs
-  (``conv_depthwise._flat_filter_s2``), instead of v5's full-resolution run and subsample.
+  (``conv_depthwise._flat_filter_s2``), instead of v5's full-resolution run and subsample; and
+  im2col tiles of 256 columns instead of 1024 for forward and backward-data (``conv.SMALL_TARGET_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from kernels.cpu import conv, conv_shifted
 VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7), "data": (2, 3, 4, 5, 6, 7), "weight": (2, 3, 4, 5, 6, 7)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
-NO_FAST_PATHS = conv.Paths(depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False)
-V5_PATHS = conv.Paths(depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False)
+NO_FAST_PATHS = conv.Paths(
+    depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False
+)
+V5_PATHS = conv.Paths(
+    depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False
+)
 
 
 # ----------------------------------------------------------------------------------------------
