@@ -11,6 +11,7 @@ from numba.core.registry import CPUDispatcher as Dispatcher
 from engine import warmup
 from engine.backend import get_backend
 from engine.data.datasets import synthetic
+from engine.info import collect_info
 from engine.optim import make_optimizer
 from engine.train import Trainer, build_network
 
@@ -87,6 +88,7 @@ def test_workers_fill_the_cache_and_leave_a_marker(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
     jobs = [warmup.Job("relu_forward")]
     assert not warmup.is_warm(jobs) and warmup.warm_labels() == []
+    assert collect_info()["kernel_cache"] == {"dir": str(tmp_path), "warm": False, "warm_for": []}
 
     failing = warmup.ensure_compiled([*jobs, warmup.Job("no_such_kernel")], "broken", workers=1)
     assert failing is not None and len(failing.failed) == 1 and "no_such_kernel" in failing.failed[0]
@@ -96,5 +98,6 @@ def test_workers_fill_the_cache_and_leave_a_marker(tmp_path, monkeypatch):
     assert result is not None and result.jobs == 1 and result.failed == []
     assert any(p.name.endswith(".nbi") for p in tmp_path.rglob("*"))  # Numba's index, written by the worker
     assert warmup.is_warm(jobs) and warmup.warm_labels() == ["tiny"]
+    assert collect_info()["kernel_cache"] == {"dir": str(tmp_path), "warm": True, "warm_for": ["tiny"]}  # engine info
     assert warmup.ensure_compiled(jobs, "tiny") is None  # warm: no workers
     assert not warmup.is_warm([warmup.Job("relu6_forward")])  # a marker covers its own jobs only
