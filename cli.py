@@ -55,7 +55,7 @@ def info(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["cpu", "cudasim"]), default="cpu", show_default=True,
+@click.option("--backend", type=click.Choice(["cpu", "cudasim", "cuda"]), default="cpu", show_default=True,
               help="Kernel table to time (cudasim: the CUDA kernels in the simulator; use a tiny --batch-size).")
 @click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
 @click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
@@ -67,8 +67,25 @@ def info(as_json: bool) -> None:
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON records to this file.")
 @click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
-def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
+# --- CUDA options (issue 16): --static, --roofline, --launches; logic in engine/bench/cuda_*.py, roofline.py ---
+@click.option("--static", "static", is_flag=True,
+              help="--backend cuda: ptxas -v registers, spills, shared memory and occupancy (sm_80, sm_90); no GPU.")
+@click.option("--roofline", "roofline", is_flag=True,
+              help="--backend cuda: per-kernel FLOPs, bytes and roofline time on A100/H100, summed per step.")
+@click.option("--launches", "launches", is_flag=True,
+              help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
+def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
+            static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if static or roofline or launches:
+        _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output)
+        return
+    if backend == "cuda":
+        select_backend("cuda")
+        from engine.bench.cuda_timing import run_timings
+
+        run_timings(models, batch_size, repeat, output_format, output)
+        return
     if warmup:
         from engine.bench.kernels import warm_up
         from engine.warmup import ProgressLine
@@ -106,6 +123,28 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
             click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
 
 
+def _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output) -> None:
+    """The CUDA reports that need no GPU (issue 16): each prints a table or JSON."""
+    if static and backend != "cuda":
+        fail("--static reports the CUDA kernels: add --backend cuda (no GPU needed)")
+    if roofline and backend != "cuda":
+        fail("--roofline models the CUDA kernels: add --backend cuda (no GPU needed)")
+    if launches and backend not in ("cuda", "cudasim"):
+        fail("--launches counts CUDA kernel launches: add --backend cudasim (no GPU) or --backend cuda")
+    if launches and backend == "cudasim":
+        select_backend("cudasim")
+    from engine.bench import cuda_reports
+
+    chosen = tuple(m.strip() for m in models.split(",") if m.strip())
+    try:
+        records = cuda_reports.run(static, roofline, launches, chosen, batch_size, backend, output_format)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    if output:
+        with open(output, "w") as handle:
+            json.dump(records, handle, indent=2)
+
+
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
@@ -131,7 +170,7 @@ def _load_data(spec: str, num_classes: int | None, seed: int):
 
 
 def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
-    from engine.train import build_network
+    from models import build_network
 
     try:
         return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
@@ -369,11 +408,13 @@ def evaluate_command(
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
+@click.option("--program", "show_program", is_flag=True,  # step program
+              help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, show_program: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
-    Computed from the graph's shapes and tensor lifespans; nothing is run.
+    Computed from the step program (shapes and buffer lifespans); nothing is run.
     """
     from engine.backend import get_backend
     from engine.summary import render_memory_report
@@ -386,6 +427,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         net = build_model(model, num_classes, get_backend("cpu"), **options)
     except ValueError as exc:
         fail(str(exc))
+    if show_program:  # step program: the table every memory figure below is computed from
+        click.echo(net.program(batch_size).table())
+        return
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)
