@@ -13,7 +13,8 @@ from engine.backend import get_backend
 from engine.data.datasets import synthetic
 from engine.info import collect_info
 from engine.optim import make_optimizer
-from engine.train import Trainer, build_network
+from engine.train import Trainer
+from models import build_network
 
 
 def _signatures() -> dict[str, int]:
@@ -101,3 +102,12 @@ def test_workers_fill_the_cache_and_leave_a_marker(tmp_path, monkeypatch):
     assert collect_info()["kernel_cache"] == {"dir": str(tmp_path), "warm": True, "warm_for": ["tiny"]}  # engine info
     assert warmup.ensure_compiled(jobs, "tiny") is None  # warm: no workers
     assert not warmup.is_warm([warmup.Job("relu6_forward")])  # a marker covers its own jobs only
+
+
+def test_tiny_args_cover_every_non_conv_table_op():
+    # engine kernels --warmup (all_jobs) and the fallback for unknown layer types use TINY_ARGS
+    from kernels.cpu import TABLE
+
+    table_ops = {op for op in TABLE if not op.startswith("conv2d")}
+    assert table_ops - set(warmup.TINY_ARGS) == set()
+    assert all(ops and set(ops) <= table_ops for ops in warmup.LAYER_OPS.values() if ops)
