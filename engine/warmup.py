@@ -93,6 +93,10 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
+SHARED_FORWARD_KERNEL = ("shifted", "depthwise-flat")
+"""Paths whose backward-data calls the forward kernel (``conv_shifted.forward(..., flipped=True)``,
+``conv_depthwise.flat_forward(..., mirrored=True)``) with the same argument types."""
+
 
 def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list[Job]:
     """One job per distinct (path, direction, bias) among ``(x_shape, w_shape, stride, pad, groups, bias)``."""
@@ -103,7 +107,10 @@ def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list
         x_shape = (BATCH, *tuple(x_shape)[1:])
         for direction, op in CONV_OPS.items():
             kind = cpu_conv.path(x_shape, tuple(w_shape), stride, pad, groups, direction)
-            key = (kind, direction, bool(bias))
+            # backward-data runs forward's kernel (a flag flips the filter) on these two paths:
+            # one job compiles both, and two workers never compile the same kernel at once
+            kernel = "forward" if direction == "data" and kind in SHARED_FORWARD_KERNEL else direction
+            key = (kind, kernel, bool(bias) and direction != "data")
             if key not in seen:
                 seen[key] = Job(op, (x_shape, tuple(w_shape), stride, pad, groups, bool(bias)), path=kind)
     return list(seen.values())

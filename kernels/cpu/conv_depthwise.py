@@ -397,7 +397,9 @@ def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True) -> None
 def run_backward_data(dout, w, dx, stride: int, scratch) -> None:
     threads = get_num_threads()
     size = workspace_size(dx.shape, stride)
-    flat_forward(dout, w, dx, True, stride, threads, channels_per_chunk(dx.shape), scratch[:size])
+    # kept_only passed (not left to its default) so backward-data runs the very signature forward
+    # compiled: an omitted argument is a different Numba type, and so a second compile
+    flat_forward(dout, w, dx, True, stride, threads, channels_per_chunk(dx.shape), scratch[:size], True)
 
 
 def run_backward_weight(x, dout, dw, stride: int, scratch) -> None:
