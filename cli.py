@@ -160,6 +160,33 @@ def _set_threads(count: int | None) -> None:
             fail(str(exc))
 
 
+def _parallel_world(workers: int | None, command: str):
+    """Data parallel (issue 12): the MPI world this process is a rank of (None: one process).
+
+    Under mpiexec/srun it joins that world; with ``--workers K`` and no launcher it starts K ranks
+    through the mpich wheel's mpiexec, waits, and exits with their status (see engine.parallel.comm).
+    """
+    from engine.parallel.comm import ParallelError, start_or_join, under_launcher
+
+    argv = sys.argv[1:]
+    if workers not in (None, 1) and not under_launcher() and (not argv or argv[0] != command):
+        fail(f"--workers {workers}: cannot relaunch this program; start it with mpiexec -n {workers} instead")
+    try:
+        world, status = start_or_join(workers, argv)
+    except ParallelError as exc:
+        fail(str(exc))
+    if status is not None:
+        sys.exit(status)
+    return world
+
+
+def _abort_on_error_in_ranks(function):
+    """Data parallel (issue 12): an error on one rank prints one line naming it and ends every rank."""
+    from engine.parallel.comm import abort_on_error_in_ranks
+
+    return abort_on_error_in_ranks(function)
+
+
 def _load_data(spec: str, num_classes: int | None, seed: int):
     from engine.data import DataError, load_dataset
 
@@ -221,6 +248,16 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-params", "offload_params", is_flag=True,
               help="Also keep the optimizer state on disk between updates (with --offload-n/--offload-budget).")
 # --- end of offload options ---
+# --- data parallel options (issue 12) ---
+@click.option("--workers", type=int, default=None,
+              help="Data-parallel ranks: starts K ranks on this machine (mpiexec); under mpiexec/srun the world "
+                   "decides. --batch-size is per worker.")
+@click.option("--averaging", type=click.Choice(["gradients", "parameters"]), default="gradients", show_default=True,
+              help="With workers: average gradients every step, or parameters and optimizer state every F steps.")
+@click.option("--averaging-frequency", type=click.IntRange(1), default=1, show_default=True,
+              help="F for --averaging parameters.")
+@_abort_on_error_in_ranks
+# --- end of data parallel options ---
 def train(
     model: str,
     data_spec: str,
@@ -249,6 +286,9 @@ def train(
     prefetch: int,
     gc_every: int,
     progress: bool,
+    workers: int | None = None,
+    averaging: str = "gradients",
+    averaging_frequency: int = 1,
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -256,6 +296,20 @@ def train(
     Start with: engine train --model cnn   (digits, one epoch, a few seconds)
     """
     backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
+    world = _parallel_world(workers, "train")
+    K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
+    if world is not None:
+        from engine.parallel.wrapper import DataParallel
+
+        threads = threads if threads is not None else world.threads_per_rank()
+        try:
+            parallel = DataParallel(world, averaging, averaging_frequency)
+        except ValueError as exc:
+            fail(str(exc))
+        if averaging == "parameters" and offload_options["offload_params"]:
+            fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
+    # --- end of data parallel ---
     _set_threads(threads)
     if epochs is not None and steps is not None:
         fail("give --epochs or --steps, not both")
@@ -271,8 +325,9 @@ def train(
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
     data = _load_data(data_spec, num_classes, seed)
-    if batch_size < 1 or batch_size > len(data.y_train):
-        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)}), got {batch_size}")
+    if batch_size < 1 or batch_size * K > len(data.y_train):
+        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
+             + (f" divided by {K} workers" if K > 1 else "") + f", got {batch_size}")
     net = _build_network(model, data, backend, seed, workspace_mode)
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
@@ -292,7 +347,7 @@ def train(
     except CheckpointError as exc:
         fail(str(exc))
 
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
     try:
         schedule = make_schedule(lr_schedule, lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
                                  total_steps)
@@ -317,44 +372,58 @@ def train(
                                        offload_options["offload_params"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
-    if offload is not None:
+    if offload is not None and root:
         click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size))}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
 
     from rich.console import Console
 
-    console = Console(stderr=False)
+    console = Console(stderr=False, quiet=not root)  # data parallel: rank 0 alone speaks
     console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
 
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
-    if backend.name == "cpu":  # kernels issue: compile what this model uses in worker processes, once
+    # --- data parallel (issue 12) ---
+    if parallel is not None:
+        console.print(f"{parallel.describe(batch_size)}; {threads} thread(s) per rank")
+    saved_workers = (checkpoint.json("workers") or 1) if checkpoint is not None else K
+    if saved_workers != K:
+        console.print(f"[yellow]note:[/yellow] {resume} was written with {saved_workers} worker(s), this run has {K}: "
+                      f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
+                      "an uninterrupted run", markup=True, highlight=False)
+    # --- end of data parallel ---
+    if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
         from engine.warmup import warm_for_training
 
         warm_for_training(net.graph, optimizer, model)
-    monitor = MemoryMonitor(net.mgr, path=memory_log)
+    monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
-            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload,
+            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel,
         )
         result = trainer.fit()
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
     finally:
         monitor.close()
+    if not root:  # data parallel: rank 0 alone writes
+        return
     if memory_plot:
         monitor.plot(memory_plot)
     if save:
-        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run})
+        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run, **({"workers": K} if K > 1 else {})})
         console.print(f"checkpoint written to {save} (step {trainer.step})")
     render_training_summary(result, console)
     if summary_json:
         summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
+        if parallel is not None:  # data parallel
+            summary.update(workers=K, global_batch_size=K * batch_size, averaging=averaging,
+                           averaging_frequency=averaging_frequency)
         with open(summary_json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
 
@@ -372,12 +441,18 @@ def train(
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS.")
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
+@click.option("--workers", type=int, default=None,  # data parallel (issue 12)
+              help="Ranks that share the batches (mpiexec); the result is identical to one worker's.")
+@_abort_on_error_in_ranks
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
-    backend_name: str, threads: int | None, as_json: bool,
+    backend_name: str, threads: int | None, as_json: bool, workers: int | None = None,
 ) -> None:
     """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
     backend = select_backend(backend_name)
+    world = _parallel_world(workers, "eval")  # data parallel (issue 12)
+    if world is not None and threads is None:
+        threads = world.threads_per_rank()
     _set_threads(threads)
     from engine.checkpoint import CheckpointError, load_weights
     from engine.evaluate import evaluate
@@ -389,7 +464,14 @@ def evaluate_command(
         load_weights(weights, net)
     except CheckpointError as exc:
         fail(str(exc))
-    result = evaluate(net, data, backend, batch_size=batch_size, split=split)
+    if world is not None:  # data parallel: batches shared by the ranks, rank 0 prints
+        from engine.parallel.evaluate import evaluate_sharded
+
+        result = evaluate_sharded(net, data, backend, world.comm, batch_size=batch_size, split=split)
+        if not world.is_root:
+            return
+    else:
+        result = evaluate(net, data, backend, batch_size=batch_size, split=split)
     if as_json:
         click.echo(json.dumps({"examples": result.examples, "accuracy": result.accuracy,
                                "top5_accuracy": result.top5_accuracy, "loss": result.loss,

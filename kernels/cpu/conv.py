@@ -208,7 +208,7 @@ def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: in
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) -> tuple[int, int]:
     """Output positions o in [lo, hi) whose input o·stride + offset − pad lies inside [0, size)."""
     lo = 0
@@ -388,7 +388,7 @@ def scatter_tile(tile, n0, images, k0, a):
                 dst[d0 + uint64(p)] = src[s0 + uint64(p)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def add_bias(out, bias):
     n, k = out.shape[0], out.shape[1]
     for job in prange(n * k):
@@ -396,7 +396,7 @@ def add_bias(out, bias):
         plane += bias[job % k]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def bias_gradient(dout, dbias):
     """dbias[k] = Σ_{n, p} dout[n, k, p]: one channel per parallel iteration, summed in a fixed order."""
     n, k = dout.shape[0], dout.shape[1]
@@ -566,7 +566,7 @@ def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads,
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def depthwise_forward(x, w, out, stride, pad):
     """out[n, c] = Σ_{r, s} w[c, 0, r, s] · x_padded[n, c, ...]: one (n, c) plane per parallel iteration.
 
@@ -600,7 +600,7 @@ def depthwise_forward(x, w, out, stride, pad):
                             dst[row_out + uint64(ox)] += weight * src[row_in + uint64(ox * stride)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def depthwise_backward_data(dout, w, dx, stride, pad):
     """dx[n, c] gets each output gradient times the weight that read the pixel; one plane per iteration."""
     n, c, height, width = dx.shape
@@ -628,7 +628,7 @@ def depthwise_backward_data(dout, w, dx, stride, pad):
                             dst[row_out + uint64(ox * stride)] += weight * src[row_in + uint64(ox)]
 
 
-@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def depthwise_backward_weight(x, dout, dw, stride, pad):
     """dw[c, 0, r, s] = Σ_{n, oh, ow} dout · x_padded: one channel per parallel iteration.
 

@@ -72,7 +72,7 @@ def workspace_size(x_shape, stride: int) -> int:
     return get_num_threads() * (9 * chunk + full)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tap_inside(y, x, r, s, height, width, mirrored):
     """Whether tap (r, s) of pixel (y, x) stays in the plane (mirrored: the backward-data direction)."""
     if mirrored:
@@ -82,7 +82,7 @@ def _tap_inside(y, x, r, s, height, width, mirrored):
     return 0 <= yy < height and 0 <= xx < width
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _position_weights(weights, c0, channels, height, width, mirrored, pw):
     """pw[k·L + q] = the weight position q applies to the input at offset d_k, 0 where that tap is
     off the plane. Forward: tap k itself. Mirrored (backward-data): offset d_k = −d_(8−k), tap 8 − k."""
@@ -99,7 +99,7 @@ def _position_weights(weights, c0, channels, height, width, mirrored, pw):
                     q += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter(src, base, size, pw, length, width, dst, dst_base):
     """dst[dst_base + q] = Σ_k pw[k·L + q] · src[base + q + d_k] for q < L.
 
@@ -118,7 +118,7 @@ def _flat_filter(src, base, size, pw, length, width, dst, dst_base):
         dst[dst_base + q] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter_fast(src, start, pw, length, width, dst, dst_start):
     """The unchecked loop: nine taps written out over flat unsigned offsets.
 
@@ -144,7 +144,7 @@ def _flat_filter_fast(src, start, pw, length, width, dst, dst_start):
         dst[o + j] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _subsample(full, channels, height, width, small, base, out_h, out_w):
     """small[base + c·OH·OW + y·OW + x] = full[c·H·W + 2y·W + 2x]: the stride-2 outputs of a stride-1 run."""
     for cc in range(channels):
@@ -155,7 +155,7 @@ def _subsample(full, channels, height, width, small, base, out_h, out_w):
                 small[dst + uint64(x)] = full[src + uint64(2 * x)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
     """The transpose of _subsample into ``full`` (zeros between, ``margin`` zeros at both ends)."""
     for q in range(channels * height * width + 2 * margin):
@@ -168,7 +168,7 @@ def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
                 full[dst + uint64(2 * x)] = small[src + uint64(x)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _position_weights_s2(weights, c0, channels, out_h, out_w, pw):
     """Stride 2, kept outputs only: pw[k·L + j] for j = (c·OH + y)·2OW + x' (row pairs of the input),
     the weight of tap k where x' < OW and the tap is inside the plane, else 0 (x' ≥ OW: unused)."""
@@ -186,7 +186,7 @@ def _position_weights_s2(weights, c0, channels, out_h, out_w, pw):
                     q += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter_s2(src, base, size, pw, length, width, dst):
     """dst[j] = Σ_k pw[k·L + j] · src[base + 2j + d_k] for j < L: the stride-2 outputs of a run of
     row pairs (input rows 2y and 2y+1 are contiguous, so output row pair j reads input 2j + d_k)."""
@@ -203,7 +203,7 @@ def _flat_filter_s2(src, base, size, pw, length, width, dst):
         dst[q] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter_s2_fast(src, start, pw, length, width, dst):
     """The unchecked _flat_filter_s2, offsets spelled out as in _flat_filter_fast."""
     L = uint64(length)
@@ -225,7 +225,7 @@ def _flat_filter_s2_fast(src, start, pw, length, width, dst):
         dst[j] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _keep_first_halves(buf, rows, out_w, dst, base):
     """dst[base + R·OW + x] = buf[R·2OW + x] for x < OW: the kept half of each row pair."""
     for row in range(rows):
@@ -235,7 +235,7 @@ def _keep_first_halves(buf, rows, out_w, dst, base):
             dst[dst0 + uint64(x)] = buf[src0 + uint64(x)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch, kept_only=True):
     """out = depthwise 3×3 pad-1 conv of x; mirrored: dx from dout (the backward-data pass).
 
@@ -278,7 +278,7 @@ def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch, kept_only
                     _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate(src, base, size, grad, grad_base, acc, length, width):
     """acc[t·L + q] += grad[grad_base + q] · src[base + q + d_t], checked: for runs at the tensor's ends."""
     for t in range(9):
@@ -289,7 +289,7 @@ def _flat_accumulate(src, base, size, grad, grad_base, acc, length, width):
                 acc[t * length + q] += grad[grad_base + q] * src[at]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
     """The unchecked _flat_accumulate, one vector loop per tap."""
     for t in range(9):
@@ -302,7 +302,7 @@ def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
             acc[a0 + j] += grad[g0 + j] * src[s0 + j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, length, width):
     """_flat_accumulate_fast for four images at once: a quarter of the read-modify-write traffic on
     ``acc``, which is what bounds this loop."""
@@ -321,7 +321,7 @@ def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, lengt
             )
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
     """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order.
 

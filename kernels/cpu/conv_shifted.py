@@ -84,7 +84,7 @@ def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     return groups == 1 and w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, scalars):
     """Row-major C[m, n] = op(A)[m, k] @ op(B)[k, n] + β·C through column-major sgemm (Cᵀ = Bᵀ·Aᵀ).
 

@@ -49,7 +49,7 @@ V5_PATHS = conv.Paths(
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def direct_forward(x, w, out, stride, pad, groups):
     """The textbook loop nest, parallel over (image, output channel): no reuse, ~3 GFLOP/s."""
     n = x.shape[0]
@@ -81,14 +81,14 @@ def direct_forward(x, w, out, stride, pad, groups):
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
     for row in prange(cols.shape[0]):
         conv.im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     """The transpose of im2col. One parallel iteration owns one whole (image, channel) plane, so
     there are no write races and every pixel's sum runs in the same order."""
@@ -96,7 +96,7 @@ def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out
         conv.col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
     n_images = x.shape[0]
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -124,7 +124,7 @@ def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
                 conv.scatter_tile(result, n0, images, g * k_group, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
     n_images = dx.shape[0]
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -152,7 +152,7 @@ def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
                 col2im_tile(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch):
     n_images = x.shape[0]
     k_total, c_group, kernel = dw.shape[0], dw.shape[1], dw.shape[2]
@@ -229,7 +229,7 @@ def nine_workspace_size(x_shape, w_shape, direction: str, threads: int) -> int:
     return threads * per_thread + filters
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pack(src, n0, images, channels, height, width, row, dst):
     """dst[c, lead + (i·(H+1) + y)·(W+1) + x] = src[n0 + i, c, y, x], zeros on every pad position."""
     wp = width + 1
@@ -255,7 +255,7 @@ def _pack(src, n0, images, channels, height, width, row, dst):
             dst[base + uint64(q)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _unpack(grid, n0, images, channels, height, width, m, dst):
     """dst[n0 + i, c, y, x] = grid[c, (i·(H+1) + y)·(W+1) + x]: the output's valid positions."""
     wp = width + 1
@@ -272,7 +272,7 @@ def _unpack(grid, n0, images, channels, height, width, m, dst):
                     dst[dr + uint64(x)] = grid[sr + uint64(x)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pack_grid(src, n0, images, channels, height, width, m, dst):
     """dst[c, (i·(H+1) + y)·(W+1) + x] = src[n0 + i, c, y, x], zeros elsewhere (dout on the grid)."""
     wp = width + 1
@@ -293,7 +293,7 @@ def _pack_grid(src, n0, images, channels, height, width, m, dst):
                 dst[sep + uint64(x)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _filters(w, flipped, out):
     """out[t] = w[:, :, dy, dx] (K×C), or flipped: w[:, :, 2−dy, 2−dx]ᵀ (C×K), t = 3·dy + dx."""
     k, c = w.shape[0], w.shape[1]
@@ -310,7 +310,7 @@ def _filters(w, flipped, out):
                     out[base + kk * c + cc] = w[kk, cc, dy, dx]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def nine_forward(x, w, out, flipped, threads, tile, scratch):
     """out = conv3×3(x, w), stride 1, pad 1 (flipped: dx = the transposed conv of dout, see module)."""
     n, c_in, height, width = x.shape
@@ -352,7 +352,7 @@ def nine_forward(x, w, out, flipped, threads, tile, scratch):
             _unpack(grid, n0, images, c_out, height, width, m, dst)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def nine_backward_weight(x, dout, dw, threads, tile, scratch):
     """dw[k, c, dy, dx] = Σ_n Σ_grid dout · x shifted by (dy, dx): nine GEMMs per tile, β = 1 across tiles."""
     n, c_in, height, width = x.shape
