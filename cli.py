@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
 import click
 
 from engine.backend import BACKEND_NAMES, BackendUnavailable
+from engine.errors import UserError
+from engine.validate import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, number
 
 
 def fail(message: str) -> None:
@@ -29,7 +32,24 @@ def select_backend(name: str):
         fail(str(exc))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class EngineGroup(click.Group):
+    """The one place user-caused errors become one line: any ``engine.errors.UserError`` (bad option, bad
+    file, disk fault, signal) is printed as ``Error: <message>`` with its exit code, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
+        except KeyboardInterrupt:
+            error = click.ClickException("interrupted (SIGINT)")
+            error.exit_code = 130
+            raise error from None
+
+
+@click.group(cls=EngineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="numba-offload-engine")
 def main() -> None:
     """A readable training engine: Numba kernels, typed workspaces, disk offload of layer windows.
@@ -142,23 +162,33 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES), help="The network to train.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
               help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
-@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
-@click.option("--steps", type=int, default=None, help="Train this many steps in total instead of --epochs.")
-@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.01 for sgd, 0.001 for adam).")
+@click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
+              help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
+@click.option("--epochs", type=int, default=None, callback=number(1),
+              help="Passes over the training split (default 1).")
+@click.option("--steps", type=int, default=None, callback=number(1),
+              help="Train this many steps in total instead of --epochs.")
+@click.option("--lr", type=float, default=None, callback=number(0, low_open=True),
+              help="Learning rate (default: 0.01 for sgd, 0.001 for adam).")
 @click.option("--lr-schedule", default="constant", show_default=True, help="constant | cosine | step | step:N[:GAMMA]")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
-@click.option("--momentum", type=float, default=0.9, show_default=True, help="SGD momentum.")
+@click.option("--momentum", type=float, default=0.9, show_default=True, callback=number(0, 1, high_open=True),
+              help="SGD momentum.")
 @click.option("--nesterov", is_flag=True, help="Nesterov momentum (SGD).")
-@click.option("--weight-decay", type=float, default=0.0, show_default=True, help="L2 weight decay.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weights, shuffling, augmentation, dropout.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True, callback=number(0),
+              help="L2 weight decay.")
+@click.option("--seed", type=int, default=0, show_default=True, callback=number(0, 2**63 - 1),
+              help="Weights, shuffling, augmentation, dropout.")
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 @click.option("--workspace-mode", type=click.Choice(["enabled", "none"]), default="enabled", show_default=True,
               help="none: every tensor its own allocation (to compare against workspaces).")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None,
               help="Initial weights: a checkpoint or a PyTorch state_dict saved as safetensors.")
-@click.option("--save", type=click.Path(dir_okay=False), default=None, help="Write a checkpoint here at the end.")
+@click.option("--save", type=click.Path(dir_okay=False), default=None,
+              help="Write a checkpoint here at the end (and at a signal, a diverging loss or a disk fault).")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True, callback=number(0),
+              help="Also write the --save checkpoint every N steps (0: only at the end).")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="Continue a run from its checkpoint (same bits as never stopping).")
 @click.option("--memory-log", type=click.Path(dir_okay=False), default=None, help="Per-step memory, JSON lines.")
@@ -166,9 +196,11 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None, help="Write the summary as JSON.")
 @click.option("--no-shuffle", is_flag=True, help="Serve the training split in file order.")
 @click.option("--augment", is_flag=True, help="Random crop (padding 4) and horizontal flip.")
-@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS (default: all cores).")
-@click.option("--prefetch", type=int, default=2, show_default=True, help="Batches prepared ahead; 0 turns it off.")
-@click.option("--gc-every", type=int, default=100, show_default=True,
+@click.option("--threads", type=int, default=None, callback=number(1),
+              help="Threads for Numba kernels and BLAS (default: all cores).")
+@click.option("--prefetch", type=int, default=2, show_default=True, callback=number(0, 64),
+              help="Batches prepared ahead; 0 turns it off.")
+@click.option("--gc-every", type=int, default=100, show_default=True, callback=number(0),
               help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
 # --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
@@ -209,6 +241,7 @@ def train(
     prefetch: int,
     gc_every: int,
     progress: bool,
+    checkpoint_every: int = 0,
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -216,11 +249,18 @@ def train(
     Start with: engine train --model cnn   (digits, one epoch, a few seconds)
     """
     backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    from engine.signals import StopSignals
+
+    stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
     _set_threads(threads)
+    if checkpoint_every and not save:
+        fail("--checkpoint-every writes the --save file: give --save FILE too")
     if epochs is not None and steps is not None:
         fail("give --epochs or --steps, not both")
     if weights and resume:
         fail("--resume restores the weights itself; give --weights or --resume, not both")
+    if workspace_mode == "none" and (offload_options["offload_n"] or offload_options["offload_budget"]):
+        fail("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode enabled")
     epochs = 1 if epochs is None and steps is None else epochs
 
     from engine.checkpoint import CheckpointError, load_weights, read_checkpoint, restore, save_checkpoint
@@ -282,6 +322,16 @@ def train(
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
 
+    from engine.checkpoint import checkpoint_nbytes
+    from engine.validate import check_output_path
+
+    outputs = {"--save": (save, checkpoint_nbytes(net, opt)), "--summary-json": (summary_json, 0),
+               "--memory-log": (memory_log, 0), "--memory-plot": (memory_plot, 0)}
+    for option, (path, nbytes) in outputs.items():
+        if path:  # before the first step: a run must not train for hours and then fail to write
+            check_output_path(option, path, nbytes)
+    stop.check("before the first step")
+
     from rich.console import Console
 
     console = Console(stderr=False)
@@ -292,13 +342,22 @@ def train(
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
     monitor = MemoryMonitor(net.mgr, path=memory_log)
+    from engine.guard import CheckpointWriter, guarded_fit
+
+    def write_checkpoint(path: str, trainer: Trainer) -> None:
+        save_checkpoint(path, net, opt, step=trainer.step, metadata={"run": run})
+
+    swap_dirs = (offload_options["offload_dir"] or tempfile.gettempdir(),) if offload else ()
+    writer = CheckpointWriter(save, write_checkpoint, fault_dirs=swap_dirs,
+                              state_on_disk=bool(offload_options["offload_params"]))
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
             seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload,
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, stop=stop,
+            checkpoint_every=checkpoint_every, on_checkpoint=lambda t: write_checkpoint(save, t),
         )
-        result = trainer.fit()
+        result = guarded_fit(trainer, writer)
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
     finally:
@@ -306,7 +365,7 @@ def train(
     if memory_plot:
         monitor.plot(memory_plot)
     if save:
-        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run})
+        write_checkpoint(save, trainer)
         console.print(f"checkpoint written to {save} (step {trainer.step})")
     render_training_summary(result, console)
     if summary_json:
@@ -321,12 +380,14 @@ def train(
               help="A checkpoint from engine train --save, or a PyTorch state_dict as safetensors.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
               help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
-@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
+              help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=64, show_default=True, callback=number(1, MAX_BATCH_SIZE))
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Only for --data synthetic.")
+@click.option("--seed", type=int, default=0, show_default=True, callback=number(0, 2**63 - 1),
+              help="Only for --data synthetic.")
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
-@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS.")
+@click.option("--threads", type=int, default=None, callback=number(1), help="Threads for Numba kernels and BLAS.")
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
@@ -356,9 +417,9 @@ def evaluate_command(
 
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES))
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--num-classes", type=int, default=10, show_default=True)
-@click.option("--image-size", type=int, default=32, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
+@click.option("--num-classes", type=int, default=10, show_default=True, callback=number(2, MAX_CLASSES))
+@click.option("--image-size", type=int, default=32, show_default=True, callback=number(1, MAX_IMAGE_SIZE))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")

@@ -25,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import UserError
+
 FORMAT = "engine-checkpoint/1"
 OPTIMIZER_PREFIX = "optimizer."
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be read or does not fit: the message names the file and the problem."""
 
 
@@ -84,13 +86,37 @@ def network_generators(net: Any) -> dict[str, np.random.Generator]:
     return found
 
 
+def checkpoint_nbytes(net: Any, optimizer: Any = None) -> int:
+    """The tensor bytes a checkpoint of ``net`` (and ``optimizer``) will hold: the free space it needs
+    (the safetensors header adds a few KiB on top, and the temporary file exists beside the old one)."""
+    total = sum(int(np.asarray(a).nbytes) for a in net.state_dict().values())
+    if optimizer is not None:
+        total += sum(int(np.asarray(a).nbytes) for a in optimizer.state_dict().values())
+    return total + 64 * 1024
+
+
+def non_finite_tensors(tensors: dict[str, np.ndarray]) -> list[str]:
+    """Names of floating-point tensors holding NaN or infinity."""
+    return [name for name in sorted(tensors)
+            if tensors[name].dtype.kind == "f" and not np.isfinite(tensors[name]).all()]
+
+
 def save_checkpoint(
     path: str, net: Any, optimizer: Any = None, step: int = 0, metadata: dict[str, Any] | None = None
 ) -> None:
-    """Write ``net`` (and ``optimizer``) at ``step`` to ``path`` atomically; ``metadata`` values become JSON."""
+    """Write ``net`` (and ``optimizer``) at ``step`` to ``path`` atomically; ``metadata`` values become JSON.
+
+    Refuses (CheckpointError) weights holding NaN or infinity: a diverged run must never replace a good
+    checkpoint. A failed write (no space, I/O error) removes its temporary file and leaves ``path`` as it
+    was.
+    """
     from safetensors.numpy import save_file
 
     tensors = {name: np.ascontiguousarray(array) for name, array in net.state_dict().items()}
+    bad = non_finite_tensors(tensors)
+    if bad:
+        raise CheckpointError(f"{path}: not written: {bad[0]} holds NaN or infinite values "
+                              f"({len(bad)} tensor(s)); the previous file, if any, is untouched")
     meta: dict[str, str] = {"format": FORMAT, "step": str(int(step))}
     if optimizer is not None:
         for name, array in optimizer.state_dict().items():
@@ -104,18 +130,27 @@ def save_checkpoint(
     meta["sha256"] = tensor_digest(tensors)
 
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
-    os.close(fd)
+    temporary = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+        os.close(fd)
         save_file(tensors, temporary, metadata=meta)
         with open(temporary, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
+    except BaseException as exc:
+        if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(exc, Exception) and not isinstance(exc, UserError):
+            # safetensors reports a full disk as its own error type: any failure here is the disk's or the path's
+            raise CheckpointError(f"{path}: cannot write the checkpoint ({_reason(exc)}); the previous file, if "
+                                  "any, is untouched; free some space or choose another --save path") from None
         raise
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def read_checkpoint(path: str) -> Checkpoint:

@@ -33,10 +33,11 @@ import numpy as np
 from engine.data.batches import BatchSource, step_position
 from engine.data.datasets import Dataset
 from engine.data.prefetch import Batch, BatchStream
+from engine.errors import UserError
 from engine.evaluate import Evaluation, evaluate
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN or infinite: the message says at which step and what to try."""
 
 
@@ -232,6 +233,9 @@ class Trainer:
         eval_batch_size: int | None = None,
         start_step: int = 0,
         offload: Any = None,
+        stop: Any = None,
+        checkpoint_every: int = 0,
+        on_checkpoint: Any = None,
     ):
         from engine.memory.monitor import GcPolicy, MemoryMonitor
 
@@ -271,6 +275,16 @@ class Trainer:
         # (net.mgr.set_provider) before the first step; stop() removes them and ends its threads.
         self.offload = offload
         self.input_ring_bytes = 0
+        # --- stopping and rolling checkpoints (issue 14) --------------------------------------------
+        # ``stop``: an object whose ``received`` becomes a signal number (engine.signals.StopSignals);
+        # it is read before every step, so a signal ends the run between two steps, never inside one.
+        # ``on_checkpoint(trainer)`` is called after every ``checkpoint_every``-th completed step.
+        self.stop = stop
+        self.stopped_by: int | None = None
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        self.checkpoint_every = checkpoint_every
+        self.on_checkpoint = on_checkpoint
 
     # -- one step -----------------------------------------------------------------------------------
 
@@ -278,6 +292,11 @@ class Trainer:
         """forward, loss, backward, update; returns the loss and how many predictions were right."""
         logits = self.net.forward(batch.x, training=True)
         loss = self.net.loss(batch.y)
+        if not math.isfinite(loss):  # before backward and the update: the weights stay those of the last step
+            raise TrainingDiverged(
+                f"the loss became {loss} at step {batch.step} (learning rate {self.optimizer.lr:g}); "
+                "try a smaller --lr, or --optimizer adam"
+            )
         predicted = np.argmax(self.backend.to_host(logits.array), axis=1)
         correct = int(np.count_nonzero(predicted[: batch.valid_rows] == batch.y_host[: batch.valid_rows]))
         self.net.backward()
@@ -300,14 +319,11 @@ class Trainer:
         try:
             last_time = time.perf_counter()
             for batch in stream:
+                if self.stop is not None and self.stop.received is not None:
+                    break  # a stop signal: end between two steps
                 lr = self.optimizer.lr
                 with self.gc_policy.step():
                     loss, correct = self.train_step(batch)
-                if not math.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"the loss became {loss} at step {batch.step} (learning rate {lr:g}); "
-                        "try a smaller --lr, or --optimizer adam"
-                    )
                 self.step = batch.step + 1
                 now = time.perf_counter()
                 record = StepRecord(
@@ -319,13 +335,18 @@ class Trainer:
                 if batch.index == self.source.batches_per_epoch - 1:
                     for listener in self.listeners:
                         listener.on_epoch_end(self, batch.epoch)
+                if (self.checkpoint_every and self.on_checkpoint is not None and self.step < stop
+                        and self.step % self.checkpoint_every == 0):
+                    self.on_checkpoint(self)
         finally:
             stream.close()
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
+        if self.stop is not None and self.stop.received is not None:
+            self.stopped_by = self.stop.received
         evaluation = None
-        if self.evaluate_at_end and self.step == self.total_steps:
+        if self.evaluate_at_end and self.step == self.total_steps and self.stopped_by is None:
             evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
         result = self._result(self.step - first, seconds, evaluation)
         for listener in self.listeners:

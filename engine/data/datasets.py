@@ -19,12 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.errors import UserError
+
 DATA_SPECS = ("synthetic", "digits", "cifar10:DIR", "cifar100:DIR", "mnist:DIR", "npz:FILE")
 SPLIT_SEED = 0  # the fixed permutation that separates train from test where a set has no test split
 TEST_FRACTION = 0.2
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data set cannot be read: the message names the file and what was expected."""
 
 

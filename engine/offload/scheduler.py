@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import DiskFaultError, UserError
 from engine.memory.array_type import ArrayType
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
@@ -606,8 +607,13 @@ class OffloadScheduler:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
-            if isinstance(error, OffloadError):
+            if isinstance(error, (OffloadError, UserError)):  # UserError: a named disk fault (no space, checksum)
                 raise error
+            if isinstance(error, OSError):  # EIO and friends from the IO thread: the user's disk, not a bug
+                raise DiskFaultError(
+                    f"the swap file's disk failed during a step ({error.strerror or error}); check the disk "
+                    f"or choose another --offload-dir"
+                ) from error
             raise OffloadError(f"offload IO failed: {error}") from error
 
     def _set_state(self, unit: _Unit, state: LayerState) -> None:
