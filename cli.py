@@ -189,6 +189,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="Write a checkpoint here at the end (and at a signal, a diverging loss or a disk fault).")
 @click.option("--checkpoint-every", type=int, default=0, show_default=True, callback=number(0),
               help="Also write the --save checkpoint every N steps (0: only at the end).")
+@click.option("--override", default="", help="With --resume: options allowed to differ from the checkpoint's, "
+              "comma-separated (e.g. lr,steps).")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="Continue a run from its checkpoint (same bits as never stopping).")
 @click.option("--memory-log", type=click.Path(dir_okay=False), default=None, help="Per-step memory, JSON lines.")
@@ -242,6 +244,7 @@ def train(
     gc_every: int,
     progress: bool,
     checkpoint_every: int = 0,
+    override: str = "",
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -252,9 +255,12 @@ def train(
     from engine.signals import StopSignals
 
     stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
+    click.get_current_context().call_on_close(stop.restore)
     _set_threads(threads)
     if checkpoint_every and not save:
         fail("--checkpoint-every writes the --save file: give --save FILE too")
+    if override and not resume:
+        fail("--override names options that may differ from a --resume checkpoint: give --resume FILE too")
     if epochs is not None and steps is not None:
         fail("give --epochs or --steps, not both")
     if weights and resume:
@@ -277,25 +283,28 @@ def train(
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
 
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
+    lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3)
+    # hyper-parameters a resume must not change silently (issue 14); saved beside `run` in checkpoints
+    hyper = {"optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule, "momentum": momentum,
+             "nesterov": nesterov, "weight_decay": weight_decay}
+    if lr_schedule in ("cosine", "step"):  # their learning rate at step s depends on the run's length
+        hyper["steps"] = total_steps
     checkpoint = None
     try:
         if resume:
+            from engine.checkpoint import check_resume
+
             checkpoint = read_checkpoint(resume)
-            saved_run = checkpoint.json("run") or {}
-            different = {k: (saved_run.get(k), v) for k, v in run.items() if k in saved_run and saved_run[k] != v}
-            if different:
-                fail(f"{resume}: written by a different run: "
-                     + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
-                     + "; resume with the same options")
+            check_resume(checkpoint, {**run, **hyper}, tuple(o.strip() for o in override.split(",") if o.strip()),
+                         known=("steps",))
         elif weights:
             load_weights(weights, net)
     except CheckpointError as exc:
         fail(str(exc))
 
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
     try:
-        schedule = make_schedule(lr_schedule, lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
-                                 total_steps)
+        schedule = make_schedule(lr_schedule, lr, total_steps)
         opt = make_optimizer(optimizer, net, backend, schedule, momentum=momentum, weight_decay=weight_decay,
                              nesterov=nesterov, manager=net.mgr)
     except ValueError as exc:
@@ -345,7 +354,7 @@ def train(
     from engine.guard import CheckpointWriter, guarded_fit
 
     def write_checkpoint(path: str, trainer: Trainer) -> None:
-        save_checkpoint(path, net, opt, step=trainer.step, metadata={"run": run})
+        save_checkpoint(path, net, opt, step=trainer.step, metadata={"run": {**run, **hyper}})
 
     swap_dirs = (offload_options["offload_dir"] or tempfile.gettempdir(),) if offload else ()
     writer = CheckpointWriter(save, write_checkpoint, fault_dirs=swap_dirs,

@@ -7,7 +7,10 @@ A checkpoint holds
 - as metadata strings: the step count, the optimizer and its hyper-parameters, the data seed (the
   shuffle and augmentation are functions of (seed, epoch, batch), see ``engine.data.batches``), the
   state of every random generator inside the network (dropout) as JSON, and a SHA-256 of the tensor
-  bytes, so a corrupt file is caught, not just a truncated one.
+  bytes *and every other metadata field*, so a corrupt file is caught, not just a truncated one.
+  (Format 1 hashed only the tensors: a changed step count or a malformed JSON field went unnoticed and
+  ended in a traceback; format-1 files are still read, with their tensor-only hash.) Every field is
+  validated on read, each with its own message.
 
 It is written to a temporary file in the same directory, flushed to disk, then renamed over the
 target (``os.replace`` is atomic), so a crash mid-write never leaves half a checkpoint.
@@ -27,7 +30,8 @@ import numpy as np
 
 from engine.errors import UserError
 
-FORMAT = "engine-checkpoint/1"
+FORMAT = "engine-checkpoint/2"
+FORMAT_1 = "engine-checkpoint/1"  # tensors-only hash; still read
 OPTIMIZER_PREFIX = "optimizer."
 
 
@@ -46,7 +50,7 @@ class Checkpoint:
     @property
     def is_training_checkpoint(self) -> bool:
         """True for files written by ``save_checkpoint`` (not plain weights from PyTorch)."""
-        return self.metadata.get("format") == FORMAT
+        return self.metadata.get("format") in (FORMAT, FORMAT_1)
 
     @property
     def step(self) -> int:
@@ -63,9 +67,12 @@ class Checkpoint:
         return json.loads(self.metadata[key]) if key in self.metadata else None
 
 
-def tensor_digest(tensors: dict[str, np.ndarray]) -> str:
-    """SHA-256 over names, dtypes, shapes and bytes, in name order."""
+def tensor_digest(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in name order, then the metadata (but its ``sha256``)."""
     digest = hashlib.sha256()
+    if metadata is not None:
+        fields = {k: v for k, v in metadata.items() if k != "sha256"}
+        digest.update(json.dumps(fields, sort_keys=True).encode())
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
@@ -127,7 +134,7 @@ def save_checkpoint(
     meta["rng"] = json.dumps(generators, default=int)
     for key, value in (metadata or {}).items():
         meta[key] = json.dumps(value)
-    meta["sha256"] = tensor_digest(tensors)
+    meta["sha256"] = tensor_digest(tensors, meta)
 
     directory = os.path.dirname(os.path.abspath(path))
     temporary = None
@@ -163,15 +170,78 @@ def read_checkpoint(path: str) -> Checkpoint:
         with safe_open(path, framework="np") as f:
             metadata = dict(f.metadata() or {})
             tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
+    except TypeError as exc:  # a dtype NumPy has no type for (bfloat16)
+        raise CheckpointError(
+            f"{path}: holds tensors NumPy cannot read ({exc}); save the state_dict as float32, e.g. "
+            "{k: v.float() for k, v in state_dict.items()}"
+        ) from None
+    except (SafetensorError, OSError, ValueError, OverflowError) as exc:
         raise CheckpointError(
             f"{path}: not a readable safetensors file ({exc}); the file is truncated or corrupt, or not a checkpoint"
         ) from None
     checkpoint = Checkpoint(path, tensors, metadata)
     expected = metadata.get("sha256")
-    if expected is not None and tensor_digest(tensors) != expected:
-        raise CheckpointError(f"{path}: tensor data does not match its SHA-256 (the file is corrupt)")
+    covers_metadata = metadata.get("format") == FORMAT
+    if expected is not None and tensor_digest(tensors, metadata if covers_metadata else None) != expected:
+        changed = " (or its metadata was changed)" if covers_metadata else ""
+        raise CheckpointError(f"{path}: tensor data does not match its SHA-256{changed}: the file is corrupt")
+    if checkpoint.is_training_checkpoint:
+        validate_metadata(checkpoint)
     return checkpoint
+
+
+_FIELDS: dict[str, type] = {"optimizer": dict, "rng": dict, "run": dict}
+
+
+def validate_metadata(checkpoint: Checkpoint) -> None:
+    """Each field of a training checkpoint parses to what ``restore`` expects, or a CheckpointError naming it."""
+    meta, path = checkpoint.metadata, checkpoint.path
+    for key in ("step", "optimizer_steps"):
+        if key == "optimizer_steps" and key not in meta and "optimizer" not in meta:
+            continue
+        text = meta.get(key)
+        if text is None or not text.isdigit():
+            raise CheckpointError(f"{path}: metadata field {key!r} is {text!r}, expected a non-negative integer; "
+                                  "the file is corrupt or was not written by engine train")
+    for key, kind in _FIELDS.items():
+        if key not in meta:
+            if key == "rng":
+                raise CheckpointError(f"{path}: metadata field 'rng' is missing; the file is corrupt")
+            continue
+        try:
+            value = json.loads(meta[key])
+        except ValueError:
+            raise CheckpointError(f"{path}: metadata field {key!r} is not valid JSON; the file is corrupt") from None
+        if not isinstance(value, kind):
+            raise CheckpointError(f"{path}: metadata field {key!r} is {type(value).__name__}, expected an object")
+    optimizer = checkpoint.json("optimizer")
+    if optimizer is not None and not isinstance(optimizer.get("name"), str):
+        raise CheckpointError(f"{path}: metadata field 'optimizer' has no name; the file is corrupt")
+
+
+def check_resume(checkpoint: Checkpoint, run: dict[str, Any], overrides: tuple[str, ...] = (),
+                 known: tuple[str, ...] = ()) -> None:
+    """Refuse to resume with options other than those the checkpoint was written with.
+
+    ``run`` holds this run's options (model, data, batch size, seed, optimizer, learning rate,
+    schedule, momentum, weight decay, total steps, ...); a key saved with another value is an error
+    unless ``overrides`` names it. Keys an older checkpoint lacks are not compared. ``known``: names
+    ``--override`` may give beside the keys of ``run``.
+    """
+    saved = checkpoint.json("run") or {}
+    names = set(run) | set(known)
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise CheckpointError(f"--override: unknown option(s) {', '.join(unknown)}; choose from "
+                              f"{', '.join(sorted(names))}")
+    different = {k: (saved[k], v) for k, v in run.items() if k in saved and saved[k] != v and k not in overrides}
+    if different:
+        raise CheckpointError(
+            f"{checkpoint.path}: written by a different run: "
+            + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
+            + "; resume with the same options, or name the changed ones in --override "
+            + ",".join(different)
+        )
 
 
 def load_weights(path: str, net: Any) -> Checkpoint:

@@ -12,7 +12,9 @@ Kinds:
 - ``corrupt``: a read succeeds and then one byte of what it read is flipped (bit rot, a changed file).
 
 From the command line (for subprocess tests): ``ENGINE_FAULT=op:at:kind python -m tests.faults train ...``
-installs the fault and then runs the ``engine`` command line with the remaining arguments.
+installs the fault and then runs the ``engine`` command line with the remaining arguments;
+``ENGINE_STOP_AT_STEP=k`` sends the process a real SIGTERM during step k-1, so the run stops with
+exactly k steps done (a signal at a chosen moment, without racing a timer).
 """
 
 from __future__ import annotations
@@ -93,11 +95,29 @@ def remove() -> None:
         storage.os = storage.os._real
 
 
+def stop_at_step(k: int) -> None:
+    """SIGTERM to ourselves inside step k-1: the handler records it, the loop stops before step k."""
+    import signal
+
+    from engine.train import Trainer
+
+    train_step = Trainer.train_step
+
+    def signalling_step(self: Any, batch: Any) -> Any:
+        if batch.step == k - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train_step(self, batch)
+
+    Trainer.train_step = signalling_step
+
+
 def main() -> None:
     spec = os.environ.get("ENGINE_FAULT", "")
     if spec:
         op, at, kind = spec.split(":")
         inject(op, int(at), kind, sticky=kind != "short")
+    if os.environ.get("ENGINE_STOP_AT_STEP"):
+        stop_at_step(int(os.environ["ENGINE_STOP_AT_STEP"]))
     import cli
 
     sys.argv[0] = "engine"

@@ -26,11 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--model", "mlp", "--data", "synthetic", "--batch-size", "8", "--no-progress"]
 
 
-def engine(args, fault: str | None = None, **popen) -> subprocess.Popen:
+def engine(args, fault: str | None = None, stop_at: int | None = None, **popen) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("ENGINE_FAULT", None)
+    env.pop("ENGINE_STOP_AT_STEP", None)
     if fault:
         env["ENGINE_FAULT"] = fault
+    if stop_at:
+        env["ENGINE_STOP_AT_STEP"] = str(stop_at)
     return subprocess.Popen([sys.executable, "-m", "tests.faults", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
@@ -237,3 +240,22 @@ def test_checkpoint_every_keeps_a_rolling_checkpoint(tmp_path):
     process.kill()  # SIGKILL: nothing runs, the rolling checkpoint is what is left
     process.communicate()
     assert read_checkpoint(str(save)).step % 5 == 0  # (SIGKILL mid-write may leave a temporary file: by design)
+
+
+# -- resume: bit for bit through the command line, and nothing changed silently -------------------
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "step:3:0.5"])
+def test_a_run_stopped_by_a_signal_resumes_bit_for_bit_with_its_schedule(tmp_path, schedule):
+    run = [*TRAIN, "--steps", 8, "--lr-schedule", schedule, "--optimizer", "adam", "--augment"]
+    whole, parts = tmp_path / "whole.safetensors", tmp_path / "parts.safetensors"
+    code, _, err = finish(engine([*run, "--save", whole]))
+    assert code == 0, err
+    one_error_line(*finish(engine([*run, "--save", parts], stop_at=5)), 128 + signal.SIGTERM,
+                   r"stopped by SIGTERM after step 5 of 8; .*checkpoint of step 5")
+    code, _, err = finish(engine([*run, "--resume", parts, "--save", parts]))
+    assert code == 0, err
+    a, b = read_checkpoint(str(whole)), read_checkpoint(str(parts))
+    assert a.step == b.step == 8 and sorted(a.tensors) == sorted(b.tensors)
+    for name in a.tensors:
+        np.testing.assert_array_equal(a.tensors[name], b.tensors[name], err_msg=name)
