@@ -105,8 +105,8 @@ class TrainingListener:
 class ScoreListener(TrainingListener):
     """Every step's loss, a running accuracy over the current epoch, and a moving-average loss."""
 
-    def __init__(self, window: int = 10):
-        self.losses: list[float] = []
+    def __init__(self, window: int = 10, keep: int = 1024):
+        self.losses: deque[float] = deque(maxlen=keep)  # the latest ``keep`` losses (bounded, issue 14)
         self.recent: deque[float] = deque(maxlen=window)
         self.epoch = -1
         self.epoch_correct = 0
@@ -130,19 +130,31 @@ class ScoreListener(TrainingListener):
 
 
 class TimingListener(TrainingListener):
-    """Seconds per step; images per second over the whole run and without the first two steps."""
+    """Seconds per step; images per second over the whole run and without the first two steps.
+
+    Running sums plus the first ``HEAD`` steps, not a list of every step (bounded memory, issue 14).
+    """
+
+    HEAD = 8
 
     def __init__(self) -> None:
-        self.step_seconds: list[float] = []
-        self.examples: list[int] = []
+        self.head: list[tuple[float, int]] = []  # (seconds, examples) of the first HEAD steps
+        self.total_seconds = 0.0
+        self.total_examples = 0
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self.step_seconds.append(record.seconds)
-        self.examples.append(record.examples)
+        if len(self.head) < self.HEAD:
+            self.head.append((record.seconds, record.examples))
+        self.total_seconds += record.seconds
+        self.total_examples += record.examples
 
     def images_per_second(self, skip: int = 0) -> float:
-        seconds = sum(self.step_seconds[skip:])
-        return sum(self.examples[skip:]) / seconds if seconds > 0 else 0.0
+        if skip > self.HEAD:
+            raise ValueError(f"images_per_second: can skip at most the first {self.HEAD} steps")
+        skipped = self.head[:skip]
+        seconds = self.total_seconds - sum(s for s, _ in skipped)
+        examples = self.total_examples - sum(n for _, n in skipped)
+        return examples / seconds if seconds > 0 else 0.0
 
 
 class MemoryListener(TrainingListener):

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import DiskFaultError, UserError
+from engine.history import History
 from engine.memory.array_type import ArrayType
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
@@ -170,7 +171,7 @@ class OffloadScheduler:
         else:
             self.window = self.min_window if window is None else int(window)
         self.max_window: int | None = None
-        self.stats: list[StepStats] = []
+        self.stats: History[StepStats] = History(1024)  # the latest steps; len() counts all (issue 14)
         self.storage: SwapStorage | None = None
         self.net: Any = None
         self.mgr: Any = None
