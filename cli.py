@@ -7,6 +7,7 @@ Each command imports the engine lazily, inside its body: `engine --help` stays i
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
@@ -89,6 +90,10 @@ def info(as_json: bool) -> None:
 @click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
 def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if output:
+        from engine.validate import check_output_path
+
+        check_output_path("--output", output)
     if warmup:
         from engine.bench.kernels import warm_up
 
@@ -115,8 +120,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     records = kernel_bench.measure(cases, backend, repeat, compare == "torch", sgemm)
     dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
     if output:
-        with open(output, "w") as handle:
-            json.dump(dicts, handle, indent=2)
+        from engine.validate import write_output
+
+        write_output("--output", output, json.dumps(dicts, indent=2))
     if output_format == "json":
         click.echo(json.dumps(dicts, indent=2))
     else:
@@ -339,6 +345,8 @@ def train(
     for option, (path, nbytes) in outputs.items():
         if path:  # before the first step: a run must not train for hours and then fail to write
             check_output_path(option, path, nbytes)
+    if memory_plot and os.path.splitext(memory_plot)[1].lower() not in (".png", ".pdf", ".svg"):
+        fail(f"--memory-plot {memory_plot}: give a .png, .pdf or .svg file name")
     stop.check("before the first step")
 
     from rich.console import Console
@@ -379,8 +387,10 @@ def train(
     render_training_summary(result, console)
     if summary_json:
         summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
-        with open(summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        from engine.validate import write_output
+
+        write_output("--summary-json", summary_json, json.dumps(summary, indent=2))
+    stop.check("after the run finished (its results are written)")
 
 
 @main.command(name="eval")
@@ -516,6 +526,10 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
         fail(f"--batch-size must be comma-separated integers, got {batch_size!r}" if "int()" in str(exc) else str(exc))
     if not sizes or min(sizes) < 1:
         fail(f"--batch-size needs positive integers, got {batch_size!r}")
+    if offload_dir:  # checked here: the runs happen in child processes, whose errors are tracebacks
+        from engine.offload.storage import check_directory
+
+        check_directory(offload_dir)
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
         results = run_bench(model, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size,

@@ -123,5 +123,27 @@ def check_output_path(option: str, path: str, nbytes: int = 0) -> str:
     return target
 
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_CLASSES", "MAX_IMAGE_SIZE", "check_num_classes", "check_number",
+def write_output(option: str, path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (atomically: temporary file, then rename), or OutputPathError."""
+    target = os.path.abspath(path)
+    temporary = None
+    try:
+        if not os.path.exists(target) or os.path.isfile(target):
+            fd, temporary = tempfile.mkstemp(prefix=".engine-output-", dir=os.path.dirname(target))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, target)
+            temporary = None
+        else:  # a device or a pipe (/dev/stdout): write in place
+            with open(target, "w", encoding="utf-8") as f:
+                f.write(text)
+    except OSError as exc:
+        raise OutputPathError(f"{option} {path}: cannot write ({exc.strerror or exc}); choose another path") from None
+    finally:
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+__all__ = ["MAX_BATCH_SIZE", "write_output", "MAX_CLASSES", "MAX_IMAGE_SIZE", "check_num_classes", "check_number",
            "check_output_path", "number"]

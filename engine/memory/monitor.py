@@ -136,8 +136,14 @@ class MemoryMonitor:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:  # the last buffered line on a full disk
+                from engine.errors import OutputPathError
+
+                raise OutputPathError(f"memory log {self.path}: cannot write ({exc.strerror or exc}); "
+                                      "free some space or choose another --memory-log path") from None
 
     def __enter__(self) -> MemoryMonitor:
         return self
