@@ -259,3 +259,55 @@ def test_a_run_stopped_by_a_signal_resumes_bit_for_bit_with_its_schedule(tmp_pat
     assert a.step == b.step == 8 and sorted(a.tensors) == sorted(b.tensors)
     for name in a.tensors:
         np.testing.assert_array_equal(a.tensors[name], b.tensors[name], err_msg=name)
+
+
+# -- options: numbers checked before anything starts (in process, fast) ----------------------------
+
+OPTION_CASES = [
+    (["--lr", "nan"], 2, "--lr must be a finite number, got nan"),
+    (["--lr", "inf"], 2, "--lr must be a finite number"),
+    (["--lr", "0"], 2, "--lr must be greater than 0"),
+    (["--lr-schedule", "step:1:nan"], 1, "GAMMA must be a finite number, got nan"),
+    (["--lr-schedule", "step:1:0"], 1, "GAMMA must be greater than 0"),
+    (["--offload-budget", "inf"], 1, "cannot read 'inf' as a size"),
+    (["--offload-budget", "nan"], 1, "cannot read 'nan' as a size"),
+    (["--num-classes", "1000000000"], 2, "--num-classes must be at least 2 and at most 100,000"),
+    (["--batch-size", "0"], 2, "--batch-size must be at least 1"),
+    (["--momentum", "1"], 2, "--momentum must be at least 0 and less than 1"),
+    (["--seed", "-1"], 2, "--seed must be at least 0"),
+    (["--offload-n", "1", "--workspace-mode", "none"], 1, "need --workspace-mode enabled"),
+    (["--checkpoint-every", "5"], 1, "--checkpoint-every writes the --save file"),
+    (["--summary-json", "/dev/full"], 1, "--summary-json /dev/full: cannot write"),  # trained, saved, then fails
+    (["--memory-plot", "plot.xyz"], 1, "give a .png, .pdf or .svg"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "message"), OPTION_CASES, ids=[" ".join(c[0]) for c in OPTION_CASES])
+def test_bad_train_options_are_one_line_and_leave_the_previous_checkpoint_alone(tmp_path, args, code, message):
+    from tests.test_cli_train import engine as run_in_process
+
+    save = tmp_path / "good.safetensors"
+    net, opt = tiny_network()
+    save_checkpoint(str(save), net, opt, step=1)
+    before = save.read_bytes()
+    with_save = [] if "--checkpoint-every" in args else ["--save", save]
+    result = run_in_process(*TRAIN, "--steps", 2, *with_save, *args)
+    assert result.exit_code == code, result.output
+    assert message in result.output and "Traceback" not in result.output
+    if "/dev/full" in args:  # a full disk at the very end: the weights were saved before the summary failed
+        assert read_checkpoint(str(save)).step == 2
+    else:
+        assert save.read_bytes() == before
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["eval", "--model", "mlp", "--weights", "w.st", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["memory", "--model", "mlp", "--image-size", "0"], "--image-size must be at least 1"),
+    (["memory", "--model", "mlp", "--num-classes", "1"], "--num-classes must be at least 2"),
+])
+def test_bad_eval_and_memory_options_are_one_line(args, message):
+    from tests.test_cli_train import engine as run_in_process
+
+    result = run_in_process(*args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
