@@ -390,7 +390,7 @@ def train(
         from engine.validate import write_output
 
         write_output("--summary-json", summary_json, json.dumps(summary, indent=2))
-    stop.check("after the run finished (its results are written)")
+    stop.check("at the end of the run", "the run finished and its results were written")
 
 
 @main.command(name="eval")

@@ -35,7 +35,7 @@ class CheckpointWriter:
         self.fault_dirs = fault_dirs  # directories whose disk a fault may be on (the swap directories)
         self.state_on_disk = state_on_disk  # --offload-params: the optimizer state lives on the swap disk
 
-    def save(self, trainer: Any, why: str) -> str:
+    def save(self, trainer: Any, why: str, then: str = "") -> str:
         """Write the checkpoint; returns the clause for the one-line message (never raises a UserError)."""
         if self.path is None:
             return "; nothing was saved (give --save FILE to keep the weights of a stopped run)"
@@ -46,7 +46,7 @@ class CheckpointWriter:
         except OSError as exc:
             return f"; the checkpoint was not written ({exc.strerror or exc})"
         return (f"; {why}: the checkpoint of step {trainer.step} was written to {self.path}; continue with "
-                f"--resume {self.path}")
+                f"--resume {self.path}{then}")
 
     def disk_is_shared(self) -> bool:
         """True when the checkpoint would go to the same file system as a failing swap directory."""
@@ -70,7 +70,8 @@ def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
     try:
         result = trainer.fit()
     except TrainingDiverged as exc:
-        raise TrainingDiverged(f"{exc}{writer.save(trainer, 'the weights before it')}") from None
+        note = writer.save(trainer, "the weights before it", " --override lr --lr SMALLER")
+        raise TrainingDiverged(f"{exc}{note}") from None
     except (DiskFaultError, OffloadStorageError, OSError) as exc:
         message = str(exc) if isinstance(exc, UserError) else (
             f"disk I/O failed during step {trainer.step} ({exc.strerror or exc}"

@@ -57,11 +57,10 @@ class StopSignals:
         """The signals this object handles (those not ignored at install time)."""
         return tuple(self._previous)
 
-    def check(self, where: str) -> None:
-        """Raise ``Interrupted`` if a stop signal has arrived (``where``: what was going on)."""
+    def check(self, where: str, outcome: str = "nothing was trained or saved") -> None:
+        """Raise ``Interrupted`` if a stop signal has arrived (``where``: when; ``outcome``: what was kept)."""
         if self.received is not None:
-            raise Interrupted(f"stopped by {signal_name(self.received)} {where}; nothing was trained or saved",
-                              self.received)
+            raise Interrupted(f"stopped by {signal_name(self.received)} {where}; {outcome}", self.received)
 
     def restore(self) -> None:
         """Put back the handlers that were there before ``install()``."""
