@@ -101,6 +101,9 @@ class TrainingListener:
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         pass
 
+    def on_train_abort(self, trainer: Trainer, error: BaseException) -> None:
+        """fit() is raising ``error`` (a diverging loss, a disk fault): release what on_train_start took."""
+
 
 class ScoreListener(TrainingListener):
     """Every step's loss, a running accuracy over the current epoch, and a moving-average loss."""
@@ -216,6 +219,10 @@ class ProgressListener(TrainingListener):
 
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         if self.progress is not None:
+            self.progress.stop()
+
+    def on_train_abort(self, trainer: Trainer, error: BaseException) -> None:
+        if self.progress is not None:  # the error's one line must not land inside a live progress bar
             self.progress.stop()
 
 
@@ -350,6 +357,10 @@ class Trainer:
                 if (self.checkpoint_every and self.on_checkpoint is not None and self.step < stop
                         and self.step % self.checkpoint_every == 0):
                     self.on_checkpoint(self)
+        except BaseException as error:
+            for listener in self.listeners:
+                listener.on_train_abort(self, error)
+            raise
         finally:
             stream.close()
             if self.offload is not None:
