@@ -206,6 +206,10 @@ def _read_records(path: str, label_bytes: int, what: str) -> tuple[np.ndarray, n
     record = label_bytes + 3 * 32 * 32
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found; expected {what}")
+    size = os.path.getsize(path)
+    if size > MAX_DATA_BYTES:
+        raise DataError(f"{path}: {size:,} bytes, more than the {MAX_DATA_BYTES >> 30} GiB a data file here may "
+                        f"hold; expected {what}")
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size == 0 or raw.size % record:
         raise DataError(
