@@ -73,6 +73,11 @@ class OffloadError(RuntimeError):
     """The offload schedule cannot go on (an IO thread failed, or the network did what the plan did not expect)."""
 
 
+class OffloadDiskFault(OffloadError, DiskFaultError):
+    """The swap file's disk failed under a step: an OffloadError to the scheduler's callers, and a
+    ``UserError`` (one line, no traceback) to the command line."""
+
+
 class UnitRegion:
     """Stands in for a workspace for one unit's tensors: open while the unit is in memory.
 
@@ -608,10 +613,12 @@ class OffloadScheduler:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
-            if isinstance(error, (OffloadError, UserError)):  # UserError: a named disk fault (no space, checksum)
+            if isinstance(error, OffloadError):
                 raise error
+            if isinstance(error, UserError):  # a named disk fault (no space, checksum mismatch): its own words
+                raise OffloadDiskFault(str(error)) from error
             if isinstance(error, OSError):  # EIO and friends from the IO thread: the user's disk, not a bug
-                raise DiskFaultError(
+                raise OffloadDiskFault(
                     f"the swap file's disk failed during a step ({error.strerror or error}); check the disk "
                     f"or choose another --offload-dir"
                 ) from error

@@ -212,12 +212,18 @@ def test_directory_removed_on_signal(tmp_path, signum):
     finally:
         if process.poll() is None:
             process.kill()
+    if signum == signal.SIGTERM:
+        # no handler of ours in a bare process (issue 14: cleanup inside a signal handler could hang and
+        # ran even for ignored signals): the default action kills it, its lock dies with it, and the next
+        # storage under the same directory removes what it left
+        assert process.returncode == -signal.SIGTERM
+        from engine.offload.storage import remove_stale_directories
+
+        assert remove_stale_directories(str(tmp_path)) == [path]
+    else:
+        assert "KeyboardInterrupt" in process.stderr.read()  # unwinds; atexit removes the directory
     assert not os.path.exists(path)
     assert swap_dirs(tmp_path) == []
-    if signum == signal.SIGTERM:
-        assert process.returncode == -signal.SIGTERM  # the default action still ran after our cleanup
-    else:
-        assert "KeyboardInterrupt" in process.stderr.read()
 
 
 def test_a_swapped_tensor_cannot_reach_a_kernel(cpu, tmp_path):
