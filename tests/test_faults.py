@@ -236,7 +236,8 @@ def test_checkpoint_every_keeps_a_rolling_checkpoint(tmp_path):
     save, log = tmp_path / "run.safetensors", tmp_path / "memory.jsonl"
     process = engine([*TRAIN, "--steps", 100000, "--save", save, "--checkpoint-every", 5, "--memory-log", log])
     wait_for_steps(log, process, 12)
-    assert read_checkpoint(str(save)).step in (5, 10, 15)  # written during the run, before any signal
+    first = read_checkpoint(str(save)).step  # written during the run, before any signal
+    assert first >= 10 and first % 5 == 0
     process.kill()  # SIGKILL: nothing runs, the rolling checkpoint is what is left
     process.communicate()
     assert read_checkpoint(str(save)).step % 5 == 0  # (SIGKILL mid-write may leave a temporary file: by design)
