@@ -26,6 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--model", "mlp", "--data", "synthetic", "--batch-size", "8", "--no-progress"]
 
 
+def _default_stop_signals() -> None:
+    """A shell without job control starts background jobs with SIGINT and SIGQUIT ignored, and the child
+    would inherit that (and rightly keep ignoring them): give every test child the default dispositions."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def engine(args, fault: str | None = None, stop_at: int | None = None, **popen) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("ENGINE_FAULT", None)
@@ -34,6 +41,7 @@ def engine(args, fault: str | None = None, stop_at: int | None = None, **popen) 
         env["ENGINE_FAULT"] = fault
     if stop_at:
         env["ENGINE_STOP_AT_STEP"] = str(stop_at)
+    popen.setdefault("preexec_fn", _default_stop_signals)
     return subprocess.Popen([sys.executable, "-m", "tests.faults", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 

@@ -201,7 +201,8 @@ SIGNAL_SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_directory_removed_on_signal(tmp_path, signum):
     process = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(__file__))
+                               stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(__file__),
+                               preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))  # not inherited SIG_IGN
     try:
         line = process.stdout.readline()
         assert line.startswith("READY"), process.stderr.read()
