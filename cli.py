@@ -156,7 +156,7 @@ def _load_data(spec: str, num_classes: int | None, seed: int):
 
 
 def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
-    from engine.train import build_network
+    from models import build_network
 
     try:
         return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
@@ -444,11 +444,13 @@ def evaluate_command(
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
+@click.option("--program", "show_program", is_flag=True,  # step program
+              help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, show_program: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
-    Computed from the graph's shapes and tensor lifespans; nothing is run.
+    Computed from the step program (shapes and buffer lifespans); nothing is run.
     """
     from engine.backend import get_backend
     from engine.summary import render_memory_report
@@ -461,6 +463,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         net = build_model(model, num_classes, get_backend("cpu"), **options)
     except ValueError as exc:
         fail(str(exc))
+    if show_program:  # step program: the table every memory figure below is computed from
+        click.echo(net.program(batch_size).table())
+        return
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class KernelTable:
     """The ops a backend offers, by name; every call validates and unwraps workspace tensors.
 
     An argument that knows how to hand itself to a kernel (an ``engine.memory.Tensor``) is asked
-    for its array through ``_kernel_array(op, argument)``, which raises a clear error when the tensor
+    for its array through ``kernel_array(op, argument)``, which raises a clear error when the tensor
     lives in a closed or reset workspace. Everything else (arrays, numbers, None) passes as it is.
     """
 
@@ -73,18 +73,36 @@ class KernelTable:
 def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         args = tuple(
-            a._kernel_array(op, f"argument {i}") if hasattr(a, "_kernel_array") else a
+            a.kernel_array(op, f"argument {i}") if hasattr(a, "kernel_array") else a
             for i, a in enumerate(args)
         )
         if kwargs:
             kwargs = {
-                k: (v._kernel_array(op, k) if hasattr(v, "_kernel_array") else v) for k, v in kwargs.items()
+                k: (v.kernel_array(op, k) if hasattr(v, "kernel_array") else v) for k, v in kwargs.items()
             }
         return function(*args, **kwargs)
 
     call.__name__ = op
     call.__doc__ = function.__doc__
     return call
+
+
+class ComputeBackend(Protocol):
+    """What the layers, the memory and offload need from a backend (``Backend`` is the one we ship; the
+    tests wrap it to record kernel calls): the array module, the kernel table, blocks of bytes, host
+    and device copies, and a way to wait for queued work."""
+
+    name: str
+    xp: Any
+
+    @property
+    def kernels(self) -> Any: ...
+    @property
+    def is_device(self) -> bool: ...
+    def alloc_block(self, nbytes: int) -> Any: ...
+    def synchronize(self) -> None: ...
+    def to_host(self, array: Any) -> np.ndarray: ...
+    def to_device(self, array: np.ndarray) -> Any: ...
 
 
 @dataclass

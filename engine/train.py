@@ -25,8 +25,9 @@ import resource
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from engine.data.datasets import Dataset
 from engine.data.prefetch import Batch, BatchStream
 from engine.errors import UserError
 from engine.evaluate import Evaluation, evaluate
+from engine.memory.monitor import GcPolicy, MemoryMonitor
+from engine.network import Network
+from engine.optim import Optimizer
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -161,14 +165,19 @@ class TimingListener(TrainingListener):
 
 
 class MemoryListener(TrainingListener):
-    """Samples the memory monitor after every step (RSS, bytes per ArrayType, spills, block allocations)."""
+    """Samples the memory monitor after every step (RSS, bytes per ArrayType, spills, block allocations).
 
-    def __init__(self, monitor: Any, plot_path: str | None = None):
+    Each of ``trainer.memory_fields`` (name -> a function of no arguments) adds one field to the line:
+    an offload session adds ``swap`` that way, without the trainer knowing about offload.
+    """
+
+    def __init__(self, monitor: MemoryMonitor, plot_path: str | None = None):
         self.monitor = monitor
         self.plot_path = plot_path
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self.monitor.sample(record.step, loss=record.loss)
+        fields = {name: read() for name, read in trainer.memory_fields.items()}
+        self.monitor.sample(record.step, loss=record.loss, **fields)
 
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         if self.plot_path and self.monitor.records:
@@ -229,13 +238,25 @@ class ProgressListener(TrainingListener):
 # --- the trainer -----------------------------------------------------------------------------------
 
 
+class TrainerPlugin(Protocol):
+    """What the Trainer's ``offload`` slot takes (``engine.offload.session.OffloadSession`` is one): set
+    up before the first step, torn down after the last (also after an exception)."""
+
+    def start(self, trainer: Trainer) -> None: ...
+
+    def stop(self, trainer: Trainer) -> None: ...
+
+
 class Trainer:
-    """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring."""
+    """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring.
+
+    ``net`` is a built Network: the trainer never builds models (the CLI does, with ``models.build_network``).
+    """
 
     def __init__(
         self,
-        net: Any,
-        optimizer: Any,
+        net: Network,
+        optimizer: Optimizer,
         data: Dataset,
         *,
         batch_size: int = 32,
@@ -246,18 +267,16 @@ class Trainer:
         seed: int = 0,
         prefetch: int = 2,
         listeners: list[TrainingListener] | tuple[TrainingListener, ...] = (),
-        monitor: Any = None,
+        monitor: MemoryMonitor | None = None,
         gc_every: int = 100,
         evaluate_at_end: bool = True,
         eval_batch_size: int | None = None,
         start_step: int = 0,
-        offload: Any = None,
+        offload: TrainerPlugin | None = None,
         stop: Any = None,
         checkpoint_every: int = 0,
-        on_checkpoint: Any = None,
+        on_checkpoint: Callable[[Trainer], None] | None = None,
     ):
-        from engine.memory.monitor import GcPolicy, MemoryMonitor
-
         self.net, self.optimizer, self.data = net, optimizer, data
         self.backend = net.backend
         self.batch_size = batch_size
@@ -289,10 +308,11 @@ class Trainer:
             *listeners,
         ]
         # --- offload (offload issue): an offload scheduler plugs in here --------------------------
-        # ``offload`` is None (everything resident) or an object with ``start(trainer)`` and
-        # ``stop(trainer)``: start() installs its net.hooks and its tensor provider
-        # (net.mgr.set_provider) before the first step; stop() removes them and ends its threads.
+        # ``offload`` is None (everything resident) or a ``TrainerPlugin``: ``start(trainer)`` installs
+        # its net.hooks, its tensor provider (net.mgr.set_provider) and its ``memory_fields`` before
+        # the first step; ``stop(trainer)`` removes them and ends its threads.
         self.offload = offload
+        self.memory_fields: dict[str, Callable[[], Any]] = {}  # extra fields of every memory-monitor line
         self.input_ring_bytes = 0
         # --- stopping and rolling checkpoints (issue 14) --------------------------------------------
         # ``stop``: an object whose ``received`` becomes a signal number (engine.signals.StopSignals);
@@ -401,32 +421,6 @@ class Trainer:
     def position(self) -> tuple[int, int]:
         """(epoch, batch index) of the next step."""
         return step_position(self.step, self.source.batches_per_epoch)
-
-
-def build_network(
-    model: str,
-    data: Dataset,
-    backend: Any,
-    seed: int = 0,
-    workspace_mode: str = "enabled",
-    num_classes: int = 0,
-    **model_options: Any,
-) -> Any:
-    """``models.build_model`` for ``model``, shaped for ``data``'s images (channels, size) and classes;
-    ``model_options`` go to the model (``width``, ``hidden``, ...)."""
-    from models import build_model
-
-    channels, height, width = data.image_shape
-    if model == "mlp":
-        options: dict[str, Any] = {"input_shape": data.image_shape}
-    else:
-        if height != width:
-            raise ValueError(f"model {model!r} takes square images; {data.name} has {height}×{width}")
-        options = {"in_channels": channels, "image_size": height}
-    return build_model(
-        model, num_classes or data.num_classes, backend, seed=seed, workspace_mode=workspace_mode,
-        **options, **model_options,
-    )
 
 
 def peak_rss_bytes() -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.graph import Graph
+from engine.network import Network
 from models.mobilenetv2 import mobilenetv2_graph
 from models.resnet18 import resnet18_graph
 from models.small import cnn_graph, mlp_graph
@@ -32,10 +33,9 @@ def build_model(
     seed: int = 0,
     workspace_mode: str = "enabled",
     **options: Any,
-):
+) -> Network:
     """A Network for model ``name`` on ``backend`` (a Backend or a backend name), weights drawn from ``seed``."""
     from engine.backend import get_backend
-    from engine.network import Network
 
     if name not in GRAPHS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
@@ -50,4 +50,32 @@ def build_model(
     return Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode)
 
 
-__all__ = ["MODEL_NAMES", "build_model"]
+def build_network(
+    model: str,
+    data: Any,
+    backend: Any,
+    seed: int = 0,
+    workspace_mode: str = "enabled",
+    num_classes: int = 0,
+    **model_options: Any,
+) -> Network:
+    """``build_model`` for ``model``, shaped for ``data``'s images (an ``engine.data.Dataset``: channels,
+    size) and classes; ``model_options`` go to the model (``width``, ``hidden``, ...).
+
+    It lives here, not in the trainer: the trainer takes a built network, and nothing under
+    ``engine/`` but the benchmark tools imports ``models``.
+    """
+    channels, height, width = data.image_shape
+    if model == "mlp":
+        options: dict[str, Any] = {"input_shape": data.image_shape}
+    else:
+        if height != width:
+            raise ValueError(f"model {model!r} takes square images; {data.name} has {height}×{width}")
+        options = {"in_channels": channels, "image_size": height}
+    return build_model(
+        model, num_classes or data.num_classes, backend, seed=seed, workspace_mode=workspace_mode,
+        **options, **model_options,
+    )
+
+
+__all__ = ["MODEL_NAMES", "build_model", "build_network"]

@@ -8,11 +8,10 @@ as PyTorch's, written to and read from state dicts.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
+from engine.memory import Tensor
 
 
 class BatchNorm2d(Layer):
@@ -50,7 +49,7 @@ class BatchNorm2d(Layer):
         c = self.num_features
         return [SavedSpec("save_mean", (c,)), SavedSpec("save_invstd", (c,))]
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         p, b = self.params, self.buffers
@@ -69,7 +68,7 @@ class BatchNorm2d(Layer):
             )
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         s = self.saved
         dx = self.input_grad(s["x"].shape)  # the kernel always writes dx
         self.backend.kernels.batchnorm_backward(

@@ -25,6 +25,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "relu_backward": elementwise.relu_backward,
     "relu6_forward": elementwise.relu6_forward,
     "relu6_backward": elementwise.relu6_backward,
+    "leaky_relu_forward": elementwise.leaky_relu_forward,
+    "leaky_relu_backward": elementwise.leaky_relu_backward,
     "add_forward": elementwise.add_forward,
     "dropout_forward": elementwise.dropout_forward,
     "dropout_backward": elementwise.dropout_backward,

@@ -55,6 +55,8 @@ SIGNATURES = {
     "relu_backward_kernel": [(f1, f1, f1)],
     "relu6_forward_kernel": [(f1, f1)],
     "relu6_backward_kernel": [(f1, f1, f1)],
+    "leaky_relu_forward_kernel": [(f1, f32, f1)],
+    "leaky_relu_backward_kernel": [(f1, f1, f32, f1)],
     "add_kernel": [(f1, f1, f1)],
     "dropout_kernel": [(f1, u8_1, f32, f1)],
     "maxpool_forward_kernel": [(f4, f4, i32_4, i64, i64, i64)],
