@@ -72,7 +72,7 @@ class History(Generic[T]):
 class Thinned(list):
     """A list of every ``stride``-th appended item that never holds more than ``capacity`` items."""
 
-    def __init__(self, capacity: int = 4096):
+    def __init__(self, capacity: int = 1024):
         super().__init__()
         if capacity < 2:
             raise ValueError(f"Thinned: capacity must be at least 2, got {capacity}")

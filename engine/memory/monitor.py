@@ -35,7 +35,7 @@ class MemoryMonitor:
     """Samples memory once per step into ``records`` (and a JSON-lines file)."""
 
     def __init__(self, managers: ManagerNode | Iterable[ManagerNode], path: str | os.PathLike | None = None,
-                 max_records: int = 4096):
+                 max_records: int = 1024):
         self.managers = [managers] if isinstance(managers, ManagerNode) else list(managers)
         self.records: Thinned = Thinned(max_records)
         self._peaks: dict[str, int] = {}

@@ -42,7 +42,7 @@ class RssAt(TrainingListener):
             self.rss[record.step] = psutil.Process().memory_info().rss
 
 
-def tiny_run(steps, offload=False, tmp_path=None, max_records=4096):
+def tiny_run(steps, offload=False, tmp_path=None, max_records=1024):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 1, 4, 4), dtype=np.float32)
     y = rng.integers(0, 2, 64)
