@@ -14,6 +14,12 @@ step, the offload scheduler's StepStats of every step, every step's loss and tim
 
 Totals (peaks, sums) are kept as running values by their owners, exact whatever was dropped; the
 full per-step detail goes to the JSON-lines memory log, on disk, when one is asked for.
+
+Measured (20,000 steps of a 2-layer 8-wide MLP on 4×4 inputs, batch 4, RSS growth from step 2,000 to
+the end; 2 cores shared with other jobs, one run each): before, +25.3 MiB without offload and +41.8 MiB
+with ``--offload-n 1`` (2.4 KiB per step); after, +3.0 and +3.8 MiB with a 4,096-record cap, all of it
+before step 5,000 (the cap filling); +0.05 and +0.16 MiB from step 5,000 to 20,000. The cap is now
+1,024 records. The test: ``pytest --slow tests/engine/test_bounded_history.py``.
 """
 
 from __future__ import annotations
