@@ -18,8 +18,9 @@ full per-step detail goes to the JSON-lines memory log, on disk, when one is ask
 Measured (20,000 steps of a 2-layer 8-wide MLP on 4×4 inputs, batch 4, RSS growth from step 2,000 to
 the end; 2 cores shared with other jobs, one run each): before, +25.3 MiB without offload and +41.8 MiB
 with ``--offload-n 1`` (2.4 KiB per step); after, +3.0 and +3.8 MiB with a 4,096-record cap, all of it
-before step 5,000 (the cap filling); +0.05 and +0.16 MiB from step 5,000 to 20,000. The cap is now
-1,024 records. The test: ``pytest --slow tests/engine/test_bounded_history.py``.
+before step 5,000 (the cap filling); +0.05 and +0.16 MiB from step 5,000 to 20,000. With the cap at
+1,024 records (now): +0.13 MiB with offload from step 2,000 to 20,000. The test:
+``pytest --slow tests/engine/test_bounded_history.py``.
 """
 
 from __future__ import annotations
