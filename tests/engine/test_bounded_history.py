@@ -58,6 +58,7 @@ def tiny_run(steps, offload=False, tmp_path=None, max_records=1024):
     rss = RssAt(marks)
     trainer = Trainer(net, opt, Dataset("tiny", x, y, x[:8], y[:8], 2, channels=1), batch_size=4, steps=steps,
                       prefetch=0, listeners=[rss], evaluate_at_end=False, offload=session,
+                      gc_every=0,  # a full collection in the suite's big process costs seconds; not tested here
                       monitor=MemoryMonitor(net.mgr, max_records=max_records))
     trainer.fit()
     return trainer, session, [rss.rss[m] for m in marks]
