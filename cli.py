@@ -76,7 +76,7 @@ def info(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["cpu", "cudasim"]), default="cpu", show_default=True,
+@click.option("--backend", type=click.Choice(["cpu", "cudasim", "cuda"]), default="cpu", show_default=True,
               help="Kernel table to time (cudasim: the CUDA kernels in the simulator; use a tiny --batch-size).")
 @click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
 @click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
@@ -88,12 +88,29 @@ def info(as_json: bool) -> None:
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON records to this file.")
 @click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
-def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
+# --- CUDA options (issue 16): --static, --roofline, --launches; logic in engine/bench/cuda_*.py, roofline.py ---
+@click.option("--static", "static", is_flag=True,
+              help="--backend cuda: ptxas -v registers, spills, shared memory and occupancy (sm_80, sm_90); no GPU.")
+@click.option("--roofline", "roofline", is_flag=True,
+              help="--backend cuda: per-kernel FLOPs, bytes and roofline time on A100/H100, summed per step.")
+@click.option("--launches", "launches", is_flag=True,
+              help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
+def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
+            static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
     if output:
         from engine.validate import check_output_path
 
         check_output_path("--output", output)
+    if static or roofline or launches:
+        _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output)
+        return
+    if backend == "cuda":
+        select_backend("cuda")
+        from engine.bench.cuda_timing import run_timings
+
+        run_timings(models, batch_size, repeat, output_format, output)
+        return
     if warmup:
         from engine.bench.kernels import warm_up
 
@@ -131,6 +148,28 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
             click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
 
 
+def _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output) -> None:
+    """The CUDA reports that need no GPU (issue 16): each prints a table or JSON."""
+    if static and backend != "cuda":
+        fail("--static reports the CUDA kernels: add --backend cuda (no GPU needed)")
+    if roofline and backend != "cuda":
+        fail("--roofline models the CUDA kernels: add --backend cuda (no GPU needed)")
+    if launches and backend not in ("cuda", "cudasim"):
+        fail("--launches counts CUDA kernel launches: add --backend cudasim (no GPU) or --backend cuda")
+    if launches and backend == "cudasim":
+        select_backend("cudasim")
+    from engine.bench import cuda_reports
+
+    chosen = tuple(m.strip() for m in models.split(",") if m.strip())
+    try:
+        records = cuda_reports.run(static, roofline, launches, chosen, batch_size, backend, output_format)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    if output:
+        with open(output, "w") as handle:
+            json.dump(records, handle, indent=2)
+
+
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
@@ -144,6 +183,33 @@ def _set_threads(count: int | None) -> None:
             set_threads(count)
         except ValueError as exc:
             fail(str(exc))
+
+
+def _parallel_world(workers: int | None, command: str):
+    """Data parallel (issue 12): the MPI world this process is a rank of (None: one process).
+
+    Under mpiexec/srun it joins that world; with ``--workers K`` and no launcher it starts K ranks
+    through the mpich wheel's mpiexec, waits, and exits with their status (see engine.parallel.comm).
+    """
+    from engine.parallel.comm import ParallelError, start_or_join, under_launcher
+
+    argv = sys.argv[1:]
+    if workers not in (None, 1) and not under_launcher() and (not argv or argv[0] != command):
+        fail(f"--workers {workers}: cannot relaunch this program; start it with mpiexec -n {workers} instead")
+    try:
+        world, status = start_or_join(workers, argv)
+    except ParallelError as exc:
+        fail(str(exc))
+    if status is not None:
+        sys.exit(status)
+    return world
+
+
+def _abort_on_error_in_ranks(function):
+    """Data parallel (issue 12): an error on one rank prints one line naming it and ends every rank."""
+    from engine.parallel.comm import abort_on_error_in_ranks
+
+    return abort_on_error_in_ranks(function)
 
 
 def _load_data(spec: str, num_classes: int | None, seed: int):
@@ -221,6 +287,16 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-params", "offload_params", is_flag=True,
               help="Also keep the optimizer state on disk between updates (with --offload-n/--offload-budget).")
 # --- end of offload options ---
+# --- data parallel options (issue 12) ---
+@click.option("--workers", type=int, default=None,
+              help="Data-parallel ranks: starts K ranks on this machine (mpiexec); under mpiexec/srun the world "
+                   "decides. --batch-size is per worker.")
+@click.option("--averaging", type=click.Choice(["gradients", "parameters"]), default="gradients", show_default=True,
+              help="With workers: average gradients every step, or parameters and optimizer state every F steps.")
+@click.option("--averaging-frequency", type=click.IntRange(1), default=1, show_default=True,
+              help="F for --averaging parameters.")
+@_abort_on_error_in_ranks
+# --- end of data parallel options ---
 def train(
     model: str,
     data_spec: str,
@@ -249,6 +325,9 @@ def train(
     prefetch: int,
     gc_every: int,
     progress: bool,
+    workers: int | None = None,
+    averaging: str = "gradients",
+    averaging_frequency: int = 1,
     checkpoint_every: int = 0,
     override: str = "",
     **offload_options,
@@ -262,6 +341,20 @@ def train(
 
     stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
     click.get_current_context().call_on_close(stop.restore)
+    # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
+    world = _parallel_world(workers, "train")
+    K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
+    if world is not None:
+        from engine.parallel.wrapper import DataParallel
+
+        threads = threads if threads is not None else world.threads_per_rank()
+        try:
+            parallel = DataParallel(world, averaging, averaging_frequency)
+        except ValueError as exc:
+            fail(str(exc))
+        if averaging == "parameters" and offload_options["offload_params"]:
+            fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
+    # --- end of data parallel ---
     _set_threads(threads)
     if checkpoint_every and not save:
         fail("--checkpoint-every writes the --save file: give --save FILE too")
@@ -283,13 +376,14 @@ def train(
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
     data = _load_data(data_spec, num_classes, seed)
-    if batch_size < 1 or batch_size > len(data.y_train):
-        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)}), got {batch_size}")
+    if batch_size < 1 or batch_size * K > len(data.y_train):
+        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
+             + (f" divided by {K} workers" if K > 1 else "") + f", got {batch_size}")
     net = _build_network(model, data, backend, seed, workspace_mode)
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
 
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
     lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3)
     # hyper-parameters a resume must not change silently (issue 14); saved beside `run` in checkpoints
     hyper = {"optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule, "momentum": momentum,
@@ -332,7 +426,7 @@ def train(
                                        offload_options["offload_params"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
-    if offload is not None:
+    if offload is not None and root:
         click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size))}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
@@ -351,34 +445,46 @@ def train(
 
     from rich.console import Console
 
-    console = Console(stderr=False)
+    console = Console(stderr=False, quiet=not root)  # data parallel: rank 0 alone speaks
     console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
 
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
-    monitor = MemoryMonitor(net.mgr, path=memory_log)
+    # --- data parallel (issue 12) ---
+    if parallel is not None:
+        console.print(f"{parallel.describe(batch_size)}; {threads} thread(s) per rank")
+    saved_workers = (checkpoint.json("workers") or 1) if checkpoint is not None else K
+    if saved_workers != K:
+        console.print(f"[yellow]note:[/yellow] {resume} was written with {saved_workers} worker(s), this run has {K}: "
+                      f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
+                      "an uninterrupted run", markup=True, highlight=False)
+    # --- end of data parallel ---
+    monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
     from engine.guard import CheckpointWriter, guarded_fit
 
     def write_checkpoint(path: str, trainer: Trainer) -> None:
-        save_checkpoint(path, net, opt, step=trainer.step, metadata={"run": {**run, **hyper}})
+        save_checkpoint(path, net, opt, step=trainer.step,
+                        metadata={"run": {**run, **hyper}, **({"workers": K} if K > 1 else {})})
 
     swap_dirs = (offload_options["offload_dir"] or tempfile.gettempdir(),) if offload else ()
-    writer = CheckpointWriter(save, write_checkpoint, fault_dirs=swap_dirs,
+    writer = CheckpointWriter(save if root else None, write_checkpoint, fault_dirs=swap_dirs,  # rank 0 writes
                               state_on_disk=bool(offload_options["offload_params"]))
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
-            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, stop=stop,
-            checkpoint_every=checkpoint_every, on_checkpoint=lambda t: write_checkpoint(save, t),
+            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel, stop=stop,
+            checkpoint_every=checkpoint_every if root else 0, on_checkpoint=lambda t: write_checkpoint(save, t),
         )
         result = guarded_fit(trainer, writer)
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
     finally:
         monitor.close()
+    if not root:  # data parallel: rank 0 alone writes
+        return
     if memory_plot:
         monitor.plot(memory_plot)
     if save:
@@ -387,6 +493,9 @@ def train(
     render_training_summary(result, console)
     if summary_json:
         summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
+        if parallel is not None:  # data parallel
+            summary.update(workers=K, global_batch_size=K * batch_size, averaging=averaging,
+                           averaging_frequency=averaging_frequency)
         from engine.validate import write_output
 
         write_output("--summary-json", summary_json, json.dumps(summary, indent=2))
@@ -408,12 +517,18 @@ def train(
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, callback=number(1), help="Threads for Numba kernels and BLAS.")
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
+@click.option("--workers", type=int, default=None,  # data parallel (issue 12)
+              help="Ranks that share the batches (mpiexec); the result is identical to one worker's.")
+@_abort_on_error_in_ranks
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
-    backend_name: str, threads: int | None, as_json: bool,
+    backend_name: str, threads: int | None, as_json: bool, workers: int | None = None,
 ) -> None:
     """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
     backend = select_backend(backend_name)
+    world = _parallel_world(workers, "eval")  # data parallel (issue 12)
+    if world is not None and threads is None:
+        threads = world.threads_per_rank()
     _set_threads(threads)
     from engine.checkpoint import CheckpointError, load_weights
     from engine.evaluate import evaluate
@@ -425,7 +540,14 @@ def evaluate_command(
         load_weights(weights, net)
     except CheckpointError as exc:
         fail(str(exc))
-    result = evaluate(net, data, backend, batch_size=batch_size, split=split)
+    if world is not None:  # data parallel: batches shared by the ranks, rank 0 prints
+        from engine.parallel.evaluate import evaluate_sharded
+
+        result = evaluate_sharded(net, data, backend, world.comm, batch_size=batch_size, split=split)
+        if not world.is_root:
+            return
+    else:
+        result = evaluate(net, data, backend, batch_size=batch_size, split=split)
     if as_json:
         click.echo(json.dumps({"examples": result.examples, "accuracy": result.accuracy,
                                "top5_accuracy": result.top5_accuracy, "loss": result.loss,

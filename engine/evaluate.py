@@ -47,7 +47,8 @@ class Scorer:
         self._greater = np.empty((batch_size, num_classes), dtype=bool)
         self._rows = np.arange(batch_size)
 
-    def add(self, logits: np.ndarray, labels: np.ndarray, valid_rows: int) -> None:
+    def add(self, logits: np.ndarray, labels: np.ndarray, valid_rows: int) -> float:
+        """Count one batch; returns its summed loss (a sharded evaluation adds these up in batch order)."""
         n = valid_rows
         logits, labels = logits[:n], labels[:n]
         np.argmax(logits, axis=1, out=self._predicted[:n])
@@ -61,8 +62,10 @@ class Scorer:
         # cross-entropy from the logits, in float64 for a stable mean
         shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
         log_norm = np.log(np.exp(shifted).sum(axis=1))
-        self.loss_sum += float((log_norm - shifted[self._rows[:n], labels]).sum())
+        batch_loss = float((log_norm - shifted[self._rows[:n], labels]).sum())
+        self.loss_sum += batch_loss
         self.examples += n
+        return batch_loss
 
     def result(self) -> Evaluation:
         n = max(self.examples, 1)

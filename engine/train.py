@@ -187,8 +187,9 @@ class MemoryListener(TrainingListener):
 class ProgressListener(TrainingListener):
     """A rich progress bar per run: epoch, loss, running accuracy and images per second."""
 
-    def __init__(self, console: Any = None):
+    def __init__(self, console: Any = None, workers: int = 1):
         self.console = console
+        self.workers = workers  # data parallel: every rank trains as many examples per step as this one
         self.progress: Any = None
         self.task: Any = None
         self._images = 0
@@ -215,7 +216,7 @@ class ProgressListener(TrainingListener):
         return f"epoch {epoch + 1}/{trainer.epochs_total}"
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self._images += record.examples
+        self._images += record.examples * self.workers
         self._seconds += record.seconds
         score = trainer.score
         stats = (
@@ -247,6 +248,21 @@ class TrainerPlugin(Protocol):
     def stop(self, trainer: Trainer) -> None: ...
 
 
+class ParallelPlugin(TrainerPlugin, Protocol):
+    """What the Trainer's ``parallel`` slot takes (``engine.parallel.wrapper.DataParallel``): this rank's
+    batches, a synchronisation after the last step (every rank reaches it), the sharded evaluation and
+    the throughput over all ranks (issue 12)."""
+
+    def batch_source(self, x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.ndarray, batch_size: int,
+                     channels: int, shuffle: bool, augment: bool, seed: int) -> BatchSource: ...
+
+    def finish(self, trainer: Trainer) -> None: ...
+
+    def evaluate(self, net: Network, data: Dataset, backend: Any, batch_size: int = 64) -> Evaluation: ...
+
+    def reduce_result(self, trainer: Trainer, result: TrainResult) -> TrainResult: ...
+
+
 class Trainer:
     """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring.
 
@@ -273,6 +289,7 @@ class Trainer:
         eval_batch_size: int | None = None,
         start_step: int = 0,
         offload: TrainerPlugin | None = None,
+        parallel: ParallelPlugin | None = None,
         stop: Any = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[Trainer], None] | None = None,
@@ -282,7 +299,13 @@ class Trainer:
         self.batch_size = batch_size
         self.seed = seed
         self.prefetch = prefetch
-        self.source = BatchSource(
+        # --- data parallel (issue 12): ``parallel`` is None (one process) or a ParallelPlugin (DataParallel):
+        # batch_source() gives this rank's shard of every global batch; start(trainer)/finish(trainer)/
+        # stop(trainer) wrap the loop (install the gradient allreduce hook or the averaging listener, last
+        # synchronisation, removal); evaluate() is the sharded evaluation; reduce_result() sums throughput.
+        self.parallel = parallel
+        make_source = parallel.batch_source if parallel is not None else BatchSource
+        self.source = make_source(
             data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
         )
         self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
@@ -352,6 +375,8 @@ class Trainer:
             listener.on_train_start(self)
         if self.offload is not None:
             self.offload.start(self)
+        if self.parallel is not None:
+            self.parallel.start(self)
         start_time = time.perf_counter()
         stream = BatchStream(self.source, self.backend, self.step, stop, depth=self.prefetch, name="train-input")
         self.input_ring_bytes = stream.workspace.capacity
@@ -377,12 +402,16 @@ class Trainer:
                 if (self.checkpoint_every and self.on_checkpoint is not None and self.step < stop
                         and self.step % self.checkpoint_every == 0):
                     self.on_checkpoint(self)
+            if self.parallel is not None:
+                self.parallel.finish(self)
         except BaseException as error:
             for listener in self.listeners:
                 listener.on_train_abort(self, error)
             raise
         finally:
             stream.close()
+            if self.parallel is not None:
+                self.parallel.stop(self)
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
@@ -390,8 +419,11 @@ class Trainer:
             self.stopped_by = self.stop.received
         evaluation = None
         if self.evaluate_at_end and self.step == self.total_steps and self.stopped_by is None:
-            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
+            score = self.parallel.evaluate if self.parallel is not None else evaluate
+            evaluation = score(self.net, self.data, self.backend, self.eval_batch_size)
         result = self._result(self.step - first, seconds, evaluation)
+        if self.parallel is not None:
+            result = self.parallel.reduce_result(self, result)
         for listener in self.listeners:
             listener.on_train_end(self, result)
         return result

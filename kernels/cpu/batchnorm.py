@@ -16,7 +16,7 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
     N, C, area = x.shape
     count = N * area
@@ -45,7 +45,7 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
         running_var[c] = (1.0 - momentum) * running_var[c] + momentum * unbiased_var
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
     N, C, area = x.shape
     for c in prange(C):
@@ -56,7 +56,7 @@ def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
                 out[n, c, i] = x[n, c, i] * scale + shift
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
     N, C, area = x.shape
     count = N * area

@@ -13,53 +13,53 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu_forward(x, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = np.float32(0.0) if v < 0 else v  # NaN passes through, as in PyTorch
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu_backward(out, dout, dx):
     for i in prange(out.size):
         dx[i] = dout[i] if out[i] > 0 else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu6_forward(x, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > 6 else v)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu6_backward(out, dout, dx):
     for i in prange(out.size):
         v = out[i]
         dx[i] = dout[i] if (v > 0 and v < 6) else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _leaky_relu_forward(x, slope, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = v if v > 0 else slope * v
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _leaky_relu_backward(out, dout, slope, dx):
     for i in prange(out.size):
         dx[i] = dout[i] if out[i] > 0 else slope * dout[i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _add_forward(a, b, out):
     for i in prange(a.size):
         out[i] = a[i] + b[i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _dropout(x, mask, scale, out):
     scale32 = np.float32(scale)
     for i in prange(x.size):
