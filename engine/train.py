@@ -148,19 +148,24 @@ class TimingListener(TrainingListener):
         self.head: list[tuple[float, int]] = []  # (seconds, examples) of the first HEAD steps
         self.total_seconds = 0.0
         self.total_examples = 0
+        self.steps = 0
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
         if len(self.head) < self.HEAD:
             self.head.append((record.seconds, record.examples))
         self.total_seconds += record.seconds
         self.total_examples += record.examples
+        self.steps += 1
+
+    def totals(self, skip: int = 0) -> tuple[int, float]:
+        """(examples, seconds) of the steps after the first ``skip`` (at most HEAD)."""
+        if skip > self.HEAD:
+            raise ValueError(f"TimingListener: can skip at most the first {self.HEAD} steps")
+        skipped = self.head[:skip]
+        return (self.total_examples - sum(n for _, n in skipped), self.total_seconds - sum(s for s, _ in skipped))
 
     def images_per_second(self, skip: int = 0) -> float:
-        if skip > self.HEAD:
-            raise ValueError(f"images_per_second: can skip at most the first {self.HEAD} steps")
-        skipped = self.head[:skip]
-        seconds = self.total_seconds - sum(s for s, _ in skipped)
-        examples = self.total_examples - sum(n for _, n in skipped)
+        examples, seconds = self.totals(skip)
         return examples / seconds if seconds > 0 else 0.0
 
 
