@@ -173,6 +173,11 @@ def _cuda_reports(backend, static, roofline, launches, models, batch_size, outpu
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
+# imagenet issue: torchvision's two shapes of resnet18 / mobilenetv2 (models.VARIANTS)
+variant_option = click.option(
+    "--variant", type=click.Choice(["cifar", "imagenet"]), default=None,
+    help="resnet18/mobilenetv2: cifar (stems for 32x32) or imagenet (torchvision's exact model); "
+         "default: cifar up to 64 px, imagenet above.")
 
 
 def _set_threads(count: int | None) -> None:
@@ -212,20 +217,20 @@ def _abort_on_error_in_ranks(function):
     return abort_on_error_in_ranks(function)
 
 
-def _load_data(spec: str, num_classes: int | None, seed: int):
+def _load_data(spec: str, num_classes: int | None, seed: int, image_size: int | None = None):
     from engine.data import DataError, load_dataset
 
     try:
-        return load_dataset(spec, num_classes=num_classes, seed=seed)
+        return load_dataset(spec, num_classes=num_classes, seed=seed, image_size=image_size)
     except DataError as exc:
         fail(str(exc))
 
 
-def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
+def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled", variant: str | None = None):
     from models import build_network
 
     try:
-        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
+        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode, variant=variant)
     except ValueError as exc:
         fail(str(exc))
 
@@ -233,7 +238,10 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES), help="The network to train.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
               help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
@@ -281,7 +289,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
 @click.option("--offload-budget", "offload_budget", default=None,
-              help="Resident bytes for the offload window (e.g. 256MB); alone, picks the largest N that fits.")
+              help="Resident bytes for the offload window (e.g. 256MB), or 'auto' (the cgroup limit or available RAM "
+                   "less everything else; --offload-n auto uses it too); alone, picks the largest N that fits.")
 @click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
               help="Where the private swap directory goes (default: the system temp directory).")
 @click.option("--offload-params", "offload_params", is_flag=True,
@@ -328,6 +337,8 @@ def train(
     workers: int | None = None,
     averaging: str = "gradients",
     averaging_frequency: int = 1,
+    image_size: int | None = None,
+    variant: str | None = None,
     checkpoint_every: int = 0,
     override: str = "",
     **offload_options,
@@ -375,13 +386,18 @@ def train(
     from engine.summary import render_training_summary
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
-    data = _load_data(data_spec, num_classes, seed)
+    data = _load_data(data_spec, num_classes, seed, image_size)
+    if K > 1 and data.name == "imagefolder":
+        fail(f"--workers {K} with --data imagefolder: not supported yet (the sharded batch source reads in-memory "
+             "data sets); train image folders in one process")
     if batch_size < 1 or batch_size * K > len(data.y_train):
         fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
              + (f" divided by {K} workers" if K > 1 else "") + f", got {batch_size}")
-    net = _build_network(model, data, backend, seed, workspace_mode)
+    net = _build_network(model, data, backend, seed, workspace_mode, variant)
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
+    if net.variant:  # imagenet issue: which of torchvision's two shapes ran
+        run["variant"] = net.variant
 
     total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
     lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3)
@@ -398,8 +414,11 @@ def train(
             checkpoint = read_checkpoint(resume)
             check_resume(checkpoint, {**run, **hyper}, tuple(o.strip() for o in override.split(",") if o.strip()),
                          known=("steps",))
-        elif weights:
-            load_weights(weights, net)
+        elif weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
+            loaded = load_weights(weights, net, fresh_classifier=True)
+            if loaded.redrawn:
+                click.echo(f"{weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
+                           f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
     except CheckpointError as exc:
         fail(str(exc))
 
@@ -418,11 +437,19 @@ def train(
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.budget import DoesNotFit, describe_fit, resolve_budget  # imagenet issue: budget 'auto'
     from engine.offload.session import session_from_options
 
     try:
+        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
+                                     offload_options["offload_budget"])
+    except DoesNotFit as exc:
+        fail(str(exc))
+    if fit is not None and budget != offload_options["offload_budget"]:
+        click.echo(describe_fit(fit))
+    try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],
-                                       offload_options["offload_budget"], offload_options["offload_dir"],
+                                       budget, offload_options["offload_dir"],
                                        offload_options["offload_params"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
@@ -446,7 +473,8 @@ def train(
     from rich.console import Console
 
     console = Console(stderr=False, quiet=not root)  # data parallel: rank 0 alone speaks
-    console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
+    shown = f"{model} ({net.variant} variant)" if net.variant else model
+    console.print(f"[bold]{shown}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
 
@@ -507,7 +535,10 @@ def train(
 @click.option("--weights", required=True, type=click.Path(dir_okay=False),
               help="A checkpoint from engine train --save, or a PyTorch state_dict as safetensors.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
               help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=64, show_default=True, callback=number(1, MAX_BATCH_SIZE))
@@ -523,6 +554,7 @@ def train(
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
     backend_name: str, threads: int | None, as_json: bool, workers: int | None = None,
+    image_size: int | None = None, variant: str | None = None,
 ) -> None:
     """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
     backend = select_backend(backend_name)
@@ -534,8 +566,8 @@ def evaluate_command(
     from engine.evaluate import evaluate
     from engine.summary import render_evaluation
 
-    data = _load_data(data_spec, num_classes, seed)
-    net = _build_network(model, data, backend, seed)
+    data = _load_data(data_spec, num_classes, seed, image_size)
+    net = _build_network(model, data, backend, seed, variant=variant)
     try:
         load_weights(weights, net)
     except CheckpointError as exc:
@@ -561,6 +593,7 @@ def evaluate_command(
 @click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
 @click.option("--num-classes", type=int, default=10, show_default=True, callback=number(2, MAX_CLASSES))
 @click.option("--image-size", type=int, default=32, show_default=True, callback=number(1, MAX_IMAGE_SIZE))
+@variant_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
@@ -569,7 +602,8 @@ def evaluate_command(
 @click.option("--program", "show_program", is_flag=True,  # step program
               help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False, show_program: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, show_program: bool = False,
+           variant: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the step program (shapes and buffer lifespans); nothing is run.
@@ -582,7 +616,7 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         fail(f"--batch-size must be at least 1, got {batch_size}")
     options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
     try:
-        net = build_model(model, num_classes, get_backend("cpu"), **options)
+        net = build_model(model, num_classes, get_backend("cpu"), variant=variant, **options)
     except ValueError as exc:
         fail(str(exc))
     if show_program:  # step program: the table every memory figure below is computed from
@@ -598,8 +632,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 
         peaks = planned_peaks(net, batch_size, offload_n)
     # --- end offload issue ---
+    # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
+    from engine.data.prefetch import ring_bytes
+    from engine.offload.budget import describe_fit, memory_fit
+
+    fit = memory_fit(net, batch_size, report.parameter_bytes,  # sgd with momentum, prefetch 2: train's defaults
+                     ring_bytes((batch_size, *net.graph.input_shape), 3))
     if as_json:
-        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
+        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
+                               "variant": net.variant, "fit": fit.as_dict()}, indent=2))
     else:
         render_memory_report(report)
         # planned arena: the static plan of ACTIVATIONS + FF_CACHE + ACTIVATION_GRAD beside what one step reserved
@@ -620,6 +661,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
                        f"saved tensors {peaks['offload_arena_bytes'] / mib:.1f} MiB resident instead of "
                        f"{peaks['offloadable_bytes_no_offload'] / mib:.1f} MiB; "
                        f"{peaks['written_per_step_bytes'] / mib:.1f} MiB written per step")
+        if net.variant:
+            click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
+        click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")
 
 
 
@@ -633,11 +677,13 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(1), help="Measured steps per run.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1), help="Unmeasured steps first.")
 @click.option("--image-size", default=32, show_default=True, type=click.IntRange(4), help="Input height and width.")
+@variant_option
 @click.option("--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cudasim"]))
 @click.option("--offload-dir", default=None, help="Where the swap directory goes (default: the system temp dir).")
 @click.option("--format", "output_format", default="table", show_default=True,
               type=click.Choice(["table", "json", "markdown"]))
-def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format) -> None:
+def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format,
+          variant=None) -> None:
     """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
     peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
     from engine.bench.offload import format_markdown, format_table, run_bench
@@ -660,8 +706,8 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
         results = run_bench(model, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size,
-                            backend=backend, directory=offload_dir, progress=progress)
-    except RuntimeError as exc:
+                            backend=backend, directory=offload_dir, progress=progress, variant=variant)
+    except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     if output_format == "json":
         click.echo(json.dumps(results, indent=2))

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.batches import BatchSource
 from engine.data.datasets import Dataset
 from engine.data.prefetch import BatchStream
 
@@ -84,9 +83,7 @@ def evaluate(
     """Score ``net`` on ``data``'s ``split`` ("test" or "train") in inference mode."""
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
     batch_size = min(batch_size, len(y))
-    source = BatchSource(
-        x, y, data.mean, data.std, batch_size, data.channels, shuffle=False, augment=False, drop_last=False
-    )
+    source = data.batch_source(split, batch_size, shuffle=False, augment=False, drop_last=False)
     scorer = Scorer(data.num_classes, batch_size)
     logits = np.empty((batch_size, data.num_classes), dtype=np.float32)  # host logits, reused every batch
     with BatchStream(source, backend, 0, source.batches_per_epoch, depth=1, name="eval-input") as stream:

@@ -309,10 +309,12 @@ class Trainer:
         # stop(trainer) wrap the loop (install the gradient allreduce hook or the averaging listener, last
         # synchronisation, removal); evaluate() is the sharded evaluation; reduce_result() sums throughput.
         self.parallel = parallel
-        make_source = parallel.batch_source if parallel is not None else BatchSource
-        self.source = make_source(
-            data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
-        )
+        if parallel is not None:  # in-memory data sets only: the CLI refuses image folders with --workers
+            self.source = parallel.batch_source(
+                data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
+            )
+        else:
+            self.source = data.batch_source("train", batch_size, shuffle=shuffle, augment=augment, seed=seed)
         self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
         if self.total_steps < 1:
             raise ValueError(f"nothing to train: {self.total_steps} steps")

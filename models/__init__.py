@@ -1,9 +1,15 @@
 """Models built from engine layers: ``build_model(name, ...)`` returns a ready Network.
 
-``resnet18`` and ``mobilenetv2`` are the CIFAR variants of torchvision's models with torchvision's
-parameter names; ``cnn`` and ``mlp`` are small nets for quick runs and tests. Options beyond the
-common ones go to the model's graph function (``image_size``, ``width``, ``hidden``, ``depth``,
+``resnet18`` and ``mobilenetv2`` are torchvision's models with torchvision's parameter names, in two
+variants (``variant="cifar"``: the stems for 32×32 images; ``"imagenet"``: torchvision's exact
+models); ``cnn`` and ``mlp`` are small nets for quick runs and tests. Options beyond the common ones
+go to the model's graph function (``image_size``, ``variant``, ``width``, ``hidden``, ``depth``,
 ``dropout``, ``in_channels``, ``input_shape``).
+
+Without a ``variant``, images up to ``CIFAR_MAX_SIZE`` pixels get the CIFAR variant and larger ones
+the ImageNet variant: the CIFAR stem at 224×224 keeps full-resolution maps through ``layer1`` (7.1
+GiB planned for backward at batch 32), which no one trains; the ImageNet stem at 32×32 leaves a 1×1
+map after ``layer4``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,22 @@ GRAPHS: dict[str, Callable[..., Graph]] = {
     "mlp": mlp_graph,
 }
 MODEL_NAMES = tuple(GRAPHS)
+VARIANT_MODELS = ("resnet18", "mobilenetv2")  # the models with a cifar and an imagenet variant
+VARIANTS = ("cifar", "imagenet")
+CIFAR_MAX_SIZE = 64
+
+
+def resolve_variant(name: str, variant: str | None, image_size: int) -> str | None:
+    """The variant model ``name`` builds: ``variant`` if given, else by image size; None for models without."""
+    if name not in VARIANT_MODELS:
+        if variant is not None:
+            raise ValueError(f"model {name!r} has no variants; --variant applies to {', '.join(VARIANT_MODELS)}")
+        return None
+    if variant is None:
+        return "cifar" if image_size <= CIFAR_MAX_SIZE else "imagenet"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    return variant
 
 
 def build_model(
@@ -43,11 +65,16 @@ def build_model(
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     if isinstance(backend, str):
         backend = get_backend(backend)
+    variant = resolve_variant(name, options.pop("variant", None), int(options.get("image_size", 32)))
+    if variant is not None:
+        options["variant"] = variant
     try:
         graph = GRAPHS[name](num_classes=num_classes, **options)
     except TypeError as exc:
         raise ValueError(f"model {name!r}: bad option ({exc})") from None
-    return Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode)
+    net = Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode)
+    net.variant = variant  # what ran, for summaries (None for models without variants)
+    return net
 
 
 def build_network(
@@ -78,4 +105,6 @@ def build_network(
     )
 
 
-__all__ = ["MODEL_NAMES", "build_model", "build_network"]
+__all__ = [
+    "CIFAR_MAX_SIZE", "MODEL_NAMES", "VARIANTS", "VARIANT_MODELS", "build_model", "build_network", "resolve_variant",
+]

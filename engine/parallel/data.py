@@ -95,3 +95,9 @@ class StridedSource:
 
     def fill(self, epoch: int, index: int, x_out: Any, y_out: Any) -> None:
         self.source.fill(epoch, self.global_index(index), x_out, y_out)
+
+    def close(self) -> None:
+        """Stops the wrapped source's decoding threads (image folders), as BatchStream.close() expects."""
+        release = getattr(self.source, "close", None)
+        if release is not None:
+            release()

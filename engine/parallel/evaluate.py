@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.batches import BatchSource
 from engine.data.datasets import Dataset
 from engine.data.prefetch import BatchStream
 from engine.evaluate import Evaluation, Scorer
@@ -26,11 +25,9 @@ def evaluate_sharded(
     """``engine.evaluate.evaluate`` over ``comm``'s ranks; every rank returns the same Evaluation."""
     from mpi4py import MPI
 
-    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
+    y = data.y_test if split == "test" else data.y_train
     batch_size = min(batch_size, len(y))
-    source = BatchSource(
-        x, y, data.mean, data.std, batch_size, data.channels, shuffle=False, augment=False, drop_last=False
-    )
+    source = data.batch_source(split, batch_size, shuffle=False, augment=False, drop_last=False)  # image folders too
     shard = StridedSource(source, comm.rank, comm.size)
     scorer = Scorer(data.num_classes, batch_size)
     logits = np.empty((batch_size, data.num_classes), dtype=np.float32)
