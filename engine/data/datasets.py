@@ -143,7 +143,7 @@ def check_dataset(data: Dataset) -> None:
         if len(y) == 0 or len(x) != len(y):
             raise DataError(f"{data.name}: the {split} split has {len(x)} images and {len(y)} labels; "
                             "expected at least one of each, as many images as labels")
-        if min(x.shape[1:]) < 1:
+        if x.ndim > 1 and min(x.shape[1:]) < 1:  # (image folders hold paths: 1-D)
             raise DataError(f"{data.name}: {split} images have shape {x.shape[1:]}; expected C×H×W of at least 1")
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= data.num_classes:
