@@ -113,8 +113,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
         return
     if warmup:
         from engine.bench.kernels import warm_up
+        from engine.warmup import ProgressLine
 
-        seconds, calls = warm_up()
+        seconds, calls = warm_up(parallel=True, progress=ProgressLine(prefix="compiling kernels"))
         click.echo(f"warm-up: {calls} CPU kernel calls in {seconds:.2f} s (Numba cache: compiled or loaded)")
         return
     chosen_models = tuple(m.strip() for m in models.split(",") if m.strip())
@@ -489,6 +490,10 @@ def train(
                       f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
                       "an uninterrupted run", markup=True, highlight=False)
     # --- end of data parallel ---
+    if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
+        from engine.warmup import warm_for_training
+
+        warm_for_training(net.graph, optimizer, model)
     monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
     from engine.guard import CheckpointWriter, guarded_fit
 
