@@ -47,7 +47,14 @@ def engine(args, fault: str | None = None, stop_at: int | None = None, **popen) 
 
 
 def finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=timeout)
+    """The run's exit code and output; a run still going after ``timeout`` is killed (no orphan keeps
+    training after the test failed) and the test fails."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise AssertionError(f"the run did not end within {timeout} s") from None
     return process.returncode, out, err
 
 
