@@ -4,7 +4,10 @@
 ArrayType (from the managers' workspaces and tracked ContiguousBlocks), cumulative spilled bytes and
 block allocations (flat after the learning step: the training loop asserts it), the CuPy pool on
 cuda, and ``swap`` (filled by the offload scheduler). Lines go to a JSON-lines file when a path is
-given; ``plot()`` draws the timeline.
+given; ``plot()`` draws the timeline. ``records`` is bounded (``engine.history.Thinned``: every
+step while the run is shorter than ``max_records``, then every 2nd, 4th, ... step, spanning the whole
+run), and the peaks are running maxima, exact whatever was thinned: a 20,000-step run used to keep
+20,000 record dicts (~2 KiB each) in memory.
 
 **Phases and peaks.** A run has phases: ``setup`` (imports, data, network), ``training`` (the
 steps) and ``evaluation``. ``begin_phase(name)`` closes the previous one. A step's RSS read at its
@@ -41,6 +44,7 @@ from typing import Any
 
 import psutil
 
+from engine.history import Thinned
 from engine.memory.tree import ManagerNode
 from engine.report import format_bytes
 
@@ -89,9 +93,14 @@ class RssPeaks:
 class MemoryMonitor:
     """Samples memory once per step into ``records`` (and a JSON-lines file), phase by phase."""
 
-    def __init__(self, managers: ManagerNode | Iterable[ManagerNode], path: str | os.PathLike | None = None):
+    def __init__(self, managers: ManagerNode | Iterable[ManagerNode], path: str | os.PathLike | None = None,
+                 max_records: int = 1024):
         self.managers = [managers] if isinstance(managers, ManagerNode) else list(managers)
-        self.records: list[dict[str, Any]] = []
+        self.records: Thinned = Thinned(max_records)
+        self._peaks: dict[str, int] = {}
+        self._phase_peaks: dict[str, dict[str, int]] = {}  # phase -> ArrayType -> running maximum
+        self.phase_samples: dict[str, int] = {}  # phase -> lines sampled (records may be thinned)
+        self._peak_rss = 0
         self.path = Path(path) if path is not None else None
         self._file = open(self.path, "w", encoding="utf-8") if self.path is not None else None
         self._process = psutil.Process()
@@ -147,7 +156,13 @@ class MemoryMonitor:
         Call after the last phase has ended."""
         raised = [p for p, exact in self.phase_rss_exact.items() if exact]
         phase = raised[-1] if raised else "setup"  # nothing raised it since the monitor began: before it
-        return max_rss_bytes(), phase
+        peak = max_rss_bytes()
+        # the kernel updates its mark lazily (per-thread RSS counters, folded in when pages go): a sample
+        # can read a few pages above it
+        sampled = max(self.phase_rss_peaks.items(), key=lambda item: item[1], default=(phase, 0))
+        if sampled[1] > peak:
+            return sampled[1], sampled[0]
+        return peak, phase
 
     def _nodes(self) -> list[Any]:
         """Every manager given, and their sub-managers, once each."""
@@ -202,23 +217,26 @@ class MemoryMonitor:
         }
         record.update(extra)
         self.records.append(record)
+        phase_peaks = self._phase_peaks.setdefault(self.phase, {})
+        for key, nbytes in in_use.items():
+            self._peaks[key] = max(self._peaks.get(key, 0), nbytes)
+            phase_peaks[key] = max(phase_peaks.get(key, 0), nbytes)
+        self.phase_samples[self.phase] = self.phase_samples.get(self.phase, 0) + 1
+        self._peak_rss = max(self._peak_rss, record["rss_bytes"])
         if self._file is not None:
             self._file.write(json.dumps(record, sort_keys=True) + "\n")
             self._file.flush()
         return record
 
     def peak_by_type(self, phase: str | None = None) -> dict[str, int]:
-        """ArrayType name -> the most bytes in use at any sampled step (of ``phase``, default all)."""
-        peaks: dict[str, int] = {}
-        for record in self.records:
-            if phase is not None and record.get("phase") != phase:
-                continue
-            for key, nbytes in record["in_use_bytes"].items():
-                peaks[key] = max(peaks.get(key, 0), nbytes)
-        return peaks
+        """ArrayType name -> the most bytes in use at any sampled step (of ``phase``, default all):
+        running maxima, exact however ``records`` was thinned."""
+        if phase is None:
+            return dict(self._peaks)
+        return dict(self._phase_peaks.get(phase, {}))
 
     def peak_rss_bytes(self, phase: str | None = None) -> int:
-        """The RSS high-water mark of ``phase`` (default: the process's)."""
+        """The RSS peak of ``phase`` (default: the process's, the OS's high-water mark)."""
         if phase is None:
             return self.process_peak()[0]
         return self.phase_rss_peaks.get(phase, 0)
@@ -279,8 +297,14 @@ class MemoryMonitor:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:  # the last buffered line on a full disk
+                from engine.errors import OutputPathError
+
+                raise OutputPathError(f"memory log {self.path}: cannot write ({exc.strerror or exc}); "
+                                      "free some space or choose another --memory-log path") from None
 
     def __enter__(self) -> MemoryMonitor:
         return self
