@@ -48,7 +48,7 @@ from engine.memory.array_type import ArrayType
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
 from engine.offload.staging import transfer_for
-from engine.offload.storage import DelayHook, SwapRecord, SwapStorage, format_bytes
+from engine.offload.storage import VERIFY_MODES, DelayHook, SwapRecord, SwapStorage, format_bytes
 
 log = logging.getLogger("engine.offload")
 
@@ -113,6 +113,8 @@ class StepStats:
     bytes_read: int = 0
     bound_bytes: int = 0  # the plan's arena: resident bytes never exceed it
     page_cache_bytes: int = -1  # of the swap file, sampled at the start of the backward (-1: not sampled)
+    offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
+    onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +136,14 @@ class _Unit:
         return self.plan.spec
 
 
+def cpu_per_mib(cpu_s: float, nbytes: int) -> float:
+    """Microseconds of IO-thread CPU per MiB moved (0 when nothing moved): the figure issue 11 tracks.
+
+    On two cores every microsecond here is taken from a kernel's parallel half.
+    """
+    return 1e6 * cpu_s / (nbytes / 2**20) if nbytes > 0 else 0.0
+
+
 class OffloadScheduler:
     """Network hook + memory provider that swaps layer windows to disk (module docstring)."""
 
@@ -149,7 +159,10 @@ class OffloadScheduler:
         initial_window: int | None = None,
         shrink_after: int = 2,
         sample_page_cache: bool = False,
+        verify: str = "full",
     ):
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         if window != "auto" and window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"offload window must be a positive number of layers or 'auto', got {window!r}")
         if window is None and budget_bytes is None:
@@ -163,6 +176,7 @@ class OffloadScheduler:
         self.min_window = max(1, int(min_window))
         self.shrink_after = max(1, int(shrink_after))
         self.sample_page_cache = sample_page_cache
+        self.verify = verify
 
         if self.adaptive:
             self.window = max(self.min_window, int(initial_window or self.min_window))
@@ -338,7 +352,7 @@ class OffloadScheduler:
             self.storage.close()  # between steps nothing on disk is needed any more: a larger file replaces it
             self.storage = None
         if self.storage is None:
-            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay)
+            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay, verify=self.verify)
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
@@ -520,6 +534,8 @@ class OffloadScheduler:
         if self.storage is not None:
             stats.bytes_written = self.storage.bytes_written - self._written0
             stats.bytes_read = self.storage.bytes_read - self._read0
+        stats.offload_cpu_us_per_mib = cpu_per_mib(stats.offload_cpu_s, stats.bytes_written)
+        stats.onload_cpu_us_per_mib = cpu_per_mib(stats.onload_cpu_s, stats.bytes_read)
         self.stats.append(stats)
         log.info("offload step %d: window %d, resident peak %s of %s bound (%d layers), stall %.1f ms, "
                  "written %s, read %s", stats.step, stats.window, format_bytes(stats.peak_resident_bytes),
@@ -563,6 +579,10 @@ class OffloadScheduler:
             "written_bytes": s.bytes_written,
             "read_bytes": s.bytes_read,
             "stall_ms": round(1e3 * s.stall_s, 3),
+            "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
+            "onload_cpu_ms": round(1e3 * s.onload_cpu_s, 3),
+            "offload_cpu_us_per_mib": round(s.offload_cpu_us_per_mib, 1),
+            "onload_cpu_us_per_mib": round(s.onload_cpu_us_per_mib, 1),
         }
 
     # -- executor helpers ------------------------------------------------------------------------
@@ -661,7 +681,7 @@ class OffloadScheduler:
                 if generation == self._generation and self._error is None:
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    self._transfer.save(self.storage, records, span, file_offset, unit.event)
+                    self._transfer.save(self.storage, records, span, file_offset, unit.event, generation)
                     with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
@@ -696,7 +716,7 @@ class OffloadScheduler:
                         self._set_state(unit, LayerState.WAIT_FOR_EXEC)
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    event = self._transfer.load(self.storage, records, span, file_offset)
+                    event = self._transfer.load(self.storage, records, span, file_offset, generation)
                     with self._cond:
                         self._io_busy["loader"] += time.perf_counter() - started
                         self._io_busy["loader_cpu"] += time.thread_time() - cpu_started
@@ -720,4 +740,4 @@ def offload_summary(plan: OffloadPlan) -> str:
             f"{len(plan.offloaded)} of {len(plan.units)} units written, swap file {format_bytes(plan.file_bytes)}")
 
 
-__all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "offload_summary"]
+__all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "cpu_per_mib", "offload_summary"]

@@ -12,22 +12,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.offload.scheduler import OffloadScheduler
-from engine.offload.storage import DelayHook, parse_bytes
+from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
 
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``, ``--offload-params``."""
+    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``, ``--offload-params``,
+    ``--offload-verify full|header|off`` (engine.offload.storage)."""
 
     window: int | str | None = None  # N, "auto", or None with a budget (the largest window that fits)
     budget_bytes: int | None = None
     directory: str | None = None
     params: bool = False  # the optimizer state goes to disk between updates (engine.offload.params)
+    verify: str = "full"  # what is checked when a record comes back from the swap file
 
     @classmethod
     def from_options(cls, n: str | None, budget: str | None, directory: str | None,
-                     params: bool = False) -> OffloadConfig | None:
+                     params: bool = False, verify: str = "full") -> OffloadConfig | None:
         """The config for the command-line options, None when offload is off; ValueError on bad values."""
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         if n is None and budget is None:
             if params:
                 raise ValueError("--offload-params goes with --offload-n N|auto or --offload-budget BYTES")
@@ -47,11 +51,11 @@ class OffloadConfig:
         budget_bytes = parse_bytes(budget) if budget is not None else None
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"--offload-budget must be positive, got {budget!r}")
-        return cls(window, budget_bytes, directory, params)
+        return cls(window, budget_bytes, directory, params, verify)
 
     def scheduler(self, backend: Any, delay: DelayHook | None = None, **options: Any) -> OffloadScheduler:
         return OffloadScheduler(backend, self.window, budget_bytes=self.budget_bytes, directory=self.directory,
-                                delay=delay, **options)
+                                delay=delay, verify=self.verify, **options)
 
 
 class OffloadSession:
@@ -120,13 +124,13 @@ def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> N
 
 
 def session_from_options(net: Any, batch_size: int, n: str | None, budget: str | None,
-                         directory: str | None, params: bool = False) -> OffloadSession | None:
+                         directory: str | None, params: bool = False, verify: str = "full") -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
     Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
     an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
     """
-    config = OffloadConfig.from_options(n, budget, directory, params)
+    config = OffloadConfig.from_options(n, budget, directory, params, verify)
     if config is None:
         return None
     if params and net.backend.is_device:
