@@ -5,6 +5,9 @@ two-pass variance, which does not lose digits the way E[x²] − E[x]² does), u
 statistics, and normalizes the channel. Backward is one kernel too: two tree sums (Σ dout and
 Σ dout·x̂) and then dx. Shared-memory trees with a block size fixed by the shape: no atomics, the
 same bits on every run.
+
+``batchnorm_backward_from_output`` rebuilds x̂ = (out − β) / γ from the output (In-Place ABN, see
+kernels/cpu/batchnorm.py); every kernel uses γ with |γ| raised to ``GAMMA_MIN``, as the CPU's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ from typing import Any
 from numba import cuda, float32
 
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, f32, launch, reduction_threads
+
+GAMMA_MIN = 1e-5
+
+
+@cuda.jit(device=True)
+def safe_gamma(g):
+    if abs(g) >= float32(GAMMA_MIN):
+        return g
+    return float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
 
 
 @cuda.jit
@@ -68,7 +80,7 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
         running_mean[c] = (float32(1.0) - momentum) * running_mean[c] + momentum * mean
         running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
 
-    scale = gamma[c] * invstd
+    scale = safe_gamma(gamma[c]) * invstd
     shift = beta[c]
     for e in range(tid, count, threads):
         n = e // P
@@ -87,7 +99,7 @@ def batchnorm_infer_kernel(x, gamma, beta, running_mean, running_var, out, eps):
         rest = e - n * (C * P)
         c = rest // P
         p = rest - c * P
-        scale = gamma[c] / math.sqrt(running_var[c] + eps)
+        scale = safe_gamma(gamma[c]) / math.sqrt(running_var[c] + eps)
         out[n, c, p] = (x[n, c, p] - running_mean[c]) * scale + beta[c]
 
 
@@ -128,13 +140,62 @@ def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat
 
-    scale = gamma[c] * invstd
+    scale = safe_gamma(gamma[c]) * invstd
     mean_dout = total_dout / float32(count)
     mean_dout_xhat = total_dout_xhat / float32(count)
     for e in range(tid, count, threads):
         n = e // P
         p = e - n * P
         xhat = (x[n, c, p] - mean) * invstd
+        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
+
+
+@cuda.jit
+def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
+    """As batchnorm_backward_kernel, with x̂ = (out − β) / γ rebuilt from the output."""
+    sum_dout = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
+    sum_dout_xhat = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
+    c = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    P = y.shape[2]
+    count = y.shape[0] * P
+    g = safe_gamma(gamma[c])
+    inv_g = float32(1.0) / g
+    b = beta[c]
+    invstd = save_invstd[c]
+
+    acc_dout = float32(0.0)
+    acc_dout_xhat = float32(0.0)
+    for e in range(tid, count, threads):
+        n = e // P
+        p = e - n * P
+        d = dout[n, c, p]
+        acc_dout += d
+        acc_dout_xhat += d * ((y[n, c, p] - b) * inv_g)
+    sum_dout[tid] = acc_dout
+    sum_dout_xhat[tid] = acc_dout_xhat
+    cuda.syncthreads()
+    step = threads // 2
+    while step > 0:  # both fixed-order trees in one pass
+        if tid < step:
+            sum_dout[tid] += sum_dout[tid + step]
+            sum_dout_xhat[tid] += sum_dout_xhat[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    total_dout = sum_dout[0]
+    total_dout_xhat = sum_dout_xhat[0]
+    if tid == 0:
+        dbeta[c] = total_dout
+        dgamma[c] = total_dout_xhat
+
+    scale = g * invstd
+    mean_dout = total_dout / float32(count)
+    mean_dout_xhat = total_dout_xhat / float32(count)
+    for e in range(tid, count, threads):
+        n = e // P
+        p = e - n * P
+        xhat = (y[n, c, p] - b) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
 
 
@@ -206,6 +267,26 @@ def batchnorm_backward(
         _view3(dout),
         gamma,
         save_mean,
+        save_invstd,
+        _view3(dx),
+        dgamma,
+        dbeta,
+    )
+
+
+def batchnorm_backward_from_output(
+    out: Any, dout: Any, gamma: Any, beta: Any, save_invstd: Any, dx: Any, dgamma: Any, dbeta: Any
+) -> None:
+    y3 = _view3(out)
+    N, C, P = y3.shape
+    launch(
+        batchnorm_backward_from_output_kernel,
+        C,
+        reduction_threads(N * P),
+        y3,
+        _view3(dout),
+        gamma,
+        beta,
         save_invstd,
         _view3(dx),
         dgamma,

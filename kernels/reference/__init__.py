@@ -39,7 +39,8 @@ FAMILY_NAMES: dict[str, tuple[str, ...]] = {
         "global_avgpool_forward",
         "global_avgpool_backward",
     ),
-    "batchnorm": ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward"),
+    "batchnorm": ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward",
+                  "batchnorm_backward_from_output"),
     "loss": ("softmax_xent_forward", "softmax_xent_backward"),
     "optim": ("sgd_update", "adam_update"),
 }

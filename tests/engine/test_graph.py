@@ -77,9 +77,8 @@ def test_lifespans_of_a_residual_graph():
     # L = 8 nodes: forward of node i is step i, backward of node i is step 15 - i.
     assert residual_graph().lifespans() == {
         "input": (0, 15),  # c1 keeps its input until its backward
-        "c1:out": (0, 14),  # bn keeps its input
-        "bn:out": (1, 2),
-        "bn:save_mean": (1, 14),
+        "c1:out": (0, 1),  # bn keeps its output, not its input (In-Place ABN)
+        "bn:out": (1, 14),
         "bn:save_invstd": (1, 14),
         "r1:out": (2, 13),  # read by c2 (kept to step 12) and add; r1's own backward reads it at 13
         "c2:out": (3, 4),
