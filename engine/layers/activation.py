@@ -1,5 +1,10 @@
 """ReLU and ReLU6. Backward takes its mask from the forward *output*, so the layer keeps its output,
-and writes the input gradient over the output gradient when nothing else reads that."""
+and writes the input gradient over the output gradient when nothing else reads that.
+
+``recompute_output`` reruns the forward kernel: when the input is kept anyway (a batch norm's output,
+In-Place ABN) the offload plan rebuilds the output from it instead of writing it to disk and reading
+it back (one pass over memory instead of a write and a read, and the same bits).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from engine.layers.base import InputGradients, Layer, Shape
 
 class ReLU(Layer):
     keeps_output = True
+    recomputable = True
     input_gradients = InputGradients.OVER_DOUT
     forward_op = "relu_forward"
     backward_op = "relu_backward"
@@ -25,6 +31,9 @@ class ReLU(Layer):
         if training:
             self.saved = {"out": out}
         return out
+
+    def recompute_output(self, x: Any, out: Any) -> None:
+        getattr(self.backend.kernels, self.forward_op)(x, out)
 
     def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:

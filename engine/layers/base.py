@@ -77,6 +77,7 @@ class Layer:
     keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
     input_gradients: InputGradients = InputGradients.NEW
+    recomputable: bool = False  # recompute_output rebuilds the output bit for bit from the input (offload plan)
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
@@ -143,6 +144,14 @@ class Layer:
 
     def clear_saved(self) -> None:
         self.saved = {}
+
+    def recompute_output(self, x: Any, out: Any) -> None:
+        """Rebuild the forward output of input ``x`` into ``out`` with the forward's own kernel (same bits).
+
+        Only for ``recomputable`` layers: the offload plan rebuilds such an output from a kept input
+        instead of swapping it (engine.offload.plan).
+        """
+        raise NotImplementedError(f"{self.describe()} cannot recompute its output")
 
     # ---- helpers for subclasses -----------------------------------------------------------------
 

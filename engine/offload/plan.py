@@ -121,6 +121,20 @@ class Occupation:
         return self.start <= other.end and other.start <= self.end
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """A saved unit rebuilt from another unit's tensor instead of swapped: ``layer.recompute_output``.
+
+    ``node`` is the layer whose output is rebuilt, ``source`` the unit holding its input (``source_tensor``)
+    and ``tensor`` the rebuilt output, both as laid out in their units.
+    """
+
+    node: int
+    source: tuple[int, str]
+    source_tensor: TensorSpec
+    tensor: TensorSpec
+
+
 @dataclass
 class UnitPlan:
     spec: UnitSpec
@@ -128,10 +142,20 @@ class UnitPlan:
     offloaded: bool  # written after the forward and read back before the backward
     occupations: tuple[Occupation, ...]
     file_offset: int | None  # where its records start in the swap file (None when never written)
+    recompute: Recompute | None = None  # rebuilt from a kept tensor before its backward instead of swapped
+    load_at: int | None = None  # first backward step it must be in memory (earlier than its own when a
+    # recomputed unit reads it)
 
     @property
     def key(self) -> tuple[int, str]:
         return self.spec.key
+
+    @property
+    def decision(self) -> str:
+        """keep, swap, recompute or transient: what ``engine memory --offload-n`` shows per unit."""
+        if self.spec.backward_start is None:
+            return "transient"
+        return "swap" if self.offloaded else ("recompute" if self.recompute is not None else "keep")
 
     @property
     def nbytes(self) -> int:
@@ -158,9 +182,15 @@ class OffloadPlan:
         return [u for u in self.units.values() if u.offloaded]
 
     @property
+    def recomputed(self) -> list[UnitPlan]:
+        """Units rebuilt before their backward, in the order the backward needs them."""
+        return sorted((u for u in self.units.values() if u.recompute is not None),
+                      key=lambda u: (u.spec.backward_start, -u.spec.owner))
+
+    @property
     def load_order(self) -> list[UnitPlan]:
         """Offloaded units in the order the backward needs them (the loader's queue)."""
-        return sorted(self.offloaded, key=lambda u: (u.spec.backward_start, -u.spec.owner))
+        return sorted(self.offloaded, key=lambda u: (u.load_at, -u.spec.owner))
 
     @property
     def offloaded_bytes(self) -> int:
@@ -175,6 +205,8 @@ class OffloadPlan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "total_bytes": self.total_bytes,
             "offloaded_bytes": self.offloaded_bytes,
+            "recomputed_units": len(self.recomputed),
+            "recomputed_bytes": sum(u.nbytes for u in self.recomputed),
             "file_bytes": self.file_bytes,
             "peak_units": self.peak_units,
         }
@@ -196,12 +228,16 @@ def file_layout(units: Sequence[UnitSpec]) -> tuple[dict[tuple[int, str], int], 
     return offsets, position
 
 
-def occupations_for(unit: UnitSpec, window: int) -> tuple[tuple[Occupation, ...], bool]:
-    """The unit's spans for a window of ``window`` and whether it is written to disk."""
+def occupations_for(unit: UnitSpec, window: int, needed_from: int | None = None) -> tuple[tuple[Occupation, ...], bool]:
+    """The unit's spans for a window of ``window`` and whether it is written to disk (or recomputed).
+
+    ``needed_from``: the first backward step that needs the unit, when earlier than its own (a
+    recomputed unit reads it).
+    """
     if unit.backward_start is None:
         return (Occupation(unit.key, 0, unit.created, unit.forward_end),), False
     forward_until = unit.forward_end + window
-    backward_from = unit.backward_start - window
+    backward_from = (unit.backward_start if needed_from is None else needed_from) - window
     if backward_from <= forward_until + 1:  # the spans touch: keep it, never write it
         return (Occupation(unit.key, 0, unit.created, unit.backward_end),), False
     return (
@@ -210,13 +246,36 @@ def occupations_for(unit: UnitSpec, window: int) -> tuple[tuple[Occupation, ...]
     ), True
 
 
-def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPlan:
-    """Plan the arena for ``window`` (>= 1) layers of slack on each side of the executing one."""
+def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
+               recompute: Mapping[tuple[int, str], Recompute] | None = None) -> OffloadPlan:
+    """Plan the arena for ``window`` (>= 1) layers of slack on each side of the executing one.
+
+    ``recompute`` (``recompute_candidates``): units that may be rebuilt from another unit instead of
+    swapped. A candidate that the window would write is recomputed instead; its source is then
+    needed (loaded) from the candidate's first backward step on.
+    """
     if window < 1:
         raise ValueError(f"the offload window must be at least 1 layer, got {window}")
     units = [u for u in units if u.tensors]
     file_offsets, file_bytes = file_layout(units)
-    spans = {u.key: occupations_for(u, window) for u in units}
+    chosen: dict[tuple[int, str], Recompute] = {}
+    needed_from: dict[tuple[int, str], int] = {}
+    keys = {u.key for u in units}
+    for u in units:
+        candidate = (recompute or {}).get(u.key)
+        if candidate is None or candidate.source not in keys or not occupations_for(u, window)[1]:
+            continue  # nothing to rebuild from, or the window keeps it anyway
+        chosen[u.key] = candidate
+        needed_from[candidate.source] = min(needed_from.get(candidate.source, u.backward_start), u.backward_start)
+    spans = {}
+    for u in units:
+        start = needed_from.get(u.key)
+        if start is not None and u.backward_start is not None:
+            start = min(start, u.backward_start)
+        occupations, written = occupations_for(u, window, start)
+        spans[u.key] = (occupations, written and u.key not in chosen)
+    load_at = {u.key: min(needed_from.get(u.key, u.backward_start), u.backward_start)
+               for u in units if u.backward_start is not None}
 
     # Largest first, earlier first among equals: the TFLite arena order; first fit at the lowest offset.
     order = sorted(range(len(units)), key=lambda i: (-units[i].footprint, units[i].created, units[i].key))
@@ -226,7 +285,7 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPla
 
     plans = {
         u.key: UnitPlan(u, placed[u.key], spans[u.key][1], spans[u.key][0],
-                        file_offsets.get(u.key) if spans[u.key][1] else None)
+                        file_offsets.get(u.key) if spans[u.key][1] else None, chosen.get(u.key), load_at.get(u.key))
         for u in units
     }
     arena_bytes = max((p.arena_offset + p.nbytes for p in plans.values()), default=0)
@@ -374,3 +433,31 @@ def graph_units(graph: object, batch_size: int) -> tuple[list[UnitSpec], dict[in
                                  min(backward) if backward else None, max(backward) if backward else None))
     units, creations = group_units({n.index: n.index for n in nodes}, {n.index: n.name for n in nodes}, uses)
     return units, creations, steps
+
+
+def recompute_candidates(graph: object, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
+    """Saved units that can be rebuilt instead of swapped: the output of a ``recomputable`` layer
+    (ReLU) whose saved unit holds nothing else, from its input when that input is kept in its
+    producer's saved unit anyway (a batch norm keeps its output: In-Place ABN).
+
+    Why (issue 11): such an output costs a write and a read of its bytes per step; rebuilding it is
+    one pass of the forward kernel over bytes already loaded, with the same bits. Capuchin decides
+    per tensor between swap and recompute by their costs; here the choice is structural, because a
+    ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
+    """
+    nodes = graph.nodes  # type: ignore[attr-defined]
+    saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
+    result: dict[tuple[int, str], Recompute] = {}
+    for node in nodes:
+        unit = saved.get(node.index)
+        if unit is None or not node.layer.recomputable or len(node.inputs) != 1 or len(unit.tensors) != 1:
+            continue
+        source = saved.get(node.inputs[0])
+        if source is None or unit.tensors[0].name != f"{node.name}:out":
+            continue
+        wanted = f"{nodes[node.inputs[0]].name}:out"
+        source_tensor = next((t for t in source.tensors if t.name == wanted), None)
+        if source_tensor is None or source_tensor.shape != unit.tensors[0].shape:
+            continue
+        result[unit.key] = Recompute(node.index, source.key, source_tensor, unit.tensors[0])
+    return result

@@ -46,7 +46,16 @@ import numpy as np
 
 from engine.memory.array_type import ArrayType
 from engine.memory.tensor import CLOSED, Tensor
-from engine.offload.plan import OffloadPlan, TensorSpec, UnitPlan, UnitSpec, build_plan, graph_units
+from engine.offload.plan import (
+    OffloadPlan,
+    Recompute,
+    TensorSpec,
+    UnitPlan,
+    UnitSpec,
+    build_plan,
+    graph_units,
+    recompute_candidates,
+)
 from engine.offload.staging import transfer_for
 from engine.offload.storage import VERIFY_MODES, DelayHook, SwapRecord, SwapStorage, format_bytes
 
@@ -113,6 +122,8 @@ class StepStats:
     bytes_read: int = 0
     bound_bytes: int = 0  # the plan's arena: resident bytes never exceed it
     page_cache_bytes: int = -1  # of the swap file, sampled at the start of the backward (-1: not sampled)
+    recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
+    recomputed_bytes: int = 0
     offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
     onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
@@ -160,6 +171,7 @@ class OffloadScheduler:
         shrink_after: int = 2,
         sample_page_cache: bool = False,
         verify: str = "full",
+        recompute: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -177,6 +189,10 @@ class OffloadScheduler:
         self.shrink_after = max(1, int(shrink_after))
         self.sample_page_cache = sample_page_cache
         self.verify = verify
+        self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
+        self._recompute: dict[tuple[int, str], Recompute] = {}
+        self._recompute_order: list[_Unit] = []
+        self._recompute_cursor = 0
 
         if self.adaptive:
             self.window = max(self.min_window, int(initial_window or self.min_window))
@@ -297,10 +313,11 @@ class OffloadScheduler:
         window = self.window if window is None else window
         if self._batch_size != batch_size or not self._unit_specs:  # what create() checks against, too
             self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
+            self._recompute = recompute_candidates(self._graph, self._unit_specs) if self.recompute else {}
             self._batch_size = batch_size
         key = (batch_size, window)
         if key not in self._plans:
-            self._plans[key] = build_plan(self._unit_specs, window, self._steps)
+            self._plans[key] = build_plan(self._unit_specs, window, self._steps, self._recompute)
         return self._plans[key]
 
     def _window_limit(self, batch_size: int) -> int:
@@ -390,6 +407,7 @@ class OffloadScheduler:
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
         self._load_order = [self._units[u.key] for u in plan.load_order]
+        self._recompute_order = [self._units[u.key] for u in plan.recomputed]
         if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
             start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
@@ -465,6 +483,7 @@ class OffloadScheduler:
         self._needs_plan = True
         self._t = -1
         self._load_cursor = 0
+        self._recompute_cursor = 0
         self._created_by_owner: dict[int, int] = {}
         self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
         self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
@@ -488,8 +507,8 @@ class OffloadScheduler:
                     self._set_state(unit, LayerState.WAIT_FOR_OFF)
                     self._saves_pending += 1
                 self._save_queue.put((self._generation, unit))
-            elif unit.spec.backward_start is None:  # transient: nothing reads it again
-                self._release(unit, 0)
+            elif unit.spec.backward_start is None or unit.plan.recompute is not None:
+                self._release(unit, 0)  # transient: nothing reads it again; recomputed: rebuilt before its backward
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
@@ -498,13 +517,42 @@ class OffloadScheduler:
         if self._t == self._steps // 2 and self.sample_page_cache and self.storage is not None:
             self._current.page_cache_bytes = self.storage.page_cache_bytes()
         order = self._load_order
-        while self._load_cursor < len(order) and order[self._load_cursor].spec.backward_start <= step:
+        while self._load_cursor < len(order) and order[self._load_cursor].plan.load_at <= step:
             unit = order[self._load_cursor]
             with self._cond:
                 waited = self._wait_for(lambda u=unit: u.state is LayerState.READY_FOR_EXEC)
             self._current.load_wait_s += waited
             self._transfer.wait_loaded(unit.event)
             self._load_cursor += 1
+        rebuild = self._recompute_order
+        while self._recompute_cursor < len(rebuild) and rebuild[self._recompute_cursor].spec.backward_start <= step:
+            self._rebuild(rebuild[self._recompute_cursor])
+            self._recompute_cursor += 1
+
+    def _rebuild(self, unit: _Unit) -> None:
+        """Recompute a unit from its source (in memory now: loaded by ``load_at``) into its arena bytes.
+
+        On the executor: the rebuild is one elementwise pass (a ReLU over a batch norm's output); on
+        two cores a loader thread running it would take the same core from the next kernel.
+        """
+        recompute = unit.plan.recompute
+        source = self._units[recompute.source]
+        with self._cond:
+            waited = self._wait_for(lambda: source.state is LayerState.READY_FOR_EXEC and self._room_free(unit, 1))
+            self._current.room_wait_s += waited
+            self._set_state(unit, LayerState.READY_FOR_EXEC)
+            unit.region.open(self._generation)
+        started = time.perf_counter()
+        x = self._tensor(source, recompute.source_tensor)
+        out = self._tensor(unit, recompute.tensor)
+        self._graph.nodes[recompute.node].layer.recompute_output(x, out)
+        self._current.recompute_s += time.perf_counter() - started
+        self._current.recomputed_bytes += recompute.tensor.nbytes
+
+    def _tensor(self, unit: _Unit, tensor_spec: TensorSpec) -> Tensor:
+        start = unit.plan.arena_offset + tensor_spec.offset
+        view = self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
+        return Tensor(view, tensor_spec.array_type, unit.region, self._generation, start)
 
     def after_backward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
@@ -579,6 +627,8 @@ class OffloadScheduler:
             "written_bytes": s.bytes_written,
             "read_bytes": s.bytes_read,
             "stall_ms": round(1e3 * s.stall_s, 3),
+            "recompute_ms": round(1e3 * s.recompute_s, 3),
+            "recomputed_bytes": s.recomputed_bytes,
             "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
             "onload_cpu_ms": round(1e3 * s.onload_cpu_s, 3),
             "offload_cpu_us_per_mib": round(s.offload_cpu_us_per_mib, 1),
@@ -705,7 +755,7 @@ class OffloadScheduler:
             generation, order = item
             try:
                 for unit in order:
-                    lookahead_from = unit.spec.backward_start - self._plan.window
+                    lookahead_from = unit.plan.load_at - self._plan.window
                     with self._cond:
                         while not (generation != self._generation or self._error is not None or self._closed or (
                                 self._t >= lookahead_from and unit.state is LayerState.SWAPPED

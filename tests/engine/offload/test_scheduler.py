@@ -81,6 +81,28 @@ def test_weights_are_bit_identical_with_any_window(cpu, tmp_path, model, options
     assert swap_dirs(tmp_path) == []  # every run removed its directory
 
 
+def test_relu_outputs_are_recomputed_not_swapped_with_the_same_bits(cpu, tmp_path):
+    """A ReLU after a batch norm is rebuilt from the kept batch-norm output: fewer bytes written, same weights,
+    whatever the verify mode."""
+    shape = (3, 8, 8)
+    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    runs = {}
+    for recompute, verify in ((False, "full"), (True, "full"), (True, "header"), (True, "off")):
+        weights, stats, scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, recompute=recompute,
+                                          verify=verify)
+        for key in reference:
+            assert np.array_equal(reference[key], weights[key]), f"recompute {recompute}, {verify}: {key} differs"
+        assert_bounded(stats)
+        runs[recompute, verify] = stats[-1], scheduler._plan
+    swapped, plain_plan = runs[False, "full"]
+    rebuilt, plan = runs[True, "full"]
+    assert swapped.recomputed_bytes == 0 and rebuilt.recomputed_bytes > 0 and rebuilt.recompute_s > 0
+    assert {u.decision for u in plan.recomputed} == {"recompute"}
+    assert all(u.spec.name.endswith("relu") or ".relu" in u.spec.name for u in plan.recomputed)
+    assert rebuilt.bytes_written < 0.75 * swapped.bytes_written
+    assert plan.offloaded_bytes < 0.75 * plain_plan.offloaded_bytes
+
+
 def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
     def slow(operation, nbytes):
         if operation == "read":
