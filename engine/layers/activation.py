@@ -32,8 +32,8 @@ class ReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def recompute_output(self, x: Any, out: Any) -> None:
-        getattr(self.backend.kernels, self.forward_op)(x, out)
+    def recompute_output(self, inputs: list[Any], out: Any) -> None:
+        getattr(self.backend.kernels, self.forward_op)(inputs[0], out)
 
     def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
         if not need_input_grads[0]:

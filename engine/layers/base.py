@@ -145,11 +145,11 @@ class Layer:
     def clear_saved(self) -> None:
         self.saved = {}
 
-    def recompute_output(self, x: Any, out: Any) -> None:
-        """Rebuild the forward output of input ``x`` into ``out`` with the forward's own kernel (same bits).
+    def recompute_output(self, inputs: list[Any], out: Any) -> None:
+        """Rebuild the forward output of ``inputs`` into ``out`` with the forward's own kernel (same bits).
 
-        Only for ``recomputable`` layers: the offload plan rebuilds such an output from a kept input
-        instead of swapping it (engine.offload.plan).
+        Only for ``recomputable`` layers: the offload plan rebuilds such an output from kept inputs
+        instead of swapping it (engine.offload.plan). ``out`` may be an input for elementwise layers.
         """
         raise NotImplementedError(f"{self.describe()} cannot recompute its output")
 

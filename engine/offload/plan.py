@@ -123,16 +123,20 @@ class Occupation:
 
 @dataclass(frozen=True)
 class Recompute:
-    """A saved unit rebuilt from another unit's tensor instead of swapped: ``layer.recompute_output``.
+    """A saved unit rebuilt from other units' tensors instead of swapped: ``layer.recompute_output``.
 
-    ``node`` is the layer whose output is rebuilt, ``source`` the unit holding its input (``source_tensor``)
-    and ``tensor`` the rebuilt output, both as laid out in their units.
+    ``nodes`` run in order (the first reads ``sources``, each later one rewrites ``tensor`` in place:
+    a ReLU, or an Add then a ReLU); ``sources`` are (unit, tensor) pairs of the first node's inputs;
+    ``tensor`` is the rebuilt output as laid out in its unit.
     """
 
-    node: int
-    source: tuple[int, str]
-    source_tensor: TensorSpec
+    nodes: tuple[int, ...]
+    sources: tuple[tuple[tuple[int, str], TensorSpec], ...]
     tensor: TensorSpec
+
+    @property
+    def source_units(self) -> tuple[tuple[int, str], ...]:
+        return tuple(dict.fromkeys(key for key, _ in self.sources))
 
 
 @dataclass
@@ -261,12 +265,15 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
     chosen: dict[tuple[int, str], Recompute] = {}
     needed_from: dict[tuple[int, str], int] = {}
     keys = {u.key for u in units}
-    for u in units:
+    for u in sorted(units, key=lambda u: u.created):  # forward order: a source is decided before its readers
         candidate = (recompute or {}).get(u.key)
-        if candidate is None or candidate.source not in keys or not occupations_for(u, window)[1]:
+        if candidate is None or not occupations_for(u, window)[1]:
             continue  # nothing to rebuild from, or the window keeps it anyway
+        if any(key not in keys or key in chosen for key in candidate.source_units):
+            continue  # a source rebuilt itself would be in memory only after this unit needs it
         chosen[u.key] = candidate
-        needed_from[candidate.source] = min(needed_from.get(candidate.source, u.backward_start), u.backward_start)
+        for key in candidate.source_units:
+            needed_from[key] = min(needed_from.get(key, u.backward_start), u.backward_start)
     spans = {}
     for u in units:
         start = needed_from.get(u.key)
@@ -438,26 +445,43 @@ def graph_units(graph: object, batch_size: int) -> tuple[list[UnitSpec], dict[in
 def recompute_candidates(graph: object, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
     """Saved units that can be rebuilt instead of swapped: the output of a ``recomputable`` layer
     (ReLU) whose saved unit holds nothing else, from its input when that input is kept in its
-    producer's saved unit anyway (a batch norm keeps its output: In-Place ABN).
+    producer's saved unit anyway (a batch norm keeps its output: In-Place ABN); or, when its input is
+    an Add read by nothing else, from the Add's two inputs (Add, then ReLU in place). ``build_plan``
+    takes a candidate only when the window would write it and none of its sources is rebuilt itself.
 
     Why (issue 11): such an output costs a write and a read of its bytes per step; rebuilding it is
-    one pass of the forward kernel over bytes already loaded, with the same bits. Capuchin decides
+    one or two elementwise passes over bytes in memory anyway, with the same bits. Capuchin decides
     per tensor between swap and recompute by their costs; here the choice is structural, because a
     ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
     """
     nodes = graph.nodes  # type: ignore[attr-defined]
     saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
+
+    def kept_output(index: int) -> tuple[tuple[int, str], TensorSpec] | None:
+        unit = saved.get(index)
+        if index < 0 or unit is None:
+            return None
+        tensor = next((t for t in unit.tensors if t.name == f"{nodes[index].name}:out"), None)
+        return None if tensor is None else (unit.key, tensor)
+
     result: dict[tuple[int, str], Recompute] = {}
     for node in nodes:
         unit = saved.get(node.index)
-        if unit is None or not node.layer.recomputable or len(node.inputs) != 1 or len(unit.tensors) != 1:
+        if (unit is None or not node.layer.recomputable or len(node.inputs) != 1 or len(unit.tensors) != 1
+                or unit.tensors[0].name != f"{node.name}:out"):
             continue
-        source = saved.get(node.inputs[0])
-        if source is None or unit.tensors[0].name != f"{node.name}:out":
+        chain: tuple[int, ...] = (node.index,)
+        first = node.inputs[0]
+        source = kept_output(first)
+        sources = [source] if source is not None else []
+        if source is None and first >= 0:  # a recomputable producer read by nothing else (Add): rebuild it too
+            producer = nodes[first]
+            if producer.layer.recomputable and producer.consumers == (node.index,) and first not in saved:
+                chain = (first, node.index)
+                sources = [kept_output(i) for i in producer.inputs]  # type: ignore[misc]
+        if not sources or any(s is None for s in sources):
             continue
-        wanted = f"{nodes[node.inputs[0]].name}:out"
-        source_tensor = next((t for t in source.tensors if t.name == wanted), None)
-        if source_tensor is None or source_tensor.shape != unit.tensors[0].shape:
+        if any(t.shape != unit.tensors[0].shape for _, t in sources):
             continue
-        result[unit.key] = Recompute(node.index, source.key, source_tensor, unit.tensors[0])
+        result[unit.key] = Recompute(chain, tuple(sources), unit.tensors[0])  # type: ignore[arg-type]
     return result

@@ -536,16 +536,19 @@ class OffloadScheduler:
         two cores a loader thread running it would take the same core from the next kernel.
         """
         recompute = unit.plan.recompute
-        source = self._units[recompute.source]
+        sources = [self._units[key] for key in recompute.source_units]
         with self._cond:
-            waited = self._wait_for(lambda: source.state is LayerState.READY_FOR_EXEC and self._room_free(unit, 1))
+            waited = self._wait_for(lambda: all(u.state is LayerState.READY_FOR_EXEC for u in sources)
+                                    and self._room_free(unit, 1))
             self._current.room_wait_s += waited
             self._set_state(unit, LayerState.READY_FOR_EXEC)
             unit.region.open(self._generation)
         started = time.perf_counter()
-        x = self._tensor(source, recompute.source_tensor)
+        inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
         out = self._tensor(unit, recompute.tensor)
-        self._graph.nodes[recompute.node].layer.recompute_output(x, out)
+        for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
+            self._graph.nodes[node].layer.recompute_output(inputs, out)
+            inputs = [out]
         self._current.recompute_s += time.perf_counter() - started
         self._current.recomputed_bytes += recompute.tensor.nbytes
 

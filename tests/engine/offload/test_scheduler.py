@@ -99,6 +99,8 @@ def test_relu_outputs_are_recomputed_not_swapped_with_the_same_bits(cpu, tmp_pat
     assert swapped.recomputed_bytes == 0 and rebuilt.recomputed_bytes > 0 and rebuilt.recompute_s > 0
     assert {u.decision for u in plan.recomputed} == {"recompute"}
     assert all(u.spec.name.endswith("relu") or ".relu" in u.spec.name for u in plan.recomputed)
+    chains = [u.recompute.nodes for u in plan.recomputed]
+    assert any(len(c) == 1 for c in chains) and any(len(c) == 2 for c in chains)  # ReLU, and Add then ReLU
     assert rebuilt.bytes_written < 0.75 * swapped.bytes_written
     assert plan.offloaded_bytes < 0.8 * plain_plan.offloaded_bytes  # whole pages: tiny shapes round up
 
