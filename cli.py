@@ -416,6 +416,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
                        f"saved tensors {peaks['offload_arena_bytes'] / mib:.1f} MiB resident instead of "
                        f"{peaks['offloadable_bytes_no_offload'] / mib:.1f} MiB; "
                        f"{peaks['written_per_step_bytes'] / mib:.1f} MiB written per step")
+            from engine.offload.session import render_plan_layers
+
+            click.echo(render_plan_layers(peaks))
 
 
 

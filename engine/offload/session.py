@@ -150,7 +150,7 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     """
     from engine.layers.base import nbytes
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import build_plan, graph_units
+    from engine.offload.plan import build_plan, graph_units, recompute_candidates
 
     report = net.memory_report(batch_size)
     graph = net.graph
@@ -166,8 +166,18 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     rest = max(sum(nbytes(t.shape, t.dtype) for t in others if t.first <= step <= t.last) + scratch[step]
                for step in range(steps))
     units, _, _ = graph_units(graph, batch_size)
-    plan = build_plan(units, window, steps)
+    plan = build_plan(units, window, steps, recompute_candidates(graph, units))
+    swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    layers = []
+    for unit in sorted(plan.units.values(), key=lambda u: (u.spec.owner, u.spec.part)):
+        if unit.spec.backward_start is None:
+            continue  # transient: read by forwards only, never kept for backward
+        source = ""
+        if unit.recompute is not None:
+            source = " + ".join(graph.nodes[key[0]].name for key in unit.recompute.source_units)
+        layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
+                       "bytes": unit.nbytes, "decision": unit.decision, "from": source})
     return {
         "window": window,
         "planned_peak_bytes_no_offload": report.planned_peak_bytes,
@@ -177,4 +187,21 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
         "offload_lower_bound_bytes": plan.lower_bound_bytes,
         "swap_file_bytes": plan.file_bytes,
         "written_per_step_bytes": plan.offloaded_bytes,
+        "written_per_step_bytes_swap_only": swap_only.offloaded_bytes,
+        "recomputed_per_step_bytes": sum(u.nbytes for u in plan.recomputed),
+        "layers": layers,
     }
+
+
+def render_plan_layers(peaks: dict[str, Any]) -> str:
+    """``engine memory --offload-n``: per layer, what its saved tensors do (keep, swap, recompute)."""
+    mib = 2.0**20
+    lines = [f"{'layer (saved for backward)':<34}{'tensors':<22}{'MiB':>8}  decision",
+             "-" * 86]
+    for row in peaks["layers"]:
+        decision = row["decision"] + (f" from {row['from']}" if row["from"] else "")
+        lines.append(f"{row['layer']:<34}{','.join(row['tensors']):<22}{row['bytes'] / mib:>8.2f}  {decision}")
+    lines.append(f"written per step: {peaks['written_per_step_bytes'] / mib:.1f} MiB with recompute, "
+                 f"{peaks['written_per_step_bytes_swap_only'] / mib:.1f} MiB if all of it were swapped; "
+                 f"{peaks['recomputed_per_step_bytes'] / mib:.1f} MiB rebuilt before backward instead")
+    return "\n".join(lines)
