@@ -125,6 +125,7 @@ class _Run:
                 page_cache_bytes=max(max(s.page_cache_bytes for s in stats), 0),
                 bound_bytes=max(s.bound_bytes for s in stats),
                 windows=[s.window for s in stats],
+                lead_steps=[s.lead_steps for s in stats],
                 io_cpu_ms_per_step=1e3 * float(np.mean([s.offload_cpu_s + s.onload_cpu_s for s in stats])),
                 offload_cpu_us_per_mib=cpu_per_mib(sum(s.offload_cpu_s for s in stats),
                                                    sum(s.bytes_written for s in stats)),
@@ -223,6 +224,7 @@ def run_bench(
             "peak_rss_bytes_no_offload": rss["no_offload"],
             "peak_rss_bytes_offload": rss["offload"],
             "windows": offload.get("windows", []),
+            "lead_steps": offload.get("lead_steps", []),
             "io_cpu_ms_per_step": offload.get("io_cpu_ms_per_step", 0.0),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
             "read_bytes_per_step": offload.get("read_bytes_per_step", 0),
@@ -259,6 +261,8 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"peak resident offloadable tensors: {_mib(r['peak_resident_bytes_no_offload'])} without offload, "
         f"{_mib(r['peak_resident_bytes_offload'])} with, + {_mib(r['page_cache_bytes_offload'])} swap page cache "
         f"({100 * r['resident_reduction']:.1f}% lower)",
+        f"window N per measured step: {r.get('windows', [])} (settled at {(r.get('windows') or ['-'])[-1]}); "
+        f"loader lead (steps ahead): {r.get('lead_steps', [])}",
         f"peak RSS: {_mib(r['peak_rss_bytes_no_offload'])} without offload, {_mib(r['peak_rss_bytes_offload'])} with "
         f"({_mib(r['peak_rss_bytes_offload'] - r['peak_rss_bytes_no_offload'])})",
     ]

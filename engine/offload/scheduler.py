@@ -28,6 +28,12 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
+With ``"auto"`` the loader also predicts each unit's load time from the read bandwidth it measured
+(bytes read / loader busy time, averaged over steps) and the unit's bytes, and starts the load that
+many timeline steps ahead (timed by the executor in the previous step), N at least (Capuchin's
+feedback: a load still in flight when needed moves earlier). Loading earlier than the plan's window
+is safe: a load waits until every earlier occupant of its bytes has left (``_room_free``); it only
+holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
 """
 
 from __future__ import annotations
@@ -122,6 +128,8 @@ class StepStats:
     bytes_read: int = 0
     bound_bytes: int = 0  # the plan's arena: resident bytes never exceed it
     page_cache_bytes: int = -1  # of the swap file, sampled at the start of the backward (-1: not sampled)
+    lead_steps: int = 0  # the longest lookahead (timeline steps) the loader used; N unless "auto" predicted more
+    read_bandwidth_bps: float = 0.0  # bytes read / loader busy time this step
     recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
     recomputed_bytes: int = 0
     offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
@@ -192,6 +200,10 @@ class OffloadScheduler:
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._recompute_order: list[_Unit] = []
+        self._bandwidth: float | None = None  # bytes/s the loader read at, averaged over steps (auto)
+        self._step_times: dict[int, float] = {}  # executor seconds per timeline step, last step (auto)
+        self._lead: dict[tuple[int, str], int] = {}  # per unit: steps before load_at that its load starts
+        self._last_advance = 0.0
         self._recompute_cursor = 0
 
         if self.adaptive:
@@ -585,6 +597,8 @@ class OffloadScheduler:
         if self.storage is not None:
             stats.bytes_written = self.storage.bytes_written - self._written0
             stats.bytes_read = self.storage.bytes_read - self._read0
+        stats.lead_steps = max([self._plan.window] + [self._lead.get(u.spec.key, 0) for u in self._load_order])
+        stats.read_bandwidth_bps = stats.bytes_read / stats.onload_s if stats.onload_s > 0 else 0.0
         stats.offload_cpu_us_per_mib = cpu_per_mib(stats.offload_cpu_s, stats.bytes_written)
         stats.onload_cpu_us_per_mib = cpu_per_mib(stats.onload_cpu_s, stats.bytes_read)
         self.stats.append(stats)
@@ -594,6 +608,31 @@ class OffloadScheduler:
                  format_bytes(stats.bytes_written), format_bytes(stats.bytes_read))
         if self.adaptive:
             self._adapt(stats)
+            self._predict_leads(stats)
+
+    def _predict_leads(self, stats: StepStats) -> None:
+        """Per offloaded unit of the next step: how many timeline steps ahead its load must start.
+
+        Predicted load time = unit bytes / measured read bandwidth (an average over steps, so one
+        slow read does not swing it); the lead is the number of executor steps before the unit's
+        ``load_at`` whose measured durations add up to that time, at least N and at most N_max.
+        """
+        if stats.bytes_read > 0 and stats.onload_s > 0:
+            measured = stats.bytes_read / stats.onload_s
+            self._bandwidth = measured if self._bandwidth is None else 0.5 * (self._bandwidth + measured)
+        if self._bandwidth is None or self._batch_size is None:
+            return
+        plan = self.plan_for(self._batch_size)
+        ceiling = max(self.window, self.max_window or self.window)
+        leads = {}
+        for unit in plan.load_order:
+            needed = unit.nbytes / self._bandwidth
+            lead, elapsed = 0, 0.0
+            while elapsed < needed and lead < ceiling and unit.load_at - lead - 1 >= 0:
+                lead += 1
+                elapsed += self._step_times.get(unit.load_at - lead, 0.0)
+            leads[unit.key] = max(self.window, lead)
+        self._lead = leads
 
     def _adapt(self, stats: StepStats) -> None:
         """Grow after a step in which the executor waited; shrink after quiet steps with idle IO threads."""
@@ -630,6 +669,7 @@ class OffloadScheduler:
             "written_bytes": s.bytes_written,
             "read_bytes": s.bytes_read,
             "stall_ms": round(1e3 * s.stall_s, 3),
+            "lead_steps": s.lead_steps,
             "recompute_ms": round(1e3 * s.recompute_s, 3),
             "recomputed_bytes": s.recomputed_bytes,
             "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
@@ -641,6 +681,10 @@ class OffloadScheduler:
     # -- executor helpers ------------------------------------------------------------------------
 
     def _advance(self, step: int) -> None:
+        now = time.perf_counter()
+        if self.adaptive and self._t >= 0:
+            self._step_times[self._t] = now - self._last_advance
+        self._last_advance = now
         with self._cond:
             self._t = step
             self._cond.notify_all()
@@ -758,7 +802,7 @@ class OffloadScheduler:
             generation, order = item
             try:
                 for unit in order:
-                    lookahead_from = unit.plan.load_at - self._plan.window
+                    lookahead_from = unit.plan.load_at - max(self._plan.window, self._lead.get(unit.spec.key, 0))
                     with self._cond:
                         while not (generation != self._generation or self._error is not None or self._closed or (
                                 self._t >= lookahead_from and unit.state is LayerState.SWAPPED

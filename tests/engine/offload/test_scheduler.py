@@ -118,6 +118,25 @@ def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
     assert_bounded(stats)
 
 
+def test_auto_predicts_load_times_and_starts_loads_that_far_ahead(cpu, tmp_path):
+    """Reads slowed to a known bandwidth: the loader's lead (steps ahead of the need) grows past N to cover
+    the predicted load time, the weights stay the same bits and memory stays inside the plan's arena."""
+    def slow(operation, nbytes):
+        if operation == "read":
+            time.sleep(0.02 + nbytes / 20e6)  # ~20 MB/s plus a fixed cost
+
+    reference, _, _ = train(cpu, "mlp", None, 5, 2, MLP, tmp_path, (3, 8, 8))
+    weights, stats, scheduler = train(cpu, "mlp", "auto", 5, 2, MLP, tmp_path, (3, 8, 8), delay=slow,
+                                      shrink_after=100)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    assert stats[0].lead_steps == stats[0].window  # nothing measured yet: the lead is N
+    assert 0 < scheduler._bandwidth < 1e9 and all(s.read_bandwidth_bps > 0 for s in stats)
+    assert any(s.lead_steps > s.window for s in stats[1:])  # a prediction reached further than N
+    assert all(lead >= scheduler.window for lead in scheduler._lead.values())
+    assert_bounded(stats)
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a RAM-backed directory for instant storage")
 def test_auto_window_shrinks_to_its_minimum_when_storage_is_instant(cpu, tmp_path):
     # Layers wide enough that a step outlasts a thread wake-up on a busy machine: "instant" storage
