@@ -107,9 +107,9 @@ def test_tensor_specs_carry_owner_type_shape_and_dtype():
         5,
         ArrayType.FF_CACHE,
         (2, 4, 2, 2),
-        np.int32,
+        np.uint8,  # the place in a 2x2 window: one byte (MaxPool2d.argmax_dtype)
     )
-    assert argmax.nbytes == 2 * 4 * 2 * 2 * 4
+    assert argmax.nbytes == 2 * 4 * 2 * 2
     assert specs["r1:out"].owner == 2 and specs["r1:out"].array_type is ArrayType.ACTIVATIONS
     assert specs["r1:grad"].owner == 4 and specs["r1:grad"].array_type is ArrayType.ACTIVATION_GRAD
     assert specs["fc:grad"].owner is None and specs["input"].array_type is ArrayType.INPUT

@@ -35,6 +35,8 @@ f1, f2, f3, f4 = (array(f32, d) for d in (1, 2, 3, 4))
 f2_any = array(f32, 2, "A")
 f2_fortran = array(f32, 2, "F")
 u8_1 = array(types.uint8, 1)
+u8_2 = array(types.uint8, 2)
+u8_4 = array(types.uint8, 4)
 i32_2 = array(types.int32, 2)
 i32_4 = array(types.int32, 4)
 i64_1 = array(i64, 1)
@@ -57,8 +59,9 @@ SIGNATURES = {
     "relu6_backward_kernel": [(f1, f1, f1)],
     "add_kernel": [(f1, f1, f1)],
     "dropout_kernel": [(f1, u8_1, f32, f1)],
-    "maxpool_forward_kernel": [(f4, f4, i32_4, i64, i64, i64)],
+    "maxpool_forward_kernel": [(f4, f4, i32_4, i64, i64, i64, boolean), (f4, f4, u8_4, i64, i64, i64, boolean)],
     "maxpool_backward_kernel": [(f2, i32_2, f2)],
+    "maxpool_backward_local_kernel": [(f2, u8_2, f2, i64, i64, i64, i64, i64)],
     "avgpool_forward_kernel": [(f4, f4, i64, i64, i64)],
     "avgpool_backward_kernel": [(f4, f4, i64, i64, i64)],
     "global_avgpool_forward_kernel": [(f2, f1)],
