@@ -126,6 +126,8 @@ class _Run:
                 bound_bytes=max(s.bound_bytes for s in stats),
                 windows=[s.window for s in stats],
                 lead_steps=[s.lead_steps for s in stats],
+                recompute_ms_per_step=1e3 * float(np.mean([s.recompute_s for s in stats])),
+                recomputed_bytes_per_step=int(np.mean([s.recomputed_bytes for s in stats])),
                 io_cpu_ms_per_step=1e3 * float(np.mean([s.offload_cpu_s + s.onload_cpu_s for s in stats])),
                 offload_cpu_us_per_mib=cpu_per_mib(sum(s.offload_cpu_s for s in stats),
                                                    sum(s.bytes_written for s in stats)),
@@ -225,6 +227,8 @@ def run_bench(
             "peak_rss_bytes_offload": rss["offload"],
             "windows": offload.get("windows", []),
             "lead_steps": offload.get("lead_steps", []),
+            "recompute_ms_per_step": offload.get("recompute_ms_per_step", 0.0),
+            "recomputed_bytes_per_step": offload.get("recomputed_bytes_per_step", 0),
             "io_cpu_ms_per_step": offload.get("io_cpu_ms_per_step", 0.0),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
             "read_bytes_per_step": offload.get("read_bytes_per_step", 0),
@@ -257,7 +261,9 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"swap IO per step: {_mib(r.get('written_bytes_per_step', 0))} written, "
         f"{_mib(r.get('read_bytes_per_step', 0))} read; "
         f"IO-thread CPU {r.get('offload_cpu_us_per_mib', 0):.0f} µs per MiB written, "
-        f"{r.get('onload_cpu_us_per_mib', 0):.0f} µs per MiB read",
+        f"{r.get('onload_cpu_us_per_mib', 0):.0f} µs per MiB read; "
+        f"{_mib(r.get('recomputed_bytes_per_step', 0))} recomputed by the executor in "
+        f"{r.get('recompute_ms_per_step', 0):.1f} ms",
         f"peak resident offloadable tensors: {_mib(r['peak_resident_bytes_no_offload'])} without offload, "
         f"{_mib(r['peak_resident_bytes_offload'])} with, + {_mib(r['page_cache_bytes_offload'])} swap page cache "
         f"({100 * r['resident_reduction']:.1f}% lower)",
