@@ -55,7 +55,7 @@ def info(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["cpu", "cudasim"]), default="cpu", show_default=True,
+@click.option("--backend", type=click.Choice(["cpu", "cudasim", "cuda"]), default="cpu", show_default=True,
               help="Kernel table to time (cudasim: the CUDA kernels in the simulator; use a tiny --batch-size).")
 @click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
 @click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
@@ -67,8 +67,25 @@ def info(as_json: bool) -> None:
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON records to this file.")
 @click.option("--warmup", is_flag=True, help="Only compile every CPU kernel into Numba's cache; print the time.")
-def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup) -> None:
+# --- CUDA options (issue 16): --static, --roofline, --launches; logic in engine/bench/cuda_*.py, roofline.py ---
+@click.option("--static", "static", is_flag=True,
+              help="--backend cuda: ptxas -v registers, spills, shared memory and occupancy (sm_80, sm_90); no GPU.")
+@click.option("--roofline", "roofline", is_flag=True,
+              help="--backend cuda: per-kernel FLOPs, bytes and roofline time on A100/H100, summed per step.")
+@click.option("--launches", "launches", is_flag=True,
+              help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
+def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
+            static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if static or roofline or launches:
+        _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output)
+        return
+    if backend == "cuda":
+        select_backend("cuda")
+        from engine.bench.cuda_timing import run_timings
+
+        run_timings(models, batch_size, repeat, output_format, output)
+        return
     if warmup:
         from engine.bench.kernels import warm_up
 
@@ -105,9 +122,36 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
             click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
 
 
+def _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output) -> None:
+    """The CUDA reports that need no GPU (issue 16): each prints a table or JSON."""
+    if static and backend != "cuda":
+        fail("--static reports the CUDA kernels: add --backend cuda (no GPU needed)")
+    if roofline and backend != "cuda":
+        fail("--roofline models the CUDA kernels: add --backend cuda (no GPU needed)")
+    if launches and backend not in ("cuda", "cudasim"):
+        fail("--launches counts CUDA kernel launches: add --backend cudasim (no GPU) or --backend cuda")
+    if launches and backend == "cudasim":
+        select_backend("cudasim")
+    from engine.bench import cuda_reports
+
+    chosen = tuple(m.strip() for m in models.split(",") if m.strip())
+    try:
+        records = cuda_reports.run(static, roofline, launches, chosen, batch_size, backend, output_format)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+    if output:
+        with open(output, "w") as handle:
+            json.dump(records, handle, indent=2)
+
+
 # --- train, eval, memory (training issue) ---
 
 MODEL_CHOICES = ("resnet18", "mobilenetv2", "cnn", "mlp")  # models.MODEL_NAMES, without importing models here
+# imagenet issue: torchvision's two shapes of resnet18 / mobilenetv2 (models.VARIANTS)
+variant_option = click.option(
+    "--variant", type=click.Choice(["cifar", "imagenet"]), default=None,
+    help="resnet18/mobilenetv2: cifar (stems for 32x32) or imagenet (torchvision's exact model); "
+         "default: cifar up to 64 px, imagenet above.")
 
 
 def _set_threads(count: int | None) -> None:
@@ -120,20 +164,47 @@ def _set_threads(count: int | None) -> None:
             fail(str(exc))
 
 
-def _load_data(spec: str, num_classes: int | None, seed: int):
+def _parallel_world(workers: int | None, command: str):
+    """Data parallel (issue 12): the MPI world this process is a rank of (None: one process).
+
+    Under mpiexec/srun it joins that world; with ``--workers K`` and no launcher it starts K ranks
+    through the mpich wheel's mpiexec, waits, and exits with their status (see engine.parallel.comm).
+    """
+    from engine.parallel.comm import ParallelError, start_or_join, under_launcher
+
+    argv = sys.argv[1:]
+    if workers not in (None, 1) and not under_launcher() and (not argv or argv[0] != command):
+        fail(f"--workers {workers}: cannot relaunch this program; start it with mpiexec -n {workers} instead")
+    try:
+        world, status = start_or_join(workers, argv)
+    except ParallelError as exc:
+        fail(str(exc))
+    if status is not None:
+        sys.exit(status)
+    return world
+
+
+def _abort_on_error_in_ranks(function):
+    """Data parallel (issue 12): an error on one rank prints one line naming it and ends every rank."""
+    from engine.parallel.comm import abort_on_error_in_ranks
+
+    return abort_on_error_in_ranks(function)
+
+
+def _load_data(spec: str, num_classes: int | None, seed: int, image_size: int | None = None):
     from engine.data import DataError, load_dataset
 
     try:
-        return load_dataset(spec, num_classes=num_classes, seed=seed)
+        return load_dataset(spec, num_classes=num_classes, seed=seed, image_size=image_size)
     except DataError as exc:
         fail(str(exc))
 
 
-def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled"):
-    from engine.train import build_network
+def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled", variant: str | None = None):
+    from models import build_network
 
     try:
-        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode)
+        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode, variant=variant)
     except ValueError as exc:
         fail(str(exc))
 
@@ -141,7 +212,10 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES), help="The network to train.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
@@ -175,7 +249,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
 @click.option("--offload-budget", "offload_budget", default=None,
-              help="Resident bytes for the offload window (e.g. 256MB); alone, picks the largest N that fits.")
+              help="Resident bytes for the offload window (e.g. 256MB), or 'auto' (the cgroup limit or available RAM "
+                   "less everything else; --offload-n auto uses it too); alone, picks the largest N that fits.")
 @click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
               help="Where the private swap directory goes (default: the system temp directory).")
 @click.option("--offload-params", "offload_params", is_flag=True,
@@ -184,6 +259,16 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               type=click.Choice(["full", "header", "off"]),
               help="Check swapped records when read back: XXH3 of every byte, length/step/unit + a sample, or nothing.")
 # --- end of offload options ---
+# --- data parallel options (issue 12) ---
+@click.option("--workers", type=int, default=None,
+              help="Data-parallel ranks: starts K ranks on this machine (mpiexec); under mpiexec/srun the world "
+                   "decides. --batch-size is per worker.")
+@click.option("--averaging", type=click.Choice(["gradients", "parameters"]), default="gradients", show_default=True,
+              help="With workers: average gradients every step, or parameters and optimizer state every F steps.")
+@click.option("--averaging-frequency", type=click.IntRange(1), default=1, show_default=True,
+              help="F for --averaging parameters.")
+@_abort_on_error_in_ranks
+# --- end of data parallel options ---
 def train(
     model: str,
     data_spec: str,
@@ -212,6 +297,11 @@ def train(
     prefetch: int,
     gc_every: int,
     progress: bool,
+    workers: int | None = None,
+    averaging: str = "gradients",
+    averaging_frequency: int = 1,
+    image_size: int | None = None,
+    variant: str | None = None,
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -219,6 +309,20 @@ def train(
     Start with: engine train --model cnn   (digits, one epoch, a few seconds)
     """
     backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
+    world = _parallel_world(workers, "train")
+    K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
+    if world is not None:
+        from engine.parallel.wrapper import DataParallel
+
+        threads = threads if threads is not None else world.threads_per_rank()
+        try:
+            parallel = DataParallel(world, averaging, averaging_frequency)
+        except ValueError as exc:
+            fail(str(exc))
+        if averaging == "parameters" and offload_options["offload_params"]:
+            fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
+    # --- end of data parallel ---
     _set_threads(threads)
     if epochs is not None and steps is not None:
         fail("give --epochs or --steps, not both")
@@ -233,12 +337,18 @@ def train(
     from engine.summary import render_training_summary
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
-    data = _load_data(data_spec, num_classes, seed)
-    if batch_size < 1 or batch_size > len(data.y_train):
-        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)}), got {batch_size}")
-    net = _build_network(model, data, backend, seed, workspace_mode)
+    data = _load_data(data_spec, num_classes, seed, image_size)
+    if K > 1 and data.name == "imagefolder":
+        fail(f"--workers {K} with --data imagefolder: not supported yet (the sharded batch source reads in-memory "
+             "data sets); train image folders in one process")
+    if batch_size < 1 or batch_size * K > len(data.y_train):
+        fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
+             + (f" divided by {K} workers" if K > 1 else "") + f", got {batch_size}")
+    net = _build_network(model, data, backend, seed, workspace_mode, variant)
     run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
            "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
+    if net.variant:  # imagenet issue: which of torchvision's two shapes ran
+        run["variant"] = net.variant
 
     checkpoint = None
     try:
@@ -250,12 +360,15 @@ def train(
                 fail(f"{resume}: written by a different run: "
                      + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                      + "; resume with the same options")
-        elif weights:
-            load_weights(weights, net)
+        elif weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
+            loaded = load_weights(weights, net, fresh_classifier=True)
+            if loaded.redrawn:
+                click.echo(f"{weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
+                           f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
     except CheckpointError as exc:
         fail(str(exc))
 
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // batch_size)
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
     try:
         schedule = make_schedule(lr_schedule, lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
                                  total_steps)
@@ -272,48 +385,71 @@ def train(
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.budget import DoesNotFit, describe_fit, resolve_budget  # imagenet issue: budget 'auto'
     from engine.offload.session import session_from_options
 
     try:
+        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
+                                     offload_options["offload_budget"])
+    except DoesNotFit as exc:
+        fail(str(exc))
+    if fit is not None and budget != offload_options["offload_budget"]:
+        click.echo(describe_fit(fit))
+    try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],
-                                       offload_options["offload_budget"], offload_options["offload_dir"],
+                                       budget, offload_options["offload_dir"],
                                        offload_options["offload_params"], offload_options["offload_verify"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
-    if offload is not None:
+    if offload is not None and root:
         click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size))}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
 
     from rich.console import Console
 
-    console = Console(stderr=False)
-    console.print(f"[bold]{model}[/bold] on {data.describe()}; backend {backend.name}, "
+    console = Console(stderr=False, quiet=not root)  # data parallel: rank 0 alone speaks
+    shown = f"{model} ({net.variant} variant)" if net.variant else model
+    console.print(f"[bold]{shown}[/bold] on {data.describe()}; backend {backend.name}, "
                   f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
     from engine.info import blas_pin_advice
 
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
-    monitor = MemoryMonitor(net.mgr, path=memory_log)
+    # --- data parallel (issue 12) ---
+    if parallel is not None:
+        console.print(f"{parallel.describe(batch_size)}; {threads} thread(s) per rank")
+    saved_workers = (checkpoint.json("workers") or 1) if checkpoint is not None else K
+    if saved_workers != K:
+        console.print(f"[yellow]note:[/yellow] {resume} was written with {saved_workers} worker(s), this run has {K}: "
+                      f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
+                      "an uninterrupted run", markup=True, highlight=False)
+    # --- end of data parallel ---
+    monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
-            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console)] if progress else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload,
+            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel,
         )
         result = trainer.fit()
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
     finally:
         monitor.close()
+    if not root:  # data parallel: rank 0 alone writes
+        return
     if memory_plot:
         monitor.plot(memory_plot)
     if save:
-        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run})
+        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run, **({"workers": K} if K > 1 else {})})
         console.print(f"checkpoint written to {save} (step {trainer.step})")
     render_training_summary(result, console)
     if summary_json:
         summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
+        if parallel is not None:  # data parallel
+            summary.update(workers=K, global_batch_size=K * batch_size, averaging=averaging,
+                           averaging_frequency=averaging_frequency)
         with open(summary_json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
 
@@ -323,7 +459,10 @@ def train(
 @click.option("--weights", required=True, type=click.Path(dir_okay=False),
               help="A checkpoint from engine train --save, or a PyTorch state_dict as safetensors.")
 @click.option("--data", "data_spec", default="digits", show_default=True,
-              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE")
+              help="synthetic | digits | cifar10:DIR | cifar100:DIR | mnist:DIR | npz:FILE | imagefolder:DIR")
+@click.option("--image-size", type=click.IntRange(8), default=None,
+              help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
+@variant_option
 @click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
@@ -331,24 +470,38 @@ def train(
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS.")
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
+@click.option("--workers", type=int, default=None,  # data parallel (issue 12)
+              help="Ranks that share the batches (mpiexec); the result is identical to one worker's.")
+@_abort_on_error_in_ranks
 def evaluate_command(
     model: str, weights: str, data_spec: str, num_classes: int | None, batch_size: int, split: str, seed: int,
-    backend_name: str, threads: int | None, as_json: bool,
+    backend_name: str, threads: int | None, as_json: bool, workers: int | None = None,
+    image_size: int | None = None, variant: str | None = None,
 ) -> None:
     """Accuracy, top-5 accuracy, loss and the confusion matrix of saved weights."""
     backend = select_backend(backend_name)
+    world = _parallel_world(workers, "eval")  # data parallel (issue 12)
+    if world is not None and threads is None:
+        threads = world.threads_per_rank()
     _set_threads(threads)
     from engine.checkpoint import CheckpointError, load_weights
     from engine.evaluate import evaluate
     from engine.summary import render_evaluation
 
-    data = _load_data(data_spec, num_classes, seed)
-    net = _build_network(model, data, backend, seed)
+    data = _load_data(data_spec, num_classes, seed, image_size)
+    net = _build_network(model, data, backend, seed, variant=variant)
     try:
         load_weights(weights, net)
     except CheckpointError as exc:
         fail(str(exc))
-    result = evaluate(net, data, backend, batch_size=batch_size, split=split)
+    if world is not None:  # data parallel: batches shared by the ranks, rank 0 prints
+        from engine.parallel.evaluate import evaluate_sharded
+
+        result = evaluate_sharded(net, data, backend, world.comm, batch_size=batch_size, split=split)
+        if not world.is_root:
+            return
+    else:
+        result = evaluate(net, data, backend, batch_size=batch_size, split=split)
     if as_json:
         click.echo(json.dumps({"examples": result.examples, "accuracy": result.accuracy,
                                "top5_accuracy": result.top5_accuracy, "loss": result.loss,
@@ -362,16 +515,20 @@ def evaluate_command(
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--num-classes", type=int, default=10, show_default=True)
 @click.option("--image-size", type=int, default=32, show_default=True)
+@variant_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
+@click.option("--program", "show_program", is_flag=True,  # step program
+              help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False) -> None:
+           offload_n: int | None = None, measure: bool = False, show_program: bool = False,
+           variant: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
-    Computed from the graph's shapes and tensor lifespans; nothing is run.
+    Computed from the step program (shapes and buffer lifespans); nothing is run.
     """
     from engine.backend import get_backend
     from engine.summary import render_memory_report
@@ -381,9 +538,12 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         fail(f"--batch-size must be at least 1, got {batch_size}")
     options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
     try:
-        net = build_model(model, num_classes, get_backend("cpu"), **options)
+        net = build_model(model, num_classes, get_backend("cpu"), variant=variant, **options)
     except ValueError as exc:
         fail(str(exc))
+    if show_program:  # step program: the table every memory figure below is computed from
+        click.echo(net.program(batch_size).table())
+        return
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)
@@ -394,8 +554,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 
         peaks = planned_peaks(net, batch_size, offload_n)
     # --- end offload issue ---
+    # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
+    from engine.data.prefetch import ring_bytes
+    from engine.offload.budget import describe_fit, memory_fit
+
+    fit = memory_fit(net, batch_size, report.parameter_bytes,  # sgd with momentum, prefetch 2: train's defaults
+                     ring_bytes((batch_size, *net.graph.input_shape), 3))
     if as_json:
-        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {})}, indent=2))
+        click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
+                               "variant": net.variant, "fit": fit.as_dict()}, indent=2))
     else:
         render_memory_report(report)
         # planned arena: the static plan of ACTIVATIONS + FF_CACHE + ACTIVATION_GRAD beside what one step reserved
@@ -419,6 +586,9 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
             from engine.offload.session import render_plan_layers
 
             click.echo(render_plan_layers(peaks))
+        if net.variant:
+            click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
+        click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")
 
 
 
@@ -433,11 +603,13 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(1), help="Measured steps per run.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1), help="Unmeasured steps first.")
 @click.option("--image-size", default=32, show_default=True, type=click.IntRange(4), help="Input height and width.")
+@variant_option
 @click.option("--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cudasim"]))
 @click.option("--offload-dir", default=None, help="Where the swap directory goes (default: the system temp dir).")
 @click.option("--format", "output_format", default="table", show_default=True,
               type=click.Choice(["table", "json", "markdown"]))
-def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format) -> None:
+def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format,
+          variant=None) -> None:
     """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
     peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
     from engine.bench.offload import format_markdown, format_table, run_bench
@@ -459,8 +631,8 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
     try:
         results = [r for name in models for r in run_bench(
             name, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size, backend=backend,
-            directory=offload_dir, progress=progress)]
-    except RuntimeError as exc:
+            directory=offload_dir, progress=progress, variant=variant)]
+    except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     if output_format == "json":
         click.echo(json.dumps(results, indent=2))

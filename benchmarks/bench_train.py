@@ -29,7 +29,8 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict
     from engine.data.datasets import synthetic
     from engine.optim import make_optimizer
     from engine.threads import set_threads
-    from engine.train import Trainer, build_network
+    from engine.train import Trainer
+    from models import build_network
 
     set_threads(threads)
     backend = get_backend("cpu")

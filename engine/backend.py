@@ -15,10 +15,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,14 +35,23 @@ class KernelTable:
     """The ops a backend offers, by name; every call validates and unwraps workspace tensors.
 
     An argument that knows how to hand itself to a kernel (an ``engine.memory.Tensor``) is asked
-    for its array through ``_kernel_array(op, argument)``, which raises a clear error when the tensor
+    for its array through ``kernel_array(op, argument)``, which raises a clear error when the tensor
     lives in a closed or reset workspace. Everything else (arrays, numbers, None) passes as it is.
     """
 
-    def __init__(self, backend_name: str, functions: dict[str, Callable[..., Any]]):
+    def __init__(
+        self, backend_name: str, functions: dict[str, Callable[..., Any]], launches: Counter[str] | None = None
+    ):
         self.backend_name = backend_name
         self._functions = dict(functions)
         self._callers: dict[str, Callable[..., Any]] = {}
+        self.launches = launches
+        self._hook: Callable[..., Any] | None = None
+        """GPU kernel launches by kernel name (the CUDA tables count every launch); None on the CPU."""
+
+    def launch_count(self) -> int | None:
+        """Total GPU kernel launches counted so far (None where the table launches no GPU kernels)."""
+        return None if self.launches is None else sum(self.launches.values())
 
     def names(self) -> list[str]:
         return sorted(self._functions)
@@ -63,26 +74,61 @@ class KernelTable:
                 raise AttributeError(
                     f"backend {self.backend_name!r} has no kernel {op!r}; it has: {', '.join(self.names())}"
                 ) from None
-            caller = _checked_caller(op, function)
+            caller = _checked_caller(op, function, self)
             self._callers[op] = caller
         return caller
 
+    @contextmanager
+    def intercept(self, hook: Callable[..., Any]) -> Iterator[None]:
+        """Route every kernel call through ``hook(op, function, args, kwargs)`` inside the block.
 
-def _checked_caller(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        The hook must call ``function(*args, **kwargs)`` itself (and return its result); it sees the
+        unwrapped arrays. The GPU acceptance run uses it to check each kernel of a real training
+        step against the NumPy reference on the very same inputs (engine/bench/gpu_acceptance.py).
+        """
+        previous = self._hook
+        self._hook = hook
+        try:
+            yield
+        finally:
+            self._hook = previous
+
+
+def _checked_caller(op: str, function: Callable[..., Any], table: KernelTable) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         args = tuple(
-            a._kernel_array(op, f"argument {i}") if hasattr(a, "_kernel_array") else a
+            a.kernel_array(op, f"argument {i}") if hasattr(a, "kernel_array") else a
             for i, a in enumerate(args)
         )
         if kwargs:
             kwargs = {
-                k: (v._kernel_array(op, k) if hasattr(v, "_kernel_array") else v) for k, v in kwargs.items()
+                k: (v.kernel_array(op, k) if hasattr(v, "kernel_array") else v) for k, v in kwargs.items()
             }
+        if table._hook is not None:
+            return table._hook(op, function, args, kwargs)
         return function(*args, **kwargs)
 
     call.__name__ = op
     call.__doc__ = function.__doc__
     return call
+
+
+class ComputeBackend(Protocol):
+    """What the layers, the memory and offload need from a backend (``Backend`` is the one we ship; the
+    tests wrap it to record kernel calls): the array module, the kernel table, blocks of bytes, host
+    and device copies, and a way to wait for queued work."""
+
+    name: str
+    xp: Any
+
+    @property
+    def kernels(self) -> Any: ...
+    @property
+    def is_device(self) -> bool: ...
+    def alloc_block(self, nbytes: int) -> Any: ...
+    def synchronize(self) -> None: ...
+    def to_host(self, array: Any) -> np.ndarray: ...
+    def to_device(self, array: np.ndarray) -> Any: ...
 
 
 @dataclass
@@ -98,7 +144,7 @@ class Backend:
     def kernels(self) -> KernelTable:
         if self._table is None:
             module = importlib.import_module(self._kernel_module)
-            self._table = KernelTable(self.name, module.TABLE)
+            self._table = KernelTable(self.name, module.TABLE, getattr(module, "LAUNCHES", None))
         return self._table
 
     @property
@@ -180,6 +226,16 @@ def get_backend(name: str = "auto") -> Backend:
     import cupy
 
     return Backend("cuda", cupy, "kernels.cuda")
+
+
+def counting_backend() -> Backend:
+    """The CUDA kernel table on NumPy arrays, for counting and recording launches without running them.
+
+    Only for use inside ``kernels.cuda.count_only()`` (engine/bench/cuda_launches.py, roofline.py):
+    the launchers check shapes and count, nothing executes, so it needs neither a GPU nor the
+    simulator, and the counts are those a GPU would see.
+    """
+    return Backend("cuda-count", np, "kernels.cuda")
 
 
 def backend_report() -> dict[str, str | None]:

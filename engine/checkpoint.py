@@ -40,6 +40,7 @@ class Checkpoint:
     path: str
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
+    redrawn: list[str] = field(default_factory=list)  # keys left as drawn (load_weights' fresh classifier)
 
     @property
     def is_training_checkpoint(self) -> bool:
@@ -139,14 +140,40 @@ def read_checkpoint(path: str) -> Checkpoint:
     return checkpoint
 
 
-def load_weights(path: str, net: Any) -> Checkpoint:
-    """Initial weights from a checkpoint or a PyTorch state_dict saved as safetensors."""
+def load_weights(path: str, net: Any, fresh_classifier: bool = False) -> Checkpoint:
+    """Initial weights from a checkpoint or a PyTorch state_dict saved as safetensors, strictly.
+
+    ``fresh_classifier`` (fine-tuning with another ``--num-classes``): when the file's classifier (the
+    last layer with parameters: ``fc`` in ResNet-18, ``classifier.1`` in MobileNetV2) has another
+    shape than the network's, the network keeps its freshly drawn one and every other tensor must
+    load. ``Checkpoint.redrawn`` lists the keys that were left as drawn.
+    """
     checkpoint = read_checkpoint(path)
+    state = checkpoint.model_state()
+    if fresh_classifier:
+        keys = classifier_keys(net)
+        shapes = {key: tuple(view.shape) for key, view in net.parameters.views.items() if key in keys}
+        if any(key in state and tuple(state[key].shape) != shape for key, shape in shapes.items()):
+            state = {k: v for k, v in state.items() if k not in keys}
+            checkpoint.redrawn = sorted(keys)
     try:
-        net.load_state_dict(checkpoint.model_state(), strict=True)
+        result = net.load_state_dict(state, strict=not checkpoint.redrawn)
+        missing = [k for k in result.missing_keys if k not in checkpoint.redrawn]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"missing keys: {', '.join(missing) or 'none'}; "
+                             f"unexpected keys: {', '.join(result.unexpected_keys) or 'none'}")
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: weights do not fit the model: {exc}") from None
     return checkpoint
+
+
+def classifier_keys(net: Any) -> list[str]:
+    """The parameter names of the network's last layer with parameters (its classifier)."""
+    for node in reversed(net.graph.nodes):
+        specs = node.layer.parameter_specs()
+        if specs:
+            return [f"{node.name}.{spec.name}" for spec in specs]
+    return []
 
 
 def restore(checkpoint: Checkpoint, net: Any, optimizer: Any = None) -> int:

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.data.batches import BatchSource
 from engine.data.datasets import Dataset
 from engine.data.prefetch import BatchStream
 
@@ -47,7 +46,8 @@ class Scorer:
         self._greater = np.empty((batch_size, num_classes), dtype=bool)
         self._rows = np.arange(batch_size)
 
-    def add(self, logits: np.ndarray, labels: np.ndarray, valid_rows: int) -> None:
+    def add(self, logits: np.ndarray, labels: np.ndarray, valid_rows: int) -> float:
+        """Count one batch; returns its summed loss (a sharded evaluation adds these up in batch order)."""
         n = valid_rows
         logits, labels = logits[:n], labels[:n]
         np.argmax(logits, axis=1, out=self._predicted[:n])
@@ -61,8 +61,10 @@ class Scorer:
         # cross-entropy from the logits, in float64 for a stable mean
         shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
         log_norm = np.log(np.exp(shifted).sum(axis=1))
-        self.loss_sum += float((log_norm - shifted[self._rows[:n], labels]).sum())
+        batch_loss = float((log_norm - shifted[self._rows[:n], labels]).sum())
+        self.loss_sum += batch_loss
         self.examples += n
+        return batch_loss
 
     def result(self) -> Evaluation:
         n = max(self.examples, 1)
@@ -81,9 +83,7 @@ def evaluate(
     """Score ``net`` on ``data``'s ``split`` ("test" or "train") in inference mode."""
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
     batch_size = min(batch_size, len(y))
-    source = BatchSource(
-        x, y, data.mean, data.std, batch_size, data.channels, shuffle=False, augment=False, drop_last=False
-    )
+    source = data.batch_source(split, batch_size, shuffle=False, augment=False, drop_last=False)
     scorer = Scorer(data.num_classes, batch_size)
     logits = np.empty((batch_size, data.num_classes), dtype=np.float32)  # host logits, reused every batch
     with BatchStream(source, backend, 0, source.batches_per_epoch, depth=1, name="eval-input") as stream:

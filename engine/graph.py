@@ -1,46 +1,25 @@
-"""The graph: layers wired as a DAG, one execution order, and how long every tensor lives in it.
+"""The graph: layers wired as a DAG, and one execution order.
 
 A model declares nodes by name with the names of their inputs (``"input"`` is the network input);
 ``Graph`` sorts them topologically (Kahn's algorithm, ties broken by declaration order, so the order
 is the one a reader expects) and numbers them ``0..L-1`` in that order: ``node.index``.
 
-**Steps.** A training iteration runs ``2L`` steps: forward of node ``i`` is step ``i``; backward of
-node ``i`` is step ``2L-1-i`` (backward runs in reverse order). The loss head runs between step
-``L-1`` and step ``L``.
+**Moments.** A training iteration runs ``2L`` moments: forward of node ``i`` is moment ``i``;
+backward of node ``i`` is moment ``2L-1-i`` (backward runs in reverse order). The loss head runs
+between moment ``L-1`` and moment ``L``.
 
-**Tensors and lifespans.** ``graph.tensors(batch_size)`` lists every tensor an iteration creates,
-with the node whose ``mgr.layer(...)`` scope creates it (``owner``, the same number the workspace
-manager sees as ``mgr.owner``), its ArrayType, shape, and the first and last step that use it:
-
-- ``<node>:out``, ACTIVATIONS, owner ``i``: made at step ``i``; read by each consumer's forward,
-  by the consumer's backward when the consumer keeps its input (Conv2d, BatchNorm2d, Dense), and by
-  the node's own backward when it keeps its output (ReLU).
-- ``<node>:<saved>``, FF_CACHE, owner ``i``: what the layer keeps (batch-norm statistics, argmax,
-  dropout mask), live from step ``i`` to step ``2L-1-i``. A layer creates its output first, then
-  its saved tensors in ``saved_specs`` order.
-- ``<node>:grad``, ACTIVATION_GRAD, the gradient of the node's output: made by the backward of its
-  last consumer (owner = that consumer; None for the output node, whose gradient the loss makes),
-  read by the node's backward at step ``2L-1-i``. Where a tensor fans out, the contributions are
-  summed with the ``add`` kernel into a new tensor at the later consumer's step.
-- ``input`` (INPUT, owner None) and the loss head's ``loss:probs`` and ``loss:value`` (ACTIVATIONS,
-  owner None: the loss runs outside any layer scope).
-
-``graph.lifespans()`` gives name → ``(first, last)``: what an offload scheduler needs to know which
-tensors a window of steps touches, and what a memory planner needs to share memory between tensors
-that are never alive together. Grad tensors are logical: Add hands one gradient to both inputs
-without a copy, so real usage is at most the plan's.
+What tensors an iteration makes, who aliases or sums them and how long each lives is not the
+graph's business: ``engine.program`` compiles the graph for a batch shape into the step program, and
+everything that plans memory reads that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
-import numpy as np
-
-from engine.layers.base import Layer, Shape, nbytes
-from engine.memory import ArrayType
+from engine.layers.base import Layer
+from engine.memory import Shape
 
 GRAPH_INPUT = -1
 """The index ``node.inputs`` uses for the network input."""
@@ -66,33 +45,11 @@ class Node:
         return f"Node({self.index}, {self.name!r}, {type(self.layer).__name__}, inputs={self.inputs})"
 
 
-class Lifespan(NamedTuple):
-    first: int
-    last: int
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One tensor of an iteration: who makes it, what it is, how big, and when it is alive."""
-
-    name: str
-    owner: int | None
-    array_type: ArrayType
-    shape: Shape
-    dtype: Any
-    first: int
-    last: int
-
-    @property
-    def nbytes(self) -> int:
-        return nbytes(self.shape, self.dtype)
-
-
 class Graph:
     """A DAG of layers with a topological order; built from ``(name, layer, input_names)`` triples."""
 
     def __init__(self, declarations: Iterable[tuple[str, Layer, list[str] | tuple[str, ...]]], input_shape: Shape):
-        """``input_shape`` is one sample's shape (C, H, W) or (features,): it sizes the memory plan."""
+        """``input_shape`` is one sample's shape (C, H, W) or (features,): it sizes the step program."""
         declared = list(declarations)
         if not declared:
             raise ValueError("a graph needs at least one node")
@@ -155,121 +112,6 @@ class Graph:
         for node in self.nodes:
             shapes[node.index] = tuple(node.layer.output_shape([shapes[i] for i in node.inputs]))
         return shapes
-
-    def tensors(self, batch_size: int = 1) -> list[TensorSpec]:
-        """Every tensor of one training iteration, with owner, type, shape and lifespan (module docstring)."""
-        L = len(self.nodes)
-        shapes = self.shapes(batch_size)
-        specs: list[TensorSpec] = []
-
-        def output_uses(source: int) -> list[int]:
-            uses = []
-            for c in self.input_consumers if source == GRAPH_INPUT else self.nodes[source].consumers:
-                uses.append(c)
-                if self.nodes[c].layer.keeps_input:
-                    uses.append(2 * L - 1 - c)
-            return uses
-
-        input_uses = output_uses(GRAPH_INPUT)
-        specs.append(TensorSpec(INPUT_NAME, None, ArrayType.INPUT, shapes[GRAPH_INPUT], np.float32, 0, max(input_uses)))
-        for node in self.nodes:
-            i = node.index
-            uses = [i, *output_uses(i)]
-            if node.layer.keeps_output:
-                uses.append(2 * L - 1 - i)
-            specs.append(TensorSpec(f"{node.name}:out", i, ArrayType.ACTIVATIONS, shapes[i], np.float32, i, max(uses)))
-            for saved in node.layer.saved_specs([shapes[s] for s in node.inputs]):
-                specs.append(
-                    TensorSpec(
-                        f"{node.name}:{saved.name}", i, ArrayType.FF_CACHE, saved.shape, saved.dtype, i, 2 * L - 1 - i
-                    )
-                )
-        out = self.output
-        specs.append(TensorSpec("loss:probs", None, ArrayType.ACTIVATIONS, shapes[out.index], np.float32, L - 1, L))
-        specs.append(TensorSpec("loss:value", None, ArrayType.ACTIVATIONS, (1,), np.float32, L - 1, L - 1))
-        for node in reversed(self.nodes):
-            i = node.index
-            if node.consumers:
-                last_consumer = max(node.consumers)
-                owner, first = last_consumer, 2 * L - 1 - last_consumer
-            else:
-                owner, first = None, L
-            specs.append(
-                TensorSpec(
-                    f"{node.name}:grad", owner, ArrayType.ACTIVATION_GRAD, shapes[i], np.float32, first, 2 * L - 1 - i
-                )
-            )
-        return specs
-
-    def allocations(self, batch_size: int = 1) -> list[TensorSpec]:
-        """The ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD tensors a training iteration really allocates,
-        in creation order, with the steps they really live: what the planned arena places.
-
-        Unlike ``tensors`` (one logical gradient per node), this follows ``Network.backward`` tensor by
-        tensor, as each layer declares in ``input_gradients`` (a new gradient per input asked for; one
-        even when none is (BatchNorm2d); ``dout`` handed on (Add); ``dout`` written over when nothing
-        else reads it (ReLU)), a fan-out sums into a new tensor (``<node>:grad_sum@<consumer>``); a
-        gradient lives until its last reader, through every tensor that aliases it. The logits live
-        until the loss head's backward (step ``L``), as do the loss head's tensors. ``Network`` checks
-        every step that the layers did what this says.
-        """
-        from engine.layers.base import InputGradients
-
-        L = len(self.nodes)
-        shapes = self.shapes(batch_size)
-        made: list[TensorSpec] = []
-        for t in self.tensors(batch_size):
-            if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE):
-                last = max(t.last, L) if t.owner == self.output.index or t.owner is None else t.last
-                made.append(TensorSpec(t.name, t.owner, t.array_type, t.shape, t.dtype, t.first, last))
-
-        class Grad:  # one gradient buffer while the simulation runs
-            def __init__(self, name: str, owner: int | None, shape: Shape, step: int):
-                self.name, self.owner, self.shape, self.first, self.last = name, owner, shape, step, step
-
-        buffers: list[Grad] = []
-
-        def new(name: str, owner: int | None, shape: Shape, step: int) -> Grad:
-            buffers.append(Grad(name, owner, shape, step))
-            return buffers[-1]
-
-        out = self.output
-        grads: dict[int, Grad] = {out.index: new(f"{out.name}:grad", None, shapes[out.index], L)}  # the loss
-        for node in reversed(self.nodes):
-            step = 2 * L - 1 - node.index
-            dout = grads.pop(node.index)
-            dout.last = step
-            reuse_dout = all(other is not dout for other in grads.values())
-            results: list[Grad | None] = []
-            for source in node.inputs:
-                needed = source != GRAPH_INPUT
-                name = f"{'input' if source == GRAPH_INPUT else self.nodes[source].name}:grad@{node.name}"
-                policy = node.layer.input_gradients
-                if policy is InputGradients.PASS_THROUGH:
-                    results.append(dout if needed else None)
-                elif policy is InputGradients.OVER_DOUT and needed and reuse_dout:
-                    results.append(dout)
-                elif needed or policy is InputGradients.ALWAYS_NEW:
-                    results.append(new(name, node.index, shapes[source], step))
-                else:
-                    results.append(None)
-            for source, dx in zip(node.inputs, results):
-                if source == GRAPH_INPUT or dx is None:
-                    continue
-                if source in grads:  # a fan-out: both contributions are read by the add into a new tensor
-                    grads[source].last = dx.last = step
-                    grads[source] = new(f"{self.nodes[source].name}:grad_sum@{node.name}", node.index,
-                                        shapes[source], step)
-                else:
-                    grads[source] = dx
-        for g in buffers:
-            made.append(TensorSpec(g.name, g.owner, ArrayType.ACTIVATION_GRAD, tuple(g.shape), np.float32,
-                                   g.first, g.last))
-        return made
-
-    def lifespans(self) -> dict[str, Lifespan]:
-        """Tensor name → (first step, last step); steps 0..L-1 forward, L..2L-1 backward."""
-        return {t.name: Lifespan(t.first, t.last) for t in self.tensors(1)}
 
 
 def _topological_order(names: list[str], inputs: dict[str, list[str]]) -> list[str]:

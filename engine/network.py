@@ -6,14 +6,20 @@
 
 Host (NumPy) batches and labels are accepted on a GPU backend too: they are copied over first.
 
+**The step program.** ``net.program(batch)`` is the iteration compiled from the graph
+(``engine.program``): which call runs when, which buffers it creates, reads, writes in place, hands
+on and retires. ``forward``, ``loss`` and ``backward`` execute its steps and nothing else: they pass
+each call the tensors bound to the buffers the step names, bind the results as the step says, and
+retire what it says. A training and an inference program are compiled once per batch size.
+
 **Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
 running statistics in a third block (``net.buffers``); layers get views into them. Everything an
 iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
 ``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``. In training,
 ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD go to ``net.arena`` (a ``PlannedArena``): offsets planned
-before the first step from ``graph.allocations`` (``net.arena_plan(batch)``); ``end_step`` after each
-forward and backward step retires what that step was the last to read.
+before the first step from the program's buffers (``net.arena_plan(batch)``); ``end_step`` after each
+forward and backward moment retires what that moment was the last to use.
 
 **Scope of an iteration.** ``forward`` enters ``mgr.iteration()`` (which resets the per-iteration
 workspaces) and leaves it open: the logits, the loss and every tensor kept for backward stay valid
@@ -26,26 +32,30 @@ layer scope (owner None).
 
 **Hooks.** ``net.hooks`` holds objects with any of ``on_iteration_start(net)``,
 ``before_forward(step, node)``, ``after_forward(step, node)``, ``before_backward(step, node)``,
-``after_backward(step, node)``, ``on_iteration_end(net)``; steps are numbered as in
-``engine.graph``. They fire in training iterations only: ``on_iteration_start`` right after the
-iteration scope opens, ``on_iteration_end`` after the last backward step, just before it closes. An
+``after_backward(step, node)``, ``on_iteration_end(net)`` (a ``NetworkHook``); ``step`` is the
+program's moment (``engine.program``: forward of node i is i, its backward 2L-1-i). They fire in
+training iterations only: ``on_iteration_start`` right after the iteration scope opens,
+``on_iteration_end`` after the last backward step, just before it closes. An
 iteration abandoned before the end of backward (a forward without backward, an error) closes without
 ``on_iteration_end``; the next ``on_iteration_start`` is the hook's cue to drop what it left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from engine.graph import GRAPH_INPUT, Graph, Node
-from engine.layers.base import nbytes
+from engine.backend import ComputeBackend
+from engine.graph import Graph, Node
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
 from engine.memory.arena import ArenaPlan, PlannedArena, make_plan
+from engine.memory.tensor import Tensor, WorkspaceError
+from engine.program import Op, Program, Step, compile_inference, compile_training
 
 PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD)
 """What the planned arena provides in training (an offload scheduler takes over the first two)."""
@@ -58,6 +68,22 @@ HOOK_METHODS = (
     "after_backward",
     "on_iteration_end",
 )
+
+
+class NetworkHook(Protocol):
+    """What ``net.hooks`` hold (the offload scheduler, the optimizer-state offload, test probes). A hook
+    may define any subset of these; the network calls the ones it has, in training iterations only."""
+
+    def on_iteration_start(self, net: Network) -> None: ...
+    def before_forward(self, step: int, node: Node) -> None: ...
+    def after_forward(self, step: int, node: Node) -> None: ...
+    def before_backward(self, step: int, node: Node) -> None: ...
+    def after_backward(self, step: int, node: Node) -> None: ...
+    def on_iteration_end(self, net: Network) -> None: ...
+
+
+class ProgramMismatchError(WorkspaceError):
+    """A layer returned something other than what the step program says (an alias that is not one)."""
 
 
 class LoadResult(NamedTuple):
@@ -119,7 +145,7 @@ class Network:
     def __init__(
         self,
         graph: Graph,
-        backend: Any,
+        backend: ComputeBackend,
         *,
         seed: int = 0,
         name: str = "network",
@@ -132,7 +158,7 @@ class Network:
         self.backend = backend
         self.name = name
         self.seed = seed
-        self.hooks: list[Any] = []
+        self.hooks: list[NetworkHook] = []
         enabled = workspace_mode == "enabled"
         self.mgr = WorkspaceManager(backend, mode="training" if enabled else "none")
         # A child of the training manager: closing the network (``close``) closes both.
@@ -178,13 +204,25 @@ class Network:
 
         self._scope: Any = None  # the open mgr.iteration() context, if any
         self._scope_training = False
-        self._logits: Any = None
+        self._logits: Tensor | None = None
         self._loss_ready = False
+        self._programs: dict[tuple[int, bool], Program] = {}
+        self._program: Program | None = None  # the program of the open iteration
+        self._registers: dict[int, Tensor] = {}  # buffer id -> the tensor bound to it in the open iteration
 
     # ---- one iteration ----------------------------------------------------------------------------
 
-    def forward(self, x: Any, training: bool = True) -> Any:
-        """Run every node in order; returns the logits Tensor (valid until the iteration scope closes)."""
+    def program(self, batch_size: int, training: bool = True) -> Program:
+        """The compiled step program of one iteration at ``batch_size`` (cached per batch size and mode)."""
+        key = (int(batch_size), bool(training))
+        program = self._programs.get(key)
+        if program is None:
+            compile_ = compile_training if training else compile_inference
+            program = self._programs[key] = compile_(self.graph, int(batch_size), self.name)
+        return program
+
+    def forward(self, x: Tensor | np.ndarray | Any, training: bool = True) -> Tensor:
+        """Run the program's forward steps; returns the logits Tensor (valid until the iteration scope closes)."""
         self._check_input(x)
         self.end_iteration()
         mgr = self.mgr if training else self.inference_mgr
@@ -194,6 +232,7 @@ class Network:
         scope.__enter__()
         self._scope, self._scope_training, self._loss_ready = scope, training, False
         try:
+            program = self.program(int(x.shape[0]), training)
             if training:
                 self._call_hooks("on_iteration_start", self)
             if training and self.arena is not None:  # after the hooks: a provider they install is seen
@@ -201,24 +240,9 @@ class Network:
                 self.arena.start_iteration(int(x.shape[0]), types)
             if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
                 x = mgr.leverage_to(ArrayType.INPUT, x)
-            outputs: dict[int, Any] = {GRAPH_INPUT: x}
-            remaining = {GRAPH_INPUT: len(self.graph.input_consumers)}
-            for node in self.graph.nodes:
-                if training:
-                    self._call_hooks("before_forward", node.index, node)
-                with mgr.layer(node.index):
-                    out = node.layer.forward([outputs[i] for i in node.inputs], training)
-                outputs[node.index] = out
-                remaining[node.index] = len(node.consumers)
-                for source in node.inputs:  # drop references nothing will read in forward any more
-                    remaining[source] -= 1
-                    if remaining[source] == 0 and source != GRAPH_INPUT:
-                        del outputs[source]
-                if training and self.arena is not None:
-                    self.arena.end_step(node.index, node.index)
-                if training:
-                    self._call_hooks("after_forward", node.index, node)
-            self._logits = outputs[self.graph.output.index]
+            self._program, self._registers = program, {program.input: x}
+            self._execute(program.forward_steps, mgr, training)
+            self._logits = self._registers[program.output]
             return self._logits
         except BaseException:
             self.end_iteration()
@@ -236,46 +260,75 @@ class Network:
         return value
 
     def backward(self) -> None:
-        """Backpropagate the last loss; writes every parameter gradient into ``net.gradients``."""
+        """Backpropagate the last loss: the program's backward steps; fills ``net.gradients``."""
         if self._scope is None or not self._scope_training:
             raise RuntimeError(f"{self.name}: backward() needs forward(x, training=True) first")
         if not self._loss_ready:
             raise RuntimeError(f"{self.name}: call loss(labels) between forward and backward")
-        mgr = self.mgr
-        kernels = self.backend.kernels
-        L = len(self.graph.nodes)
         try:
-            grads: dict[int, Any] = {self.graph.output.index: self.loss_head.backward(mgr)}
-            for node in reversed(self.graph.nodes):
-                step = 2 * L - 1 - node.index
-                self._call_hooks("before_backward", step, node)
-                dout = grads.pop(node.index)
-                reuse_dout = all(other is not dout for other in grads.values())  # Add shares one dout
-                with mgr.layer(node.index):
-                    need = [source != GRAPH_INPUT for source in node.inputs]
-                    input_grads = node.layer.backward(dout, need, reuse_dout)
-                    for source, dx in zip(node.inputs, input_grads):
-                        if source == GRAPH_INPUT:
-                            continue
-                        if source in grads:  # a fan-out: sum the contributions into a new tensor
-                            total = mgr.create(ArrayType.ACTIVATION_GRAD, tuple(dx.shape), dtype=np.float32)
-                            kernels.add_forward(grads[source], dx, total)
-                            grads[source] = total
-                        else:
-                            grads[source] = dx
-                node.layer.clear_saved()
-                if self.arena is not None:
-                    self.arena.end_step(step, node.index, backward=True)
-                self._call_hooks("after_backward", step, node)
+            self._execute(self._program.backward_steps, self.mgr, True)
             self._call_hooks("on_iteration_end", self)
         finally:
             self.end_iteration()
+
+    def _execute(self, steps: list[Step], mgr: WorkspaceManager, training: bool) -> None:
+        """Run ``steps``: hand each call the buffers it names, bind its results, retire what it says.
+
+        The loss head's forward is ``net.loss`` (it needs the labels); every other step runs here. The
+        only checks are the program's own: a result the program says is an existing buffer must be
+        that tensor (``ProgramMismatchError`` otherwise, before anything reads it).
+        """
+        registers = self._registers
+        nodes = self.graph.nodes
+        buffers = self._program.buffers
+        arena = self.arena if training else None
+        for step in steps:
+            op = step.op
+            node = nodes[step.node] if step.node is not None else None
+            if step.opens and training:
+                self._call_hooks("before_forward" if op is Op.FORWARD else "before_backward", step.time, node)
+            if op is Op.FORWARD:
+                with mgr.layer(step.node):
+                    results = [node.layer.forward([registers[b] for b in step.inputs], training)]
+            elif op is Op.BACKWARD:
+                with mgr.layer(step.node):
+                    results = node.layer.backward(registers[step.inputs[0]], list(step.need), step.reuse_dout)
+            elif op is Op.GRAD_SUM:
+                made = buffers[step.creates[0]]
+                with mgr.layer(step.node):
+                    total = mgr.create(made.array_type, made.shape, dtype=made.dtype)
+                    self.backend.kernels.add_forward(registers[step.inputs[0]], registers[step.inputs[1]], total)
+                results = [total]
+            elif op is Op.LOSS_BACKWARD:
+                results = [self.loss_head.backward(mgr)]
+            else:
+                raise RuntimeError(f"{self.name}: program step {step.index} ({op.value}) runs in net.loss")
+            for buffer, tensor in zip(step.results, results):
+                if buffer is None:
+                    continue
+                if buffer in step.aliases and tensor is not registers.get(buffer):
+                    raise ProgramMismatchError(
+                        f"{self.name}: step {step.index} ({op.value} of {node.name if node else 'loss'}) should hand "
+                        f"on {buffers[buffer].name} itself but returned another tensor: the layer's input_gradients "
+                        f"or inference_passes_input declaration disagrees with what it does"
+                    )
+                registers[buffer] = tensor
+            for buffer in step.forget:
+                registers.pop(buffer, None)
+            if step.closes:
+                if op is not Op.FORWARD:
+                    node.layer.clear_saved()
+                if arena is not None:
+                    arena.end_step(step.time, step.node, backward=op is not Op.FORWARD)
+                if training:
+                    self._call_hooks("after_forward" if op is Op.FORWARD else "after_backward", step.time, node)
 
     def end_iteration(self) -> None:
         """Close the open iteration scope (if any) and forget every tensor of it."""
         scope, self._scope = self._scope, None
         self._logits = None
         self._loss_ready = False
+        self._registers = {}
         for node in self.graph.nodes:
             node.layer.clear_saved()
         self.loss_head.saved = {}
@@ -386,50 +439,43 @@ class Network:
     # ---- memory ------------------------------------------------------------------------------------
 
     def memory_report(self, batch_size: int) -> MemoryReport:
-        """Per-layer bytes for one training iteration at ``batch_size``, and the liveness-based peak."""
-        graph = self.graph
-        L = len(graph.nodes)
-        shapes = graph.shapes(batch_size)
-        tensors = graph.tensors(batch_size)
-        own_cache: dict[int, int] = {}
-        for t in tensors:
-            if t.array_type is ArrayType.FF_CACHE:
-                own_cache[t.owner] = own_cache.get(t.owner, 0) + t.nbytes
-        rows, step_scratch = [], [0] * (2 * L)
-        for node in graph.nodes:
-            layer = node.layer
-            in_shapes = [shapes[i] for i in node.inputs]
-            saved = own_cache.get(node.index, 0)
-            if layer.keeps_input:
-                saved += sum(nbytes(s) for s in in_shapes)
-            if layer.keeps_output:
-                saved += nbytes(shapes[node.index])
-            forward_scratch = 4 * layer.forward_scratch(in_shapes)
-            backward_scratch = 4 * layer.backward_scratch(in_shapes)
-            step_scratch[node.index] = forward_scratch
-            step_scratch[2 * L - 1 - node.index] = backward_scratch
+        """Per-layer bytes for one training iteration at ``batch_size``, and the liveness-based peak.
+
+        Everything comes from the training program: a row's "kept for backward" is what the node's
+        backward step reads besides its output gradient; the peak is the largest sum, over the moments,
+        of the buffers alive then plus the moment's working memory.
+        """
+        program = self.program(batch_size)
+        forward = {s.node: s for s in program.steps if s.op is Op.FORWARD}
+        backward = {s.node: s for s in program.steps if s.op is Op.BACKWARD}
+        rows = []
+        for node in self.graph.nodes:
+            f, b = forward[node.index], backward[node.index]
+            output = program.buffers[f.results[0]]
             rows.append(
                 LayerMemory(
                     name=node.name,
-                    kind=type(layer).__name__,
-                    output_shape=shapes[node.index],
-                    parameter_bytes=sum(4 * int(np.prod(p.shape)) for p in layer.parameter_specs()),
-                    output_bytes=nbytes(shapes[node.index]),
-                    saved_bytes=saved,
-                    working_bytes=max(forward_scratch, backward_scratch),
+                    kind=type(node.layer).__name__,
+                    output_shape=output.shape,
+                    parameter_bytes=sum(4 * int(np.prod(p.shape)) for p in node.layer.parameter_specs()),
+                    output_bytes=output.nbytes,
+                    saved_bytes=sum(program.buffers[i].nbytes for i in b.reads if i not in b.inputs),
+                    working_bytes=max(f.scratch_bytes, b.scratch_bytes),
                 )
             )
+        scratch = program.scratch_at()
+        L = len(self.graph.nodes)
         peak, peak_step, by_type = 0, 0, {}
-        for step in range(2 * L):
-            live = [t for t in tensors if t.first <= step <= t.last]
-            total = sum(t.nbytes for t in live) + step_scratch[step]
+        for step in range(program.moments):
+            total = program.live_bytes(step) + scratch[step]
             if total > peak:
                 peak, peak_step = total, step
                 by_type = {}
-                for t in live:
-                    by_type[t.array_type.name] = by_type.get(t.array_type.name, 0) + t.nbytes
+                for t in program.buffers:
+                    if t.first <= step <= t.last:
+                        by_type[t.array_type.name] = by_type.get(t.array_type.name, 0) + t.nbytes
                 scratch_type = ArrayType.FF_WORKING_MEM if step < L else ArrayType.BP_WORKING_MEM
-                by_type[scratch_type.name] = step_scratch[step]
+                by_type[scratch_type.name] = scratch[step]
         arena = self.arena_plan(batch_size)
         parameter_bytes = int(self.parameters.flat.nbytes)
         gradient_bytes = int(self.gradients.flat.nbytes)
@@ -474,10 +520,10 @@ class Network:
         }
         return report
 
-    def arena_plan(self, batch_size: int, types: Any = PLANNED_TYPES) -> ArenaPlan:
+    def arena_plan(self, batch_size: int, types: Iterable[ArrayType] = PLANNED_TYPES) -> ArenaPlan:
         """The static plan of the training tensors of ``types`` (default: all the arena can provide)."""
         types = frozenset(types)
-        return make_plan(t for t in self.graph.allocations(batch_size) if t.array_type in types)
+        return make_plan(b for b in self.program(batch_size).buffers if b.array_type in types)
 
     def node(self, name: str) -> Node:
         return self.graph.by_name[name]

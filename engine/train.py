@@ -25,8 +25,9 @@ import resource
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from engine.data.batches import BatchSource, step_position
 from engine.data.datasets import Dataset
 from engine.data.prefetch import Batch, BatchStream
 from engine.evaluate import Evaluation, evaluate
+from engine.memory.monitor import GcPolicy, MemoryMonitor
+from engine.network import Network
+from engine.optim import Optimizer
 
 
 class TrainingDiverged(RuntimeError):
@@ -145,14 +149,19 @@ class TimingListener(TrainingListener):
 
 
 class MemoryListener(TrainingListener):
-    """Samples the memory monitor after every step (RSS, bytes per ArrayType, spills, block allocations)."""
+    """Samples the memory monitor after every step (RSS, bytes per ArrayType, spills, block allocations).
 
-    def __init__(self, monitor: Any, plot_path: str | None = None):
+    Each of ``trainer.memory_fields`` (name -> a function of no arguments) adds one field to the line:
+    an offload session adds ``swap`` that way, without the trainer knowing about offload.
+    """
+
+    def __init__(self, monitor: MemoryMonitor, plot_path: str | None = None):
         self.monitor = monitor
         self.plot_path = plot_path
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self.monitor.sample(record.step, loss=record.loss)
+        fields = {name: read() for name, read in trainer.memory_fields.items()}
+        self.monitor.sample(record.step, loss=record.loss, **fields)
 
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         if self.plot_path and self.monitor.records:
@@ -162,8 +171,9 @@ class MemoryListener(TrainingListener):
 class ProgressListener(TrainingListener):
     """A rich progress bar per run: epoch, loss, running accuracy and images per second."""
 
-    def __init__(self, console: Any = None):
+    def __init__(self, console: Any = None, workers: int = 1):
         self.console = console
+        self.workers = workers  # data parallel: every rank trains as many examples per step as this one
         self.progress: Any = None
         self.task: Any = None
         self._images = 0
@@ -190,7 +200,7 @@ class ProgressListener(TrainingListener):
         return f"epoch {epoch + 1}/{trainer.epochs_total}"
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self._images += record.examples
+        self._images += record.examples * self.workers
         self._seconds += record.seconds
         score = trainer.score
         stats = (
@@ -209,13 +219,40 @@ class ProgressListener(TrainingListener):
 # --- the trainer -----------------------------------------------------------------------------------
 
 
+class TrainerPlugin(Protocol):
+    """What the Trainer's ``offload`` slot takes (``engine.offload.session.OffloadSession`` is one): set
+    up before the first step, torn down after the last (also after an exception)."""
+
+    def start(self, trainer: Trainer) -> None: ...
+
+    def stop(self, trainer: Trainer) -> None: ...
+
+
+class ParallelPlugin(TrainerPlugin, Protocol):
+    """What the Trainer's ``parallel`` slot takes (``engine.parallel.wrapper.DataParallel``): this rank's
+    batches, a synchronisation after the last step (every rank reaches it), the sharded evaluation and
+    the throughput over all ranks (issue 12)."""
+
+    def batch_source(self, x: np.ndarray, y: np.ndarray, mean: np.ndarray, std: np.ndarray, batch_size: int,
+                     channels: int, shuffle: bool, augment: bool, seed: int) -> BatchSource: ...
+
+    def finish(self, trainer: Trainer) -> None: ...
+
+    def evaluate(self, net: Network, data: Dataset, backend: Any, batch_size: int = 64) -> Evaluation: ...
+
+    def reduce_result(self, trainer: Trainer, result: TrainResult) -> TrainResult: ...
+
+
 class Trainer:
-    """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring."""
+    """Runs the training loop of ``net`` with ``optimizer`` on ``data``; see the module docstring.
+
+    ``net`` is a built Network: the trainer never builds models (the CLI does, with ``models.build_network``).
+    """
 
     def __init__(
         self,
-        net: Any,
-        optimizer: Any,
+        net: Network,
+        optimizer: Optimizer,
         data: Dataset,
         *,
         batch_size: int = 32,
@@ -226,23 +263,30 @@ class Trainer:
         seed: int = 0,
         prefetch: int = 2,
         listeners: list[TrainingListener] | tuple[TrainingListener, ...] = (),
-        monitor: Any = None,
+        monitor: MemoryMonitor | None = None,
         gc_every: int = 100,
         evaluate_at_end: bool = True,
         eval_batch_size: int | None = None,
         start_step: int = 0,
-        offload: Any = None,
+        offload: TrainerPlugin | None = None,
+        parallel: ParallelPlugin | None = None,
     ):
-        from engine.memory.monitor import GcPolicy, MemoryMonitor
-
         self.net, self.optimizer, self.data = net, optimizer, data
         self.backend = net.backend
         self.batch_size = batch_size
         self.seed = seed
         self.prefetch = prefetch
-        self.source = BatchSource(
-            data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
-        )
+        # --- data parallel (issue 12): ``parallel`` is None (one process) or a ParallelPlugin (DataParallel):
+        # batch_source() gives this rank's shard of every global batch; start(trainer)/finish(trainer)/
+        # stop(trainer) wrap the loop (install the gradient allreduce hook or the averaging listener, last
+        # synchronisation, removal); evaluate() is the sharded evaluation; reduce_result() sums throughput.
+        self.parallel = parallel
+        if parallel is not None:  # in-memory data sets only: the CLI refuses image folders with --workers
+            self.source = parallel.batch_source(
+                data.x_train, data.y_train, data.mean, data.std, batch_size, data.channels, shuffle, augment, seed
+            )
+        else:
+            self.source = data.batch_source("train", batch_size, shuffle=shuffle, augment=augment, seed=seed)
         self.total_steps = steps if steps is not None else epochs * self.source.batches_per_epoch
         if self.total_steps < 1:
             raise ValueError(f"nothing to train: {self.total_steps} steps")
@@ -266,10 +310,11 @@ class Trainer:
             *listeners,
         ]
         # --- offload (offload issue): an offload scheduler plugs in here --------------------------
-        # ``offload`` is None (everything resident) or an object with ``start(trainer)`` and
-        # ``stop(trainer)``: start() installs its net.hooks and its tensor provider
-        # (net.mgr.set_provider) before the first step; stop() removes them and ends its threads.
+        # ``offload`` is None (everything resident) or a ``TrainerPlugin``: ``start(trainer)`` installs
+        # its net.hooks, its tensor provider (net.mgr.set_provider) and its ``memory_fields`` before
+        # the first step; ``stop(trainer)`` removes them and ends its threads.
         self.offload = offload
+        self.memory_fields: dict[str, Callable[[], Any]] = {}  # extra fields of every memory-monitor line
         self.input_ring_bytes = 0
 
     # -- one step -----------------------------------------------------------------------------------
@@ -294,6 +339,8 @@ class Trainer:
             listener.on_train_start(self)
         if self.offload is not None:
             self.offload.start(self)
+        if self.parallel is not None:
+            self.parallel.start(self)
         start_time = time.perf_counter()
         stream = BatchStream(self.source, self.backend, self.step, stop, depth=self.prefetch, name="train-input")
         self.input_ring_bytes = stream.workspace.capacity
@@ -319,15 +366,22 @@ class Trainer:
                 if batch.index == self.source.batches_per_epoch - 1:
                     for listener in self.listeners:
                         listener.on_epoch_end(self, batch.epoch)
+            if self.parallel is not None:
+                self.parallel.finish(self)
         finally:
             stream.close()
+            if self.parallel is not None:
+                self.parallel.stop(self)
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
         evaluation = None
         if self.evaluate_at_end and self.step == self.total_steps:
-            evaluation = evaluate(self.net, self.data, self.backend, self.eval_batch_size)
+            score = self.parallel.evaluate if self.parallel is not None else evaluate
+            evaluation = score(self.net, self.data, self.backend, self.eval_batch_size)
         result = self._result(self.step - first, seconds, evaluation)
+        if self.parallel is not None:
+            result = self.parallel.reduce_result(self, result)
         for listener in self.listeners:
             listener.on_train_end(self, result)
         return result
@@ -357,32 +411,6 @@ class Trainer:
     def position(self) -> tuple[int, int]:
         """(epoch, batch index) of the next step."""
         return step_position(self.step, self.source.batches_per_epoch)
-
-
-def build_network(
-    model: str,
-    data: Dataset,
-    backend: Any,
-    seed: int = 0,
-    workspace_mode: str = "enabled",
-    num_classes: int = 0,
-    **model_options: Any,
-) -> Any:
-    """``models.build_model`` for ``model``, shaped for ``data``'s images (channels, size) and classes;
-    ``model_options`` go to the model (``width``, ``hidden``, ...)."""
-    from models import build_model
-
-    channels, height, width = data.image_shape
-    if model == "mlp":
-        options: dict[str, Any] = {"input_shape": data.image_shape}
-    else:
-        if height != width:
-            raise ValueError(f"model {model!r} takes square images; {data.name} has {height}×{width}")
-        options = {"in_channels": channels, "image_size": height}
-    return build_model(
-        model, num_classes or data.num_classes, backend, seed=seed, workspace_mode=workspace_mode,
-        **options, **model_options,
-    )
 
 
 def peak_rss_bytes() -> int:

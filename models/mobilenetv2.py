@@ -1,4 +1,5 @@
-"""MobileNetV2 for 32×32 images (the CIFAR variant): stride 1 in the stem and in the second stage.
+"""MobileNetV2 in two variants: ``imagenet`` (torchvision's exact model: stride-2 stem, torchvision's
+stage strides) and ``cifar`` (for 32×32 images: stride 1 in the stem and in the second stage).
 
 The structure and node names follow ``torchvision.models.mobilenet_v2`` (width 1.0): ``features.0``
 is conv-bn-relu6 (``features.0.0``, ``features.0.1``), ``features.1..17`` are inverted residual
@@ -6,7 +7,8 @@ blocks whose layers sit under ``features.N.conv.*``, ``features.18`` is the 1×1
 channels, then global average pooling and ``classifier`` = Dropout(0.2), Linear. Parameter and
 buffer names therefore equal torchvision's state_dict keys (``features.1.conv.0.0.weight``,
 ``classifier.1.weight``). For 32×32 inputs the stem and ``features.2`` (the first t=6, c=24 block)
-use stride 1 instead of 2, so the last feature map is 4×4 instead of 1×1.
+use stride 1 instead of 2, so the last feature map is 4×4 instead of 1×1; the ImageNet variant keeps
+torchvision's strides (a 224×224 image ends as a 7×7 map). Both variants have the same parameters.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 from engine.graph import Graph
 from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Dropout, GlobalAvgPool, ReLU6
 
-# (expansion t, output channels c, repeats n, stride s of the first block): torchvision's table,
-# with the second row's stride 2 -> 1 for 32×32 inputs.
+# (expansion t, output channels c, repeats n, stride s of the first block): torchvision's table
+# (the ImageNet variant); the CIFAR variant sets the second row's stride 2 -> 1 for 32×32 inputs.
 INVERTED_RESIDUAL_SETTING = (
     (1, 16, 1, 1),
-    (6, 24, 2, 1),
+    (6, 24, 2, 2),
     (6, 32, 3, 2),
     (6, 64, 4, 2),
     (6, 96, 3, 1),
@@ -58,10 +60,18 @@ def inverted_residual(prefix: str, source: str, cin: int, cout: int, stride: int
     return nodes, current
 
 
-def mobilenetv2_graph(num_classes: int = 10, in_channels: int = 3, image_size: int = 32, dropout: float = 0.2) -> Graph:
-    nodes = conv_bn_relu6("features.0", "input", in_channels, STEM_CHANNELS, 3, 1)
+def mobilenetv2_graph(
+    num_classes: int = 10, in_channels: int = 3, image_size: int = 32, dropout: float = 0.2, variant: str = "cifar"
+) -> Graph:
+    """The MobileNetV2 graph; ``variant`` is ``cifar`` (strides 1 in the stem and stage 2) or ``imagenet``."""
+    if variant not in ("cifar", "imagenet"):
+        raise ValueError(f"mobilenetv2: variant must be 'cifar' or 'imagenet', got {variant!r}")
+    setting = INVERTED_RESIDUAL_SETTING
+    if variant == "cifar":
+        setting = tuple((t, c, n, 1 if row == 1 else s) for row, (t, c, n, s) in enumerate(setting))
+    nodes = conv_bn_relu6("features.0", "input", in_channels, STEM_CHANNELS, 3, 2 if variant == "imagenet" else 1)
     source, channels, index = "features.0.2", STEM_CHANNELS, 1
-    for expansion, out_channels, repeats, stride in INVERTED_RESIDUAL_SETTING:
+    for expansion, out_channels, repeats, stride in setting:
         for repeat in range(repeats):
             block, source = inverted_residual(
                 f"features.{index}", source, channels, out_channels, stride if repeat == 0 else 1, expansion

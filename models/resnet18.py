@@ -1,15 +1,19 @@
-"""ResNet-18 for 32×32 images (the CIFAR variant): a 3×3 stride-1 stem and no max-pool.
+"""ResNet-18 in two variants: ``imagenet`` (torchvision's exact model: 7×7 stride-2 stem, 3×3 stride-2
+max-pool) and ``cifar`` (for 32×32 images: a 3×3 stride-1 stem and no max-pool).
 
 Node names are torchvision's module paths, so parameter and buffer names equal the keys of
 ``torchvision.models.resnet18().state_dict()`` (``conv1.weight``, ``layer1.0.bn1.running_mean``,
 ``layer2.0.downsample.0.weight``, ``fc.bias``): a PyTorch checkpoint loads one to one. Only the stem
-differs from ImageNet's ResNet-18 (its ``conv1`` is 64×3×3×3 instead of 64×3×7×7).
+differs between the variants: the CIFAR ``conv1`` is 64×3×3×3 instead of 64×3×7×7, and it has no
+``maxpool`` (a node without parameters, so the state_dict keys are the same set). At 32×32 the
+ImageNet stem would leave a 1×1 map after ``layer4``; at 224×224 the CIFAR stem would keep 224×224
+maps through ``layer1`` (7.1 GiB planned for backward at batch 32 instead of ~1.5 GiB).
 """
 
 from __future__ import annotations
 
 from engine.graph import Graph
-from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, ReLU
+from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU
 
 STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))  # (channels, stride of the first block) of layer1..layer4
 BLOCKS_PER_STAGE = 2
@@ -38,13 +42,28 @@ def basic_block(prefix: str, source: str, in_channels: int, channels: int, strid
     return nodes, f"{prefix}.relu2"
 
 
-def resnet18_graph(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> Graph:
-    nodes = [
-        ("conv1", Conv2d(in_channels, 64, 3, 1, 1, bias=False), ["input"]),
-        ("bn1", BatchNorm2d(64), ["conv1"]),
-        ("relu", ReLU(), ["bn1"]),
-    ]
-    source, channels = "relu", 64
+def resnet18_graph(
+    num_classes: int = 10, in_channels: int = 3, image_size: int = 32, variant: str = "cifar"
+) -> Graph:
+    """The ResNet-18 graph; ``variant`` is ``cifar`` (3×3 stride-1 stem) or ``imagenet`` (torchvision's)."""
+    if variant == "imagenet":
+        nodes = [
+            ("conv1", Conv2d(in_channels, 64, 7, 2, 3, bias=False), ["input"]),
+            ("bn1", BatchNorm2d(64), ["conv1"]),
+            ("relu", ReLU(), ["bn1"]),
+            ("maxpool", MaxPool2d(3, 2, 1), ["relu"]),
+        ]
+        source = "maxpool"
+    elif variant == "cifar":
+        nodes = [
+            ("conv1", Conv2d(in_channels, 64, 3, 1, 1, bias=False), ["input"]),
+            ("bn1", BatchNorm2d(64), ["conv1"]),
+            ("relu", ReLU(), ["bn1"]),
+        ]
+        source = "relu"
+    else:
+        raise ValueError(f"resnet18: variant must be 'cifar' or 'imagenet', got {variant!r}")
+    channels = 64
     for stage, (stage_channels, stride) in enumerate(STAGES, start=1):
         for block in range(BLOCKS_PER_STAGE):
             block_nodes, source = basic_block(

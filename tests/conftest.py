@@ -11,3 +11,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cudasim" in item.keywords and not CUDASIM:
             item.add_marker(pytest.mark.skip(reason="needs NUMBA_ENABLE_CUDASIM=1 (tests/run runs it)"))
+
+
+def import_torchvision():
+    """torchvision's pure-Python parts (models, transforms, datasets.folder) without its C++ operators.
+
+    The installed torchvision wheel registers C++ ops in its ``__init__`` (``torchvision::nms``), which
+    fails beside a torch build it was not compiled against. Registering the package path in
+    ``sys.modules`` without running ``__init__`` lets the pure-Python submodules import. Returns the
+    package module, or skips the test when torchvision is not installed (``pip install -e '.[test]'``).
+    """
+    import importlib.util
+    import sys
+    import types
+
+    if "torchvision" not in sys.modules:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip("torchvision is not installed (it is in the test extra)")
+        package = types.ModuleType("torchvision")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        package.__file__ = spec.origin
+        sys.modules["torchvision"] = package
+    import torchvision.datasets.folder  # noqa: F401
+    import torchvision.models  # noqa: F401
+    import torchvision.transforms  # noqa: F401
+    import torchvision.transforms.functional  # noqa: F401
+
+    return sys.modules["torchvision"]
+
+
+@pytest.fixture
+def torchvision():
+    """torchvision's models, transforms and datasets.folder, imported without its C++ operators."""
+    return import_torchvision()

@@ -80,6 +80,14 @@ def test_memory_prints_the_layer_table_and_the_planned_peak():
     assert report["batch_size"] == 4 and report["planned_peak_bytes"] > report["parameter_bytes"] > 0
 
 
+def test_memory_program_prints_the_step_program():
+    result = engine("memory", "--model", "cnn", "--batch-size", 4, "--program")
+    assert result.exit_code == 0, result.output
+    for text in ("creates", "retires after", "bn1:save_mean FF_CACHE 16", "loss backward", "over relu2:grad@pool2",
+                 "training program of cnn, batch 4: 22 steps, 27 buffers"):
+        assert text in result.output, text
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

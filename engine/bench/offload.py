@@ -68,6 +68,8 @@ class _Run:
 
         self.backend = backend = get_backend(config["backend"])
         options = {"image_size": config["image_size"]} if config["model"] in ("resnet18", "mobilenetv2", "cnn") else {}
+        if config.get("variant"):
+            options["variant"] = config["variant"]
         self.net = build_model(config["model"], num_classes=10, backend=backend, seed=0, **options)
         self.optimizer = SGD(self.net.parameters, self.net.gradients, backend, lr=0.01, momentum=0.9)
         batch = config["batch_size"]
@@ -193,12 +195,17 @@ def run_bench(
     directory: str | None = None,
     rss_steps: int = 2,
     progress: Any = None,
+    variant: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Per batch size: the no-offload and offload runs merged into one record (see ``format_*``)."""
+    """Per batch size: the no-offload and offload runs merged into one record (see ``format_*``);
+    ``variant`` (cifar | imagenet) for the models that have one, None: by image size."""
+    from models import resolve_variant
+
+    variant = resolve_variant(model, variant, image_size)
     results = []
     for batch in batch_sizes:
         base = {"model": model, "batch_size": batch, "image_size": image_size, "backend": backend,
-                "directory": directory}
+                "directory": directory, "variant": variant}
         if progress:
             progress(f"{model} batch size {batch}: both runs, steps interleaved")
         plain, offload = _spawn({**base, "windows": [None, window], "steps": steps, "warmup": warmup})["runs"]
@@ -210,6 +217,7 @@ def run_bench(
         results.append({
             "batch_size": batch,
             "model": model,
+            "variant": variant,
             "image_size": image_size,
             "window": window,
             "steps": steps,
@@ -241,6 +249,10 @@ def run_bench(
             "stall": offload["stall"],
         })
     return results
+
+
+def _model_label(r: dict[str, Any]) -> str:
+    return f"{r['model']} ({r['variant']})" if r.get("variant") else r["model"]
 
 
 def _mib(nbytes: float) -> str:
@@ -278,7 +290,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
     """The seed's layout: per batch size, key / avg / min / max / sum in microseconds, then the summary."""
     out = []
     for r in results:
-        out.append(f"{r['model']} {r['image_size']}x{r['image_size']}, offload N={r['window']}, {r['steps']} steps")
+        out.append(f"{_model_label(r)} {r['image_size']}x{r['image_size']}, offload N={r['window']}, "
+                   f"{r['steps']} steps")
         out.append("unit: microseconds")
         out.append(f"batch size: {r['batch_size']}")
         out.append(f"{'key':<34}{'avg':>14}{'min':>14}{'max':>14}{'sum':>16}")
@@ -293,7 +306,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 def format_markdown(results: list[dict[str, Any]]) -> str:
     out = []
     for r in results:
-        out.append(f"**{r['model']} {r['image_size']}×{r['image_size']}, batch size {r['batch_size']}, "
+        out.append(f"**{_model_label(r)} {r['image_size']}×{r['image_size']}, batch size {r['batch_size']}, "
                    f"offload N={r['window']}, {r['steps']} steps** (µs)")
         out.append("")
         out.append("| key | avg | min | max | sum |")

@@ -97,16 +97,21 @@ class BatchSource:
             self._scratch.gather = buffer
         return buffer
 
-    def _augment(self, rng: np.random.Generator, x: np.ndarray) -> None:
-        """Random crop with 4 pixels of zero padding (the mean, after normalization) and horizontal flip."""
+    def _augment(self, rng: np.random.Generator, x: np.ndarray, drawn: int = 0, first: int = 0) -> None:
+        """Random crop with 4 pixels of zero padding (the mean, after normalization) and horizontal flip.
+
+        ``drawn`` rows of random numbers are drawn (default: x's rows) and rows ``first ..`` of them are
+        used: a data-parallel shard of a batch then gets the very crops and flips that its rows get in
+        the whole batch (``engine.parallel.data``)."""
         n, c, h, w = x.shape
         p = CROP_PADDING
         padded = getattr(self._scratch, "padded", None)
         if padded is None or padded.shape != (c, h + 2 * p, w + 2 * p):
             padded = np.zeros((c, h + 2 * p, w + 2 * p), dtype=np.float32)
             self._scratch.padded = padded
-        offsets = rng.integers(0, 2 * p + 1, size=(n, 2))
-        flips = rng.random(n) < 0.5
+        drawn = max(drawn, first + n)
+        offsets = rng.integers(0, 2 * p + 1, size=(drawn, 2))[first : first + n]
+        flips = (rng.random(drawn) < 0.5)[first : first + n]
         for i in range(n):
             padded[:, p : p + h, p : p + w] = x[i]  # the border stays zero
             dy, dx = offsets[i]

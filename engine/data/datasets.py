@@ -8,7 +8,8 @@ Every model takes 3-channel input. Grayscale sets (MNIST, digits) keep one store
 batch filler broadcasts to three; MNIST's 28×28 images are padded to 32×32 with two pixels of
 background on each side (LeNet's recipe), digits' 8×8 images are resized to 32×32 bilinearly.
 
-Specs: ``synthetic``, ``digits``, ``cifar10:DIR``, ``cifar100:DIR``, ``mnist:DIR``, ``npz:FILE``.
+Specs: ``synthetic``, ``digits``, ``cifar10:DIR``, ``cifar100:DIR``, ``mnist:DIR``, ``npz:FILE``,
+``imagefolder:DIR`` (files decoded batch by batch, see ``engine.data.imagefolder``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import gzip
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-DATA_SPECS = ("synthetic", "digits", "cifar10:DIR", "cifar100:DIR", "mnist:DIR", "npz:FILE")
+DATA_SPECS = ("synthetic", "digits", "cifar10:DIR", "cifar100:DIR", "mnist:DIR", "npz:FILE", "imagefolder:DIR")
 SPLIT_SEED = 0  # the fixed permutation that separates train from test where a set has no test split
 TEST_FRACTION = 0.2
 
@@ -56,6 +58,15 @@ class Dataset:
         """(C, H, W) of one normalized image as the model receives it."""
         return (self.channels, int(self.x_train.shape[2]), int(self.x_train.shape[3]))
 
+    def batch_source(self, split: str, batch_size: int, *, shuffle: bool = True, augment: bool = False,
+                     seed: int = 0, drop_last: bool = True) -> Any:
+        """The BatchSource of ``split`` ("train" or "test"); image folders override it to decode files."""
+        from engine.data.batches import BatchSource
+
+        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
+        return BatchSource(x, y, self.mean, self.std, batch_size, self.channels, shuffle=shuffle, augment=augment,
+                           seed=seed, drop_last=drop_last)
+
     def describe(self) -> str:
         c, h, w = self.image_shape
         return (
@@ -76,10 +87,23 @@ def channel_statistics(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0) -> Dataset:
-    """The data set a ``--data`` spec names; ``num_classes`` checks (or, for synthetic, sets) the label count."""
+def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0, image_size: int | None = None) -> Dataset:
+    """The data set a ``--data`` spec names; ``num_classes`` checks (or, for synthetic, sets) the label count;
+    ``image_size`` is the crop of ``imagefolder`` data (default 224) and the side of ``synthetic`` images."""
     kind, _, location = spec.partition(":")
-    if kind == "synthetic":
+    if image_size is not None and kind not in ("imagefolder", "synthetic"):
+        raise DataError(f"--image-size applies to imagefolder and synthetic data; {kind} images keep their size")
+    if kind == "imagefolder":
+        from engine.data.imagefolder import DEFAULT_IMAGE_SIZE, imagefolder
+
+        if not location:
+            raise DataError("--data imagefolder needs a location: imagefolder:DIR (one subfolder per class)")
+        data: Dataset = imagefolder(location, image_size or DEFAULT_IMAGE_SIZE)
+    elif kind == "synthetic" and image_size:  # large images: fewer of them (96 + 32 at 224×224 is 77 MB)
+        many = image_size <= 64
+        data = synthetic(num_classes or 10, seed=seed, train=512 if many else 96, test=128 if many else 32,
+                         shape=(3, image_size, image_size))
+    elif kind == "synthetic":
         data = synthetic(num_classes or 10, seed=seed)
     elif kind == "digits":
         data = digits()

@@ -159,6 +159,9 @@ class BatchStream:
         if self._thread is not None:
             self._stop_event.set()
             self._thread.join()
+        release = getattr(self.source, "close", None)  # a source decoding on threads (image folders) stops them
+        if release is not None:
+            release()
         self.workspace.destroy(released_by="BatchStream.close()")
 
     def __enter__(self) -> BatchStream:

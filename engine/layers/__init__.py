@@ -3,7 +3,7 @@
 See ``engine.layers.base`` for the contract between a layer and the graph.
 """
 
-from engine.layers.activation import ReLU, ReLU6
+from engine.layers.activation import LeakyReLU, ReLU, ReLU6
 from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec
 from engine.layers.batchnorm import BatchNorm2d
 from engine.layers.conv import Conv2d
@@ -25,6 +25,7 @@ __all__ = [
     "GlobalAvgPool",
     "InputGradients",
     "Layer",
+    "LeakyReLU",
     "MaxPool2d",
     "ParameterSpec",
     "ReLU",

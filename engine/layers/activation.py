@@ -1,16 +1,20 @@
-"""ReLU and ReLU6. Backward takes its mask from the forward *output*, so the layer keeps its output,
-and writes the input gradient over the output gradient when nothing else reads that.
+"""ReLU, ReLU6 and LeakyReLU. Backward takes its mask from the forward *output*, so the layer keeps its
+output, and writes the input gradient over the output gradient when nothing else reads that.
 
-``recompute_output`` reruns the forward kernel: when the input is kept anyway (a batch norm's output,
-In-Place ABN) the offload plan rebuilds the output from it instead of writing it to disk and reading
-it back (one pass over memory instead of a write and a read, and the same bits).
+LeakyReLU is the proof that a layer type needs only its kernel calls and its declarations: it was
+added with its kernels (reference, CPU, CUDA) and the class below, and nothing in the network, the
+graph, the step program, the arena or offload changed (tests/engine/test_program.py trains it with
+and without offload).
+
+``recompute_output`` (ReLU, ReLU6) reruns the forward kernel: when the input is kept anyway (a batch
+norm's output, In-Place ABN) the offload plan rebuilds the output from it instead of writing it to
+disk and reading it back (one pass over memory instead of a write and a read, and the same bits).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.layers.base import InputGradients, Layer, Shape
+from engine.memory import Tensor
 
 
 class ReLU(Layer):
@@ -24,7 +28,7 @@ class ReLU(Layer):
         self.check_num_inputs(input_shapes)
         return tuple(input_shapes[0])
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(x.shape)
         getattr(self.backend.kernels, self.forward_op)(x, out)
@@ -32,10 +36,10 @@ class ReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def recompute_output(self, inputs: list[Any], out: Any) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
         getattr(self.backend.kernels, self.forward_op)(inputs[0], out)
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         out = self.saved["out"]
@@ -49,3 +53,38 @@ class ReLU6(ReLU):
 
     forward_op = "relu6_forward"
     backward_op = "relu6_backward"
+
+
+class LeakyReLU(Layer):
+    """x where x > 0, else ``negative_slope`` · x (torch.nn.LeakyReLU). The slope must be >= 0: then the
+    output is positive exactly where the input is, and backward needs only the output, like ReLU."""
+
+    keeps_output = True
+    input_gradients = InputGradients.OVER_DOUT
+
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        super().__init__()
+        if not negative_slope >= 0:
+            raise ValueError(f"LeakyReLU: negative_slope must be >= 0 (backward masks by the output), got "
+                             f"{negative_slope}")
+        self.negative_slope = float(negative_slope)
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        return tuple(input_shapes[0])
+
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
+        x = inputs[0]
+        out = self.output(x.shape)
+        self.backend.kernels.leaky_relu_forward(x, out, self.negative_slope)
+        if training:
+            self.saved = {"out": out}
+        return out
+
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
+        if not need_input_grads[0]:
+            return [None]
+        out = self.saved["out"]
+        dx = dout if reuse_dout else self.input_grad(out.shape)  # the kernel allows dx to be dout
+        self.backend.kernels.leaky_relu_backward(out, dout, dx, self.negative_slope)
+        return [dx]

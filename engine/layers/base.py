@@ -7,14 +7,19 @@ A layer is a small object that knows four things:
   (``self.params``, ``self.grads``, ``self.buffers``), so an optimizer updates every weight in one pass;
 - the **shape** of its output for given input shapes, and the error it raises for a wrong input shape;
 - what it **keeps for backward**: its input (``keeps_input``), its output (``keeps_output``), and
-  extra FF_CACHE tensors (``saved_specs``), so the graph can tell how long every tensor lives;
+  extra FF_CACHE tensors (``saved_specs``), and where its backward puts input gradients
+  (``input_gradients``), so the step program (``engine.program``) knows how long every tensor lives;
 - the **scratch** its kernels need (``forward_scratch`` / ``backward_scratch``).
+
+Those declarations are all the rest of the engine learns about a layer: a new layer type needs its
+kernel calls and its declarations, and nothing in the network, the graph, the arena or offload
+(``LeakyReLU`` was added that way).
 
 Layers allocate only through the WorkspaceManager (``self.mgr.create(ArrayType.X, shape)``) and run
 only kernels of the backend's table (``self.backend.kernels.<op>``): a layer never asks which backend
-it runs on. The graph calls ``forward(inputs, training)`` inside ``mgr.layer(node.index)`` and
-``backward(dout, need_input_grads)`` in reverse order; a layer remembers what it needs between the
-two in ``self.saved`` and forgets it in ``clear_saved()``.
+it runs on. The network calls ``forward(inputs, training)`` inside ``mgr.layer(node.index)`` and
+``backward(dout, need_input_grads, reuse_dout)`` in reverse order, as the step program says; a layer
+remembers what it needs between the two in ``self.saved`` and forgets it in ``clear_saved()``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.memory import ArrayType
-
-Shape = tuple[int, ...]
+from engine.backend import ComputeBackend
+from engine.memory import ArrayType, Shape, Tensor, WorkspaceManager
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,10 @@ class SavedSpec:
     dtype: Any = np.float32
 
 
-def nbytes(shape: Shape, dtype: Any = np.float32) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
 class InputGradients(enum.Enum):
-    """Where a layer's backward puts its input gradients: the memory plan reads this declaration,
-    so the planned arena and the layer's ``backward`` agree on which gradient tensors exist."""
+    """Where a layer's backward puts its input gradients: the step program (engine.program) reads this
+    declaration, so the program, the planned arena and the layer's ``backward`` agree on which gradient
+    tensors exist."""
 
     NEW = "new"  # a new ACTIVATION_GRAD per input that needs one
     ALWAYS_NEW = "always new"  # one new gradient even when no input needs it (the kernel always writes dx)
@@ -77,16 +78,17 @@ class Layer:
     keeps_input: bool = False  # backward reads the forward input (so it lives until this backward)
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
     input_gradients: InputGradients = InputGradients.NEW
+    inference_passes_input: bool = False  # inference forward returns its input itself (Dropout): no new output
     recomputable: bool = False  # recompute_output rebuilds the output bit for bit from the input (offload plan)
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
-        self.backend: Any = None
-        self.mgr: Any = None
-        self.params: dict[str, Any] = {}
+        self.backend: ComputeBackend = None  # type: ignore[assignment]  # set by bind()
+        self.mgr: WorkspaceManager = None  # type: ignore[assignment]  # set by bind()
+        self.params: dict[str, Any] = {}  # backend arrays: views into the network's blocks
         self.grads: dict[str, Any] = {}
         self.buffers: dict[str, Any] = {}
-        self.saved: dict[str, Any] = {}
+        self.saved: dict[str, Any] = {}  # tensors and host values kept from forward to backward
 
     # ---- declarations --------------------------------------------------------------------------
 
@@ -118,7 +120,8 @@ class Layer:
 
     # ---- wiring ----------------------------------------------------------------------------------
 
-    def bind(self, backend: Any, mgr: Any, params: dict, grads: dict, buffers: dict) -> None:
+    def bind(self, backend: ComputeBackend, mgr: WorkspaceManager, params: dict[str, Any], grads: dict[str, Any],
+             buffers: dict[str, Any]) -> None:
         """Attach the backend, the workspace manager and this layer's views into the network's blocks."""
         self.backend = backend
         self.mgr = mgr
@@ -126,16 +129,16 @@ class Layer:
         self.grads = grads
         self.buffers = buffers
 
-    def use_manager(self, mgr: Any) -> None:
+    def use_manager(self, mgr: WorkspaceManager) -> None:
         """Allocate through ``mgr`` from now on (the network switches between training and inference)."""
         self.mgr = mgr
 
     # ---- compute ---------------------------------------------------------------------------------
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         raise NotImplementedError
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         """Gradients with respect to each input (None where not needed); parameter gradients go to
         ``self.grads`` (the kernels overwrite them). ``reuse_dout`` is True when nothing else will read
         ``dout``: a layer whose kernel allows it may then write its input gradient over it (ReLU does),
@@ -145,7 +148,7 @@ class Layer:
     def clear_saved(self) -> None:
         self.saved = {}
 
-    def recompute_output(self, inputs: list[Any], out: Any) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
         """Rebuild the forward output of ``inputs`` into ``out`` with the forward's own kernel (same bits).
 
         Only for ``recomputable`` layers: the offload plan rebuilds such an output from kept inputs
@@ -165,19 +168,19 @@ class Layer:
         if len(input_shapes) != self.num_inputs:
             raise ValueError(f"{self.describe()} takes {self.num_inputs} input(s), got {len(input_shapes)}")
 
-    def output(self, shape: Shape) -> Any:
+    def output(self, shape: Shape) -> Tensor:
         """A new ACTIVATIONS tensor for this layer's output."""
         return self.mgr.create(ArrayType.ACTIVATIONS, tuple(shape), dtype=np.float32)
 
-    def input_grad(self, shape: Shape) -> Any:
+    def input_grad(self, shape: Shape) -> Tensor:
         """A new ACTIVATION_GRAD tensor for the gradient with respect to an input."""
         return self.mgr.create(ArrayType.ACTIVATION_GRAD, tuple(shape), dtype=np.float32)
 
-    def keep(self, name: str, shape: Shape, dtype: Any = np.float32) -> Any:
+    def keep(self, name: str, shape: Shape, dtype: Any = np.float32) -> Tensor:
         """A new FF_CACHE tensor kept for backward."""
         return self.mgr.create(ArrayType.FF_CACHE, tuple(shape), dtype=dtype)
 
-    def scratch(self, array_type: ArrayType, elements: int) -> Any:
+    def scratch(self, array_type: ArrayType, elements: int) -> Tensor:
         """A 1-D float32 scratch buffer of working memory (at least one element, so it is a real array)."""
         return self.mgr.create(array_type, (max(int(elements), 1),), dtype=np.float32)
 

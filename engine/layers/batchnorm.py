@@ -16,12 +16,10 @@ be divided by), which with γ initialized to 1 changes nothing.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
-from engine.memory import ArrayType
+from engine.memory import ArrayType, Tensor
 
 
 class BatchNorm2d(Layer):
@@ -61,7 +59,7 @@ class BatchNorm2d(Layer):
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
         return self.num_features  # the batch mean: the kernel writes it, backward no longer reads it
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         p, b = self.params, self.buffers
@@ -80,7 +78,7 @@ class BatchNorm2d(Layer):
             )
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         s = self.saved
         dx = self.input_grad(s["out"].shape)  # the kernel always writes dx
         self.backend.kernels.batchnorm_backward_from_output(

@@ -9,12 +9,11 @@ from FF_WORKING_MEM / BP_WORKING_MEM, sized by the table's ``*_workspace_size`` 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from engine.layers.base import Layer, ParameterSpec, Shape, uniform
-from engine.memory import ArrayType
+from engine.memory import ArrayType, Tensor
 
 
 class Conv2d(Layer):
@@ -91,7 +90,7 @@ class Conv2d(Layer):
             + kernels.conv2d_backward_weight_workspace_size(*geometry)
         )
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         geometry = self._geometry(x.shape)
@@ -103,7 +102,7 @@ class Conv2d(Layer):
             self.saved = {"x": x}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         x = self.saved["x"]
         kernels = self.backend.kernels
         geometry = self._geometry(x.shape)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.layers.base import Layer, ParameterSpec, Shape, uniform
+from engine.memory import Tensor
 
 
 class Dense(Layer):
@@ -45,7 +46,7 @@ class Dense(Layer):
             raise self.shape_error(f"(N, {self.in_features})", shape)
         return (shape[0], self.out_features)
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         self.backend.kernels.dense_forward(x, self.params["weight"], self.params.get("bias"), out)
@@ -53,7 +54,7 @@ class Dense(Layer):
             self.saved = {"x": x}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         x = self.saved["x"]
         dx = self.input_grad(x.shape) if need_input_grads[0] else None
         self.backend.kernels.dense_backward(
@@ -70,7 +71,7 @@ class Flatten(Layer):
             raise self.shape_error("(N, ...)", shape)
         return (shape[0], int(np.prod(shape[1:], dtype=np.int64)))
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         shape = self.output_shape([tuple(x.shape)])
         out = self.output(shape)
@@ -79,7 +80,7 @@ class Flatten(Layer):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         x_shape = self.saved["x_shape"]
@@ -90,4 +91,4 @@ class Flatten(Layer):
 
 def _array(x: Any, op: str) -> Any:
     """The raw array of a workspace Tensor, checked as the kernel table checks it (a plain array as is)."""
-    return x._kernel_array(op, "argument 0") if hasattr(x, "_kernel_array") else x
+    return x.kernel_array(op, "argument 0") if hasattr(x, "kernel_array") else x

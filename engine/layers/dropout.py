@@ -7,14 +7,14 @@ for backward as a uint8 FF_CACHE tensor. Inference passes the input through unch
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from engine.layers.base import Layer, SavedSpec, Shape
+from engine.memory import Tensor
 
 
 class Dropout(Layer):
+    inference_passes_input = True
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
@@ -29,7 +29,7 @@ class Dropout(Layer):
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
         return [SavedSpec("mask", tuple(input_shapes[0]), np.uint8)]
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         if not training:
             return x
@@ -45,7 +45,7 @@ class Dropout(Layer):
         self.saved = {"mask": mask, "scale": scale}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(dout.shape)

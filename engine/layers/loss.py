@@ -11,17 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from engine.memory import ArrayType
+from engine.backend import ComputeBackend
+from engine.memory import ArrayType, Tensor, WorkspaceManager
 
 
 class SoftmaxCrossEntropy:
     name = "loss"
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: ComputeBackend) -> None:
         self.backend = backend
         self.saved: dict[str, Any] = {}
 
-    def forward(self, mgr: Any, logits: Any, labels: Any) -> float:
+    def forward(self, mgr: WorkspaceManager, logits: Tensor, labels: Any) -> float:
         shape = tuple(logits.shape)
         if len(shape) != 2:
             raise ValueError(f"SoftmaxCrossEntropy expects logits of shape (N, classes), got {shape}")
@@ -44,7 +45,7 @@ class SoftmaxCrossEntropy:
         self.saved = {"probs": probs, "labels": labels}
         return float(self.backend.to_host(loss.array)[0])
 
-    def backward(self, mgr: Any) -> Any:
+    def backward(self, mgr: WorkspaceManager) -> Tensor:
         probs = self.saved["probs"]
         dlogits = mgr.create(ArrayType.ACTIVATION_GRAD, tuple(probs.shape), dtype=np.float32)
         self.backend.kernels.softmax_xent_backward(probs, self.saved["labels"], dlogits)

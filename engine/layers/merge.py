@@ -4,9 +4,8 @@ rebuild a ReLU after it from the two kept inputs (Add, then ReLU in place), inst
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.layers.base import InputGradients, Layer, Shape
+from engine.memory import Tensor
 
 
 class Add(Layer):
@@ -21,14 +20,14 @@ class Add(Layer):
             raise ValueError(f"{self.describe()} expects two inputs of the same shape, got {a} and {b}")
         return a
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         a, b = inputs
         out = self.output(self.output_shape([tuple(a.shape), tuple(b.shape)]))
         self.backend.kernels.add_forward(a, b, out)
         return out
 
-    def recompute_output(self, inputs: list[Any], out: Any) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
         self.backend.kernels.add_forward(inputs[0], inputs[1], out)
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         return [dout if need else None for need in need_input_grads]

@@ -7,12 +7,10 @@ torchvision's ``AdaptiveAvgPool2d(1)`` followed by ``flatten`` gives.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from engine.layers.base import Layer, SavedSpec, Shape
-from engine.memory import ArrayType
+from engine.memory import ArrayType, Tensor
 
 
 class _WindowPool(Layer):
@@ -41,13 +39,13 @@ class MaxPool2d(_WindowPool):
     window) up to 16x16 windows, so ResNet's 3x3 max-pool keeps 1 byte per output instead of 4 (issue 11)."""
 
     @property
-    def argmax_dtype(self) -> Any:
+    def argmax_dtype(self) -> type:
         return np.uint8 if self.kernel_size * self.kernel_size <= 256 else np.int32
 
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
         return [SavedSpec("argmax", self.output_shape(input_shapes), self.argmax_dtype)]
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         shape = self.output_shape([tuple(x.shape)])
         out = self.output(shape)
@@ -61,7 +59,7 @@ class MaxPool2d(_WindowPool):
             self.saved = {"x_shape": tuple(x.shape), "argmax": argmax}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])
@@ -71,7 +69,7 @@ class MaxPool2d(_WindowPool):
 
 
 class AvgPool2d(_WindowPool):
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         self.backend.kernels.avgpool2d_forward(x, out, self.kernel_size, self.stride, self.padding)
@@ -79,7 +77,7 @@ class AvgPool2d(_WindowPool):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])
@@ -95,7 +93,7 @@ class GlobalAvgPool(Layer):
             raise self.shape_error("(N, C, H, W)", shape)
         return (shape[0], shape[1])
 
-    def forward(self, inputs: list[Any], training: bool) -> Any:
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         self.backend.kernels.global_avgpool_forward(x, out)
@@ -103,7 +101,7 @@ class GlobalAvgPool(Layer):
             self.saved = {"x_shape": tuple(x.shape)}
         return out
 
-    def backward(self, dout: Any, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Any]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:
             return [None]
         dx = self.input_grad(self.saved["x_shape"])

@@ -11,13 +11,15 @@ lifespans (``planner``); the ``MemoryMonitor`` records what all of it costs per 
 from engine.memory.arena import ArenaPlan, PlanMismatchError, PlannedArena, PlannedTensor, make_plan
 from engine.memory.array_type import LONG_LIVED, ArrayType
 from engine.memory.block import ContiguousBlock
-from engine.memory.manager import MODES, ROUTES, WorkspaceManager, no_workspaces
+from engine.memory.manager import MODES, ROUTES, TensorProvider, WorkspaceManager, no_workspaces
 from engine.memory.monitor import GcPolicy, MemoryMonitor
+from engine.memory.sizes import Shape, nbytes
 from engine.memory.tensor import (
     LeakedWorkspaceError,
     OutdatedWorkspaceError,
     ReleasedTensorError,
     Tensor,
+    TensorOwner,
     WorkspaceError,
     set_validation,
     validation,
@@ -43,6 +45,8 @@ from engine.memory.workspace import (
 )
 
 __all__ = [
+    "Shape",
+    "nbytes",
     "ArenaPlan",
     "PlanMismatchError",
     "PlannedArena",
@@ -68,6 +72,8 @@ __all__ = [
     "RootManager",
     "SpillPolicy",
     "Tensor",
+    "TensorOwner",
+    "TensorProvider",
     "Workspace",
     "WorkspaceClosedError",
     "WorkspaceConfig",

@@ -34,7 +34,7 @@ from engine.memory.array_type import ArrayType
 from engine.memory.planner import ALIGNMENT, align, plan_offsets
 from engine.memory.tensor import CLOSED, RELEASED, Tensor, WorkspaceError
 
-OUTDATED = -4  # a slot's _live_generation once its tensor's planned lifespan is over (no generation equals it)
+OUTDATED = -4  # a slot's live_generation once its tensor's planned lifespan is over (no generation equals it)
 
 
 class PlanMismatchError(WorkspaceError):
@@ -92,16 +92,16 @@ def make_plan(specs: Iterable[Any]) -> ArenaPlan:
 
 
 class _Slot:
-    """The stand-in workspace of one planned tensor (what ``Tensor`` checks: name, generation, _live_generation)."""
+    """The stand-in workspace of one planned tensor (what ``Tensor`` checks: name, generation, live_generation)."""
 
-    __slots__ = ("name", "generation", "_live_generation", "released_by", "array_type", "nbytes")
+    __slots__ = ("name", "generation", "live_generation", "released_by", "array_type", "nbytes")
 
     def __init__(self, name: str, array_type: ArrayType, nbytes: int):
         self.name = name
         self.array_type = array_type
         self.nbytes = nbytes
         self.generation = 0
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
         self.released_by = None
 
 
@@ -109,8 +109,9 @@ class PlannedArena:
     """The provider (``create(array_type, shape, dtype, owner)``) of the planned types of one manager.
 
     ``plan_for(batch_size, types)`` says what an iteration allocates (the network builds it from the
-    graph); ``start_iteration(batch_size)`` picks the plan for the types this arena provides now,
-    ``end_step(step, owner)`` retires what the step was the last to use, ``end_iteration()`` closes all.
+    step program, ``engine.program``); ``start_iteration(batch_size)`` picks the plan for the types
+    this arena provides now, ``end_step(step, owner)`` retires what the step was the last to use,
+    ``end_iteration()`` closes all.
     """
 
     def __init__(self, backend: Any, name: str, plan_for: Any, manager: Any = None):
@@ -193,12 +194,12 @@ class PlannedArena:
             if made != expected:
                 raise PlanMismatchError(
                     f"[{self.name}] node {owner} made {made} planned tensors by the end of step {step}, but the "
-                    f"memory plan (engine.graph.Graph.allocations) expected {expected}: a layer allocates other "
+                    f"step program (engine.program) expected {expected}: a layer allocates other "
                     f"than the plan says (a missing tensor would make the next one alias a live tensor)"
                 )
         for slot in self._ending.get(step, ()):
-            if slot._live_generation == self.generation:
-                slot._live_generation = OUTDATED
+            if slot.live_generation == self.generation:
+                slot.live_generation = OUTDATED
                 self._live_bytes[slot.array_type] -= slot.nbytes
                 self._live_total -= slot.nbytes
 
@@ -208,14 +209,14 @@ class PlannedArena:
             return
         self._in_iteration = False
         for _, slot in self._keys.values():
-            slot._live_generation = CLOSED
+            slot.live_generation = CLOSED
         self._last_peak = dict(self._peak_bytes)
 
     def release(self, released_by: str) -> None:
         """Drop the block (the manager was closed): every tensor handed out raises ReleasedTensorError."""
         self._in_iteration = False
         for _, slot in self._keys.values():
-            slot._live_generation = RELEASED
+            slot.live_generation = RELEASED
             slot.released_by = released_by
         self._block = None
         self.capacity = 0
@@ -242,14 +243,14 @@ class PlannedArena:
                         if entry is not None else "nothing more")
             raise PlanMismatchError(
                 f"[{self.name}] node {owner} created {array_type.name} {tuple(shape)} {dtype} as its planned tensor "
-                f"#{sequence}, but the memory plan (engine.graph.Graph.allocations) expected {expected}. The layer "
+                f"#{sequence}, but the step program (engine.program) expected {expected}. The layer "
                 f"allocates other than its output_shape/saved_specs/backward say; fix the layer or the plan, or "
                 f"build the network with workspace_mode='none'"
             )
         planned, slot = entry
         self._made[owner] = sequence + 1
         slot.generation = self.generation
-        slot._live_generation = self.generation
+        slot.live_generation = self.generation
         start = planned.offset
         if self._numpy_block:
             array = np.ndarray(shape, dtype, self._block, start)

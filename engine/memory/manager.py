@@ -137,9 +137,9 @@ class WorkspaceManager(ManagerNode):
         workspace = self._route.get(array_type)
         if workspace is None:
             return self._unmanaged(array_type, shape, dtype)
-        if workspace._depth == 0:
+        if not workspace.is_open:
             if workspace.is_released:
-                workspace._check_not_released()
+                workspace.check_not_released()
             raise WorkspaceClosedError(
                 f"{array_type!r} goes to workspace [{workspace.name}], which is not open: create it inside "
                 f"`with mgr.iteration():` (one training step or inference batch)"
@@ -159,7 +159,7 @@ class WorkspaceManager(ManagerNode):
 
     def zeros(self, array_type: ArrayType, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> Tensor:
         tensor = self.create(array_type, shape, dtype)
-        tensor._array.fill(0)
+        tensor.array.fill(0)
         return tensor
 
     def leverage_to(self, array_type: ArrayType, tensor: Tensor | Any) -> Tensor:
@@ -169,23 +169,23 @@ class WorkspaceManager(ManagerNode):
         """
         if isinstance(tensor, Tensor):
             target = None if array_type in self._providers else self._route.get(array_type, None)
-            source_ws = tensor._workspace
+            source_ws = tensor.workspace
             already_there = (
                 array_type not in self._providers
                 and source_ws is target
-                and (source_ws is None or source_ws._live_generation == tensor.generation)
+                and (source_ws is None or source_ws.live_generation == tensor.generation)
             )
             if already_there:
                 if tensor.array_type is array_type:
                     return tensor
-                return Tensor(tensor._array, array_type, source_ws, tensor.generation, tensor.offset)
-            source = tensor._kernel_array("leverage_to", "tensor")
+                return Tensor(tensor.array, array_type, source_ws, tensor.generation, tensor.offset)
+            source = tensor.kernel_array("leverage_to", "tensor")
         else:
             source = tensor
         out = self.create(array_type, source.shape, source.dtype)
         if self.backend.is_device and isinstance(source, np.ndarray):
             source = self.backend.to_device(source)
-        out._array[...] = source
+        out.array[...] = source
         return out
 
     def validate_location(self, array_type: ArrayType, tensor: Tensor | Any) -> None:
@@ -193,7 +193,7 @@ class WorkspaceManager(ManagerNode):
         if array_type in self._providers:
             return
         expected = self._route.get(array_type)
-        actual = tensor._workspace if isinstance(tensor, Tensor) else None
+        actual = tensor.workspace if isinstance(tensor, Tensor) else None
         if expected is actual:
             return
         if expected is not None and expected.config.debug is DebugMode.BYPASS_EVERYTHING and actual is None:

@@ -3,12 +3,14 @@
 A workspace hands out views into one block and reuses the block every cycle, so an array kept past
 its cycle silently reads someone else's numbers. A ``Tensor`` carries its workspace and the
 workspace *generation* it was made in; the kernel table asks every argument for its array through
-``_kernel_array(op, argument)``, which compares two integers and raises a clear error when they
+``kernel_array(op, argument)``, which compares two integers and raises a clear error when they
 differ (the workspace was closed, reset or released). The check is on by default and cheap enough to
 leave on; ``set_validation(False)`` swaps it for a plain attribute read.
 
-The ``workspace`` a tensor points at may be any object with ``name``, ``generation`` and
-``_live_generation`` (the offload scheduler's regions are such stand-ins): the check only reads those.
+The ``workspace`` a tensor points at is a ``TensorOwner``: any object with ``name``, ``generation``
+and ``live_generation`` (a ``Workspace``, a planned arena's slot, the offload scheduler's unit
+regions): the check only reads those, and each owner moves ``live_generation`` itself (CLOSED,
+RELEASED, or the generation whose tensors are valid now).
 
 ``.array`` itself is not checked for staleness (reading a result after its step is a legitimate
 debugging move), only for release: a tensor whose manager was closed refuses to hand out its array.
@@ -18,16 +20,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.memory.array_type import ArrayType
 
-# Values of Workspace._live_generation that no tensor generation (always >= 0) can equal.
+# Values of Workspace.live_generation that no tensor generation (always >= 0) can equal.
 CLOSED = -1  # the workspace is not open: every tensor from it is leaked
 RELEASED = -2  # the workspace was destroyed (its manager closed): every tensor from it is released
 ALWAYS_CHECK = -3  # circular workspaces: validity depends on the ring position, take the slow path
+
+
+class TensorOwner(Protocol):
+    """Whoever vouches for a tensor's bytes: the tensor is valid while ``live_generation`` equals the
+    generation it was made in. ``released_by`` (optional) names who released the bytes, for messages."""
+
+    name: str
+    generation: int
+    live_generation: int
 
 
 class WorkspaceError(RuntimeError):
@@ -60,7 +71,7 @@ class Tensor:
         self,
         array: Any,
         array_type: ArrayType | None = None,
-        workspace: Any = None,
+        workspace: TensorOwner | None = None,
         generation: int = 0,
         offset: int | None = None,
     ):
@@ -74,12 +85,12 @@ class Tensor:
     def array(self) -> Any:
         """The backend array (a view into the workspace block)."""
         ws = self._workspace
-        if ws is not None and ws._live_generation == RELEASED:
+        if ws is not None and ws.live_generation == RELEASED:
             raise ReleasedTensorError(_released_message(self, "read", ".array"))
         return self._array
 
     @property
-    def workspace(self) -> Any:
+    def workspace(self) -> TensorOwner | None:
         return self._workspace
 
     @property
@@ -111,9 +122,9 @@ class Tensor:
         """An unmanaged copy (``workspace`` None) that survives every reset and close of the original's workspace."""
         return Tensor(self.array.copy(), self.array_type, None, 0, None)
 
-    def _kernel_array(self, op: str, argument: str) -> Any:  # replaced by set_validation()
+    def kernel_array(self, op: str, argument: str) -> Any:  # replaced by set_validation()
         ws = self._workspace
-        if ws is None or ws._live_generation == self.generation:
+        if ws is None or ws.live_generation == self.generation:
             return self._array
         return _slow_kernel_array(self, op, argument)
 
@@ -123,7 +134,7 @@ class Tensor:
         return f"Tensor({kind}, shape={tuple(self._array.shape)}, dtype={self._array.dtype}, {where})"
 
 
-_checked_kernel_array = Tensor._kernel_array
+_checked_kernel_array = Tensor.kernel_array
 
 
 def _unchecked_kernel_array(self: Tensor, op: str, argument: str) -> Any:
@@ -132,11 +143,11 @@ def _unchecked_kernel_array(self: Tensor, op: str, argument: str) -> Any:
 
 def set_validation(enabled: bool) -> None:
     """Turn the per-argument workspace check before every kernel on or off (for the whole process)."""
-    Tensor._kernel_array = _checked_kernel_array if enabled else _unchecked_kernel_array
+    Tensor.kernel_array = _checked_kernel_array if enabled else _unchecked_kernel_array
 
 
 def validation_enabled() -> bool:
-    return Tensor._kernel_array is _checked_kernel_array
+    return Tensor.kernel_array is _checked_kernel_array
 
 
 @contextmanager
@@ -155,7 +166,7 @@ def _slow_kernel_array(tensor: Tensor, op: str, argument: str) -> Any:
     ws = tensor._workspace
     if ws is None:
         return tensor._array
-    live = ws._live_generation
+    live = ws.live_generation
     if live == RELEASED:
         raise ReleasedTensorError(_released_message(tensor, op, argument))
     if live == CLOSED:

@@ -172,7 +172,7 @@ class Workspace:
         self._offset = 0  # the bump pointer, a multiple of ALIGNMENT
         self._need = 0  # bytes this cycle would take inside a block (spills included)
         self.generation = 0
-        self._live_generation = CLOSED  # the generation tensors must carry to be current
+        self.live_generation = CLOSED  # the generation tensors must carry to be current
         self._depth = 0
         self._cycle_open = False
         self._borrowed = False
@@ -199,7 +199,7 @@ class Workspace:
 
     @property
     def is_released(self) -> bool:
-        return self._live_generation == RELEASED
+        return self.live_generation == RELEASED
 
     def __enter__(self) -> Workspace:
         self.enter()
@@ -210,7 +210,7 @@ class Workspace:
 
     def enter(self) -> None:
         """Open the workspace and start a new cycle; on an open workspace, only nest."""
-        self._check_not_released()
+        self.check_not_released()
         if self._depth > 0:
             self._depth += 1
             return
@@ -230,7 +230,7 @@ class Workspace:
                 self._borrowed = False
             else:
                 self._finish_cycle()
-            self._live_generation = CLOSED
+            self.live_generation = CLOSED
 
     def borrow(self) -> _Borrow:
         """Open without a reset: tensors of the current generation stay valid, new ones bump on from there."""
@@ -253,10 +253,10 @@ class Workspace:
         self._need = 0
         self._tag_live = {}
         if self._circular:
-            self._live_generation = ALWAYS_CHECK
+            self.live_generation = ALWAYS_CHECK
             return
         self.generation += 1
-        self._live_generation = self.generation
+        self.live_generation = self.generation
         self._offset = 0
 
     def _finish_cycle(self) -> None:
@@ -296,8 +296,8 @@ class Workspace:
         self.block_allocations += 1
         self._offset = 0  # live tensors (if any) keep the old block alive; nothing here overlaps them
 
-    def _check_not_released(self) -> None:
-        if self._live_generation == RELEASED:
+    def check_not_released(self) -> None:
+        if self.live_generation == RELEASED:
             raise WorkspaceError(
                 f"workspace [{self.name}] was destroyed ({self.released_by or 'released'}); create a new one"
             )
@@ -322,7 +322,7 @@ class Workspace:
             dtype = _as_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if self._depth == 0:
-            self._check_not_released()
+            self.check_not_released()
             raise WorkspaceClosedError(
                 f"workspace [{self.name}] is not open: allocate inside `with workspace:` "
                 f"(for a WorkspaceManager, inside `with mgr.iteration():`)"
@@ -418,7 +418,7 @@ class Workspace:
 
     def destroy(self, released_by: str | None = None) -> None:
         """Drop the block; every tensor of this workspace now raises ReleasedTensorError."""
-        if self._live_generation == RELEASED:
+        if self.live_generation == RELEASED:
             return
         if self._depth > 0 and not self._borrowed:
             self._finish_cycle()
@@ -428,7 +428,7 @@ class Workspace:
         self.capacity = 0
         self._tag_live = {}
         self.released_by = released_by
-        self._live_generation = RELEASED
+        self.live_generation = RELEASED
 
     def __repr__(self) -> str:
         state = "released" if self.is_released else ("open" if self.is_open else "closed")
@@ -443,10 +443,10 @@ class _Borrow:
 
     def __enter__(self) -> Workspace:
         ws = self.workspace
-        ws._check_not_released()
+        ws.check_not_released()
         if ws._depth == 0:
             ws._borrowed = True
-            ws._live_generation = ALWAYS_CHECK if ws._circular else ws.generation
+            ws.live_generation = ALWAYS_CHECK if ws._circular else ws.generation
         ws._depth += 1
         return ws
 

@@ -7,11 +7,13 @@
 ``plan`` decides where every unit lives (arena offsets, swap-file offsets, spans extended by the
 window), ``scheduler`` runs the loader and saver threads beside the executor, ``storage`` is the
 private swap file, ``staging`` the GPU path through pinned buffers, ``params`` keeps the optimizer
-state on disk between updates, ``session`` is the Trainer's plug, ``bench`` the ``engine bench``
-measurements.
+state on disk between updates, ``session`` is the Trainer's plug (the ``engine bench`` measurements
+are in ``engine.bench.offload``). The plan reads the network's step program (``engine.program``);
+offload learns what it needs of the network and the trainer through Protocols (``OffloadTarget``,
+``OffloadHost``) and imports neither.
 """
 
-from engine.offload.plan import OffloadPlan, build_plan, check_plan, graph_units
+from engine.offload.plan import OffloadPlan, build_plan, check_plan, program_units
 from engine.offload.scheduler import LayerState, OffloadError, OffloadScheduler, StepStats, offload_summary
 from engine.offload.session import OffloadConfig, OffloadSession
 from engine.offload.storage import OffloadStorageError, SwapChecksumError, SwapStorage, parse_bytes
@@ -29,7 +31,7 @@ __all__ = [
     "SwapStorage",
     "build_plan",
     "check_plan",
-    "graph_units",
     "offload_summary",
     "parse_bytes",
+    "program_units",
 ]

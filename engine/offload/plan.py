@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -408,41 +409,62 @@ def group_units(
     return units, creations
 
 
-def graph_units(graph: object, batch_size: int) -> tuple[list[UnitSpec], dict[int, list], int]:
-    """The units of a network's graph at ``batch_size``: (units, creations per node, timeline length).
+class ProgramBuffer(Protocol):
+    """What the offload plan reads of one buffer of a step program (``engine.program.Buffer``)."""
 
-    From ``graph.tensors``: a node's ACTIVATIONS output and FF_CACHE, in the order the layer creates
-    them (output first, then ``saved_specs``). The output is read in backward by the consumers that
-    keep their input (Conv2d, BatchNorm2d, Dense) and by the node itself when it keeps its output
-    (ReLU); FF_CACHE by the node's own backward; the logits by the loss head (before the first backward
-    step). Everything else is transient: never written.
+    @property
+    def name(self) -> str: ...
+    @property
+    def owner(self) -> int | None: ...
+    @property
+    def array_type(self) -> ArrayType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def first(self) -> int: ...
+    @property
+    def uses(self) -> tuple[int, ...]: ...
+
+
+class StepProgram(Protocol):
+    """What the offload plan reads of a compiled training iteration (``engine.program.Program``)."""
+
+    @property
+    def buffers(self) -> Sequence[ProgramBuffer]: ...
+    @property
+    def moments(self) -> int: ...
+    @property
+    def node_names(self) -> list[str]: ...
+    @property
+    def graph(self) -> Any: ...  # engine.graph.Graph: the layers a recompute runs, and who reads whom
+
+
+def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list], int]:
+    """The units of a training program: (units, creations per node, timeline length).
+
+    A node's ACTIVATIONS and FF_CACHE buffers, in the order the program says the node creates them;
+    a buffer's forward span ends at its last use before moment L, its backward span covers its uses
+    from moment L on (the program's ``uses``: consumers' forwards, the backwards that keep it, the
+    loss head holding the logits). A buffer no backward uses is transient: never written.
     """
-    from engine.memory.array_type import ArrayType as T
-
-    nodes = graph.nodes  # type: ignore[attr-defined]
-    steps = 2 * len(nodes)
-    specs = [t for t in graph.tensors(batch_size) if t.owner is not None  # type: ignore[attr-defined]
-             and t.array_type in (T.ACTIVATIONS, T.FF_CACHE)]
-    uses: dict[int, list[TensorUse]] = {n.index: [] for n in nodes}
-    for t in specs:
-        node = nodes[t.owner]
-        i = node.index
-        if t.array_type is T.FF_CACHE:
-            forward_end, backward = i, [steps - 1 - i]
-        else:
-            forward_end = max([i, *node.consumers])
-            backward = [steps - 1 - c for c in node.consumers if nodes[c].layer.keeps_input]
-            if node.layer.keeps_output:
-                backward.append(steps - 1 - i)
-            if node is graph.output:  # type: ignore[attr-defined]  # the loss head reads the logits
-                backward.append(steps // 2)
-        uses[i].append(TensorUse(t.name, t.array_type, tuple(t.shape), np.dtype(t.dtype), forward_end,
-                                 min(backward) if backward else None, max(backward) if backward else None))
-    units, creations = group_units({n.index: n.index for n in nodes}, {n.index: n.name for n in nodes}, uses)
+    steps = program.moments
+    names = program.node_names
+    uses: dict[int, list[TensorUse]] = {i: [] for i in range(len(names))}
+    for b in program.buffers:
+        if b.owner is None or b.array_type not in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE):
+            continue
+        forward_end = max([b.first, *(t for t in b.uses if t < steps // 2)])
+        backward = [t for t in b.uses if t >= steps // 2]
+        uses[b.owner].append(TensorUse(b.name, b.array_type, tuple(b.shape), np.dtype(b.dtype), forward_end,
+                                       min(backward) if backward else None, max(backward) if backward else None))
+    indices = range(len(names))
+    units, creations = group_units({i: i for i in indices}, {i: names[i] for i in indices}, uses)
     return units, creations, steps
 
 
-def recompute_candidates(graph: object, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
+def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
     """Saved units that can be rebuilt instead of swapped: the output of a ``recomputable`` layer
     (ReLU) whose saved unit holds nothing else, from its input when that input is kept in its
     producer's saved unit anyway (a batch norm keeps its output: In-Place ABN); or, when its input is
@@ -454,7 +476,7 @@ def recompute_candidates(graph: object, units: Sequence[UnitSpec]) -> dict[tuple
     per tensor between swap and recompute by their costs; here the choice is structural, because a
     ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
     """
-    nodes = graph.nodes  # type: ignore[attr-defined]
+    nodes = program.graph.nodes
     saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
 
     def kept_output(index: int) -> tuple[tuple[int, str], TensorSpec] | None:

@@ -44,22 +44,24 @@ import mmap
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.memory.array_type import ArrayType
+from engine.memory.manager import TensorProvider
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.plan import (
     OffloadPlan,
     Recompute,
+    StepProgram,
     TensorSpec,
     UnitPlan,
     UnitSpec,
     build_plan,
-    graph_units,
+    program_units,
     recompute_candidates,
 )
 from engine.offload.staging import transfer_for
@@ -82,6 +84,30 @@ RESIDENT = frozenset({LayerState.READY_FOR_EXEC, LayerState.WAIT_FOR_OFF, LayerS
 IN_FLIGHT = frozenset({LayerState.WAIT_FOR_OFF, LayerState.WAIT_FOR_EXEC})
 
 
+class ProviderHost(Protocol):
+    """The workspace manager as the scheduler uses it (``engine.memory.WorkspaceManager``)."""
+
+    @property
+    def closed(self) -> bool: ...
+    def set_provider(self, array_types: ArrayType | Iterable[ArrayType], provider: TensorProvider | None) -> None: ...
+    def provider_for(self, array_type: ArrayType) -> TensorProvider | None: ...
+    def workspace_for(self, array_type: ArrayType) -> Any: ...
+
+
+class OffloadTarget(Protocol):
+    """What the scheduler needs of a network (``engine.network.Network`` has it), so offload imports
+    neither the network nor the trainer: its backend, its training manager (the scheduler becomes the
+    provider of ACTIVATIONS and FF_CACHE), its hook list, and its step program per batch size."""
+
+    @property
+    def backend(self) -> Any: ...
+    @property
+    def mgr(self) -> ProviderHost: ...
+    @property
+    def hooks(self) -> list[Any]: ...
+    def program(self, batch_size: int, training: bool = True) -> StepProgram: ...
+
+
 class OffloadError(RuntimeError):
     """The offload schedule cannot go on (an IO thread failed, or the network did what the plan did not expect)."""
 
@@ -89,21 +115,21 @@ class OffloadError(RuntimeError):
 class UnitRegion:
     """Stands in for a workspace for one unit's tensors: open while the unit is in memory.
 
-    The kernel table compares a tensor's generation with ``_live_generation``; closing the region
+    The kernel table compares a tensor's generation with ``live_generation``; closing the region
     (CLOSED) when the unit leaves memory turns a use of swapped data into a clear error.
     """
 
     def __init__(self, name: str):
         self.name = f"offload:{name}"
         self.generation = 0
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
 
     def open(self, generation: int) -> None:
         self.generation = generation
-        self._live_generation = generation
+        self.live_generation = generation
 
     def close(self) -> None:
-        self._live_generation = CLOSED
+        self.live_generation = CLOSED
 
 
 @dataclass
@@ -199,6 +225,7 @@ class OffloadScheduler:
         self.verify = verify
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
         self._recompute: dict[tuple[int, str], Recompute] = {}
+        self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
         self._bandwidth: float | None = None  # bytes/s the loader read at, averaged over steps (auto)
         self._step_times: dict[int, float] = {}  # executor seconds per timeline step, last step (auto)
@@ -213,11 +240,12 @@ class OffloadScheduler:
         self.max_window: int | None = None
         self.stats: list[StepStats] = []
         self.storage: SwapStorage | None = None
-        self.net: Any = None
-        self.mgr: Any = None
+        self.net: OffloadTarget | None = None
+        self.mgr: ProviderHost | None = None
 
         self._cond = threading.Condition()
-        self._graph: Any = None
+        self._program_for: Callable[[int], StepProgram] | None = None  # batch size -> the training program
+        self._node_names: list[str] = []
         self._plans: dict[tuple[int, int], OffloadPlan] = {}  # (batch size, window) -> plan
         self._batch_size: int | None = None
         self._unit_specs: list[UnitSpec] = []
@@ -262,7 +290,7 @@ class OffloadScheduler:
 
     # -- wiring ----------------------------------------------------------------------------------
 
-    def attach(self, net: Any, batch_size: int | None = None) -> OffloadScheduler:
+    def attach(self, net: OffloadTarget, batch_size: int | None = None) -> OffloadScheduler:
         """Become ``net``'s hook and the provider of its training ACTIVATIONS and FF_CACHE.
 
         With ``batch_size`` the plan, the arena and the swap file are made now, so a full disk or an
@@ -272,7 +300,7 @@ class OffloadScheduler:
             raise OffloadError("this OffloadScheduler is already attached to a network")
         self.net = net
         self.mgr = net.mgr
-        self._graph = net.graph
+        self._program_for = net.program
         net.hooks.append(self)
         self.mgr.set_provider(set(OFFLOADED_TYPES), self)
         if batch_size is not None:
@@ -324,8 +352,11 @@ class OffloadScheduler:
         """The plan for this network at ``batch_size`` and ``window`` (cached)."""
         window = self.window if window is None else window
         if self._batch_size != batch_size or not self._unit_specs:  # what create() checks against, too
-            self._unit_specs, self._creations, self._steps = graph_units(self._graph, batch_size)
-            self._recompute = recompute_candidates(self._graph, self._unit_specs) if self.recompute else {}
+            program = self._program_for(batch_size)
+            self._unit_specs, self._creations, self._steps = program_units(program)
+            self._node_names = list(program.node_names)
+            self._recompute = recompute_candidates(program, self._unit_specs) if self.recompute else {}
+            self._layers = [node.layer for node in program.graph.nodes]  # what a recompute runs
             self._batch_size = batch_size
         key = (batch_size, window)
         if key not in self._plans:
@@ -351,7 +382,7 @@ class OffloadScheduler:
 
     def prepare(self, batch_size: int) -> OffloadPlan:
         """Plan for ``batch_size``, size the arena, create the swap file (free-space check included)."""
-        if self._graph is None:
+        if self._program_for is None:
             raise OffloadError("attach(net) before prepare()")
         plan = self.plan_for(batch_size, self.min_window)
         if self.budget_bytes is not None and plan.arena_bytes > self.budget_bytes:
@@ -444,13 +475,13 @@ class OffloadScheduler:
             unit_key, tensor_spec = creations[sequence]
         if (tensor_spec is None or tensor_spec.array_type is not array_type or tensor_spec.shape != tuple(shape)
                 or tensor_spec.dtype != np.dtype(dtype)):
-            node = self._graph.nodes[owner].name if 0 <= owner < len(self._graph.nodes) else owner
+            node = self._node_names[owner] if 0 <= owner < len(self._node_names) else owner
             expected = (f"{tensor_spec.array_type.name} {tensor_spec.shape} {tensor_spec.dtype}"
                         if tensor_spec is not None else "nothing more")
             raise OffloadError(
                 f"layer {node!r} created {array_type.name} {tuple(shape)} {np.dtype(dtype)} as its tensor "
-                f"#{sequence}, but the offload plan (from engine.graph's tensors) expected {expected}: the layer's "
-                f"saved_specs/output_shape disagree with what it allocates"
+                f"#{sequence}, but the offload plan (from the step program, engine.program) expected {expected}: "
+                f"the layer's saved_specs/output_shape disagree with what it allocates"
             )
         self._created_by_owner[owner] = sequence + 1
         unit = self._units[unit_key]
@@ -559,7 +590,7 @@ class OffloadScheduler:
         inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
         out = self._tensor(unit, recompute.tensor)
         for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
-            self._graph.nodes[node].layer.recompute_output(inputs, out)
+            self._layers[node].recompute_output(inputs, out)
             inputs = [out]
         self._current.recompute_s += time.perf_counter() - started
         self._current.recomputed_bytes += recompute.tensor.nbytes

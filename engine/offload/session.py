@@ -8,10 +8,11 @@ swap file are made for the run's batch size, so a full disk is an error before t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from engine.offload.scheduler import OffloadScheduler
+from engine.offload.scheduler import OffloadScheduler, OffloadTarget
 from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
 
 
@@ -58,8 +59,23 @@ class OffloadConfig:
                                 delay=delay, verify=self.verify, **options)
 
 
+class OffloadHost(Protocol):
+    """What an offload session needs of the trainer (``engine.train.Trainer`` has it), so offload does not
+    import the trainer: the network, the batch size, the optimizer (for ``--offload-params``) and the
+    fields it may add to every memory-monitor line."""
+
+    @property
+    def net(self) -> OffloadTarget: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def optimizer(self) -> Any: ...
+    @property
+    def memory_fields(self) -> dict[str, Callable[[], Any]]: ...
+
+
 class OffloadSession:
-    """What the Trainer's ``offload`` slot takes: ``start(trainer)`` / ``stop(trainer)``."""
+    """What the Trainer's ``offload`` slot takes (a ``TrainerPlugin``): ``start(trainer)`` / ``stop(trainer)``."""
 
     def __init__(self, config: OffloadConfig, delay: DelayHook | None = None, **options: Any):
         self.config = config
@@ -68,7 +84,7 @@ class OffloadSession:
         self.scheduler: OffloadScheduler | None = None
         self.state_offload: Any = None
 
-    def prepare(self, net: Any, batch_size: int) -> OffloadScheduler:
+    def prepare(self, net: OffloadTarget, batch_size: int) -> OffloadScheduler:
         """Make the scheduler, attach it to ``net`` and plan for ``batch_size`` (swap file included)."""
         if self.scheduler is None:
             scheduler = self.config.scheduler(net.backend, delay=self.delay, **self.options)
@@ -80,10 +96,10 @@ class OffloadSession:
             self.scheduler = scheduler
         return self.scheduler
 
-    def start(self, trainer: Any) -> None:
+    def start(self, trainer: OffloadHost) -> None:
         scheduler = self.prepare(trainer.net, trainer.batch_size)
         try:
-            _report_swap_in_memory_lines(trainer, scheduler)
+            trainer.memory_fields["swap"] = scheduler.swap_report  # each memory-monitor line gets the window
             if self.config.params:
                 from engine.offload.params import OptimizerStateOffload
 
@@ -95,7 +111,8 @@ class OffloadSession:
             self.stop(trainer)
             raise
 
-    def stop(self, trainer: Any) -> None:
+    def stop(self, trainer: OffloadHost) -> None:
+        trainer.memory_fields.pop("swap", None)
         try:
             if self.state_offload is not None:
                 if self.state_offload in trainer.net.hooks:
@@ -106,24 +123,7 @@ class OffloadSession:
                 self.scheduler.close()
 
 
-def _report_swap_in_memory_lines(trainer: Any, scheduler: OffloadScheduler) -> None:
-    """Make the trainer's memory listener pass ``swap=scheduler.swap_report()`` to the monitor.
-
-    The Trainer's MemoryListener samples the monitor after every step; its subclass below adds the
-    scheduler's resident, in-flight and swapped bytes and the window to each JSON line.
-    """
-    from engine.train import MemoryListener
-
-    class SwapMemoryListener(MemoryListener):
-        def on_step_end(self, trainer: Any, record: Any) -> None:
-            self.monitor.sample(record.step, loss=record.loss, swap=scheduler.swap_report())
-
-    for i, listener in enumerate(trainer.listeners):
-        if type(listener) is MemoryListener:
-            trainer.listeners[i] = SwapMemoryListener(listener.monitor, listener.plot_path)
-
-
-def session_from_options(net: Any, batch_size: int, n: str | None, budget: str | None,
+def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget: str | None,
                          directory: str | None, params: bool = False, verify: str = "full") -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
@@ -145,28 +145,22 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     """The planned peak of one training step with and without offload (``engine memory --offload-n``).
 
     Without offload: ``net.memory_report``'s liveness plan. With offload: the same long-lived blocks,
-    the largest step of everything the scheduler does not place (gradients, input, loss head, working
-    memory), plus the offload arena, which holds every ACTIVATIONS and FF_CACHE tensor of the step.
+    the largest moment of everything the scheduler does not place (the program's gradients, input and
+    loss head buffers, and working memory), plus the offload arena, which holds every ACTIVATIONS and
+    FF_CACHE buffer a node makes.
     """
-    from engine.layers.base import nbytes
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import build_plan, graph_units, recompute_candidates
+    from engine.offload.plan import build_plan, program_units, recompute_candidates
 
     report = net.memory_report(batch_size)
-    graph = net.graph
-    steps = 2 * len(graph.nodes)
-    shapes = graph.shapes(batch_size)
-    scratch = [0] * steps
-    for node in graph.nodes:
-        inputs = [shapes[i] for i in node.inputs]
-        scratch[node.index] = 4 * node.layer.forward_scratch(inputs)
-        scratch[steps - 1 - node.index] = 4 * node.layer.backward_scratch(inputs)
-    others = [t for t in graph.tensors(batch_size)
-              if not (t.owner is not None and t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
-    rest = max(sum(nbytes(t.shape, t.dtype) for t in others if t.first <= step <= t.last) + scratch[step]
-               for step in range(steps))
-    units, _, _ = graph_units(graph, batch_size)
-    plan = build_plan(units, window, steps, recompute_candidates(graph, units))
+    program = net.program(batch_size)
+    scratch = program.scratch_at()
+    kept = [b for b in program.buffers
+            if not (b.owner is not None and b.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
+    rest = max(sum(b.nbytes for b in kept if b.first <= moment <= b.last) + scratch[moment]
+               for moment in range(program.moments))
+    units, _, steps = program_units(program)
+    plan = build_plan(units, window, steps, recompute_candidates(program, units))
     swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     layers = []
@@ -175,7 +169,7 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
             continue  # transient: read by forwards only, never kept for backward
         source = ""
         if unit.recompute is not None:
-            source = " + ".join(graph.nodes[key[0]].name for key in unit.recompute.source_units)
+            source = " + ".join(program.node_names[key[0]] for key in unit.recompute.source_units)
         layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
                        "bytes": unit.nbytes, "decision": unit.decision, "from": source})
     return {

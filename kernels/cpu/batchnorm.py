@@ -33,7 +33,7 @@ def _safe_gamma(g):
     return -GAMMA_MIN if g < 0 else GAMMA_MIN
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
     N, C, area = x.shape
     count = N * area
@@ -62,7 +62,7 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
         running_var[c] = (1.0 - momentum) * running_var[c] + momentum * unbiased_var
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
     N, C, area = x.shape
     for c in prange(C):
@@ -73,7 +73,7 @@ def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
                 out[n, c, i] = x[n, c, i] * scale + shift
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
     N, C, area = x.shape
     count = N * area
@@ -99,7 +99,7 @@ def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
                 dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
     N, C, area = y.shape
     count = N * area

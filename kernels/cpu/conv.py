@@ -180,7 +180,7 @@ def _valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int)
     return lo, hi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, line0, pixels):
     """One im2col row of a stride-1 "same" convolution (output as wide as the input) in one copy.
 
@@ -215,7 +215,7 @@ def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, l
                 dst[row_start + uint64(ox)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
 
@@ -257,7 +257,7 @@ def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
                 dst[out_row + uint64(ox)] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
     """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order.
 
@@ -301,21 +301,21 @@ def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
                         dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
     for row in prange(cols.shape[0]):
         _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
     for row in range(cols.shape[0]):
         _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     """The transpose of im2col. One parallel iteration owns one whole (image, channel) plane, so
     there are no write races and every pixel's sum runs in the same order."""
@@ -323,13 +323,13 @@ def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out
         _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     for job in range(channels * images):
         _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_tile(a, n0, images, k0, tile):
     """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side."""
     pixels = a.shape[2] * a.shape[3]
@@ -338,7 +338,7 @@ def gather_tile(a, n0, images, k0, tile):
             tile[k, i * pixels : (i + 1) * pixels] = a[n0 + i, k0 + k].reshape(pixels)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter_tile(tile, n0, images, k0, a):
     """The inverse of gather_tile: a[n0 + i, k0 + k, p] = tile[k, i·P + p]."""
     pixels = a.shape[2] * a.shape[3]
@@ -347,7 +347,7 @@ def scatter_tile(tile, n0, images, k0, a):
             a[n0 + i, k0 + k].reshape(pixels)[:] = tile[k, i * pixels : (i + 1) * pixels]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def add_bias(out, bias):
     n, k = out.shape[0], out.shape[1]
     for job in prange(n * k):
@@ -355,7 +355,7 @@ def add_bias(out, bias):
         plane += bias[job % k]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def bias_gradient(dout, dbias):
     """dbias[k] = Σ_{n, p} dout[n, k, p]: one channel per parallel iteration, summed in a fixed order."""
     n, k = dout.shape[0], dout.shape[1]
@@ -371,7 +371,7 @@ def bias_gradient(dout, dbias):
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
     n_images = x.shape[0]
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -399,7 +399,7 @@ def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
     n_images = dx.shape[0]
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -427,7 +427,7 @@ def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
                 col2im_tile(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch):
     n_images = x.shape[0]
     k_total, c_group, kernel = dw.shape[0], dw.shape[1], dw.shape[2]
@@ -467,7 +467,7 @@ def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch):
     """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM."""
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
@@ -495,7 +495,7 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _forward_per_thread(x, w, out, stride, pad, groups, tile_images, threads, scratch):
     n_images = x.shape[0]
     share = scratch.size // threads
@@ -505,7 +505,7 @@ def _forward_per_thread(x, w, out, stride, pad, groups, tile_images, threads, sc
         _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch):
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
@@ -532,7 +532,7 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile_images, threads, scratch):
     n_images = dx.shape[0]
     share = scratch.size // threads
@@ -542,7 +542,7 @@ def _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile_images, thr
         _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, scratch):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order."""
     k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
@@ -579,7 +579,7 @@ def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile
                 acc_g += partial
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _backward_weight_per_thread(x, dout, dw, stride, pad, groups, tile_images, threads, scratch):
     """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are added in order."""
     n_images = x.shape[0]
@@ -607,7 +607,7 @@ def _backward_weight_per_thread(x, dout, dw, stride, pad, groups, tile_images, t
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def depthwise_forward(x, w, out, stride, pad):
     """out[n, c] = Σ_{r, s} w[c, 0, r, s] · x_padded[n, c, ...]: one (n, c) plane per parallel iteration.
 
@@ -641,7 +641,7 @@ def depthwise_forward(x, w, out, stride, pad):
                             dst[row_out + uint64(ox)] += weight * src[row_in + uint64(ox * stride)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def depthwise_backward_data(dout, w, dx, stride, pad):
     """dx[n, c] gets each output gradient times the weight that read the pixel; one plane per iteration."""
     n, c, height, width = dx.shape
@@ -669,7 +669,7 @@ def depthwise_backward_data(dout, w, dx, stride, pad):
                             dst[row_out + uint64(ox * stride)] += weight * src[row_in + uint64(ox)]
 
 
-@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def depthwise_backward_weight(x, dout, dw, stride, pad):
     """dw[c, 0, r, s] = Σ_{n, oh, ow} dout · x_padded: one channel per parallel iteration.
 
@@ -701,7 +701,7 @@ def depthwise_backward_weight(x, dout, dw, stride, pad):
                 dw[ch, 0, r, s] = total
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def direct_forward(x, w, out, stride, pad, groups):
     """The textbook loop nest, parallel over (image, output channel): no reuse, ~3 GFLOP/s."""
     n = x.shape[0]

@@ -73,7 +73,7 @@ def _tap_inside(y, x, r, s, height, width, mirrored):
     return 0 <= yy < height and 0 <= xx < width
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _position_weights(weights, c0, channels, height, width, mirrored, pw):
     """pw[k·L + q] = the weight position q applies to the input at offset d_k, 0 where that tap is
     off the plane. Forward: tap k itself. Mirrored (backward-data): offset d_k = −d_(8−k), tap 8 − k."""
@@ -90,7 +90,7 @@ def _position_weights(weights, c0, channels, height, width, mirrored, pw):
                     q += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter(src, base, size, pw, length, width, dst, dst_base):
     """dst[dst_base + q] = Σ_k pw[k·L + q] · src[base + q + d_k] for q < L.
 
@@ -109,7 +109,7 @@ def _flat_filter(src, base, size, pw, length, width, dst, dst_base):
         dst[dst_base + q] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_filter_fast(src, start, pw, length, width, dst, dst_start):
     """The unchecked loop: nine taps written out over flat unsigned offsets.
 
@@ -135,7 +135,7 @@ def _flat_filter_fast(src, start, pw, length, width, dst, dst_start):
         dst[o + j] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _subsample(full, channels, height, width, small, base, out_h, out_w):
     """small[base + c·OH·OW + y·OW + x] = full[c·H·W + 2y·W + 2x]: the stride-2 outputs of a stride-1 run."""
     for cc in range(channels):
@@ -146,7 +146,7 @@ def _subsample(full, channels, height, width, small, base, out_h, out_w):
                 small[dst + uint64(x)] = full[src + uint64(2 * x)]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
     """The transpose of _subsample into ``full`` (zeros between, ``margin`` zeros at both ends)."""
     for q in range(channels * height * width + 2 * margin):
@@ -159,7 +159,7 @@ def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
                 full[dst + uint64(2 * x)] = small[src + uint64(x)]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch):
     """out = depthwise 3×3 pad-1 conv of x; mirrored: dx from dout (the backward-data pass).
 
@@ -195,7 +195,7 @@ def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch):
                     _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate(src, base, size, grad, grad_base, acc, length, width):
     """acc[t·L + q] += grad[grad_base + q] · src[base + q + d_t], checked: for runs at the tensor's ends."""
     for t in range(9):
@@ -206,7 +206,7 @@ def _flat_accumulate(src, base, size, grad, grad_base, acc, length, width):
                 acc[t * length + q] += grad[grad_base + q] * src[at]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
     """The unchecked _flat_accumulate, one vector loop per tap."""
     for t in range(9):
@@ -219,7 +219,7 @@ def _flat_accumulate_fast(src, base, grad, grad_base, acc, length, width):
             acc[a0 + j] += grad[g0 + j] * src[s0 + j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, length, width):
     """_flat_accumulate_fast for four images at once: a quarter of the read-modify-write traffic on
     ``acc``, which is what bounds this loop."""
@@ -238,7 +238,7 @@ def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, lengt
             )
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
     """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order.
 

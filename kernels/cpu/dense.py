@@ -14,29 +14,29 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _matmul_transposed_weight(x, w, out):
     np.dot(x, w.T, out)  # [N,I] @ [I,O]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _matmul(a, b, out):
     np.dot(a, b, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _matmul_transposed_left(a, b, out):
     np.dot(a.T, b, out)  # dw[O,I] = dout.T[O,N] @ x[N,I]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _add_bias(out, bias):
     for n in prange(out.shape[0]):
         for o in range(out.shape[1]):
             out[n, o] += bias[o]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sum_over_batch(dout, dbias):
     """dbias[o] = sum over n of dout[n, o]: one thread per column, a float64 sum in row order."""
     N, O = dout.shape

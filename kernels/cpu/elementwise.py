@@ -1,4 +1,4 @@
-"""Element-wise CPU kernels: relu, relu6, residual add and dropout.
+"""Element-wise CPU kernels: relu, relu6, leaky relu, residual add and dropout.
 
 Each kernel sees its arrays flattened to 1-D (a free view of a C-contiguous array), so one compiled
 version serves every shape, and ``prange`` splits the flat index range across threads. Every output
@@ -13,40 +13,53 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu_forward(x, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = np.float32(0.0) if v < 0 else v  # NaN passes through, as in PyTorch
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu_backward(out, dout, dx):
     for i in prange(out.size):
         dx[i] = dout[i] if out[i] > 0 else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu6_forward(x, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > 6 else v)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _relu6_backward(out, dout, dx):
     for i in prange(out.size):
         v = out[i]
         dx[i] = dout[i] if (v > 0 and v < 6) else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
+def _leaky_relu_forward(x, slope, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = v if v > 0 else slope * v
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _leaky_relu_backward(out, dout, slope, dx):
+    for i in prange(out.size):
+        dx[i] = dout[i] if out[i] > 0 else slope * dout[i]
+
+
+@njit(cache=True, parallel=True, nogil=True)
 def _add_forward(a, b, out):
     for i in prange(a.size):
         out[i] = a[i] + b[i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _dropout(x, mask, scale, out):
     scale32 = np.float32(scale)
     for i in prange(x.size):
@@ -80,6 +93,25 @@ def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
     """dx = dout where 0 < out < 6; ``dx`` may be ``dout``."""
     op = "relu6_backward"
     _relu6_backward(_flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
+
+
+def _slope(op: str, negative_slope: float) -> np.float32:
+    if not negative_slope >= 0:  # the output is the backward's mask only for a slope >= 0 (NaN refused too)
+        raise ValueError(f"{op}: negative_slope must be >= 0, got {negative_slope}")
+    return np.float32(negative_slope)
+
+
+def leaky_relu_forward(x: np.ndarray, out: np.ndarray, negative_slope: float) -> None:
+    """out = x where x > 0, else negative_slope · x; ``out`` may be ``x``."""
+    op = "leaky_relu_forward"
+    _leaky_relu_forward(_flat(op, "x", x), _slope(op, negative_slope), _flat(op, "out", out, x.shape))
+
+
+def leaky_relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray, negative_slope: float) -> None:
+    """dx = dout where out > 0, else negative_slope · dout; ``dx`` may be ``dout``."""
+    op = "leaky_relu_backward"
+    _leaky_relu_backward(_flat(op, "out", out), _flat(op, "dout", dout, out.shape), _slope(op, negative_slope),
+                         _flat(op, "dx", dx, out.shape))
 
 
 def add_forward(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

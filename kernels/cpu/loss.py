@@ -15,7 +15,7 @@ from numba import njit
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forward(logits, labels, probs, loss):
     N, C = logits.shape
     total_loss = 0.0
@@ -32,7 +32,7 @@ def _forward(logits, labels, probs, loss):
     loss[0] = total_loss / N
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _backward(probs, labels, dlogits):
     N, C = probs.shape
     inv_n = np.float32(1.0 / N)

@@ -16,7 +16,7 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
     lr32, momentum32, decay32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     use_momentum = momentum != 0.0
@@ -29,7 +29,7 @@ def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
         param[i] -= lr32 * g
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     beta1_32, beta2_32, decay32, eps32 = np.float32(beta1), np.float32(beta2), np.float32(weight_decay), np.float32(eps)
     one_minus_beta1 = np.float32(1.0 - beta1)

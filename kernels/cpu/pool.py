@@ -18,7 +18,7 @@ from numba import njit, prange
 from kernels.cpu.checks import check_array
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
     N, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
@@ -45,7 +45,7 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
                     argmax[n, c, oh, ow] = best_h * W + best_w
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _maxpool_backward(dout, argmax, dx):
     """dout, argmax: [planes, OH*OW]; dx: [planes, H*W]."""
     for plane in prange(dx.shape[0]):
@@ -54,7 +54,7 @@ def _maxpool_backward(dout, argmax, dx):
             dx[plane, argmax[plane, i]] += dout[plane, i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _maxpool_backward_local(dout, argmax, dx, OW, W, kernel, stride, pad):
     """As _maxpool_backward, the winner decoded from its place in the window (uint8 argmax)."""
     for plane in prange(dx.shape[0]):
@@ -67,7 +67,7 @@ def _maxpool_backward_local(dout, argmax, dx, OW, W, kernel, stride, pad):
             dx[plane, h * W + w] += dout[plane, i]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _avgpool_forward(x, out, kernel, stride, pad):
     N, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
@@ -87,7 +87,7 @@ def _avgpool_forward(x, out, kernel, stride, pad):
                 out[n, c, oh, ow] = total * inv_area
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _avgpool_backward(dout, dx, kernel, stride, pad):
     N, C, H, W = dx.shape
     OH, OW = dout.shape[2], dout.shape[3]
@@ -107,7 +107,7 @@ def _avgpool_backward(dout, dx, kernel, stride, pad):
                         dx[n, c, h, w] += share
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _global_avgpool_forward(x, out):
     """x: [planes, H*W]; out: [planes]. Each plane's sum runs in float64, in order."""
     area = x.shape[1]
@@ -118,7 +118,7 @@ def _global_avgpool_forward(x, out):
         out[plane] = total / area
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _global_avgpool_backward(dout, dx):
     area = dx.shape[1]
     for plane in prange(dx.shape[0]):

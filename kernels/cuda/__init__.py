@@ -2,7 +2,9 @@
 
 Importing this package compiles nothing: numba-cuda compiles each kernel on its first launch (or,
 under NUMBA_ENABLE_CUDASIM=1, runs it in the simulator). Launchers accept NumPy arrays (simulator)
-or CuPy arrays (GPU).
+or CuPy arrays (GPU). Every launch is counted in ``LAUNCHES`` (by kernel name); ``count_only()``
+counts without running, which is how `engine kernels --backend cudasim --launches` reports a training
+step's launches at real batch sizes on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kernels.cuda import batchnorm, conv, dense, elementwise, loss, optim, pool
+from kernels.cuda._launch import LAUNCHES, count_only, record_launches, reset_launches
+
+__all__ = ["LAUNCHES", "TABLE", "count_only", "record_launches", "reset_launches"]
 
 TABLE: dict[str, Callable[..., Any]] = {
     "conv2d_forward": conv.conv2d_forward,
@@ -25,6 +30,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "relu_backward": elementwise.relu_backward,
     "relu6_forward": elementwise.relu6_forward,
     "relu6_backward": elementwise.relu6_backward,
+    "leaky_relu_forward": elementwise.leaky_relu_forward,
+    "leaky_relu_backward": elementwise.leaky_relu_backward,
     "add_forward": elementwise.add_forward,
     "dropout_forward": elementwise.dropout_forward,
     "dropout_backward": elementwise.dropout_backward,

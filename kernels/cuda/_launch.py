@@ -8,6 +8,9 @@ work stay ordered.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,35 @@ MAX_REDUCTION_THREADS = 256
 """Size of every shared-memory reduction buffer; a block reducing fewer elements uses fewer threads."""
 
 _external_streams: dict[int, Any] = {}
+
+LAUNCHES: Counter[str] = Counter()
+"""Kernel launches since the last ``reset_launches()``, by kernel name: every launch goes through
+``launch`` below, so this is the exact count a GPU would see (the engine reports it per training step)."""
+
+_count_only: list[bool] = [False]
+_recorders: list[list[tuple[str, Any, Any, Any, tuple[Any, ...]]]] = []
+
+
+def kernel_name(kernel: Any) -> str:
+    """The Python name of a numba.cuda kernel (real dispatcher or simulator kernel)."""
+    function = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None) or kernel
+    return getattr(function, "__name__", type(kernel).__name__)
+
+
+def reset_launches() -> None:
+    LAUNCHES.clear()
+
+
+@contextmanager
+def count_only() -> Iterator[Counter[str]]:
+    """Count launches without running them (outputs stay unwritten): how a step's launch count is
+    taken at batch 32 and 128 without a GPU. The count depends on shapes, never on values."""
+    previous = _count_only[0]
+    _count_only[0] = True
+    try:
+        yield LAUNCHES
+    finally:
+        _count_only[0] = previous
 
 
 def blocks_for(count: int, threads: int = THREADS_PER_BLOCK) -> int:
@@ -44,12 +76,33 @@ def f32(value: float) -> np.float32:
     return np.float32(value)
 
 
+@contextmanager
+def record_launches() -> Iterator[list[tuple[str, Any, Any, Any, tuple[Any, ...]]]]:
+    """Collect (kernel name, kernel, blocks, threads, arguments) of every launch inside the block, in order.
+
+    With ``count_only()`` this is how the roofline (engine/bench/roofline.py) learns every kernel a
+    training step runs, with its real shapes, on a machine without a GPU.
+    """
+    calls: list[tuple[str, Any, Any, Any, tuple[Any, ...]]] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
+
+
 def _is_cupy(array: Any) -> bool:
     return type(array).__module__.split(".")[0] == "cupy"
 
 
 def launch(kernel: Any, blocks: Any, threads: Any, *args: Any) -> None:
-    """Run ``kernel[blocks, threads](*args)`` on CuPy's current stream when the arrays are CuPy's."""
+    """Run ``kernel[blocks, threads](*args)`` on CuPy's current stream when the arrays are CuPy's; count it."""
+    name = kernel_name(kernel)
+    LAUNCHES[name] += 1
+    for calls in _recorders:
+        calls.append((name, kernel, blocks, threads, args))
+    if _count_only[0]:
+        return
     if any(_is_cupy(a) for a in args):
         import cupy
 

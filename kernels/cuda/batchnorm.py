@@ -3,8 +3,8 @@
 Training runs in a single kernel: block c sums channel c (mean), then the squared deviations (the
 two-pass variance, which does not lose digits the way E[x²] − E[x]² does), updates the running
 statistics, and normalizes the channel. Backward is one kernel too: two tree sums (Σ dout and
-Σ dout·x̂) and then dx. Shared-memory trees with a block size fixed by the shape: no atomics, the
-same bits on every run.
+Σ dout·x̂) and then dx. Every sum is ``block_sum`` (kernels/cuda/reduce.py), a shared-memory tree
+with a block size fixed by the shape: no atomics, the same bits on every run.
 
 ``batchnorm_backward_from_output`` rebuilds x̂ = (out − β) / γ from the output (In-Place ABN, see
 kernels/cpu/batchnorm.py); every kernel uses γ with |γ| raised to ``GAMMA_MIN``, as the CPU's.
@@ -18,6 +18,7 @@ from typing import Any
 from numba import cuda, float32
 
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, f32, launch, reduction_threads
+from kernels.cuda.reduce import block_sum
 
 GAMMA_MIN = 1e-5
 
@@ -40,31 +41,14 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     for e in range(tid, count, threads):
         n = e // P
         acc += x[n, c, e - n * P]
-    partial[tid] = acc
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # fixed-order tree: slot t adds slot t + step, halving until slot 0 holds the total
-        if tid < step:
-            partial[tid] += partial[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    mean = partial[0] / float32(count)
-    cuda.syncthreads()  # everyone has read the total before the buffer is reused
+    mean = block_sum(partial, acc) / float32(count)
 
     acc = float32(0.0)
     for e in range(tid, count, threads):
         n = e // P
         d = x[n, c, e - n * P] - mean
         acc += d * d
-    partial[tid] = acc
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # fixed-order tree: slot t adds slot t + step, halving until slot 0 holds the total
-        if tid < step:
-            partial[tid] += partial[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    var = partial[0] / float32(count)
+    var = block_sum(partial, acc) / float32(count)
     invstd = float32(1.0) / math.sqrt(var + eps)
 
     if tid == 0:
@@ -106,8 +90,7 @@ def batchnorm_infer_kernel(x, gamma, beta, running_mean, running_var, out, eps):
 @cuda.jit
 def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
     """Block c: dbeta = Σ dout, dgamma = Σ dout·x̂, then dx = γ·invstd·(dout − (dbeta + x̂·dgamma)/count)."""
-    sum_dout = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
-    sum_dout_xhat = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
+    partial = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
     c = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     threads = cuda.blockDim.x
@@ -124,18 +107,8 @@ def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma
         g = dout[n, c, p]
         acc_dout += g
         acc_dout_xhat += g * (x[n, c, p] - mean) * invstd
-    sum_dout[tid] = acc_dout
-    sum_dout_xhat[tid] = acc_dout_xhat
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # both fixed-order trees in one pass
-        if tid < step:
-            sum_dout[tid] += sum_dout[tid + step]
-            sum_dout_xhat[tid] += sum_dout_xhat[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    total_dout = sum_dout[0]
-    total_dout_xhat = sum_dout_xhat[0]
+    total_dout = block_sum(partial, acc_dout)
+    total_dout_xhat = block_sum(partial, acc_dout_xhat)
     if tid == 0:
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat
@@ -156,8 +129,7 @@ def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma
 @cuda.jit
 def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
     """As batchnorm_backward_kernel, with x̂ = (out − β) / γ rebuilt from the output."""
-    sum_dout = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
-    sum_dout_xhat = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
+    partial = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
     c = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     threads = cuda.blockDim.x
@@ -178,18 +150,8 @@ def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx,
         d = dout[n, c, p]
         acc_dout += d
         acc_dout_xhat += d * ((y[n, c, p] - b) * inv_g)
-    sum_dout[tid] = acc_dout
-    sum_dout_xhat[tid] = acc_dout_xhat
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # both fixed-order trees in one pass
-        if tid < step:
-            sum_dout[tid] += sum_dout[tid + step]
-            sum_dout_xhat[tid] += sum_dout_xhat[tid + step]
-        cuda.syncthreads()
-        step //= 2
-    total_dout = sum_dout[0]
-    total_dout_xhat = sum_dout_xhat[0]
+    total_dout = block_sum(partial, acc_dout)
+    total_dout_xhat = block_sum(partial, acc_dout_xhat)
     if tid == 0:
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat

@@ -1,11 +1,9 @@
 """Per-channel helpers shared by conv, dense and batch norm: bias add and deterministic channel sums.
 
-A channel sum runs in one block: each thread adds a strided slice in a fixed order into its own
-shared-memory slot, then a tree halves the slots until slot 0 holds the total (the same tree is
-written out in batch norm, the loss and depthwise backward-weight: numba-cuda compiles a device
-function for the *current* GPU, which would stop compile_ptx from proving the kernels build on a
-machine without one). No atomics: for a
-given shape the block size, and so every rounding step, is the same on every run.
+A channel sum runs in one block: each thread adds a strided slice in a fixed order, then
+``block_sum`` (kernels/cuda/reduce.py, the one tree every reduction uses) adds the threads'
+totals. No atomics: for a given shape the block size, and so every rounding step, is the same on
+every run.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 from numba import cuda, float32
 
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, launch, reduction_threads
+from kernels.cuda.reduce import block_sum
 
 
 @cuda.jit
@@ -30,16 +29,9 @@ def channel_sum(x, out):
     for e in range(tid, count, threads):
         n = e // P
         acc += x[n, c, e - n * P]
-    partial[tid] = acc
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # fixed-order tree: slot t adds slot t + step, halving until slot 0 holds the total
-        if tid < step:
-            partial[tid] += partial[tid + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(partial, acc)
     if tid == 0:
-        out[c] = partial[0]
+        out[c] = total
 
 
 @cuda.jit

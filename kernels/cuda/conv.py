@@ -1,20 +1,40 @@
-"""2-D convolution on the GPU: im2col + GEMM, a 1×1 fast path, and direct kernels for depthwise.
+"""2-D convolution on the GPU: implicit GEMM over the whole batch, and direct kernels for depthwise.
 
-Three paths, picked from the shapes:
+Two paths, picked from the shapes:
 
 - depthwise-style (one input channel per group, groups > 1): direct kernels, one thread per output
   (forward), per input gradient (backward data) and one block per weight (backward weight). A
   GEMM with one input channel per group would be a GEMM with K = R·S = 9: all launch, no work.
-- 1×1, stride 1, pad 0: the image is already the column matrix: ``x[n]`` viewed as [C, H·W] goes
-  straight into the GEMM, no scratch.
-- everything else: per image and group, im2col writes the [Cg·R·S, OH·OW] column matrix into the
-  caller's scratch, and the tiled GEMM of kernels/cuda/gemm.py multiplies it with the weights.
-  Backward data runs the GEMM with the weights transposed into the columns, then col2im gathers
-  them back into dx. Backward weight accumulates one GEMM per image in a fixed order.
+- everything else: one GEMM launch per direction for the whole batch and every group (the group is
+  ``blockIdx.z``), with operands that index the tensors directly (implicit GEMM):
 
-No path uses atomics: col2im and the direct backward-data kernel *gather* (each thread owns one dx
-element and sums what reaches it), and weight/bias gradients add images in order, so every result
-is the same bits on every run. Scratch: ``Cg·R·S·OH·OW`` floats for the im2col path, else none.
+  | direction | M | N | K | A | B | C |
+  |---|---|---|---|---|---|---|
+  | forward | K/g | N·OH·OW | C/g·R·S | w | x read as its im2col columns | out, NCHW |
+  | backward data | C/g | N·⌈H/st⌉·⌈W/st⌉ | K/g·⌈R/st⌉·⌈S/st⌉ | w, the phase's taps | dout gathered (col2im folded in) | dx, NCHW |
+  | backward weight | K/g | C/g·R·S | N·OH·OW | dout | x's columns, transposed | dw (or split-K partials) |
+
+  The images are folded into the GEMM's N (forward, data) or K (weight) dimension, so a 64-channel
+  32×32 layer at batch 32 is 512 blocks of v3's 64×64 tile, not 16 per image. Backward data
+  *gathers*: each dx element is one GEMM output summing, over (k, r, s), the dout entries whose
+  windows read it, so it needs neither a column buffer nor atomics. At stride st, the dx pixels
+  fall into st² phases (h mod st, w mod st), each read only through the taps r ≡ h + pad (mod st):
+  one launch covers every phase (grid z = groups·st²), each a dense GEMM over its own taps. Gathering
+  over all R·S taps instead multiplied zeros for 3 of 4 taps at stride 2: ResNet-18's backward data
+  was 47.5 GFLOP a step at batch 32 against forward's 35.5 (roofline, kernels/README.md).
+
+Why: the per-image version launched im2col and the GEMM once per image and group (ResNet-18 at
+batch 32: 3,876 launches a training step, each tens of µs of host time with CuPy arrays, and 16
+blocks per GEMM on a 64-channel 32×32 layer). Counted the same way after this change (see
+engine/bench/cuda_launches.py) it is 174 (MobileNetV2: 3,649 → 388), and the 75 MB column
+buffer of ResNet-18's largest layer at batch 32 is gone.
+
+Weight gradients reduce over N·OH·OW (32,768 products for the first layers at batch 32) into a small
+dw (64×576: 9 tiles of 64×64): unsplit, that GEMM would leave most of a GPU idle, so the k range is
+cut into ``weight_splits`` fixed chunks (grid z), each writing a partial dw to scratch, and
+``sum_splits`` adds them in split order. The split count depends only on the shapes, so the sum's
+rounding is the same on every run; no path uses atomics. Scratch: ``splits·K·C/g·R·S`` floats for
+a split weight gradient, else none.
 """
 
 from __future__ import annotations
@@ -34,56 +54,168 @@ from kernels.cuda._launch import (
     reduction_threads,
 )
 from kernels.cuda.channels import add_bias, sum_channels
-from kernels.cuda.gemm import gemm
+from kernels.cuda.gemm import Operands, active_gemm
+from kernels.cuda.reduce import block_sum
 
-# --- im2col / col2im -------------------------------------------------------------------------------
+# --- implicit-GEMM operands --------------------------------------------------------------------------
+# geom = (Cg, H, W, Kg, OH, OW, R, S, stride, pad, splits); z = blockIdx.z = group · splits + split.
+# Backward data puts stride² (its phases) where the weight gradient puts its splits.
+
+
+@cuda.jit(device=True)
+def _column(x, row, col, group, geom):
+    """Entry (row, col) of the group's im2col matrix: x[n, c, oh·stride − pad + r, ow·stride − pad + s] or 0.
+
+    row = (c·R + r)·S + s, col = n·OH·OW + oh·OW + ow.
+    """
+    Cg, H, W = geom[0], geom[1], geom[2]
+    OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
+    P = OH * OW
+    n = col // P
+    p = col - n * P
+    oh = p // OW
+    ow = p - oh * OW
+    c = row // (R * S)
+    rs = row - c * (R * S)
+    r = rs // S
+    s = rs - r * S
+    h = oh * stride - pad + r
+    w = ow * stride - pad + s
+    if 0 <= h < H and 0 <= w < W:
+        return x[n, group * Cg + c, h, w]
+    return float32(0.0)
+
+
+@cuda.jit(device=True)
+def _forward_a(w2, i, k, z, geom):
+    return w2[(z // geom[10]) * geom[3] + i, k]
+
+
+@cuda.jit(device=True)
+def _forward_b(x, k, j, z, geom):
+    return _column(x, k, j, z // geom[10], geom)
+
+
+@cuda.jit(device=True)
+def _forward_store(out3, i, j, z, geom, value, accumulate):
+    P = geom[4] * geom[5]
+    n = j // P
+    out3[n, (z // geom[10]) * geom[3] + i, j - n * P] = value
+
+
+@cuda.jit(device=True)
+def _phase(z, geom):
+    """(group, ph, pw) of backward data's z = group·stride² + ph·stride + pw (geom[10] = stride²)."""
+    stride = geom[8]
+    group = z // geom[10]
+    p = z - group * geom[10]
+    ph = p // stride
+    return group, ph, p - ph * stride
+
+
+@cuda.jit(device=True)
+def _data_a(w2, i, k, z, geom):
+    """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S).
+
+    r0 = (ph + pad) mod stride: the only taps that reach dx rows of phase ph.
+    """
+    R, S, stride, pad = geom[6], geom[7], geom[8], geom[9]
+    group, ph, pw = _phase(z, geom)
+    TR = (R + stride - 1) // stride
+    TS = (S + stride - 1) // stride
+    kk = k // (TR * TS)
+    t = k - kk * (TR * TS)
+    rr = t // TS
+    r = (ph + pad) % stride + stride * rr
+    s = (pw + pad) % stride + stride * (t - rr * TS)
+    if r < R and s < S:
+        return w2[group * geom[3] + kk, (i * R + r) * S + s]
+    return float32(0.0)
+
+
+@cuda.jit(device=True)
+def _data_b(dout, k, j, z, geom):
+    """B[(k, rr, ss), (n, hh, ww)] = dout[n, group·Kg + k, oh, ow] where dx pixel (ph + stride·hh, pw + stride·ww)
+    is read by output (oh, ow) through tap (r, s); 0 where no output reads it."""
+    H, W, Kg = geom[1], geom[2], geom[3]
+    OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
+    group, ph, pw = _phase(z, geom)
+    TR = (R + stride - 1) // stride
+    TS = (S + stride - 1) // stride
+    HP = (H + stride - 1) // stride
+    WP = (W + stride - 1) // stride
+    n = j // (HP * WP)
+    q = j - n * (HP * WP)
+    hh = q // WP
+    h = ph + stride * hh
+    w = pw + stride * (q - hh * WP)
+    kk = k // (TR * TS)
+    t = k - kk * (TR * TS)
+    rr = t // TS
+    r = (ph + pad) % stride + stride * rr
+    s = (pw + pad) % stride + stride * (t - rr * TS)
+    if h < H and w < W and r < R and s < S:
+        th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
+        tw = w + pad - s
+        if th >= 0 and tw >= 0:
+            oh = th // stride
+            ow = tw // stride
+            if oh < OH and ow < OW:
+                return dout[n, group * Kg + kk, oh, ow]
+    return float32(0.0)
+
+
+@cuda.jit(device=True)
+def _data_store(dx3, i, j, z, geom, value, accumulate):
+    H, W, stride = geom[1], geom[2], geom[8]
+    group, ph, pw = _phase(z, geom)
+    HP = (H + stride - 1) // stride
+    WP = (W + stride - 1) // stride
+    n = j // (HP * WP)
+    q = j - n * (HP * WP)
+    hh = q // WP
+    h = ph + stride * hh
+    w = pw + stride * (q - hh * WP)
+    if h < H and w < W:
+        dx3[n, group * geom[0] + i, h * W + w] = value
+
+
+@cuda.jit(device=True)
+def _weight_a(dout3, i, k, z, geom):
+    """A[k_out, (n, p)] = dout[n, group·Kg + k_out, p]."""
+    P = geom[4] * geom[5]
+    n = k // P
+    return dout3[n, (z // geom[10]) * geom[3] + i, k - n * P]
+
+
+@cuda.jit(device=True)
+def _weight_b(x, k, j, z, geom):
+    return _column(x, j, k, z // geom[10], geom)
+
+
+@cuda.jit(device=True)
+def _weight_store(partial3, i, j, z, geom, value, accumulate):
+    """Split s of group g writes partial3[s, g·Kg + i, j] (with one split partial3 is dw itself, [1, K, Cg·R·S])."""
+    splits = geom[10]
+    group = z // splits
+    partial3[z - group * splits, group * geom[3] + i, j] = value
+
+
+CONV_FORWARD = Operands("conv_forward", _forward_a, _forward_b, _forward_store)
+CONV_BACKWARD_DATA = Operands("conv_backward_data", _data_a, _data_b, _data_store)
+CONV_BACKWARD_WEIGHT = Operands("conv_backward_weight", _weight_a, _weight_b, _weight_store)
+OPERANDS = (CONV_FORWARD, CONV_BACKWARD_DATA, CONV_BACKWARD_WEIGHT)
 
 
 @cuda.jit
-def im2col(x, col, n, c0, R, S, stride, pad, OW):
-    """col[(c·R + r)·S + s, oh·OW + ow] = x[n, c0 + c, oh·stride − pad + r, ow·stride − pad + s] (0 off the image)."""
+def sum_splits(partial, out):
+    """out[e] = Σ_s partial[s, e], splits added in order s = 0, 1, ...: the split-K weight gradient's last step."""
     e = cuda.grid(1)
-    rows = col.shape[0]
-    P = col.shape[1]
-    if e < rows * P:
-        row = e // P
-        p = e - row * P
-        c = row // (R * S)
-        rs = row - c * (R * S)
-        r = rs // S
-        s = rs - r * S
-        oh = p // OW
-        ow = p - oh * OW
-        h = oh * stride - pad + r
-        w = ow * stride - pad + s
-        if 0 <= h < x.shape[2] and 0 <= w < x.shape[3]:
-            col[row, p] = x[n, c0 + c, h, w]
-        else:
-            col[row, p] = float32(0.0)
-
-
-@cuda.jit
-def col2im(col, dx, n, c0, Cg, R, S, stride, pad, OW):
-    """dx[n, c0 + c, h, w] = Σ of the column entries that im2col copied from (h, w): a gather, no atomics."""
-    e = cuda.grid(1)
-    H = dx.shape[2]
-    W = dx.shape[3]
-    OH = col.shape[1] // OW
-    if e < Cg * H * W:
-        c = e // (H * W)
-        hw = e - c * (H * W)
-        h = hw // W
-        w = hw - h * W
-        acc = float32(0.0)
-        for r in range(R):
-            th = h + pad - r
-            if th >= 0 and th % stride == 0 and th // stride < OH:
-                oh = th // stride
-                for s in range(S):
-                    tw = w + pad - s
-                    if tw >= 0 and tw % stride == 0 and tw // stride < OW:
-                        acc += col[(c * R + r) * S + s, oh * OW + tw // stride]
-        dx[n, c0 + c, h, w] = acc
+    if e < out.size:
+        acc = partial[0, e]
+        for s in range(1, partial.shape[0]):
+            acc += partial[s, e]
+        out[e] = acc
 
 
 # --- direct kernels (depthwise and other one-channel-per-group convolutions) ------------------------
@@ -179,19 +311,23 @@ def direct_conv_backward_weight(x, dout, dw, stride, pad, groups):
         ww = ow * stride - pad + s
         if 0 <= h < x.shape[2] and 0 <= ww < x.shape[3]:
             acc += dout[n, k, oh, ow] * x[n, c_in, h, ww]
-    partial[tid] = acc
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # fixed-order tree: slot t adds slot t + step, halving until slot 0 holds the total
-        if tid < step:
-            partial[tid] += partial[tid + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(partial, acc)
     if tid == 0:
-        dw[k, c, r, s] = partial[0]
+        dw[k, c, r, s] = total
 
 
 # --- host side ---------------------------------------------------------------------------------------
+
+SPLIT_TARGET_BLOCKS = 264
+"""Blocks a split weight gradient aims for: two per SM of an H100 SXM (132 SMs), more than an A100's 108.
+Reasoned, not measured (no GPU here): the acceptance run's timings are where to tune it."""
+SPLIT_MIN_K = 1024
+"""Fewest products per split: a split's partial dw is written and read back once, so it must carry
+work (1,024 FMAs per output against one extra write and read). Reasoned, not measured."""
+SPLIT_TILE = 64
+"""The C tile the split count assumes (v3's 64×64), fixed so scratch sizes do not depend on the GEMM chosen."""
+SPLIT_K_ALIGN = 8
+"""Chunks are whole multiples of v3's k-slab, so no slab straddles two splits."""
 
 
 @dataclass(frozen=True)
@@ -221,15 +357,31 @@ class ConvGeometry:
         return self.Cg == 1 and self.groups > 1
 
     @property
-    def pointwise(self) -> bool:
-        return self.R == 1 and self.S == 1 and self.stride == 1 and self.pad == 0
+    def columns(self) -> int:
+        """Rows of the im2col matrix of one group: Cg·R·S."""
+        return self.Cg * self.R * self.S
+
+    def geom(self, splits: int = 1) -> tuple[int, ...]:
+        """The ``geom`` tuple the implicit-GEMM operands read (order fixed by the device functions)."""
+        return (self.Cg, self.H, self.W, self.Kg, self.OH, self.OW, self.R, self.S, self.stride, self.pad, splits)
 
     @property
-    def scratch_size(self) -> int:
-        """Floats of the im2col column matrix for one image and group (0 where no columns are built)."""
-        if self.direct or self.pointwise:
-            return 0
-        return self.Cg * self.R * self.S * self.OH * self.OW
+    def weight_splits(self) -> tuple[int, int]:
+        """(splits, k_chunk) of the weight gradient's GEMM over K = N·OH·OW; (1, K) when not split."""
+        k = self.N * self.OH * self.OW
+        tiles = -(-self.Kg // SPLIT_TILE) * -(-self.columns // SPLIT_TILE) * self.groups
+        wanted = min(k // SPLIT_MIN_K, -(-SPLIT_TARGET_BLOCKS // tiles))
+        if self.direct or wanted <= 1:
+            return 1, max(1, k)
+        chunk = -(-k // wanted)
+        chunk = -(-chunk // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
+        return -(-k // chunk), chunk
+
+    @property
+    def weight_scratch_size(self) -> int:
+        """Floats of the split-K partial weight gradients (0 when the GEMM is not split)."""
+        splits, _ = self.weight_splits
+        return 0 if splits == 1 else splits * self.K * self.columns
 
 
 def conv_geometry(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> ConvGeometry:
@@ -260,28 +412,19 @@ def _check_output(name: str, array: Any, shape: tuple[int, ...]) -> None:
 
 
 def conv2d_forward_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size
+    """0: the implicit GEMM reads x in place of a column matrix."""
+    conv_geometry(x_shape, w_shape, stride, pad, groups)
+    return 0
 
 
 def conv2d_backward_data_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size
+    """0: backward data gathers dout straight into dx."""
+    conv_geometry(x_shape, w_shape, stride, pad, groups)
+    return 0
 
 
 def conv2d_backward_weight_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size
-
-
-def _columns(x: Any, g: ConvGeometry, n: int, c0: int, scratch: Any) -> Any:
-    """The [Cg·R·S, OH·OW] column matrix of image n, group starting at channel c0."""
-    if g.pointwise:
-        return x[n, c0 : c0 + g.Cg].reshape(g.Cg, g.H * g.W)
-    col = scratch.reshape(g.Cg * g.R * g.S, g.OH * g.OW)
-    launch(im2col, blocks_for(col.size), THREADS_PER_BLOCK, x, col, n, c0, g.R, g.S, g.stride, g.pad, g.OW)
-    return col
-
-
-def _group_weights(w: Any, g: ConvGeometry, group: int) -> Any:
-    return w[group * g.Kg : (group + 1) * g.Kg].reshape(g.Kg, g.Cg * g.R * g.S)
+    return conv_geometry(x_shape, w_shape, stride, pad, groups).weight_scratch_size
 
 
 def conv2d_forward(x: Any, w: Any, bias: Any, out: Any, stride: Any, pad: Any, groups: int, scratch: Any = None) -> None:
@@ -290,12 +433,9 @@ def conv2d_forward(x: Any, w: Any, bias: Any, out: Any, stride: Any, pad: Any, g
     if g.direct:
         launch(direct_conv_forward, blocks_for(out.size), THREADS_PER_BLOCK, x, w, out, g.stride, g.pad, g.groups)
     else:
-        scratch = check_scratch(scratch, g.scratch_size, "conv2d_forward")
-        for n in range(g.N):
-            for group in range(g.groups):
-                col = _columns(x, g, n, group * g.Cg, scratch)
-                out_ng = out[n, group * g.Kg : (group + 1) * g.Kg].reshape(g.Kg, g.OH * g.OW)
-                gemm(_group_weights(w, g, group), col, out_ng)
+        w2 = w.reshape(g.K, g.columns)
+        out3 = out.reshape(g.N, g.K, g.OH * g.OW)
+        active_gemm().run(CONV_FORWARD, w2, x, out3, g.Kg, g.N * g.OH * g.OW, g.columns, g.geom(), z=g.groups)
     if bias is not None:
         add_bias(out.reshape(g.N, g.K, g.OH * g.OW), bias)
 
@@ -306,18 +446,14 @@ def conv2d_backward_data(dout: Any, w: Any, dx: Any, stride: Any, pad: Any, grou
     if g.direct:
         launch(direct_conv_backward_data, blocks_for(dx.size), THREADS_PER_BLOCK, dout, w, dx, g.stride, g.pad, g.groups)
         return
-    scratch = check_scratch(scratch, g.scratch_size, "conv2d_backward_data")
-    for n in range(g.N):
-        for group in range(g.groups):
-            c0 = group * g.Cg
-            dout_ng = dout[n, group * g.Kg : (group + 1) * g.Kg].reshape(g.Kg, g.OH * g.OW)
-            if g.pointwise:  # the columns are dx itself
-                gemm(_group_weights(w, g, group).T, dout_ng, dx[n, c0 : c0 + g.Cg].reshape(g.Cg, g.H * g.W))
-                continue
-            col = scratch.reshape(g.Cg * g.R * g.S, g.OH * g.OW)
-            gemm(_group_weights(w, g, group).T, dout_ng, col)
-            blocks = blocks_for(g.Cg * g.H * g.W)
-            launch(col2im, blocks, THREADS_PER_BLOCK, col, dx, n, c0, g.Cg, g.R, g.S, g.stride, g.pad, g.OW)
+    w2 = w.reshape(g.K, g.columns)
+    dx3 = dx.reshape(g.N, g.C, g.H * g.W)
+    st = g.stride
+    phase_pixels = g.N * -(-g.H // st) * -(-g.W // st)
+    taps = g.Kg * -(-g.R // st) * -(-g.S // st)
+    active_gemm().run(
+        CONV_BACKWARD_DATA, w2, dout, dx3, g.Cg, phase_pixels, taps, g.geom(st * st), z=g.groups * st * st
+    )
 
 
 def conv2d_backward_weight(
@@ -329,12 +465,26 @@ def conv2d_backward_weight(
         threads = reduction_threads(g.N * g.OH * g.OW)  # one block per weight
         launch(direct_conv_backward_weight, dw.size, threads, x, dout, dw, g.stride, g.pad, g.groups)
     else:
-        scratch = check_scratch(scratch, g.scratch_size, "conv2d_backward_weight")
-        for group in range(g.groups):
-            dw_g = dw[group * g.Kg : (group + 1) * g.Kg].reshape(g.Kg, g.Cg * g.R * g.S)
-            for n in range(g.N):  # images in order: the same sum, bit for bit, on every run
-                col = _columns(x, g, n, group * g.Cg, scratch)
-                dout_ng = dout[n, group * g.Kg : (group + 1) * g.Kg].reshape(g.Kg, g.OH * g.OW)
-                gemm(dout_ng, col.T, dw_g, accumulate=n > 0)
+        splits, chunk = g.weight_splits
+        if splits == 1:
+            target = dw.reshape(1, g.K, g.columns)
+        else:
+            target = check_scratch(scratch, g.weight_scratch_size, "conv2d_backward_weight")
+            target = target.reshape(splits, g.K, g.columns)
+        dout3 = dout.reshape(g.N, g.K, g.OH * g.OW)
+        active_gemm().run(
+            CONV_BACKWARD_WEIGHT,
+            dout3,
+            x,
+            target,
+            g.Kg,
+            g.columns,
+            g.N * g.OH * g.OW,
+            g.geom(splits),
+            z=g.groups * splits,
+            k_chunk=chunk,
+        )
+        if splits > 1:
+            launch(sum_splits, blocks_for(dw.size), THREADS_PER_BLOCK, target.reshape(splits, -1), dw.reshape(-1))
     if dbias is not None:
         sum_channels(dout.reshape(g.N, g.K, g.OH * g.OW), dbias)

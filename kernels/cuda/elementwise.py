@@ -49,6 +49,21 @@ def relu6_backward_kernel(out, dout, dx):
 
 
 @cuda.jit
+def leaky_relu_forward_kernel(x, slope, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        out[i] = v if v > float32(0.0) else slope * v
+
+
+@cuda.jit
+def leaky_relu_backward_kernel(out, dout, slope, dx):
+    i = cuda.grid(1)
+    if i < out.size:
+        dx[i] = dout[i] if out[i] > float32(0.0) else slope * dout[i]
+
+
+@cuda.jit
 def add_kernel(a, b, out):
     i = cuda.grid(1)
     if i < a.size:
@@ -89,6 +104,22 @@ def relu6_forward(x: Any, out: Any) -> None:
 
 def relu6_backward(out: Any, dout: Any, dx: Any) -> None:
     _run(relu6_backward_kernel, *_flat(out, dout, dx))
+
+
+def _slope(op: str, negative_slope: float) -> Any:
+    if not negative_slope >= 0:  # the output is the backward's mask only for a slope >= 0
+        raise ValueError(f"{op}: negative_slope must be >= 0, got {negative_slope}")
+    return f32(negative_slope)
+
+
+def leaky_relu_forward(x: Any, out: Any, negative_slope: float) -> None:
+    x1, out1 = _flat(x, out)
+    _run(leaky_relu_forward_kernel, x1, _slope("leaky_relu_forward", negative_slope), out1)
+
+
+def leaky_relu_backward(out: Any, dout: Any, dx: Any, negative_slope: float) -> None:
+    out1, dout1, dx1 = _flat(out, dout, dx)
+    _run(leaky_relu_backward_kernel, out1, dout1, _slope("leaky_relu_backward", negative_slope), dx1)
 
 
 def add_forward(a: Any, b: Any, out: Any) -> None:

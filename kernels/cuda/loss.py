@@ -16,6 +16,7 @@ from typing import Any
 from numba import cuda, float32
 
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, launch, reduction_threads
+from kernels.cuda.reduce import block_sum
 
 
 @cuda.jit
@@ -40,16 +41,9 @@ def softmax_xent_forward_kernel(logits, labels, probs, loss):
             acc += math.log(total) - (logits[i, label] - row_max)
         else:
             acc += float32(math.nan)
-    partial[tid] = acc
-    cuda.syncthreads()
-    step = threads // 2
-    while step > 0:  # fixed-order tree: slot t adds slot t + step, halving until slot 0 holds the total
-        if tid < step:
-            partial[tid] += partial[tid + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(partial, acc)
     if tid == 0:
-        loss[0] = partial[0] / float32(N)
+        loss[0] = total / float32(N)
 
 
 @cuda.jit

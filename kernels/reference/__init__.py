@@ -27,6 +27,8 @@ FAMILY_NAMES: dict[str, tuple[str, ...]] = {
         "relu_backward",
         "relu6_forward",
         "relu6_backward",
+        "leaky_relu_forward",
+        "leaky_relu_backward",
         "add_forward",
         "dropout_forward",
         "dropout_backward",

@@ -1,4 +1,4 @@
-"""Element-wise ops in plain NumPy: relu, relu6, the residual add and dropout.
+"""Element-wise ops in plain NumPy: relu, relu6, leaky relu, the residual add and dropout.
 
 The activations' backward takes the forward *output*, not the input: the layer can then drop its
 input after the forward (and ``relu_forward`` can run in place), since out > 0 exactly where x > 0.
@@ -25,6 +25,17 @@ def relu6_forward(x: np.ndarray, out: np.ndarray) -> None:
 def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
     """dx = dout where 0 < out < 6 (the linear part), else 0: PyTorch's hardtanh rule."""
     dx[...] = np.where((out > 0) & (out < 6), dout, 0)
+
+
+def leaky_relu_forward(x: np.ndarray, out: np.ndarray, negative_slope: float) -> None:
+    """out = x where x > 0, else negative_slope · x (``negative_slope`` >= 0)."""
+    out[...] = np.where(x > 0, x, np.float32(negative_slope) * x)
+
+
+def leaky_relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray, negative_slope: float) -> None:
+    """dx = dout where out > 0, else negative_slope · dout: with a slope >= 0, out > 0 exactly where
+    x > 0, so the output serves as the mask (at x = 0 PyTorch also takes the slope)."""
+    dx[...] = np.where(out > 0, dout, np.float32(negative_slope) * dout)
 
 
 def add_forward(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

@@ -72,7 +72,7 @@ def test_kernel_table_unwraps_tensor_like_arguments():
     seen = {}
 
     class FakeTensor:
-        def _kernel_array(self, op, argument):
+        def kernel_array(self, op, argument):
             seen["call"] = (op, argument)
             return "array"
 

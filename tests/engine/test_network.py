@@ -153,11 +153,11 @@ def test_outputs_and_saved_tensors_are_created_under_their_node_index(backend):
     train_step(net, x, y)
     planned = [
         (t.owner, t.array_type, t.shape, np.dtype(t.dtype))
-        for t in net.graph.tensors(batch_size=2)
+        for t in net.program(2).buffers
         if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
     ]
-    assert provider.created == planned  # same tensors, same owners, same order as the graph's plan
-    assert ("pool:argmax", 5) in [(t.name, t.owner) for t in net.graph.tensors(2)]
+    assert provider.created == planned  # same tensors, same owners, same order as the step program
+    assert ("pool:argmax", 5) in [(t.name, t.owner) for t in net.program(2).buffers]
     net.close()
 
 
@@ -196,7 +196,7 @@ class RecordingBackend:
 
 
 def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(backend):
-    """What offload relies on: no kernel reads an ACTIVATIONS or FF_CACHE tensor outside graph.tensors' span."""
+    """What offload relies on: no kernel reads an ACTIVATIONS or FF_CACHE tensor outside its program span."""
     net = Network(residual_graph(), backend)
     clock = StepClock()
     net.hooks.append(clock)
@@ -216,7 +216,7 @@ def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(bac
     net.loss(y)
     clock.step = len(net.graph.nodes)  # the loss head's backward opens the backward: step L
     net.backward()
-    planned = [t for t in net.graph.tensors(2) if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)]
+    planned = [t for t in net.program(2).buffers if t.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)]
     name_of = {id(tensor): spec for tensor, spec in zip(made, planned, strict=True)}
     used: dict[str, list[int]] = {}
     for tensor, step in recording.kernels.uses:

@@ -8,7 +8,8 @@ import pytest
 
 from engine.data.datasets import synthetic
 from engine.optim import make_optimizer
-from engine.train import Trainer, build_network
+from engine.train import Trainer
+from models import build_network
 
 pytestmark = pytest.mark.cudasim
 

@@ -19,6 +19,7 @@ from engine.layers import (
     Dropout,
     Flatten,
     GlobalAvgPool,
+    LeakyReLU,
     MaxPool2d,
     ReLU,
     ReLU6,
@@ -157,6 +158,8 @@ def test_batchnorm2d_inference_uses_running_statistics(backend):
 SIMPLE_CASES = {
     "relu": (ReLU, lambda: nn.ReLU(), [(2, 3, 4, 4)], 1.0),
     "relu6": (ReLU6, lambda: nn.ReLU6(), [(2, 3, 4, 4)], 5.0),
+    "leaky-relu": (lambda: LeakyReLU(0.1), lambda: nn.LeakyReLU(0.1), [(2, 3, 4, 4)], 1.0),
+    "leaky-relu-default": (LeakyReLU, lambda: nn.LeakyReLU(), [(2, 3, 4, 4)], 1.0),
     "maxpool2": (lambda: MaxPool2d(2), lambda: nn.MaxPool2d(2), [(2, 3, 4, 6)], 1.0),
     "maxpool3-s2-p1": (lambda: MaxPool2d(3, 2, 1), lambda: nn.MaxPool2d(3, 2, 1), [(2, 2, 5, 5)], 1.0),
     "avgpool2": (lambda: AvgPool2d(2), lambda: nn.AvgPool2d(2), [(2, 3, 4, 6)], 1.0),
@@ -175,7 +178,7 @@ def test_layer(backend, case):
     torch_check(make_layer(), make_module(), backend, shapes, scale)
 
 
-@pytest.mark.parametrize("make_layer", [ReLU, ReLU6])
+@pytest.mark.parametrize("make_layer", [ReLU, ReLU6, LeakyReLU])
 def test_activation_backward_may_write_over_dout(backend, make_layer):
     layer = make_layer()
     x = 4 * np.random.default_rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32)
@@ -189,6 +192,11 @@ def test_activation_backward_may_write_over_dout(backend, make_layer):
         (dx,) = layer.backward(given, [True], reuse_dout=True)
         assert dx is given and np.array_equal(given, expected)
     mgr.close()
+
+
+def test_leaky_relu_refuses_a_negative_slope():
+    with pytest.raises(ValueError, match="negative_slope must be >= 0"):
+        LeakyReLU(-0.1)
 
 
 def test_dropout_applies_its_mask_and_scale(backend):

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.memory import ArrayType
-from engine.offload.plan import TensorUse, build_plan, check_plan, graph_units, group_units
-from models import GRAPHS
+from engine.offload.plan import TensorUse, build_plan, check_plan, group_units, program_units
+from models import build_model
 
 
 def chain_units(layers: int, nbytes: int = 4096):
@@ -62,8 +62,8 @@ def test_last_layers_and_transient_tensors_are_never_written():
 
 
 def test_resnet18_units_and_transients():
-    graph = GRAPHS["resnet18"](num_classes=10, image_size=16)
-    units, creations, steps = graph_units(graph, batch_size=2)
+    net = build_model("resnet18", 10, "cpu", image_size=16)
+    units, creations, steps = program_units(net.program(2))
     by_name = {(u.name, u.part): u for u in units}
     # batch norm keeps its output (In-Place ABN): its input, the conv's output, is read by forwards only
     assert ("layer1.0.conv1", "transient") in by_name and ("layer1.0.conv1", "saved") not in by_name

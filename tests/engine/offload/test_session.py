@@ -14,7 +14,8 @@ from engine.memory.monitor import MemoryMonitor
 from engine.offload import OffloadConfig, OffloadSession
 from engine.offload.storage import DIR_PREFIX
 from engine.optim import make_optimizer
-from engine.train import Trainer, build_network
+from engine.train import Trainer
+from models import build_network
 
 
 def fit(backend_name, data, offload, tmp_path, steps=3):

@@ -23,6 +23,26 @@ def test_activation_matches_reference(name, shape, rng):
     np.testing.assert_array_equal(dx, expected_dx)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("slope", [0.0, 0.01, 0.2])
+def test_leaky_relu_matches_reference(shape, slope, rng):
+    x = rng.uniform(-4, 4, size=shape).astype(np.float32)
+    x.reshape(-1)[:1] = 0.0  # the kink: PyTorch takes the slope there
+    dout = rng.standard_normal(shape).astype(np.float32)
+    out, expected = np.empty_like(x), np.empty_like(x)
+    elementwise.leaky_relu_forward(x, out, slope)
+    reference.leaky_relu_forward(x, expected, slope)
+    np.testing.assert_array_equal(out, expected)
+    dx, expected_dx = np.empty_like(x), np.empty_like(x)
+    elementwise.leaky_relu_backward(out, dout, dx, slope)
+    reference.leaky_relu_backward(expected, dout, expected_dx, slope)
+    np.testing.assert_array_equal(dx, expected_dx)
+    elementwise.leaky_relu_backward(out, dout, dout, slope)  # in place over dout, as the layer runs it
+    np.testing.assert_array_equal(dout, expected_dx)
+    with pytest.raises(ValueError, match="negative_slope must be >= 0"):
+        elementwise.leaky_relu_forward(x, out, -0.5)
+
+
 def test_activations_run_in_place(rng):
     x = rng.standard_normal((4, 5)).astype(np.float32)
     expected = np.maximum(x, 0)

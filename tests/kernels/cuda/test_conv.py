@@ -96,17 +96,74 @@ def test_cuda_conv_gradients_are_deterministic(path, tiny_gemm):
 
 
 def test_workspace_sizes():
-    assert cuda_conv.conv2d_forward_workspace_size((2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1) == 3 * 9 * 25
-    assert cuda_conv.conv2d_backward_weight_workspace_size((1, 4, 5, 5), (6, 2, 3, 3), 2, 0, 2) == 2 * 9 * 4
-    assert cuda_conv.conv2d_forward_workspace_size((2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4) == 0  # direct
-    assert cuda_conv.conv2d_backward_data_workspace_size((2, 4, 4, 4), (3, 4, 1, 1), 1, 0, 1) == 0  # 1×1
+    """Forward and backward-data read the tensors in place; only a split weight gradient needs scratch."""
+    assert cuda_conv.conv2d_forward_workspace_size((2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1) == 0
+    assert cuda_conv.conv2d_backward_data_workspace_size((2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1) == 0
+    assert cuda_conv.conv2d_backward_weight_workspace_size((2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1) == 0  # K = 50
+    # ResNet-18's first 3x3 layer at batch 32: K = 32*32*32 products into a 64x576 dw (9 tiles) -> 30 splits.
+    g = cuda_conv.conv_geometry((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1)
+    splits, chunk = g.weight_splits
+    assert (splits, chunk) == (30, 1096) and (splits - 1) * chunk < 32 * 1024 <= splits * chunk
+    assert cuda_conv.conv2d_backward_weight_workspace_size((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1) == 30 * 64 * 576
+    # 512->512 at 4x4: 576 tiles already fill the GPU, no split.
+    assert cuda_conv.conv_geometry((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1).weight_splits == (1, 512)
 
 
-def test_bad_input_is_a_clear_error():
+@pytest.mark.parametrize(
+    "shape, splits",
+    [
+        ((2, 3, 5, 5, 4, 3, 1, 1, 1), (4, 16)),  # 50 products: chunks of 16, 16, 16, 2
+        ((2, 4, 6, 6, 6, 3, 1, 1, 2), (9, 8)),  # two groups, each cut into 9 chunks (grid z = 18)
+    ],
+    ids=["ragged", "groups2"],
+)
+def test_split_k_weight_gradient(shape, splits, tiny_gemm, monkeypatch):
+    """A weight gradient cut into k-chunks (SPLIT_MIN_K lowered so tiny shapes split) matches the reference."""
+    monkeypatch.setattr(cuda_conv, "SPLIT_MIN_K", 8)
+    x, w, b, dout, args = _case(shape, seed=3)
+    g = cuda_conv.conv_geometry(x.shape, w.shape, *args)
+    assert g.weight_splits == splits
+    scratch = _scratch(cuda_conv.conv2d_backward_weight_workspace_size, x, w, args)
+    assert scratch.size == splits[0] * w.size
+    dw, db = np.full(w.shape, np.nan, np.float32), np.full(b.shape, np.nan, np.float32)
+    cuda_conv.conv2d_backward_weight(x, dout, dw, db, *args, scratch)
+    expected_dw, expected_db = np.empty_like(dw), np.empty_like(db)
+    ref.conv2d_backward_weight(x, dout, expected_dw, expected_db, *args)
+    assert_close(dw, expected_dw)
+    assert_close(db, expected_db)
+
+
+@pytest.mark.parametrize(
+    "path, forward, data, weight",
+    [
+        ("im2col", 2, 1, 2),  # GEMM + bias; GEMM; GEMM + bias gradient
+        ("im2col-stride2-pad0-groups2", 2, 1, 2),  # both groups in one launch (grid z)
+        ("depthwise-stride2", 2, 1, 2),
+    ],
+)
+def test_one_launch_per_direction_for_the_whole_batch(path, forward, data, weight, tiny_gemm):
+    """Launches per call do not grow with the batch or the groups (they did: 2 per image and group)."""
+    from kernels.cuda import LAUNCHES, count_only, reset_launches
+
+    x, w, b, dout, args = _case(SHAPES[path])
+    reset_launches()
+    with count_only():
+        cuda_conv.conv2d_forward(x, w, b, np.empty(dout.shape, np.float32), *args, None)
+        assert sum(LAUNCHES.values()) == forward
+        cuda_conv.conv2d_backward_data(dout, w, np.empty(x.shape, np.float32), *args, None)
+        assert sum(LAUNCHES.values()) == forward + data
+        dw, db = np.empty(w.shape, np.float32), np.empty(b.shape, np.float32)
+        cuda_conv.conv2d_backward_weight(x, dout, dw, db, *args, None)
+        assert sum(LAUNCHES.values()) == forward + data + weight
+    reset_launches()
+
+
+def test_bad_input_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(cuda_conv, "SPLIT_MIN_K", 8)
     x, w, b, dout, args = _case(SHAPES["im2col"])
     out = np.empty_like(dout)
-    with pytest.raises(ValueError, match="conv2d_forward_workspace_size"):
-        cuda_conv.conv2d_forward(x, w, b, out, *args, np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="conv2d_backward_weight_workspace_size"):
+        cuda_conv.conv2d_backward_weight(x, dout, np.empty_like(w), None, *args, np.empty(3, np.float32))
     with pytest.raises(ValueError, match="groups=2 must divide"):
         cuda_conv.conv2d_forward_workspace_size((1, 3, 5, 5), (4, 1, 3, 3), 1, 1, 2)
     with pytest.raises(ValueError, match="out has shape"):

@@ -30,6 +30,21 @@ def test_activation_matches_reference(name, shape):
     np.testing.assert_array_equal(dx, expected_dx)
 
 
+def test_leaky_relu_matches_reference():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-4, 4, size=(2, 3, 5, 5)).astype(np.float32)
+    x.reshape(-1)[0] = 0.0
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    out, expected = np.full_like(x, np.nan), np.empty_like(x)
+    elementwise.leaky_relu_forward(x, out, 0.1)
+    ref.leaky_relu_forward(x, expected, 0.1)
+    np.testing.assert_array_equal(out, expected)
+    dx, expected_dx = np.full_like(x, np.nan), np.empty_like(x)
+    elementwise.leaky_relu_backward(out, dout, dx, 0.1)
+    ref.leaky_relu_backward(expected, dout, expected_dx, 0.1)
+    np.testing.assert_array_equal(dx, expected_dx)
+
+
 def test_relu_in_place_and_backward_into_dout():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 5)).astype(np.float32)

@@ -30,6 +30,30 @@ def test_activation_gradient_matches_finite_differences(name, kinks, rng, numeri
     np.testing.assert_allclose(dx, numerical_gradient(loss, x), rtol=1e-6, atol=1e-8)
 
 
+def test_leaky_relu_gradient_matches_finite_differences_and_torch(rng, numerical_gradient):
+    import torch
+
+    x = away_from(rng.uniform(-3, 3, size=(2, 3, 4)), (0.0,)).astype(np.float32)
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    out, dx = np.empty_like(x), np.empty_like(x)
+    elementwise.leaky_relu_forward(x, out, 0.1)
+    elementwise.leaky_relu_backward(out, dout, dx, 0.1)
+    xt = torch.from_numpy(x).requires_grad_()
+    expected = torch.nn.functional.leaky_relu(xt, 0.1)
+    expected.backward(torch.from_numpy(dout))
+    np.testing.assert_array_equal(out, expected.detach().numpy())
+    np.testing.assert_array_equal(dx, xt.grad.numpy())
+    x64, dout64 = x.astype(np.float64), dout.astype(np.float64)
+    out64 = np.empty_like(x64)
+
+    def loss():
+        elementwise.leaky_relu_forward(x64, out64, 0.1)
+        return float((out64 * dout64).sum())
+
+    loss()
+    np.testing.assert_allclose(dx, numerical_gradient(loss, x64), rtol=1e-5, atol=1e-6)
+
+
 def test_relu6_clips_both_sides():
     x = np.array([-1.0, 0.5, 5.5, 7.0])
     out = np.empty_like(x)

@@ -1,0 +1,364 @@
+"""`engine kernels --backend cuda --static`: what each CUDA kernel costs a real GPU, known without one.
+
+For every kernel of kernels/cuda (and every GEMM version, for every operand set: the plain GEMM and
+the three implicit-GEMM conv directions) this builds PTX with ``numba.cuda.compile_ptx`` for sm_80
+(A100) and sm_90 (H100), assembles it with ``ptxas -v`` from the nvidia-cuda-nvcc wheel, and reads
+off registers per thread, spill stores/loads, static shared memory and the stack frame. From those
+and the launch configuration the launchers use (``threads`` below) it computes the theoretical
+occupancy the way NVIDIA's occupancy calculator does: the resident blocks per SM are the least of
+the warp limit, the register-file limit (registers allocated per warp in units of 256), the shared
+memory limit (allocated in units of 128 bytes plus 1 KiB the system reserves per block on sm_80 and
+later) and the block limit. Spills matter because a spilled value goes to local memory (DRAM behind
+L1), per access; occupancy because latency is hidden by switching among resident warps.
+
+numba-cuda compiles a device function for the *current* GPU (``get_current_device()``), which fails
+on a machine without one. ``stand_in_device(cc)`` answers that question with the compute capability
+being built for, only for the duration of one ``compile_ptx``; on a GPU machine nothing is patched
+by the engine itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+from typing import Any
+
+COMPUTE_CAPABILITIES = ((8, 0), (9, 0))
+FAMILIES = ("gemm", "conv", "channels", "elementwise", "pool", "batchnorm", "loss", "optim")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Per-SM limits of one architecture (CUDA C Programming Guide, 'Compute Capabilities' table)."""
+
+    name: str
+    gpu: str
+    max_warps: int = 64
+    max_blocks: int = 32
+    registers: int = 65536
+    register_unit: int = 256  # registers are allocated per warp in units of this many
+    shared_bytes: int = 167936  # usable shared memory per SM
+    shared_unit: int = 128
+    shared_reserved: int = 1024  # per block, taken by the system on sm_80 and later
+
+
+ARCHS = {
+    (8, 0): Arch("sm_80", "A100", shared_bytes=164 * 1024),
+    (9, 0): Arch("sm_90", "H100", shared_bytes=228 * 1024),
+}
+
+GEMM_OCCUPANCY_FLOOR = 0.375
+"""The least theoretical occupancy any GEMM kernel (every version, every operand set) may have.
+
+A register-blocked GEMM keeps its 4×4 accumulators, fragments and addresses in registers and hides
+latency with independent FMAs (instruction-level parallelism) more than with resident warps: tuned
+SGEMM kernels (CUTLASS, cuBLAS) run at 12–25%. Ours has no software pipelining of its global loads,
+so it needs warps to hide them: 37.5% is three 256-thread blocks per SM, what v3's launch bound
+(``V3_MIN_BLOCKS_PER_SM``) buys without a spill. Unbounded, v3 sat at 25% (108–126 registers)."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel as the static report builds it: where it lives, its argument types, its block size."""
+
+    name: str
+    family: str
+    kernel: Any
+    signature: tuple[Any, ...]
+    threads: int  # threads per block at the launch configuration the launcher uses
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one kernel on one architecture, and the occupancy that follows."""
+
+    kernel: str
+    family: str
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    shared_bytes: int
+    threads: int
+    blocks_per_sm: int
+    occupancy: float
+    limited_by: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ptxas_path() -> str:
+    """ptxas from the nvidia-cuda-nvcc wheel (the `cuda`/`test` extras), else from PATH."""
+    try:
+        import nvidia.cuda_nvcc as nvcc
+
+        base = nvcc.__path__[0]
+        candidate = os.path.join(base, "bin", "ptxas")
+        if os.path.exists(candidate):
+            return candidate
+    except ImportError:
+        pass
+    from shutil import which
+
+    found = which("ptxas")
+    if found is None:
+        raise RuntimeError("ptxas not found: pip install nvidia-cuda-nvcc-cu12 (in the 'test' and 'cuda' extras)")
+    return found
+
+
+@contextmanager
+def stand_in_device(cc: tuple[int, int]) -> Iterator[None]:
+    """Let numba-cuda compile device functions for ``cc`` when there is no GPU to ask."""
+    import numba.cuda.dispatcher as dispatcher
+
+    original = dispatcher.get_current_device
+
+    def current() -> Any:
+        try:
+            return original()
+        except Exception:  # no driver, no device: answer with the architecture being built for
+            return SimpleNamespace(compute_capability=cc)
+
+    dispatcher.get_current_device = current
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = original
+
+
+def _types() -> SimpleNamespace:
+    from numba import types
+
+    def array(dtype: Any, ndim: int, layout: str = "C") -> Any:
+        return types.Array(dtype, ndim, layout)
+
+    f32, i64 = types.float32, types.int64
+    return SimpleNamespace(
+        f32=f32,
+        i64=i64,
+        boolean=types.boolean,
+        f1=array(f32, 1),
+        f2=array(f32, 2),
+        f3=array(f32, 3),
+        f4=array(f32, 4),
+        f2_any=array(f32, 2, "A"),
+        u8_1=array(types.uint8, 1),
+        u8_2=array(types.uint8, 2),
+        i32_2=array(types.int32, 2),
+        i32_4=array(types.int32, 4),
+        i64_1=array(i64, 1),
+    )
+
+
+def _signatures() -> dict[str, tuple[Any, ...]]:
+    """Kernel name -> the argument types its launcher passes (float32 arrays, int64 sizes, float32 scalars)."""
+    t = _types()
+    f1, f2, f3, f4, f32, i64 = t.f1, t.f2, t.f3, t.f4, t.f32, t.i64
+    return {
+        "sum_splits": (f2, f1),
+        "direct_conv_forward": (f4, f4, f4, i64, i64, i64),
+        "direct_conv_backward_data": (f4, f4, f4, i64, i64, i64),
+        "direct_conv_backward_weight": (f4, f4, f4, i64, i64, i64),
+        "channel_sum": (f3, f1),
+        "add_channel_bias": (f3, f1),
+        "relu_forward_kernel": (f1, f1),
+        "relu_backward_kernel": (f1, f1, f1),
+        "relu6_forward_kernel": (f1, f1),
+        "relu6_backward_kernel": (f1, f1, f1),
+        "leaky_relu_forward_kernel": (f1, f32, f1),
+        "leaky_relu_backward_kernel": (f1, f1, f32, f1),
+        "add_kernel": (f1, f1, f1),
+        "dropout_kernel": (f1, t.u8_1, f32, f1),
+        "maxpool_forward_kernel": (f4, f4, t.i32_4, i64, i64, i64, t.boolean),  # local=True with a uint8 argmax
+        "maxpool_backward_kernel": (f2, t.i32_2, f2),
+        "maxpool_backward_local_kernel": (f2, t.u8_2, f2, i64, i64, i64, i64, i64),
+        "avgpool_forward_kernel": (f4, f4, i64, i64, i64),
+        "avgpool_backward_kernel": (f4, f4, i64, i64, i64),
+        "global_avgpool_forward_kernel": (f2, f1),
+        "global_avgpool_backward_kernel": (f1, f2),
+        "batchnorm_train_kernel": (f3, f1, f1, f1, f1, f3, f1, f1, f32, f32),
+        "batchnorm_infer_kernel": (f3, f1, f1, f1, f1, f3, f32),
+        "batchnorm_backward_kernel": (f3, f3, f1, f1, f1, f3, f1, f1),
+        "batchnorm_backward_from_output_kernel": (f3, f3, f1, f1, f1, f3, f1, f1),
+        "softmax_xent_forward_kernel": (f2, t.i64_1, f2, f1),
+        "softmax_xent_backward_kernel": (f2, t.i64_1, f2),
+        "sgd_kernel": (f1, f1, f1, f32, f32, f32, t.boolean),
+        "adam_kernel": (f1, f1, f1, f1, f32, f32, f32, f32, f32, f32),
+    }
+
+
+THREADS_OVERRIDE = {"softmax_xent_forward_kernel": 32}
+"""Block sizes other than 256: the loss is one block of ``reduction_threads(batch)`` threads (32 at batch 32)."""
+
+
+def module_kernels() -> dict[str, tuple[str, Any]]:
+    """Every @cuda.jit kernel (not device function) defined at module level in the kernels.cuda families."""
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    found = {}
+    for family in FAMILIES:
+        module = importlib.import_module(f"kernels.cuda.{family}")
+        for name, value in vars(module).items():
+            if isinstance(value, CUDADispatcher) and not value.targetoptions.get("device"):
+                if value.py_func.__module__ == module.__name__ and family != "gemm":
+                    found[name] = (family, value)
+    return found
+
+
+def catalog() -> list[KernelSpec]:
+    """Every kernel the report covers: the module-level kernels, then each GEMM version × operand set."""
+    from numba import types
+
+    from kernels.cuda import conv, gemm
+    from kernels.cuda._launch import THREADS_PER_BLOCK
+
+    t = _types()
+    signatures = _signatures()
+    specs = []
+    for name, (family, kernel) in sorted(module_kernels().items()):
+        if name not in signatures:
+            raise KeyError(f"kernel {name} has no signature in engine/bench/cuda_static.py: add its launch types")
+        specs.append(KernelSpec(name, family, kernel, signatures[name], THREADS_OVERRIDE.get(name, THREADS_PER_BLOCK)))
+    geom = types.UniTuple(t.i64, gemm.GEOMETRY_LENGTH)
+    gemm_args = (t.i64, t.i64, t.i64, t.i64, geom, t.boolean)
+    operand_arrays = {
+        "gemm": (t.f2_any, t.f2_any, t.f2_any),  # views of any strides (w.T, sliced rows)
+        "conv_forward": (t.f2, t.f4, t.f3),  # w[K, C/g·R·S], x, out[N, K, P]
+        "conv_backward_data": (t.f2, t.f4, t.f3),  # w, dout, dx[N, C, H·W]
+        "conv_backward_weight": (t.f3, t.f4, t.f3),  # dout[N, K, P], x, partial dw[splits, K, C/g·R·S]
+    }
+    for version_name in ("v1", "v2", "v3"):
+        version = gemm.VERSIONS[version_name]()
+        threads = version.threads[0] * version.threads[1]
+        for operands in (gemm.MATRIX, *conv.OPERANDS):
+            kernel = version.kernel(operands)
+            name = kernel.py_func.__name__
+            specs.append(KernelSpec(name, "gemm", kernel, operand_arrays[operands.name] + gemm_args, threads))
+    return specs
+
+
+@functools.cache
+def build_ptx(spec: KernelSpec, cc: tuple[int, int]) -> str:
+    """PTX of one kernel for one architecture (cached per process: the PTX test and the report share it)."""
+    from numba import cuda, types
+
+    with stand_in_device(cc):
+        launch_bounds = spec.kernel.targetoptions.get("launch_bounds")
+        ptx, return_type = cuda.compile_ptx(spec.kernel.py_func, spec.signature, cc=cc, launch_bounds=launch_bounds)
+    if return_type != types.void:
+        raise TypeError(f"{spec.name}: a kernel must return nothing, compiled to {return_type}")
+    return ptx
+
+
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"Used \d+ registers[^\n]*?(\d+) bytes smem")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_info(ptx: str, cc: tuple[int, int]) -> dict[str, int]:
+    """Run ``ptxas -v`` on one kernel's PTX; registers, smem, stack and spill bytes of its entry function."""
+    arch = ARCHS[cc].name
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "kernel.ptx")
+        with open(source, "w") as handle:
+            handle.write(ptx)
+        result = subprocess.run(
+            [ptxas_path(), "-v", f"--gpu-name={arch}", source, "-o", os.path.join(tmp, "kernel.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"ptxas failed for {arch}: {result.stderr.strip()}")
+    used, spill = _USED.search(result.stderr), _SPILL.search(result.stderr)
+    if used is None or spill is None:
+        raise RuntimeError(f"could not read ptxas -v output: {result.stderr.strip()}")
+    return {
+        "registers": int(used.group(1)),
+        "shared_bytes": int(smem.group(1)) if (smem := _SMEM.search(result.stderr)) else 0,
+        "stack_bytes": int(spill.group(1)),
+        "spill_stores": int(spill.group(2)),
+        "spill_loads": int(spill.group(3)),
+    }
+
+
+def occupancy(registers: int, shared_bytes: int, threads: int, arch: Arch) -> tuple[int, float, str]:
+    """(resident blocks per SM, warps resident / max warps, the limiting resource)."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(registers, 1) * 32 // arch.register_unit) * arch.register_unit
+    by_registers = (arch.registers // per_warp) // warps
+    shared = -(-(shared_bytes + arch.shared_reserved) // arch.shared_unit) * arch.shared_unit
+    limits = {
+        "warps": arch.max_warps // warps,
+        "registers": by_registers,
+        "shared memory": arch.shared_bytes // shared,
+        "blocks": arch.max_blocks,
+    }
+    blocks = min(limits.values())
+    limited_by = min(limits, key=lambda k: (limits[k], k != "warps"))
+    return blocks, blocks * warps / arch.max_warps, limited_by
+
+
+def resources(spec: KernelSpec, cc: tuple[int, int]) -> Resources:
+    info = ptxas_info(build_ptx(spec, cc), cc)
+    blocks, occ, limited_by = occupancy(info["registers"], info["shared_bytes"], spec.threads, ARCHS[cc])
+    return Resources(
+        spec.name,
+        spec.family,
+        ARCHS[cc].name,
+        info["registers"],
+        info["spill_stores"],
+        info["spill_loads"],
+        info["stack_bytes"],
+        info["shared_bytes"],
+        spec.threads,
+        blocks,
+        occ,
+        limited_by,
+    )
+
+
+def static_report(ccs: tuple[tuple[int, int], ...] = COMPUTE_CAPABILITIES, progress: Any = None) -> list[Resources]:
+    rows = []
+    for spec in catalog():
+        for cc in ccs:
+            rows.append(resources(spec, cc))
+            if progress:
+                progress(rows[-1])
+    return rows
+
+
+def render_static(rows: list[Resources], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="CUDA kernels: ptxas -v resources and theoretical occupancy at the launchers' block size")
+    for name in ("kernel", "arch", "regs", "spill st/ld B", "stack B", "smem B", "threads", "blocks/SM",
+                 "occupancy", "limited by"):
+        table.add_column(name, justify="left" if name in ("kernel", "arch", "limited by") else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(r.kernel, r.arch, str(r.registers), f"{r.spill_stores}/{r.spill_loads}", str(r.stack_bytes),
+                      str(r.shared_bytes), str(r.threads), str(r.blocks_per_sm), f"{100 * r.occupancy:.0f}%",
+                      r.limited_by)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)
+    console.print(table)
+    spills = [f"{r.kernel} ({r.arch})" for r in rows if r.spill_stores or r.spill_loads]
+    console.print(f"spills: {', '.join(spills) if spills else 'none'}; production GEMM occupancy floor "
+                  f"{100 * GEMM_OCCUPANCY_FLOOR:.0f}%")
+
+
+if __name__ == "__main__":  # python -m engine.bench.cuda_static
+    render_static(static_report(progress=lambda r: print(f"built {r.kernel} {r.arch}", file=sys.stderr)))

@@ -1,0 +1,138 @@
+"""How much memory this process may use: the cgroup limit (v2 ``memory.max``, v1
+``memory.limit_in_bytes``), else the RAM the kernel reports available.
+
+Containers, systemd units, Slurm jobs and ``systemd-run -p MemoryMax=`` put a process in a memory
+cgroup: past the limit the kernel reclaims page cache and then OOM-kills, whatever ``free`` says about
+the machine. So a budget that "follows the machine" reads the cgroup first. The cgroup of this process
+comes from ``/proc/self/cgroup``; its directory from ``/proc/self/mountinfo`` (the mount's root is
+subtracted, so a cgroup namespace or a bind mount of a subtree both resolve). A limit set on an
+ancestor binds too, so the smallest limit on the path up to the mount wins. Without a limit (the
+v1 "unlimited" value is 2**63 rounded down to a page), ``MemAvailable`` plus this process's RSS is what
+it may grow to: available RAM counts what others hold, not what we already hold.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as 9223372036854771712 (2**63 - page); anything this large
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """``bytes`` this process may use at most, and where that figure came from (shown to the user)."""
+
+    bytes: int
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.bytes / 2**30:.2f} GiB ({self.source})"
+
+
+def _mounts(proc: str) -> list[tuple[str, str, str, str]]:
+    """(root, mount point, filesystem type, super options) of every cgroup mount."""
+    found = []
+    try:
+        with open(os.path.join(proc, "self", "mountinfo"), encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if " - " not in line:
+                    continue
+                after = line.split(" - ", 1)[1].split()
+                if after and after[0] in ("cgroup", "cgroup2"):
+                    found.append((fields[3], fields[4], after[0], after[2] if len(after) > 2 else ""))
+    except OSError:
+        pass
+    return found
+
+
+def _cgroups(proc: str) -> list[tuple[str, str]]:
+    """(controllers, path) lines of /proc/self/cgroup."""
+    lines = []
+    try:
+        with open(os.path.join(proc, "self", "cgroup"), encoding="utf-8") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3:
+                    lines.append((parts[1], parts[2]))
+    except OSError:
+        pass
+    return lines
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if text in ("", "max"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= UNLIMITED_V1 else value
+
+
+def _smallest_on_path(mount_point: str, mount_root: str, cgroup_path: str, file_name: str) -> tuple[int, str] | None:
+    """The smallest ``file_name`` limit from the process's cgroup directory up to the mount point."""
+    relative = cgroup_path
+    if mount_root != "/" and (relative == mount_root or relative.startswith(mount_root.rstrip("/") + "/")):
+        relative = relative[len(mount_root.rstrip("/")):]
+    directory = os.path.normpath(os.path.join(mount_point, relative.lstrip("/")))
+    best: tuple[int, str] | None = None
+    while True:
+        value = _read_limit(os.path.join(directory, file_name))
+        if value is not None and (best is None or value < best[0]):
+            best = (value, os.path.join(directory, file_name))
+        if os.path.normpath(directory) == os.path.normpath(mount_point) or len(directory) <= len(mount_point):
+            return best
+        directory = os.path.dirname(directory)
+
+
+def cgroup_limit(proc: str = "/proc") -> tuple[int, str] | None:
+    """(bytes, file) of the tightest memory cgroup limit on this process, or None when there is none."""
+    mounts = _mounts(proc)
+    found: list[tuple[int, str]] = []
+    for controllers, path in _cgroups(proc):
+        if controllers == "":  # cgroup v2: "0::/path"
+            for root, point, kind, _ in mounts:
+                if kind == "cgroup2":
+                    hit = _smallest_on_path(point, root, path, "memory.max")
+                    if hit:
+                        found.append((hit[0], f"cgroup v2 {hit[1]}"))
+        elif "memory" in controllers.split(","):
+            for root, point, kind, options in mounts:
+                if kind == "cgroup" and "memory" in options.split(","):
+                    hit = _smallest_on_path(point, root, path, "memory.limit_in_bytes")
+                    if hit:
+                        found.append((hit[0], f"cgroup v1 {hit[1]}"))
+    return min(found) if found else None
+
+
+def available_ram() -> int:
+    """What this process may grow to without a cgroup: MemAvailable plus its own RSS."""
+    import psutil
+
+    return int(psutil.virtual_memory().available + psutil.Process().memory_info().rss)
+
+
+def memory_limit(proc: str = "/proc") -> MemoryLimit:
+    """The cgroup limit when there is one (and it is below the RAM), else available RAM."""
+    ram = available_ram()
+    limit = cgroup_limit(proc)
+    if limit is not None and limit[0] < ram:
+        return MemoryLimit(limit[0], limit[1])
+    return MemoryLimit(ram, "available RAM")
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+__all__ = ["MemoryLimit", "available_ram", "cgroup_limit", "memory_limit", "resident_bytes"]

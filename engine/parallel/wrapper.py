@@ -1,0 +1,192 @@
+"""DataParallel: the trainer's seam for K ranks (DL4J's ParallelWrapper semantics on MPI).
+
+``Trainer(..., parallel=DataParallel(world, averaging, frequency))`` makes the trainer
+- draw its batches from this rank's shard of every global batch (``ShardedBatchSource``);
+- at the start, broadcast rank 0's parameters, buffers and optimizer state (as DDP does at
+  construction), so a run whose ranks loaded different weights still starts as one;
+- average, with ``averaging="gradients"`` (the default), the gradients after every backward in
+  buckets overlapped with backward (``GradientAllreduce``); with ``averaging="parameters"``, the
+  parameters, the optimizer state (ParallelWrapper's ``averageUpdaters``) and the running statistics
+  every ``frequency`` steps, counted in global steps so a resumed run averages where an
+  uninterrupted one would;
+- at the end, make the last synchronisation and check that every rank holds the same bits (an
+  Allgather of a digest); should they ever differ, rank 0's weights are broadcast and
+  ``resynchronized`` says so (MPICH's allreduce gives every rank the same sum; the check is what
+  makes "every rank ends with identical weights" a promise rather than a hope);
+- evaluate sharded (``evaluate_sharded``: identical to one worker), and report throughput over all
+  ranks (``reduce_result``).
+
+Rank 0 alone prints and writes: that is the command line's business (``cli.py``), not the trainer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from engine.parallel.allreduce import DEFAULT_BUCKET_BYTES, GradientAllreduce
+from engine.parallel.comm import World, check_peers, wait_all
+from engine.parallel.data import ShardedBatchSource
+from engine.train import TrainingListener
+
+AVERAGING_MODES = ("gradients", "parameters")
+
+
+class ParameterAveraging(TrainingListener):
+    """Average parameters, optimizer state and buffers every ``frequency`` steps (after the update)."""
+
+    def __init__(self, parallel: DataParallel, frequency: int):
+        self.parallel = parallel
+        self.frequency = frequency
+        self.last_synchronized = -1  # global step count at the last average
+
+    def on_step_end(self, trainer: Any, record: Any) -> None:
+        check_peers()  # ranks do not meet between averages: notice a failed one here
+        done = record.step + 1
+        if done % self.frequency == 0:
+            self.parallel.average_state(trainer)
+            self.last_synchronized = done
+
+
+class DataParallel:
+    """Data-parallel training over ``world``; see the module docstring."""
+
+    def __init__(
+        self,
+        world: World,
+        averaging: str = "gradients",
+        frequency: int = 1,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ):
+        if averaging not in AVERAGING_MODES:
+            raise ValueError(f"--averaging must be one of {', '.join(AVERAGING_MODES)}, got {averaging!r}")
+        if frequency < 1:
+            raise ValueError(f"--averaging-frequency must be at least 1, got {frequency}")
+        self.world = world
+        self.comm = world.comm
+        self.averaging = averaging
+        self.frequency = frequency
+        self.bucket_bytes = bucket_bytes
+        self.hook: GradientAllreduce | None = None
+        self.listener: ParameterAveraging | None = None
+        self.resynchronized = False
+        self.exposed_seconds: list[float] = []  # gradients mode: per step, the wait for the allreduce at the end
+        self.averages = 0  # parameter averages done (parameters mode)
+
+    @property
+    def workers(self) -> int:
+        return self.world.size
+
+    def describe(self, batch_size: int) -> str:
+        """One line for rank 0 to print: workers, per-worker and global batch, what is averaged."""
+        how = (
+            "gradients averaged every step (bucketed allreduce overlapped with backward)"
+            if self.averaging == "gradients"
+            else f"parameters and optimizer state averaged every {self.frequency} step(s)"
+        )
+        return (
+            f"data parallel: {self.workers} workers × batch {batch_size} = global batch "
+            f"{self.workers * batch_size}; {how}"
+        )
+
+    # --- the trainer's seam --------------------------------------------------------------------------
+
+    def batch_source(self, x: Any, y: Any, mean: Any, std: Any, batch_size: int, channels: int, shuffle: bool,
+                     augment: bool, seed: int) -> ShardedBatchSource:
+        return ShardedBatchSource(x, y, mean, std, batch_size, channels, shuffle, augment, seed,
+                                  rank=self.world.rank, workers=self.world.size)
+
+    def start(self, trainer: Any) -> None:
+        self.broadcast_state(trainer)
+        if self.averaging == "gradients":
+            self.hook = GradientAllreduce(trainer.net, self.comm, self.bucket_bytes)
+            trainer.net.hooks.append(self.hook)
+        else:
+            self.listener = ParameterAveraging(self, self.frequency)
+            self.listener.last_synchronized = trainer.step
+            trainer.listeners.append(self.listener)
+
+    def finish(self, trainer: Any) -> None:
+        """After the last step (every rank reaches it): last average, then check all ranks agree."""
+        if self.listener is not None and self.listener.last_synchronized != trainer.step:
+            self.average_state(trainer)
+            self.listener.last_synchronized = trainer.step
+        if not self.identical(trainer):
+            self.resynchronized = True
+            self.broadcast_state(trainer)
+
+    def stop(self, trainer: Any) -> None:
+        """Remove the hook or the listener (runs also when the loop raised: no collective here)."""
+        if self.hook is not None:
+            self.exposed_seconds += self.hook.exposed_seconds
+            if self.hook in trainer.net.hooks:
+                trainer.net.hooks.remove(self.hook)
+        if self.listener is not None and self.listener in trainer.listeners:
+            trainer.listeners.remove(self.listener)
+        self.hook = self.listener = None
+
+    def evaluate(self, net: Any, data: Any, backend: Any, batch_size: int = 64, split: str = "test") -> Any:
+        from engine.parallel.evaluate import evaluate_sharded
+
+        return evaluate_sharded(net, data, backend, self.comm, batch_size, split)
+
+    def reduce_result(self, trainer: Any, result: Any) -> Any:
+        """Throughput over all ranks (their examples over the slowest rank's time); loss and running
+        accuracy averaged over ranks (DL4J's ``reportScoreAfterAveraging``)."""
+        from mpi4py import MPI
+
+        timing, score = trainer.timing, trainer.score
+        skip = 2 if len(timing.step_seconds) > 2 else len(timing.step_seconds)
+        sums = np.array([sum(timing.examples), sum(timing.examples[skip:]), score.epoch_correct,
+                         score.epoch_examples, score.recent_loss], dtype=np.float64)
+        longest = np.array([sum(timing.step_seconds), sum(timing.step_seconds[skip:])], dtype=np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+        self.comm.Allreduce(MPI.IN_PLACE, longest, op=MPI.MAX)
+        images = sums[0] / longest[0] if longest[0] > 0 else 0.0
+        steady = sums[1] / longest[1] if longest[1] > 0 and result.steps > 2 else 0.0
+        return dataclasses.replace(
+            result,
+            images_per_second=float(images),
+            steady_images_per_second=float(steady),
+            train_accuracy=float(sums[2] / sums[3]) if sums[3] else result.train_accuracy,
+            final_loss=float(sums[4] / self.workers),
+        )
+
+    # --- synchronisation -----------------------------------------------------------------------------
+
+    def state_arrays(self, trainer: Any) -> list[Any]:
+        """Everything that must agree across ranks: parameters, buffers, the optimizer's state."""
+        arrays = [trainer.net.parameters.flat]
+        if trainer.net.buffers.flat.size:
+            arrays.append(trainer.net.buffers.flat)
+        state = getattr(trainer.optimizer, "state", None)
+        if state is not None:
+            arrays.append(state.flat)
+        return arrays
+
+    def average_state(self, trainer: Any) -> None:
+        from mpi4py import MPI
+
+        scale = np.float32(1.0 / self.workers)
+        requests = [self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM) for a in self.state_arrays(trainer)]
+        wait_all(requests)
+        for array in self.state_arrays(trainer):
+            np.multiply(array, scale, out=array)
+        self.averages += 1
+
+    def broadcast_state(self, trainer: Any) -> None:
+        for array in self.state_arrays(trainer):
+            self.comm.Bcast(array, root=0)
+
+    def identical(self, trainer: Any) -> bool:
+        """Whether every rank holds the same bits (SHA-256 of the state, compared through an Allgather)."""
+        digest = hashlib.sha256()
+        for array in self.state_arrays(trainer):
+            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        mine = np.frombuffer(digest.digest(), dtype=np.uint8).copy()
+        everyone = np.empty((self.workers, mine.size), dtype=np.uint8)
+        self.comm.Allgather(mine, everyone)
+        return bool((everyone == everyone[0]).all())
