@@ -558,7 +558,7 @@ def _warm_remaining_table(table: dict) -> int:
             x, c, c * 0, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32), 0.1, 1e-5
         ),
         "batchnorm_forward_infer": lambda f: f(x, c, c * 0, c * 0, c.copy(), out, 1e-5),
-        "batchnorm_backward": lambda f: f(
+        "batchnorm_backward_from_output": lambda f: f(
             x, x, c, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32)
         ),
         "softmax_xent_forward": lambda f: f(
@@ -592,5 +592,8 @@ def _warm_remaining_table(table: dict) -> int:
         pooled, argmax = np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32)
         table["maxpool2d_forward"](x, pooled, argmax, 2, 2, 0)
         table["maxpool2d_backward"](pooled, argmax, out)
+        argmax8 = np.empty((2, 3, 2, 2), np.uint8)  # the uint8 variant (MaxPool2d's 3x3 and smaller windows)
+        table["maxpool2d_forward"](x, pooled, argmax8, 2, 2, 0)
+        table["maxpool2d_backward"](pooled, argmax8, out, 2, 2, 0)
         done += 1
     return done
