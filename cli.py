@@ -7,11 +7,15 @@ Each command imports the engine lazily, inside its body: `engine --help` stays i
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 
 import click
 
 from engine.backend import BACKEND_NAMES, BackendUnavailable
+from engine.errors import UserError
+from engine.validate import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, number
 
 
 def fail(message: str) -> None:
@@ -29,7 +33,24 @@ def select_backend(name: str):
         fail(str(exc))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class EngineGroup(click.Group):
+    """The one place user-caused errors become one line: any ``engine.errors.UserError`` (bad option, bad
+    file, disk fault, signal) is printed as ``Error: <message>`` with its exit code, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
+        except KeyboardInterrupt:
+            error = click.ClickException("interrupted (SIGINT)")
+            error.exit_code = 130
+            raise error from None
+
+
+@click.group(cls=EngineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="numba-offload-engine")
 def main() -> None:
     """A readable training engine: Numba kernels, typed workspaces, disk offload of layer windows.
@@ -77,6 +98,10 @@ def info(as_json: bool) -> None:
 def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
             static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
+    if output:
+        from engine.validate import check_output_path
+
+        check_output_path("--output", output)
     if static or roofline or launches:
         _cuda_reports(backend, static, roofline, launches, models, batch_size, output_format, output)
         return
@@ -88,8 +113,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
         return
     if warmup:
         from engine.bench.kernels import warm_up
+        from engine.warmup import ProgressLine
 
-        seconds, calls = warm_up()
+        seconds, calls = warm_up(parallel=True, progress=ProgressLine(prefix="compiling kernels"))
         click.echo(f"warm-up: {calls} CPU kernel calls in {seconds:.2f} s (Numba cache: compiled or loaded)")
         return
     chosen_models = tuple(m.strip() for m in models.split(",") if m.strip())
@@ -112,8 +138,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     records = kernel_bench.measure(cases, backend, repeat, compare == "torch", sgemm)
     dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
     if output:
-        with open(output, "w") as handle:
-            json.dump(dicts, handle, indent=2)
+        from engine.validate import write_output
+
+        write_output("--output", output, json.dumps(dicts, indent=2))
     if output_format == "json":
         click.echo(json.dumps(dicts, indent=2))
     else:
@@ -216,23 +243,35 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--image-size", type=click.IntRange(8), default=None,
               help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
 @variant_option
-@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--epochs", type=int, default=None, help="Passes over the training split (default 1).")
-@click.option("--steps", type=int, default=None, help="Train this many steps in total instead of --epochs.")
-@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.01 for sgd, 0.001 for adam).")
+@click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
+              help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
+@click.option("--epochs", type=int, default=None, callback=number(1),
+              help="Passes over the training split (default 1).")
+@click.option("--steps", type=int, default=None, callback=number(1),
+              help="Train this many steps in total instead of --epochs.")
+@click.option("--lr", type=float, default=None, callback=number(0, low_open=True),
+              help="Learning rate (default: 0.01 for sgd, 0.001 for adam).")
 @click.option("--lr-schedule", default="constant", show_default=True, help="constant | cosine | step | step:N[:GAMMA]")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
-@click.option("--momentum", type=float, default=0.9, show_default=True, help="SGD momentum.")
+@click.option("--momentum", type=float, default=0.9, show_default=True, callback=number(0, 1, high_open=True),
+              help="SGD momentum.")
 @click.option("--nesterov", is_flag=True, help="Nesterov momentum (SGD).")
-@click.option("--weight-decay", type=float, default=0.0, show_default=True, help="L2 weight decay.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weights, shuffling, augmentation, dropout.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True, callback=number(0),
+              help="L2 weight decay.")
+@click.option("--seed", type=int, default=0, show_default=True, callback=number(0, 2**63 - 1),
+              help="Weights, shuffling, augmentation, dropout.")
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 @click.option("--workspace-mode", type=click.Choice(["enabled", "none"]), default="enabled", show_default=True,
               help="none: every tensor its own allocation (to compare against workspaces).")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None,
               help="Initial weights: a checkpoint or a PyTorch state_dict saved as safetensors.")
-@click.option("--save", type=click.Path(dir_okay=False), default=None, help="Write a checkpoint here at the end.")
+@click.option("--save", type=click.Path(dir_okay=False), default=None,
+              help="Write a checkpoint here at the end (and at a signal, a diverging loss or a disk fault).")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True, callback=number(0),
+              help="Also write the --save checkpoint every N steps (0: only at the end).")
+@click.option("--override", default="", help="With --resume: options allowed to differ from the checkpoint's, "
+              "comma-separated (e.g. lr,steps).")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="Continue a run from its checkpoint (same bits as never stopping).")
 @click.option("--memory-log", type=click.Path(dir_okay=False), default=None, help="Per-step memory, JSON lines.")
@@ -240,9 +279,11 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None, help="Write the summary as JSON.")
 @click.option("--no-shuffle", is_flag=True, help="Serve the training split in file order.")
 @click.option("--augment", is_flag=True, help="Random crop (padding 4) and horizontal flip.")
-@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS (default: all cores).")
-@click.option("--prefetch", type=int, default=2, show_default=True, help="Batches prepared ahead; 0 turns it off.")
-@click.option("--gc-every", type=int, default=100, show_default=True,
+@click.option("--threads", type=int, default=None, callback=number(1),
+              help="Threads for Numba kernels and BLAS (default: all cores).")
+@click.option("--prefetch", type=int, default=2, show_default=True, callback=number(0, 64),
+              help="Batches prepared ahead; 0 turns it off.")
+@click.option("--gc-every", type=int, default=100, show_default=True, callback=number(0),
               help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
 # --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
@@ -302,6 +343,8 @@ def train(
     averaging_frequency: int = 1,
     image_size: int | None = None,
     variant: str | None = None,
+    checkpoint_every: int = 0,
+    override: str = "",
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -309,6 +352,10 @@ def train(
     Start with: engine train --model cnn   (digits, one epoch, a few seconds)
     """
     backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    from engine.signals import StopSignals
+
+    stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
+    click.get_current_context().call_on_close(stop.restore)
     # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
     world = _parallel_world(workers, "train")
     K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
@@ -324,10 +371,16 @@ def train(
             fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
     # --- end of data parallel ---
     _set_threads(threads)
+    if checkpoint_every and not save:
+        fail("--checkpoint-every writes the --save file: give --save FILE too")
+    if override and not resume:
+        fail("--override names options that may differ from a --resume checkpoint: give --resume FILE too")
     if epochs is not None and steps is not None:
         fail("give --epochs or --steps, not both")
     if weights and resume:
         fail("--resume restores the weights itself; give --weights or --resume, not both")
+    if workspace_mode == "none" and (offload_options["offload_n"] or offload_options["offload_budget"]):
+        fail("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode enabled")
     epochs = 1 if epochs is None and steps is None else epochs
 
     from engine.checkpoint import CheckpointError, load_weights, read_checkpoint, restore, save_checkpoint
@@ -350,16 +403,21 @@ def train(
     if net.variant:  # imagenet issue: which of torchvision's two shapes ran
         run["variant"] = net.variant
 
+    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
+    lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3)
+    # hyper-parameters a resume must not change silently (issue 14); saved beside `run` in checkpoints
+    hyper = {"optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule, "momentum": momentum,
+             "nesterov": nesterov, "weight_decay": weight_decay}
+    if lr_schedule in ("cosine", "step"):  # their learning rate at step s depends on the run's length
+        hyper["steps"] = total_steps
     checkpoint = None
     try:
         if resume:
+            from engine.checkpoint import check_resume
+
             checkpoint = read_checkpoint(resume)
-            saved_run = checkpoint.json("run") or {}
-            different = {k: (saved_run.get(k), v) for k, v in run.items() if k in saved_run and saved_run[k] != v}
-            if different:
-                fail(f"{resume}: written by a different run: "
-                     + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
-                     + "; resume with the same options")
+            check_resume(checkpoint, {**run, **hyper}, tuple(o.strip() for o in override.split(",") if o.strip()),
+                         known=("steps",))
         elif weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
             loaded = load_weights(weights, net, fresh_classifier=True)
             if loaded.redrawn:
@@ -368,10 +426,8 @@ def train(
     except CheckpointError as exc:
         fail(str(exc))
 
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
     try:
-        schedule = make_schedule(lr_schedule, lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3),
-                                 total_steps)
+        schedule = make_schedule(lr_schedule, lr, total_steps)
         opt = make_optimizer(optimizer, net, backend, schedule, momentum=momentum, weight_decay=weight_decay,
                              nesterov=nesterov, manager=net.mgr)
     except ValueError as exc:
@@ -406,6 +462,18 @@ def train(
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     # --- end of offload ---
 
+    from engine.checkpoint import checkpoint_nbytes
+    from engine.validate import check_output_path
+
+    outputs = {"--save": (save, checkpoint_nbytes(net, opt)), "--summary-json": (summary_json, 0),
+               "--memory-log": (memory_log, 0), "--memory-plot": (memory_plot, 0)}
+    for option, (path, nbytes) in outputs.items():
+        if path:  # before the first step: a run must not train for hours and then fail to write
+            check_output_path(option, path, nbytes)
+    if memory_plot and os.path.splitext(memory_plot)[1].lower() not in (".png", ".pdf", ".svg"):
+        fail(f"--memory-plot {memory_plot}: give a .png, .pdf or .svg file name")
+    stop.check("before the first step")
+
     from rich.console import Console
 
     console = Console(stderr=False, quiet=not root)  # data parallel: rank 0 alone speaks
@@ -425,14 +493,28 @@ def train(
                       f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
                       "an uninterrupted run", markup=True, highlight=False)
     # --- end of data parallel ---
+    if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
+        from engine.warmup import warm_for_training
+
+        warm_for_training(net.graph, optimizer, model)
     monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
+    from engine.guard import CheckpointWriter, guarded_fit
+
+    def write_checkpoint(path: str, trainer: Trainer) -> None:
+        save_checkpoint(path, net, opt, step=trainer.step,
+                        metadata={"run": {**run, **hyper}, **({"workers": K} if K > 1 else {})})
+
+    swap_dirs = (offload_options["offload_dir"] or tempfile.gettempdir(),) if offload else ()
+    writer = CheckpointWriter(save if root else None, write_checkpoint, fault_dirs=swap_dirs,  # rank 0 writes
+                              state_on_disk=bool(offload_options["offload_params"]))
     try:
         trainer = Trainer(
             net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
             seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel,
+            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel, stop=stop,
+            checkpoint_every=checkpoint_every if root else 0, on_checkpoint=lambda t: write_checkpoint(save, t),
         )
-        result = trainer.fit()
+        result = guarded_fit(trainer, writer)
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
     finally:
@@ -442,7 +524,7 @@ def train(
     if memory_plot:
         monitor.plot(memory_plot)
     if save:
-        save_checkpoint(save, net, opt, step=trainer.step, metadata={"run": run, **({"workers": K} if K > 1 else {})})
+        write_checkpoint(save, trainer)
         console.print(f"checkpoint written to {save} (step {trainer.step})")
     render_training_summary(result, console)
     if summary_json:
@@ -450,8 +532,10 @@ def train(
         if parallel is not None:  # data parallel
             summary.update(workers=K, global_batch_size=K * batch_size, averaging=averaging,
                            averaging_frequency=averaging_frequency)
-        with open(summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+        from engine.validate import write_output
+
+        write_output("--summary-json", summary_json, json.dumps(summary, indent=2))
+    stop.check("at the end of the run", "the run finished and its results were written")
 
 
 @main.command(name="eval")
@@ -463,12 +547,14 @@ def train(
 @click.option("--image-size", type=click.IntRange(8), default=None,
               help="imagefolder: crop size (default 224); synthetic: image side (default 32).")
 @variant_option
-@click.option("--num-classes", type=int, default=None, help="Output classes (default: the data set's).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--num-classes", type=int, default=None, callback=number(2, MAX_CLASSES),
+              help="Output classes (default: the data set's).")
+@click.option("--batch-size", type=int, default=64, show_default=True, callback=number(1, MAX_BATCH_SIZE))
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Only for --data synthetic.")
+@click.option("--seed", type=int, default=0, show_default=True, callback=number(0, 2**63 - 1),
+              help="Only for --data synthetic.")
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
-@click.option("--threads", type=int, default=None, help="Threads for Numba kernels and BLAS.")
+@click.option("--threads", type=int, default=None, callback=number(1), help="Threads for Numba kernels and BLAS.")
 @click.option("--json", "as_json", is_flag=True, help="Print accuracy, top-5, loss and the confusion matrix as JSON.")
 @click.option("--workers", type=int, default=None,  # data parallel (issue 12)
               help="Ranks that share the batches (mpiexec); the result is identical to one worker's.")
@@ -512,9 +598,9 @@ def evaluate_command(
 
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES))
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--num-classes", type=int, default=10, show_default=True)
-@click.option("--image-size", type=int, default=32, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
+@click.option("--num-classes", type=int, default=10, show_default=True, callback=number(2, MAX_CLASSES))
+@click.option("--image-size", type=int, default=32, show_default=True, callback=number(1, MAX_IMAGE_SIZE))
 @variant_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
@@ -627,6 +713,10 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
         fail(f"--batch-size must be comma-separated integers, got {batch_size!r}" if "int()" in str(exc) else str(exc))
     if not sizes or min(sizes) < 1:
         fail(f"--batch-size needs positive integers, got {batch_size!r}")
+    if offload_dir:  # checked here: the runs happen in child processes, whose errors are tracebacks
+        from engine.offload.storage import check_directory
+
+        check_directory(offload_dir)
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
         results = [r for name in models for r in run_bench(

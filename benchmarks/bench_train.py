@@ -1,6 +1,11 @@
 """Training throughput and memory: the engine against a PyTorch CPU loop of the same model.
 
     python benchmarks/bench_train.py --models resnet18 mobilenetv2 --batch-size 32 --steps 50 --threads 2
+    python benchmarks/bench_train.py --models resnet18 --steps 12 --threads 2 --runs 3   # the step-time goal
+
+With ``--runs N`` the frameworks alternate (engine, torch, engine, torch, ...) and each model ends
+with a line of median step times and their ratio (engine / torch): on a shared machine alternating
+runs see the same load, so the ratio means more than either time.
 
 Each (framework, model) pair runs in a fresh process, so one run's peak RSS does not hide the
 other's. Both train the same architecture (the engine's models and their PyTorch twins in
@@ -108,6 +113,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--frameworks", nargs="+", default=["engine", "torch"])
+    parser.add_argument("--runs", type=int, default=1, help="Alternating runs per framework (median reported).")
     parser.add_argument("--json", help="Also write the results here.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -120,19 +126,38 @@ def main() -> None:
 
     results = []
     for model in args.models:
-        for framework in args.frameworks:
-            command = [
-                sys.executable, __file__, "--worker", framework, "--model", model,
-                "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", str(args.threads),
-            ]
-            out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-            if out.returncode != 0:
-                sys.exit(f"{framework} {model} failed:\n{out.stderr}")
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(format_row(results[-1]), flush=True)
+        for _ in range(max(1, args.runs)):
+            for framework in args.frameworks:
+                command = [
+                    sys.executable, __file__, "--worker", framework, "--model", model,
+                    "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", str(args.threads),
+                ]
+                out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    sys.exit(f"{framework} {model} failed:\n{out.stderr}")
+                results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(format_row(results[-1]), flush=True)
+        if args.runs > 1 and {"engine", "torch"} <= set(args.frameworks):
+            print(format_ratio(model, [r for r in results if r["model"] == model]), flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
+
+
+def median_step_seconds(results: list[dict], framework: str) -> float:
+    """The median over runs of each run's mean steady step time (batch / images per second)."""
+    times = sorted(r["batch_size"] / r["images_per_second"] for r in results if r["framework"] == framework)
+    middle = len(times) // 2
+    return times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
+
+
+def format_ratio(model: str, results: list[dict]) -> str:
+    engine, torch = median_step_seconds(results, "engine"), median_step_seconds(results, "torch")
+    runs = sum(r["framework"] == "engine" for r in results)
+    return (
+        f"{model:<12} median step over {runs} alternating runs: engine {engine:.3f} s, torch {torch:.3f} s, "
+        f"engine / torch {engine / torch:.2f}"
+    )
 
 
 def format_row(r: dict) -> str:

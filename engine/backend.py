@@ -24,10 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.errors import UserError
+
 BACKEND_NAMES = ("cpu", "cuda", "cudasim", "auto")
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(UserError, RuntimeError):
     """The backend asked for cannot run here; the message says why and what to do."""
 
 

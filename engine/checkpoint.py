@@ -7,7 +7,10 @@ A checkpoint holds
 - as metadata strings: the step count, the optimizer and its hyper-parameters, the data seed (the
   shuffle and augmentation are functions of (seed, epoch, batch), see ``engine.data.batches``), the
   state of every random generator inside the network (dropout) as JSON, and a SHA-256 of the tensor
-  bytes, so a corrupt file is caught, not just a truncated one.
+  bytes *and every other metadata field*, so a corrupt file is caught, not just a truncated one.
+  (Format 1 hashed only the tensors: a changed step count or a malformed JSON field went unnoticed and
+  ended in a traceback; format-1 files are still read, with their tensor-only hash.) Every field is
+  validated on read, each with its own message.
 
 It is written to a temporary file in the same directory, flushed to disk, then renamed over the
 target (``os.replace`` is atomic), so a crash mid-write never leaves half a checkpoint.
@@ -25,11 +28,14 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = "engine-checkpoint/1"
+from engine.errors import UserError
+
+FORMAT = "engine-checkpoint/2"
+FORMAT_1 = "engine-checkpoint/1"  # tensors-only hash; still read
 OPTIMIZER_PREFIX = "optimizer."
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be read or does not fit: the message names the file and the problem."""
 
 
@@ -45,7 +51,7 @@ class Checkpoint:
     @property
     def is_training_checkpoint(self) -> bool:
         """True for files written by ``save_checkpoint`` (not plain weights from PyTorch)."""
-        return self.metadata.get("format") == FORMAT
+        return self.metadata.get("format") in (FORMAT, FORMAT_1)
 
     @property
     def step(self) -> int:
@@ -62,9 +68,12 @@ class Checkpoint:
         return json.loads(self.metadata[key]) if key in self.metadata else None
 
 
-def tensor_digest(tensors: dict[str, np.ndarray]) -> str:
-    """SHA-256 over names, dtypes, shapes and bytes, in name order."""
+def tensor_digest(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in name order, then the metadata (but its ``sha256``)."""
     digest = hashlib.sha256()
+    if metadata is not None:
+        fields = {k: v for k, v in metadata.items() if k != "sha256"}
+        digest.update(json.dumps(fields, sort_keys=True).encode())
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
@@ -85,13 +94,37 @@ def network_generators(net: Any) -> dict[str, np.random.Generator]:
     return found
 
 
+def checkpoint_nbytes(net: Any, optimizer: Any = None) -> int:
+    """The tensor bytes a checkpoint of ``net`` (and ``optimizer``) will hold: the free space it needs
+    (the safetensors header adds a few KiB on top, and the temporary file exists beside the old one)."""
+    total = sum(int(np.asarray(a).nbytes) for a in net.state_dict().values())
+    if optimizer is not None:
+        total += sum(int(np.asarray(a).nbytes) for a in optimizer.state_dict().values())
+    return total + 64 * 1024
+
+
+def non_finite_tensors(tensors: dict[str, np.ndarray]) -> list[str]:
+    """Names of floating-point tensors holding NaN or infinity."""
+    return [name for name in sorted(tensors)
+            if tensors[name].dtype.kind == "f" and not np.isfinite(tensors[name]).all()]
+
+
 def save_checkpoint(
     path: str, net: Any, optimizer: Any = None, step: int = 0, metadata: dict[str, Any] | None = None
 ) -> None:
-    """Write ``net`` (and ``optimizer``) at ``step`` to ``path`` atomically; ``metadata`` values become JSON."""
+    """Write ``net`` (and ``optimizer``) at ``step`` to ``path`` atomically; ``metadata`` values become JSON.
+
+    Refuses (CheckpointError) weights holding NaN or infinity: a diverged run must never replace a good
+    checkpoint. A failed write (no space, I/O error) removes its temporary file and leaves ``path`` as it
+    was.
+    """
     from safetensors.numpy import save_file
 
     tensors = {name: np.ascontiguousarray(array) for name, array in net.state_dict().items()}
+    bad = non_finite_tensors(tensors)
+    if bad:
+        raise CheckpointError(f"{path}: not written: {bad[0]} holds NaN or infinite values "
+                              f"({len(bad)} tensor(s)); the previous file, if any, is untouched")
     meta: dict[str, str] = {"format": FORMAT, "step": str(int(step))}
     if optimizer is not None:
         for name, array in optimizer.state_dict().items():
@@ -102,21 +135,30 @@ def save_checkpoint(
     meta["rng"] = json.dumps(generators, default=int)
     for key, value in (metadata or {}).items():
         meta[key] = json.dumps(value)
-    meta["sha256"] = tensor_digest(tensors)
+    meta["sha256"] = tensor_digest(tensors, meta)
 
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
-    os.close(fd)
+    temporary = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+        os.close(fd)
         save_file(tensors, temporary, metadata=meta)
         with open(temporary, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
+    except BaseException as exc:
+        if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(exc, Exception) and not isinstance(exc, UserError):
+            # safetensors reports a full disk as its own error type: any failure here is the disk's or the path's
+            raise CheckpointError(f"{path}: cannot write the checkpoint ({_reason(exc)}); the previous file, if "
+                                  "any, is untouched; free some space or choose another --save path") from None
         raise
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def read_checkpoint(path: str) -> Checkpoint:
@@ -129,15 +171,78 @@ def read_checkpoint(path: str) -> Checkpoint:
         with safe_open(path, framework="np") as f:
             metadata = dict(f.metadata() or {})
             tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
+    except TypeError as exc:  # a dtype NumPy has no type for (bfloat16)
+        raise CheckpointError(
+            f"{path}: holds tensors NumPy cannot read ({exc}); save the state_dict as float32, e.g. "
+            "{k: v.float() for k, v in state_dict.items()}"
+        ) from None
+    except (SafetensorError, OSError, ValueError, OverflowError) as exc:
         raise CheckpointError(
             f"{path}: not a readable safetensors file ({exc}); the file is truncated or corrupt, or not a checkpoint"
         ) from None
     checkpoint = Checkpoint(path, tensors, metadata)
     expected = metadata.get("sha256")
-    if expected is not None and tensor_digest(tensors) != expected:
-        raise CheckpointError(f"{path}: tensor data does not match its SHA-256 (the file is corrupt)")
+    covers_metadata = metadata.get("format") == FORMAT
+    if expected is not None and tensor_digest(tensors, metadata if covers_metadata else None) != expected:
+        changed = " (or its metadata was changed)" if covers_metadata else ""
+        raise CheckpointError(f"{path}: tensor data does not match its SHA-256{changed}: the file is corrupt")
+    if checkpoint.is_training_checkpoint:
+        validate_metadata(checkpoint)
     return checkpoint
+
+
+_FIELDS: dict[str, type] = {"optimizer": dict, "rng": dict, "run": dict}
+
+
+def validate_metadata(checkpoint: Checkpoint) -> None:
+    """Each field of a training checkpoint parses to what ``restore`` expects, or a CheckpointError naming it."""
+    meta, path = checkpoint.metadata, checkpoint.path
+    for key in ("step", "optimizer_steps"):
+        if key == "optimizer_steps" and key not in meta and "optimizer" not in meta:
+            continue
+        text = meta.get(key)
+        if text is None or not text.isdigit():
+            raise CheckpointError(f"{path}: metadata field {key!r} is {text!r}, expected a non-negative integer; "
+                                  "the file is corrupt or was not written by engine train")
+    for key, kind in _FIELDS.items():
+        if key not in meta:
+            if key == "rng":
+                raise CheckpointError(f"{path}: metadata field 'rng' is missing; the file is corrupt")
+            continue
+        try:
+            value = json.loads(meta[key])
+        except ValueError:
+            raise CheckpointError(f"{path}: metadata field {key!r} is not valid JSON; the file is corrupt") from None
+        if not isinstance(value, kind):
+            raise CheckpointError(f"{path}: metadata field {key!r} is {type(value).__name__}, expected an object")
+    optimizer = checkpoint.json("optimizer")
+    if optimizer is not None and not isinstance(optimizer.get("name"), str):
+        raise CheckpointError(f"{path}: metadata field 'optimizer' has no name; the file is corrupt")
+
+
+def check_resume(checkpoint: Checkpoint, run: dict[str, Any], overrides: tuple[str, ...] = (),
+                 known: tuple[str, ...] = ()) -> None:
+    """Refuse to resume with options other than those the checkpoint was written with.
+
+    ``run`` holds this run's options (model, data, batch size, seed, optimizer, learning rate,
+    schedule, momentum, weight decay, total steps, ...); a key saved with another value is an error
+    unless ``overrides`` names it. Keys an older checkpoint lacks are not compared. ``known``: names
+    ``--override`` may give beside the keys of ``run``.
+    """
+    saved = checkpoint.json("run") or {}
+    names = set(run) | set(known)
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise CheckpointError(f"--override: unknown option(s) {', '.join(unknown)}; choose from "
+                              f"{', '.join(sorted(names))}")
+    different = {k: (saved[k], v) for k, v in run.items() if k in saved and saved[k] != v and k not in overrides}
+    if different:
+        raise CheckpointError(
+            f"{checkpoint.path}: written by a different run: "
+            + ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
+            + "; resume with the same options, or name the changed ones in --override "
+            + ",".join(different)
+        )
 
 
 def load_weights(path: str, net: Any, fresh_classifier: bool = False) -> Checkpoint:

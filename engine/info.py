@@ -105,7 +105,17 @@ def collect_info() -> dict[str, Any]:
         "backends": backends,
         "cpu": {"logical_cpus": os.cpu_count(), "machine": platform.machine(), **_numba_threads()},
         "blas": {**_blas(), "advice": blas_pin_advice()},
+        "kernel_cache": _kernel_cache(),
     }
+
+
+def _kernel_cache() -> dict[str, Any]:
+    """Whether the CPU kernels are compiled already (engine/warmup.py's markers, valid for the
+    kernel sources and Numba version installed now), and for which models."""
+    from engine.warmup import cache_dir, warm_labels
+
+    labels = warm_labels()
+    return {"dir": cache_dir(), "warm": bool(labels), "warm_for": sorted(set(labels))}
 
 
 def render_info(report: dict[str, Any]) -> None:
@@ -137,6 +147,15 @@ def render_info(report: dict[str, Any]) -> None:
     machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
     machine.add_row("BLAS", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
     machine.add_row("BLAS threads", str(blas["threads"]))
+    cache = report.get("kernel_cache")
+    if cache:
+        state = (
+            f"warm for {', '.join(cache['warm_for'])}"
+            if cache["warm"]
+            else "cold: the first training run compiles its kernels once, in worker processes "
+            "(or run engine kernels --warmup)"
+        )
+        machine.add_row("kernel cache", escape(state))
     console.print(machine)
     if blas.get("advice"):
         console.print(f"[yellow]note:[/yellow] {escape(blas['advice'])}")

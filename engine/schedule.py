@@ -11,6 +11,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.errors import OptionError
+from engine.validate import check_number
+
 SCHEDULE_NAMES = ("constant", "step", "cosine")
 
 
@@ -42,22 +45,22 @@ def make_schedule(spec: str, base_lr: float, total_steps: int) -> LRSchedule:
     """
     name, _, rest = spec.partition(":")
     if name not in SCHEDULE_NAMES:
-        raise ValueError(f"unknown learning-rate schedule {spec!r}: choose constant, cosine, step or step:N[:GAMMA]")
-    if base_lr <= 0:
-        raise ValueError(f"learning rate must be positive, got {base_lr}")
+        raise OptionError(f"unknown learning-rate schedule {spec!r}: choose constant, cosine, step or step:N[:GAMMA]")
+    check_number("--lr", base_lr, low=0, low_open=True)  # NaN or inf would train to NaN weights
     total_steps = max(int(total_steps), 1)
     if name != "step":
         if rest:
-            raise ValueError(f"schedule {name!r} takes no arguments, got {spec!r}")
+            raise OptionError(f"schedule {name!r} takes no arguments, got {spec!r}")
         return LRSchedule(name, base_lr, total_steps)
     parts = rest.split(":") if rest else []
     try:
         step_size = int(parts[0]) if parts else max(total_steps // 3, 1)
         gamma = float(parts[1]) if len(parts) > 1 else 0.1
     except ValueError:
-        raise ValueError(f"cannot read {spec!r}: expected step:STEP_SIZE[:GAMMA], e.g. step:100:0.5") from None
+        raise OptionError(f"cannot read {spec!r}: expected step:STEP_SIZE[:GAMMA], e.g. step:100:0.5") from None
     if step_size < 1 or len(parts) > 2:
-        raise ValueError(f"cannot read {spec!r}: expected step:STEP_SIZE[:GAMMA] with STEP_SIZE >= 1")
+        raise OptionError(f"cannot read {spec!r}: expected step:STEP_SIZE[:GAMMA] with STEP_SIZE >= 1")
+    check_number(f"--lr-schedule {spec}: GAMMA", gamma, low=0, low_open=True)
     return LRSchedule(name, base_lr, total_steps, step_size=step_size, gamma=gamma)
 
 

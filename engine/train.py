@@ -34,13 +34,14 @@ import numpy as np
 from engine.data.batches import BatchSource, step_position
 from engine.data.datasets import Dataset
 from engine.data.prefetch import Batch, BatchStream
+from engine.errors import UserError
 from engine.evaluate import Evaluation, evaluate
 from engine.memory.monitor import GcPolicy, MemoryMonitor
 from engine.network import Network
 from engine.optim import Optimizer
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN or infinite: the message says at which step and what to try."""
 
 
@@ -104,12 +105,15 @@ class TrainingListener:
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         pass
 
+    def on_train_abort(self, trainer: Trainer, error: BaseException) -> None:
+        """fit() is raising ``error`` (a diverging loss, a disk fault): release what on_train_start took."""
+
 
 class ScoreListener(TrainingListener):
     """Every step's loss, a running accuracy over the current epoch, and a moving-average loss."""
 
-    def __init__(self, window: int = 10):
-        self.losses: list[float] = []
+    def __init__(self, window: int = 10, keep: int = 1024):
+        self.losses: deque[float] = deque(maxlen=keep)  # the latest ``keep`` losses (bounded, issue 14)
         self.recent: deque[float] = deque(maxlen=window)
         self.epoch = -1
         self.epoch_correct = 0
@@ -133,19 +137,36 @@ class ScoreListener(TrainingListener):
 
 
 class TimingListener(TrainingListener):
-    """Seconds per step; images per second over the whole run and without the first two steps."""
+    """Seconds per step; images per second over the whole run and without the first two steps.
+
+    Running sums plus the first ``HEAD`` steps, not a list of every step (bounded memory, issue 14).
+    """
+
+    HEAD = 8
 
     def __init__(self) -> None:
-        self.step_seconds: list[float] = []
-        self.examples: list[int] = []
+        self.head: list[tuple[float, int]] = []  # (seconds, examples) of the first HEAD steps
+        self.total_seconds = 0.0
+        self.total_examples = 0
+        self.steps = 0
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
-        self.step_seconds.append(record.seconds)
-        self.examples.append(record.examples)
+        if len(self.head) < self.HEAD:
+            self.head.append((record.seconds, record.examples))
+        self.total_seconds += record.seconds
+        self.total_examples += record.examples
+        self.steps += 1
+
+    def totals(self, skip: int = 0) -> tuple[int, float]:
+        """(examples, seconds) of the steps after the first ``skip`` (at most HEAD)."""
+        if skip > self.HEAD:
+            raise ValueError(f"TimingListener: can skip at most the first {self.HEAD} steps")
+        skipped = self.head[:skip]
+        return (self.total_examples - sum(n for _, n in skipped), self.total_seconds - sum(s for s, _ in skipped))
 
     def images_per_second(self, skip: int = 0) -> float:
-        seconds = sum(self.step_seconds[skip:])
-        return sum(self.examples[skip:]) / seconds if seconds > 0 else 0.0
+        examples, seconds = self.totals(skip)
+        return examples / seconds if seconds > 0 else 0.0
 
 
 class MemoryListener(TrainingListener):
@@ -215,6 +236,10 @@ class ProgressListener(TrainingListener):
         if self.progress is not None:
             self.progress.stop()
 
+    def on_train_abort(self, trainer: Trainer, error: BaseException) -> None:
+        if self.progress is not None:  # the error's one line must not land inside a live progress bar
+            self.progress.stop()
+
 
 # --- the trainer -----------------------------------------------------------------------------------
 
@@ -270,6 +295,9 @@ class Trainer:
         start_step: int = 0,
         offload: TrainerPlugin | None = None,
         parallel: ParallelPlugin | None = None,
+        stop: Any = None,
+        checkpoint_every: int = 0,
+        on_checkpoint: Callable[[Trainer], None] | None = None,
     ):
         self.net, self.optimizer, self.data = net, optimizer, data
         self.backend = net.backend
@@ -316,6 +344,16 @@ class Trainer:
         self.offload = offload
         self.memory_fields: dict[str, Callable[[], Any]] = {}  # extra fields of every memory-monitor line
         self.input_ring_bytes = 0
+        # --- stopping and rolling checkpoints (issue 14) --------------------------------------------
+        # ``stop``: an object whose ``received`` becomes a signal number (engine.signals.StopSignals);
+        # it is read before every step, so a signal ends the run between two steps, never inside one.
+        # ``on_checkpoint(trainer)`` is called after every ``checkpoint_every``-th completed step.
+        self.stop = stop
+        self.stopped_by: int | None = None
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        self.checkpoint_every = checkpoint_every
+        self.on_checkpoint = on_checkpoint
 
     # -- one step -----------------------------------------------------------------------------------
 
@@ -323,6 +361,11 @@ class Trainer:
         """forward, loss, backward, update; returns the loss and how many predictions were right."""
         logits = self.net.forward(batch.x, training=True)
         loss = self.net.loss(batch.y)
+        if not math.isfinite(loss):  # before backward and the update: the weights stay those of the last step
+            raise TrainingDiverged(
+                f"the loss became {loss} at step {batch.step} (learning rate {self.optimizer.lr:g}); "
+                "try a smaller --lr, or --optimizer adam"
+            )
         predicted = np.argmax(self.backend.to_host(logits.array), axis=1)
         correct = int(np.count_nonzero(predicted[: batch.valid_rows] == batch.y_host[: batch.valid_rows]))
         self.net.backward()
@@ -347,14 +390,11 @@ class Trainer:
         try:
             last_time = time.perf_counter()
             for batch in stream:
+                if self.stop is not None and self.stop.received is not None:
+                    break  # a stop signal: end between two steps
                 lr = self.optimizer.lr
                 with self.gc_policy.step():
                     loss, correct = self.train_step(batch)
-                if not math.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"the loss became {loss} at step {batch.step} (learning rate {lr:g}); "
-                        "try a smaller --lr, or --optimizer adam"
-                    )
                 self.step = batch.step + 1
                 now = time.perf_counter()
                 record = StepRecord(
@@ -366,8 +406,15 @@ class Trainer:
                 if batch.index == self.source.batches_per_epoch - 1:
                     for listener in self.listeners:
                         listener.on_epoch_end(self, batch.epoch)
+                if (self.checkpoint_every and self.on_checkpoint is not None and self.step < stop
+                        and self.step % self.checkpoint_every == 0):
+                    self.on_checkpoint(self)
             if self.parallel is not None:
                 self.parallel.finish(self)
+        except BaseException as error:
+            for listener in self.listeners:
+                listener.on_train_abort(self, error)
+            raise
         finally:
             stream.close()
             if self.parallel is not None:
@@ -375,8 +422,10 @@ class Trainer:
             if self.offload is not None:
                 self.offload.stop(self)
         seconds = time.perf_counter() - start_time
+        if self.stop is not None and self.stop.received is not None:
+            self.stopped_by = self.stop.received
         evaluation = None
-        if self.evaluate_at_end and self.step == self.total_steps:
+        if self.evaluate_at_end and self.step == self.total_steps and self.stopped_by is None:
             score = self.parallel.evaluate if self.parallel is not None else evaluate
             evaluation = score(self.net, self.data, self.backend, self.eval_batch_size)
         result = self._result(self.step - first, seconds, evaluation)

@@ -7,10 +7,16 @@ import pytest
 CUDASIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (long soaks)")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cudasim" in item.keywords and not CUDASIM:
             item.add_marker(pytest.mark.skip(reason="needs NUMBA_ENABLE_CUDASIM=1 (tests/run runs it)"))
+        if "slow" in item.keywords and not config.getoption("--slow"):
+            item.add_marker(pytest.mark.skip(reason="a long soak: run with --slow"))
 
 
 def import_torchvision():
@@ -46,3 +52,15 @@ def import_torchvision():
 def torchvision():
     """torchvision's models, transforms and datasets.folder, imported without its C++ operators."""
     return import_torchvision()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for float64 references: on a busy 2-core machine its two spinning OpenMP
+    threads took MobileNetV2's float64 forward+backward at 224×224 from 1.5 s to 71 s."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

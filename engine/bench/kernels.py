@@ -4,15 +4,17 @@ One row per (op, shape): milliseconds, GFLOP/s (GB/s for memory-bound ops), the 
 NumPy's float32 GEMM throughput measured in the same run (the ceiling for any fp32 kernel on this
 machine), the largest absolute difference from the NumPy reference, and with ``--compare torch``
 torch's time for the same op on the same arrays. Convolution also shows its numbered versions
-(``conv2d_forward[v2]`` ...), so the table says what each optimization bought.
+(rows with version ``v1`` … ``v7``, from ``kernels/cpu/conv_study.py``; ``table`` is the kernel the
+layers call), so the table says what each optimization bought.
 
 Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
 is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. The
 error is measured on the first ``CHECK_IMAGES`` images (the reference is slow NumPy), running
 the kernel again on that slice.
 
-``warm_up`` calls every kernel of the CPU table (and every conv version) once on tiny arrays, so
-Numba compiles them into its on-disk cache; later processes then start in well under a second.
+``warm_up`` calls every kernel of the CPU table (and every conv path and version) once on tiny
+arrays, in worker processes for ``engine kernels --warmup`` (``engine/warmup.py``), so Numba
+compiles them into its on-disk cache; later processes load them instead of compiling.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Any
 import numpy as np
 
 CHECK_IMAGES = 4
-CONV_VERSIONS = {"forward": (1, 2, 3, 4, 5), "data": (2, 3, 4, 5), "weight": (2, 3, 4, 5)}
 
 
 @dataclass(frozen=True)
@@ -75,33 +76,24 @@ def resnet18_convs(batch: int) -> list[ConvShape]:
     return shapes
 
 
-# models/mobilenetv2.py's INVERTED_RESIDUAL_SETTING: (expansion, channels, repeats, first stride)
-MOBILENETV2_SETTING = (
-    (1, 16, 1, 1),
-    (6, 24, 2, 1),
-    (6, 32, 3, 2),
-    (6, 64, 4, 2),
-    (6, 96, 3, 1),
-    (6, 160, 3, 2),
-    (6, 320, 1, 1),
-)
-
-
 def mobilenetv2_convs(batch: int) -> list[ConvShape]:
-    """The distinct convolutions of MobileNetV2 for 32×32 inputs: 1×1 expand, 3×3 depthwise, 1×1 project."""
-    shapes = [ConvShape("mobilenetv2", (batch, 3, 32, 32), (32, 3, 3, 3), 1, 1)]
-    size, channels = 32, 32
-    for expansion, out_channels, repeats, first_stride in MOBILENETV2_SETTING:
-        for repeat in range(repeats):
-            stride = first_stride if repeat == 0 else 1
-            hidden = channels * expansion
-            if expansion != 1:
-                shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (hidden, channels, 1, 1), 1, 0))
-            shapes.append(ConvShape("mobilenetv2", (batch, hidden, size, size), (hidden, 1, 3, 3), stride, 1, hidden))
-            size = (size + 2 - 3) // stride + 1
-            shapes.append(ConvShape("mobilenetv2", (batch, hidden, size, size), (out_channels, hidden, 1, 1), 1, 0))
-            channels = out_channels
-    shapes.append(ConvShape("mobilenetv2", (batch, channels, size, size), (1280, channels, 1, 1), 1, 0))
+    """The distinct convolutions of MobileNetV2 for 32×32 inputs (the CIFAR variant the engine trains):
+    1×1 expand, 3×3 depthwise, 1×1 project, in the model's order.
+
+    Read from the model's own graph (``models.mobilenetv2``), so the benchmark times what trains and
+    the stride table exists once."""
+    from models.mobilenetv2 import mobilenetv2_graph
+
+    graph = mobilenetv2_graph(num_classes=10, in_channels=3, image_size=32)
+    inputs = graph.shapes(batch)
+    shapes = []
+    for node in graph.nodes:
+        layer = node.layer
+        if type(layer).__name__ == "Conv2d":
+            r = layer.kernel_size
+            w_shape = (layer.out_channels, layer.in_channels // layer.groups, r, r)
+            x_shape = tuple(inputs[node.inputs[0]])
+            shapes.append(ConvShape("mobilenetv2", x_shape, w_shape, layer.stride, layer.padding, layer.groups))
     return list(dict.fromkeys(shapes))
 
 
@@ -110,6 +102,7 @@ TINY_CONVS = (
     ConvShape("tiny", (2, 4, 5, 5), (4, 4, 1, 1), 1, 0),  # plain 1×1: no im2col
     ConvShape("tiny", (2, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise
 )
+
 
 
 @dataclass
@@ -188,7 +181,7 @@ def _conv_arrays(shape: ConvShape, batch: int | None = None, seed: int = 0):
 
 def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, backend: str) -> list[Case]:
     """Forward, backward-data and backward-weight of one convolution, with the numbered CPU versions."""
-    from kernels.cpu import conv as cpu_conv
+    from kernels.cpu import conv_study
 
     x, w, dout = _conv_arrays(shape)
     xs, ws, ds = _conv_arrays(shape, batch=min(CHECK_IMAGES, shape.x_shape[0]))
@@ -211,11 +204,11 @@ def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, b
             continue
         variants = [("table", kernel, size_of)]
         if versions and backend == "cpu":
-            for v in CONV_VERSIONS[direction]:
+            for v in conv_study.VERSIONS[direction]:
                 variants.append(
                     (
                         f"v{v}",
-                        cpu_conv.conv2d_version(v, direction),
+                        conv_study.conv2d_version(v, direction),
                         _version_size_function(v, direction),
                     )
                 )
@@ -227,9 +220,9 @@ def conv_cases(shape: ConvShape, table: dict, reference: dict, versions: bool, b
 
 
 def _version_size_function(version: int, direction: str) -> Callable[..., int]:
-    from kernels.cpu import conv as cpu_conv
+    from kernels.cpu import conv_study
 
-    return lambda *shapes: cpu_conv.conv2d_version_workspace_size(max(version, 2), direction, *shapes)
+    return lambda *shapes: conv_study.conv2d_version_workspace_size(version, direction, *shapes)
 
 
 def _conv_case(op, direction, version, shape, fn, size_fn, ref_fn, x, w, dout, xs, ws, ds) -> Case:
@@ -522,78 +515,22 @@ def render(records: list[Record], sgemm: float, compare_torch: bool, console=Non
 # ----------------------------------------------------------------------------------------------
 
 
-def warm_up() -> tuple[float, int]:
-    """Call every CPU kernel (and every conv version and path) once on tiny arrays; (seconds, calls)."""
+def warm_up(parallel: bool = False, progress=None) -> tuple[float, int]:
+    """Call every CPU table kernel, conv path and conv version once on tiny arrays; (seconds, calls).
+
+    ``parallel``: in worker processes (``engine.warmup.ensure_compiled``), which fill the on-disk
+    cache; otherwise one after another in this process (the kernels are then loaded here too)."""
+    from engine.warmup import all_jobs, ensure_compiled, run_job
+
+    jobs = all_jobs()
     start = time.perf_counter()
-    table, reference = load_tables("cpu")
-    calls = 0
-    for shape in TINY_CONVS:
-        for case in conv_cases(shape, table, reference, versions=True, backend="cpu"):
-            case.run()
-            calls += 1
-    for case in other_cases(table, reference, 2):
-        case.run()
-        calls += 1
-    calls += _warm_remaining_table(table)
-    return time.perf_counter() - start, calls
-
-
-def _warm_remaining_table(table: dict) -> int:
-    """The table kernels the benchmark does not time: pooling, batch norm, loss, optimizers, dropout."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
-    out = np.empty_like(x)
-    c = np.ones(3, np.float32)
-    calls = {
-        "dropout_forward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
-        "dropout_backward": lambda f: f(x, np.ones(x.shape, np.uint8), 2.0, out),
-        "maxpool2d_forward": lambda f: f(
-            x, np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32), 2, 2, 0
-        ),
-        "avgpool2d_forward": lambda f: f(x, np.empty((2, 3, 2, 2), np.float32), 2, 2, 0),
-        "avgpool2d_backward": lambda f: f(np.ones((2, 3, 2, 2), np.float32), out, 2, 2, 0),
-        "global_avgpool_forward": lambda f: f(x, np.empty((2, 3), np.float32)),
-        "global_avgpool_backward": lambda f: f(np.ones((2, 3), np.float32), out),
-        "batchnorm_forward_train": lambda f: f(
-            x, c, c * 0, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32), 0.1, 1e-5
-        ),
-        "batchnorm_forward_infer": lambda f: f(x, c, c * 0, c * 0, c.copy(), out, 1e-5),
-        "batchnorm_backward_from_output": lambda f: f(
-            x, x, c, c * 0, c.copy(), out, np.empty(3, np.float32), np.empty(3, np.float32)
-        ),
-        "softmax_xent_forward": lambda f: f(
-            np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32), np.empty(1, np.float32)
-        ),
-        "softmax_xent_backward": lambda f: f(
-            np.full((2, 3), 1 / 3, np.float32), np.zeros(2, np.int64), np.empty((2, 3), np.float32)
-        ),
-        "sgd_update": lambda f: f(
-            np.ones(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), 0.1, 0.9, 1e-4, False
-        ),
-        "adam_update": lambda f: f(
-            np.ones(8, np.float32),
-            np.ones(8, np.float32),
-            np.zeros(8, np.float32),
-            np.zeros(8, np.float32),
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.0,
-            1,
-        ),
-    }
-    done = 0
-    for name, call in calls.items():
-        if name in table:
-            call(table[name])
-            done += 1
-    if "maxpool2d_backward" in table and "maxpool2d_forward" in table:
-        pooled, argmax = np.empty((2, 3, 2, 2), np.float32), np.empty((2, 3, 2, 2), np.int32)
-        table["maxpool2d_forward"](x, pooled, argmax, 2, 2, 0)
-        table["maxpool2d_backward"](pooled, argmax, out)
-        argmax8 = np.empty((2, 3, 2, 2), np.uint8)  # the uint8 variant (MaxPool2d's 3x3 and smaller windows)
-        table["maxpool2d_forward"](x, pooled, argmax8, 2, 2, 0)
-        table["maxpool2d_backward"](pooled, argmax8, out, 2, 2, 0)
-        done += 1
-    return done
+    if parallel:
+        result = ensure_compiled(jobs, "engine kernels --warmup", progress, force=True)
+        if result is not None and result.failed:
+            raise RuntimeError("warm-up failed: " + "; ".join(result.failed))
+    else:
+        for done, job in enumerate(jobs, 1):
+            run_job(job)
+            if progress:
+                progress(done, len(jobs))
+    return time.perf_counter() - start, len(jobs)

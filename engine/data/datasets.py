@@ -10,23 +10,38 @@ background on each side (LeNet's recipe), digits' 8×8 images are resized to 32�
 
 Specs: ``synthetic``, ``digits``, ``cifar10:DIR``, ``cifar100:DIR``, ``mnist:DIR``, ``npz:FILE``,
 ``imagefolder:DIR`` (files decoded batch by batch, see ``engine.data.imagefolder``).
+
+Files are distrusted (issue 14): every size a header implies is checked against the file's real size
+and against ``MAX_DATA_BYTES`` before anything is allocated; a ``.gz`` is decompressed incrementally,
+exactly the bytes its IDX header implies (a gzip bomb used to be inflated whole first: +1 GiB), and
+trailing data is an error; the labels of every split are range-checked at load (MNIST and CIFAR test
+labels were not, so a bad one ended the run in the final evaluation, after training, before saving);
+npz members are checked from their headers before they are read.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from engine.errors import UserError
+
+MAX_DATA_BYTES = 64 << 30
+"""Largest array a data file may declare (64 GiB, ImageNet-size uint8 sets fit): beyond is a corrupt header."""
+MAX_LABELS = 100_000  # the same cap as --num-classes (engine.validate.MAX_CLASSES)
 
 DATA_SPECS = ("synthetic", "digits", "cifar10:DIR", "cifar100:DIR", "mnist:DIR", "npz:FILE", "imagefolder:DIR")
 SPLIT_SEED = 0  # the fixed permutation that separates train from test where a set has no test split
 TEST_FRACTION = 0.2
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data set cannot be read: the message names the file and what was expected."""
 
 
@@ -118,7 +133,25 @@ def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0, image
         if largest >= num_classes:
             raise DataError(f"{data.name} has labels up to {largest}, but --num-classes is {num_classes}")
         data.num_classes = num_classes
+    check_dataset(data)
     return data
+
+
+def check_dataset(data: Dataset) -> None:
+    """Both splits non-empty, images at least 1×1, every label of every split in [0, num_classes)."""
+    for split, x, y in (("training", data.x_train, data.y_train), ("test", data.x_test, data.y_test)):
+        if len(y) == 0 or len(x) != len(y):
+            raise DataError(f"{data.name}: the {split} split has {len(x)} images and {len(y)} labels; "
+                            "expected at least one of each, as many images as labels")
+        if x.ndim > 1 and min(x.shape[1:]) < 1:  # (image folders hold paths: 1-D)
+            raise DataError(f"{data.name}: {split} images have shape {x.shape[1:]}; expected C×H×W of at least 1")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= data.num_classes:
+            raise DataError(f"{data.name}: the {split} split has label {low if low < 0 else high}; expected "
+                            f"labels 0..{data.num_classes - 1}")
+    if not 2 <= data.num_classes <= MAX_LABELS:
+        raise DataError(f"{data.name}: {data.num_classes} classes; expected between 2 and {MAX_LABELS:,} "
+                        "(a label far above the others is usually a corrupt file)")
 
 
 # -- synthetic --------------------------------------------------------------------------------------
@@ -197,6 +230,10 @@ def _read_records(path: str, label_bytes: int, what: str) -> tuple[np.ndarray, n
     record = label_bytes + 3 * 32 * 32
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found; expected {what}")
+    size = os.path.getsize(path)
+    if size > MAX_DATA_BYTES:
+        raise DataError(f"{path}: {size:,} bytes, more than the {MAX_DATA_BYTES >> 30} GiB a data file here may "
+                        f"hold; expected {what}")
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size == 0 or raw.size % record:
         raise DataError(
@@ -218,6 +255,7 @@ def cifar10(location: str) -> Dataset:
     x_train = np.concatenate([p[0] for p in parts])
     y_train = np.concatenate([p[1] for p in parts])
     _check_labels(folder, y_train, 10)
+    _check_labels(folder, y_test, 10)
     return Dataset("cifar10", x_train, y_train, x_test, y_test, num_classes=10)
 
 
@@ -228,6 +266,7 @@ def cifar100(location: str) -> Dataset:
     x_train, y_train = _read_records(os.path.join(folder, "train.bin"), 2, what)
     x_test, y_test = _read_records(os.path.join(folder, "test.bin"), 2, what)
     _check_labels(folder, y_train, 100)
+    _check_labels(folder, y_test, 100)
     return Dataset("cifar100", x_train, y_train, x_test, y_test, num_classes=100)
 
 
@@ -241,35 +280,69 @@ def _check_labels(where: str, y: np.ndarray, num_classes: int) -> None:
 IDX_UBYTE = 0x08
 
 
-def read_idx(path: str, ndim: int) -> np.ndarray:
-    """One IDX file (unsigned bytes, ``ndim`` dimensions); ``path`` or ``path.gz``."""
+def read_idx(path: str, ndim: int, item_shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """One IDX file (unsigned bytes, ``ndim`` dimensions); ``path`` or ``path.gz``.
+
+    The header is read first; the size it implies is checked (every dimension at least 1, the trailing
+    ``item_shape`` if given, at most ``MAX_DATA_BYTES``, and for a plain file equal to the file's size)
+    before the data is allocated. A ``.gz`` is inflated exactly that far, and any byte after it is an
+    error, so memory never exceeds what the header promised.
+    """
     if not os.path.isfile(path) and os.path.isfile(path + ".gz"):
         path = path + ".gz"
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found (nor {os.path.basename(path)}.gz); expected an MNIST IDX file")
+    header_bytes = 4 + 4 * ndim
+    compressed = path.endswith(".gz")
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            with open(path, "rb") as f:
-                raw = f.read()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read ({exc}); expected an MNIST IDX file") from None
-    header = 4 + 4 * ndim
-    if len(raw) < header or raw[0] != 0 or raw[1] != 0 or raw[2] != IDX_UBYTE or raw[3] != ndim:
-        raise DataError(
-            f"{path}: not an IDX file of unsigned bytes with {ndim} dimension(s) "
-            f"(expected magic 00 00 08 {ndim:02x}, found {raw[:4].hex(' ') or 'nothing'})"
-        )
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = int(np.prod(shape))
-    if len(raw) - header != expected:
-        raise DataError(
-            f"{path}: header says shape {shape} ({expected} bytes of data), the file holds {len(raw) - header}. "
-            "Is it truncated?"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as f:
+            raw = f.read(header_bytes)
+            if len(raw) < header_bytes or raw[0] != 0 or raw[1] != 0 or raw[2] != IDX_UBYTE or raw[3] != ndim:
+                raise DataError(
+                    f"{path}: not an IDX file of unsigned bytes with {ndim} dimension(s) "
+                    f"(expected magic 00 00 08 {ndim:02x}, found {raw[:4].hex(' ') or 'nothing'})"
+                )
+            shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+            expected = 1
+            for size in shape:
+                expected *= size
+            if min(shape) < 1:
+                raise DataError(f"{path}: header says shape {shape}: no data; expected at least one item")
+            if item_shape is not None and shape[1:] != item_shape:
+                raise DataError(f"{path}: header says items of {shape[1:]}, expected {item_shape}")
+            if expected > MAX_DATA_BYTES:
+                raise DataError(f"{path}: header says shape {shape} ({expected:,} bytes), more than the "
+                                f"{MAX_DATA_BYTES >> 30} GiB any data file here may hold: the header is corrupt")
+            if not compressed and os.path.getsize(path) != header_bytes + expected:
+                raise DataError(
+                    f"{path}: header says shape {shape} ({expected} bytes of data), the file holds "
+                    f"{os.path.getsize(path) - header_bytes}. Is it truncated?"
+                )
+            data = np.empty(expected, dtype=np.uint8)
+            filled = f.readinto(memoryview(data)) if not compressed else _read_into(f, data)
+            if filled != expected:
+                raise DataError(f"{path}: header says shape {shape} ({expected} bytes of data), the file "
+                                f"holds {filled}. Is it truncated?")
+            if compressed and f.read(1):
+                raise DataError(f"{path}: more data after the {expected} bytes the header says: the file is "
+                                "corrupt or not what its header claims")
+    except DataError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); expected an MNIST IDX file, gzip-compressed or not") from None
+    return data.reshape(shape)
+
+
+def _read_into(f: gzip.GzipFile, data: np.ndarray) -> int:
+    """Inflate into ``data`` in 1 MiB pieces (the gzip reader never holds more than one piece)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done : done + (1 << 20)])
+        if not n:
+            break
+        done += n
+    return done
 
 
 def mnist(location: str) -> Dataset:
@@ -278,7 +351,7 @@ def mnist(location: str) -> Dataset:
         raise DataError(f"data directory {location!r} does not exist")
 
     def split(prefix: str) -> tuple[np.ndarray, np.ndarray]:
-        images = read_idx(os.path.join(location, f"{prefix}-images-idx3-ubyte"), 3)
+        images = read_idx(os.path.join(location, f"{prefix}-images-idx3-ubyte"), 3, item_shape=(28, 28))
         labels = read_idx(os.path.join(location, f"{prefix}-labels-idx1-ubyte"), 1).astype(np.int64)
         if len(images) != len(labels):
             raise DataError(f"{location}: {prefix} has {len(images)} images but {len(labels)} labels")
@@ -291,6 +364,7 @@ def mnist(location: str) -> Dataset:
     x_train, y_train = split("train")
     x_test, y_test = split("t10k")
     _check_labels(location, y_train, 10)
+    _check_labels(location, y_test, 10)
     return Dataset("mnist", x_train, y_train, x_test, y_test, num_classes=10)
 
 
@@ -307,6 +381,7 @@ def npz(path: str) -> Dataset:
     with open(path, "rb") as f:
         if f.read(2) != b"PK":  # an .npz is a zip archive of .npy files
             raise DataError(f"{path}: not a readable .npz archive (not a zip file); save it with np.savez")
+    _check_npz_members(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
@@ -334,6 +409,34 @@ def npz(path: str) -> Dataset:
     return Dataset(os.path.basename(path), x_train, y_train, x_test, y_test, num_classes, channels=channels)
 
 
+def _check_npz_members(path: str) -> None:
+    """Read every member's .npy header (not its data): the declared size must be sane and present."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(member)
+                count = 1
+                for size in shape:
+                    count *= int(size)
+                nbytes = count * dtype.itemsize
+                if nbytes > MAX_DATA_BYTES:
+                    raise DataError(f"{path}: {info.filename} declares shape {shape} ({nbytes:,} bytes), more "
+                                    f"than the {MAX_DATA_BYTES >> 30} GiB a data file here may hold")
+                if info.file_size < nbytes:
+                    raise DataError(f"{path}: {info.filename} declares {nbytes:,} bytes of data but holds "
+                                    f"{info.file_size:,}; the file is truncated or corrupt")
+    except DataError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: not a readable .npz archive ({exc}); save it with np.savez") from None
+
+
 def _check_npz_pair(path: str, x: np.ndarray, y: np.ndarray, xn: str, yn: str) -> tuple[np.ndarray, np.ndarray]:
     if x.ndim != 4:
         raise DataError(f"{path}: {xn} has shape {x.shape}, expected 4 dimensions N×C×H×W")
@@ -347,4 +450,11 @@ def _check_npz_pair(path: str, x: np.ndarray, y: np.ndarray, xn: str, yn: str) -
         raise DataError(f"{path}: {xn} is empty")
     if y.min() < 0:
         raise DataError(f"{path}: {yn} has negative label {int(y.min())}, expected labels 0..num_classes-1")
+    if y.max() >= MAX_LABELS:
+        raise DataError(f"{path}: {yn} has label {int(y.max())}; expected labels below {MAX_LABELS:,} "
+                        "(the class count follows the largest label)")
+    if min(x.shape[1:]) < 1:
+        raise DataError(f"{path}: {xn} images have shape {x.shape[1:]}; expected C×H×W of at least 1×1×1")
+    if not np.isfinite(x).all():
+        raise DataError(f"{path}: {xn} holds NaN or infinite values; training on them gives NaN weights")
     return np.ascontiguousarray(x), y.astype(np.int64)

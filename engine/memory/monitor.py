@@ -4,7 +4,10 @@
 ArrayType (from the managers' workspaces and tracked ContiguousBlocks), cumulative spilled bytes and
 block allocations (flat after the learning step: the training loop asserts it), the CuPy pool on
 cuda, and ``swap`` (filled by the offload scheduler). Lines go to a JSON-lines file when a path is
-given; ``plot()`` draws the timeline.
+given; ``plot()`` draws the timeline. ``records`` is bounded (``engine.history.Thinned``: every
+step while the run is shorter than ``max_records``, then every 2nd, 4th, ... step, spanning the whole
+run), and the peaks are running maxima, exact whatever was thinned: a 20,000-step run used to keep
+20,000 record dicts (~2 KiB each) in memory.
 
 ``GcPolicy`` is DL4J's periodic-GC switch in Python: workspaces make the hot loop allocate almost
 nothing, so the cyclic collector only costs time there; keep it off during a step and collect every
@@ -24,15 +27,19 @@ from typing import Any
 
 import psutil
 
+from engine.history import Thinned
 from engine.memory.tree import ManagerNode
 
 
 class MemoryMonitor:
     """Samples memory once per step into ``records`` (and a JSON-lines file)."""
 
-    def __init__(self, managers: ManagerNode | Iterable[ManagerNode], path: str | os.PathLike | None = None):
+    def __init__(self, managers: ManagerNode | Iterable[ManagerNode], path: str | os.PathLike | None = None,
+                 max_records: int = 1024):
         self.managers = [managers] if isinstance(managers, ManagerNode) else list(managers)
-        self.records: list[dict[str, Any]] = []
+        self.records: Thinned = Thinned(max_records)
+        self._peaks: dict[str, int] = {}
+        self._peak_rss = 0
         self.path = Path(path) if path is not None else None
         self._file = open(self.path, "w", encoding="utf-8") if self.path is not None else None
         self._process = psutil.Process()
@@ -79,6 +86,9 @@ class MemoryMonitor:
         }
         record.update(extra)
         self.records.append(record)
+        for key, nbytes in in_use.items():
+            self._peaks[key] = max(self._peaks.get(key, 0), nbytes)
+        self._peak_rss = max(self._peak_rss, record["rss_bytes"])
         if self._file is not None:
             self._file.write(json.dumps(record, sort_keys=True) + "\n")
             self._file.flush()
@@ -86,14 +96,10 @@ class MemoryMonitor:
 
     def peak_by_type(self) -> dict[str, int]:
         """ArrayType name -> the most bytes in use at any sampled step (for the training summary)."""
-        peaks: dict[str, int] = {}
-        for record in self.records:
-            for key, nbytes in record["in_use_bytes"].items():
-                peaks[key] = max(peaks.get(key, 0), nbytes)
-        return peaks
+        return dict(self._peaks)
 
     def peak_rss_bytes(self) -> int:
-        return max((r["rss_bytes"] for r in self.records), default=0)
+        return self._peak_rss
 
     def plot(self, png_path: str | os.PathLike) -> Path:
         """A timeline PNG: RSS and reserved bytes on top, in-use bytes per ArrayType stacked below."""
@@ -130,8 +136,14 @@ class MemoryMonitor:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:  # the last buffered line on a full disk
+                from engine.errors import OutputPathError
+
+                raise OutputPathError(f"memory log {self.path}: cannot write ({exc.strerror or exc}); "
+                                      "free some space or choose another --memory-log path") from None
 
     def __enter__(self) -> MemoryMonitor:
         return self

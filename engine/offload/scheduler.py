@@ -50,6 +50,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.errors import DiskFaultError, UserError
+from engine.history import History
 from engine.memory.array_type import ArrayType
 from engine.memory.manager import TensorProvider
 from engine.memory.tensor import CLOSED, Tensor
@@ -110,6 +112,11 @@ class OffloadTarget(Protocol):
 
 class OffloadError(RuntimeError):
     """The offload schedule cannot go on (an IO thread failed, or the network did what the plan did not expect)."""
+
+
+class OffloadDiskFault(OffloadError, DiskFaultError):
+    """The swap file's disk failed under a step: an OffloadError to the scheduler's callers, and a
+    ``UserError`` (one line, no traceback) to the command line."""
 
 
 class UnitRegion:
@@ -238,7 +245,7 @@ class OffloadScheduler:
         else:
             self.window = self.min_window if window is None else int(window)
         self.max_window: int | None = None
-        self.stats: list[StepStats] = []
+        self.stats: History[StepStats] = History(1024)  # the latest steps; len() counts all (issue 14)
         self.storage: SwapStorage | None = None
         self.net: OffloadTarget | None = None
         self.mgr: ProviderHost | None = None
@@ -756,6 +763,13 @@ class OffloadScheduler:
             error, self._error = self._error, None
             if isinstance(error, OffloadError):
                 raise error
+            if isinstance(error, UserError):  # a named disk fault (no space, checksum mismatch): its own words
+                raise OffloadDiskFault(str(error)) from error
+            if isinstance(error, OSError):  # EIO and friends from the IO thread: the user's disk, not a bug
+                raise OffloadDiskFault(
+                    f"the swap file's disk failed during a step ({error.strerror or error}); check the disk "
+                    f"or choose another --offload-dir"
+                ) from error
             raise OffloadError(f"offload IO failed: {error}") from error
 
     def _set_state(self, unit: _Unit, state: LayerState) -> None:

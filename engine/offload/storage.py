@@ -2,8 +2,13 @@
 
 Why it looks like this:
 
-* One private directory (mode 0700, named after the pid) under ``--offload-dir``: nobody else can read
-  a model's activations, and a later run can tell a stale directory (its pid is dead) from a live one.
+* One private directory (mode 0700) under ``--offload-dir``: nobody else can read a model's
+  activations. The run holds an exclusive ``flock`` on the ``lock`` file inside it for as long as the
+  storage is open; the kernel drops it when the process dies, however it dies. A later run removes a
+  directory only when its layout is exactly ours (``lock`` and ``swap.bin``, nothing else), it belongs
+  to the same user, and its lock is free. The name alone decides nothing: cleanup by name and pid once
+  deleted a user's own ``engine-offload-12345-notes/`` and a live run's directory from another PID
+  namespace sharing /tmp (issue 14).
 * One preallocated file (``posix_fallocate``): a full disk is an error before training starts, not a
   short write in the middle of a step. Records sit at offsets the plan chose once.
 * ``os.pwritev`` / ``os.preadv`` straight between the file and the arena's memory (memoryviews of the
@@ -25,18 +30,21 @@ Why it looks like this:
   ``O_DIRECT`` descriptor, which bypasses the cache (and copies nothing in the kernel); anything else,
   or a file system without O_DIRECT (tmpfs), goes through the buffered descriptor followed by
   ``fdatasync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)`` (and DONTNEED after each read).
-* The directory is removed at close, at interpreter exit, on SIGINT/SIGTERM (handlers chain to the
-  previous ones) and when the ``with`` block ends in an exception.
+* The directory is removed at close, at interpreter exit and when the ``with`` block ends in an
+  exception. Never from a signal handler: that once took a lock the main thread could hold (a hang)
+  and closed descriptors under a running IO thread; signals only set a flag (``engine.signals``) and
+  the run unwinds through ``close()`` between two steps.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import logging
 import os
 import shutil
-import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -46,10 +54,15 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from engine.errors import DiskFaultError, UserError
+
 log = logging.getLogger("engine.offload")
 
 DIR_PREFIX = "engine-offload-"
 PAGE = 4096
+LOCK_NAME = "lock"
+SWAP_NAME = "swap.bin"
+OUR_LAYOUT = frozenset({LOCK_NAME, SWAP_NAME})
 
 VERIFY_MODES = ("full", "header", "off")
 SAMPLE_EDGE = 4096  # header mode hashes the first and last 4 KiB of a record ...
@@ -60,11 +73,11 @@ DelayHook = Callable[[str, int], None]
 """Called as ``delay(operation, nbytes)`` before each read ("read") or write ("write"): tests slow the disk with it."""
 
 
-class OffloadStorageError(RuntimeError):
+class OffloadStorageError(UserError, RuntimeError):
     """The swap directory or file cannot be used (unwritable, no space); the message says what to do."""
 
 
-class SwapChecksumError(OffloadStorageError):
+class SwapChecksumError(OffloadStorageError, DiskFaultError):
     """A record read back from the swap file is not what was written."""
 
 
@@ -145,6 +158,7 @@ class SwapStorage:
         self.direct_bytes = 0  # of bytes_written + bytes_read, those that bypassed the page cache
         self.fd = -1
         self.direct_fd = -1
+        self.lock_fd = -1
         self.path: str | None = None
         self.file_path: str | None = None
         check_directory(base)
@@ -153,7 +167,10 @@ class SwapStorage:
         try:
             self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=base)  # mode 0700
             _register(self)
-            self.file_path = os.path.join(self.path, "swap.bin")
+            # the lock first, the swap file second: a directory without swap.bin is never cleaned up,
+            # so nobody can take it between our creating the lock file and locking it
+            self.lock_fd = _open_locked(os.path.join(self.path, LOCK_NAME))
+            self.file_path = os.path.join(self.path, SWAP_NAME)
             self.fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
             _preallocate(self.fd, self.capacity_bytes, base)
         except OSError as exc:
@@ -277,7 +294,7 @@ class SwapStorage:
     # -- cleanup --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the file and remove the directory (idempotent; safe from a signal handler)."""
+        """Close the file and remove the directory (idempotent); the lock is released last."""
         for fd in (self.fd, self.direct_fd):
             if fd >= 0:
                 try:
@@ -289,6 +306,12 @@ class SwapStorage:
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
             log.debug("swap storage %s removed", path)
+        if self.lock_fd >= 0:
+            try:
+                os.close(self.lock_fd)
+            except OSError:
+                pass
+            self.lock_fd = -1
         _unregister(self)
 
     @property
@@ -340,7 +363,13 @@ def check_free_space(base: str, nbytes: int) -> None:
 
 
 def remove_stale_directories(base: str) -> list[str]:
-    """Remove swap directories left by runs that were killed (their pid is no longer alive); returns them."""
+    """Remove swap directories left by runs that died; returns them.
+
+    A directory is removed only if all hold: its name starts with ``DIR_PREFIX``; it is a real
+    directory (not a symlink) of this user; it holds exactly ``lock`` and ``swap.bin`` as regular
+    files; and we can take its lock (its run is gone: the kernel released the lock). Only those two
+    files are unlinked and then the empty directory removed, so anything else stays, whatever happens.
+    """
     removed = []
     try:
         names = os.listdir(base)
@@ -349,29 +378,47 @@ def remove_stale_directories(base: str) -> list[str]:
     for name in names:
         if not name.startswith(DIR_PREFIX):
             continue
-        pid_text = name[len(DIR_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit():
-            continue
         path = os.path.join(base, name)
         try:
-            if os.stat(path).st_uid != os.getuid() or _pid_alive(int(pid_text)):
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
+            entries = frozenset(os.listdir(path))
+            if entries != OUR_LAYOUT or not all(
+                stat.S_ISREG(os.lstat(os.path.join(path, e)).st_mode) for e in entries
+            ):
+                continue
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("removed stale offload directory %s (pid %s is gone)", path, pid_text)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live run (in any PID namespace) owns it
+            if frozenset(os.listdir(path)) != OUR_LAYOUT:
+                continue
+            os.unlink(os.path.join(path, SWAP_NAME))
+            os.unlink(os.path.join(path, LOCK_NAME))
+            os.rmdir(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        log.info("removed stale offload directory %s (its lock was free)", path)
         removed.append(path)
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def _open_locked(lock_path: str) -> int:
+    """Create ``lock_path`` and hold an exclusive flock on it; returns the descriptor."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _preallocate(fd: int, nbytes: int, base: str) -> None:
@@ -461,7 +508,7 @@ def parse_bytes(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"cannot read {text!r} as a size: write e.g. 256MB, 1GiB or 4096") from None
-    if suffix not in units or value < 0:
+    if suffix not in units or not value >= 0 or value * units[suffix] >= 2**62:  # NaN, inf, exabytes
         raise ValueError(f"cannot read {text!r} as a size: write e.g. 256MB, 1GiB or 4096")
     return int(value * units[suffix])
 
@@ -494,28 +541,10 @@ def cleanup_all() -> None:
 
 
 def _install_cleanup_handlers() -> None:
-    """atexit, plus SIGINT/SIGTERM handlers that clean up and then do what the previous handler did."""
+    """Remove what is still open at interpreter exit. No signal handlers: see the module docstring; a
+    process killed outright leaves a directory whose lock is free, which the next run removes."""
     global _handlers_installed
     if _handlers_installed:
         return
     _handlers_installed = True
     atexit.register(cleanup_all)
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be set from the main thread; atexit still cleans up
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(signum)
-        signal.signal(signum, _chained_handler(previous))
-
-
-def _chained_handler(previous: Any) -> Callable[[int, Any], None]:
-    def handler(signum: int, frame: Any) -> None:
-        cleanup_all()
-        if callable(previous):
-            previous(signum, frame)  # e.g. Python's default SIGINT handler raises KeyboardInterrupt
-        elif previous == signal.SIG_IGN:
-            return
-        else:  # SIG_DFL (or unknown): die of the same signal, as the process would have without us
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    return handler

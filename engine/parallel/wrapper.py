@@ -139,10 +139,11 @@ class DataParallel:
         from mpi4py import MPI
 
         timing, score = trainer.timing, trainer.score
-        skip = 2 if len(timing.step_seconds) > 2 else len(timing.step_seconds)
-        sums = np.array([sum(timing.examples), sum(timing.examples[skip:]), score.epoch_correct,
+        skip = min(2, timing.steps)
+        (examples, seconds), (steady_examples, steady_seconds) = timing.totals(0), timing.totals(skip)
+        sums = np.array([examples, steady_examples, score.epoch_correct,
                          score.epoch_examples, score.recent_loss], dtype=np.float64)
-        longest = np.array([sum(timing.step_seconds), sum(timing.step_seconds[skip:])], dtype=np.float64)
+        longest = np.array([seconds, steady_seconds], dtype=np.float64)
         self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
         self.comm.Allreduce(MPI.IN_PLACE, longest, op=MPI.MAX)
         images = sums[0] / longest[0] if longest[0] > 0 else 0.0

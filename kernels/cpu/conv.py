@@ -1,54 +1,57 @@
-"""Convolution on the CPU: im2col tiles that stay in cache, one BLAS GEMM per tile, and a direct
-depthwise kernel.
+"""Convolution on the CPU, the production path: the kernel table's ``conv2d_*`` entries.
 
-Why this shape. A 3×3 convolution is a matrix product once the input is unrolled into columns
+Why this shape. A convolution is a matrix product once the input is unrolled into columns
 (im2col): ``out[K, pixels] = w[K, C·R·S] @ cols[C·R·S, pixels]``. The GEMM is where the flops are,
-and BLAS (OpenBLAS, reached through ``np.dot`` inside ``@njit``) runs it at 100+ GFLOP/s on two
-cores. Unrolling the whole batch at once would write a buffer nine times the input (75 MB for a
-64-channel 32×32 layer at batch 32) and run at ~20 GFLOP/s, starved by memory traffic. So the
-columns are built one *tile* at a time, a block of images small enough to stay in cache and large
-enough to give the GEMM at least ``TARGET_COLUMNS`` columns, into the caller's ``scratch``.
+and BLAS (SciPy's OpenBLAS, reached through ``np.dot`` inside ``@njit``) runs it at 100+ GFLOP/s
+per core here. Each call opens one parallel region; every Numba thread takes a contiguous share
+of the images and builds its own column *tiles* (blocks of images small enough to stay in cache,
+wide enough to give the GEMM ≥ ``TARGET_COLUMNS`` columns) in its slice of the caller's
+``scratch``, then runs a single-threaded GEMM on them (SciPy's BLAS is held at one thread for the
+call, so the two thread pools never compete). Special shapes take faster paths:
 
-The versions, numbered as in llm.c's dev/cuda, are kept side by side so the benchmark
-(``engine kernels``) can show what each step bought:
-
-- ``conv2d_forward_v1_direct``: seven nested loops, parallel over (image, output channel).
-- ``conv2d_forward_v2_im2col``: im2col of one image into scratch, then one GEMM straight into
-  ``out[n]``.
-- ``conv2d_forward_v3_tiled``: blocks of images per tile, so the small late layers (8×8, 4×4) still
-  hand BLAS a wide matrix; the tile's result is scattered back to NCHW.
-- v4: one parallel region per call, each thread its share of the images, its own tiles and a
-  single-threaded GEMM.
-- v5 (exported): v4 plus fast paths for the shapes v4 handles badly: depthwise 3×3 stride 1 and 2 as flat
-  vector runs across channel planes (``conv_depthwise.py``); 1×1 convolutions take smaller tiles
-  (``POINTWISE_TARGET_COLUMNS``).
+- **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones) on planes of
+  ≥ ``SHIFTED_MIN_PIXELS`` pixels: no im2col; three shifted GEMMs per tile over a row-expanded
+  copy of the input (``conv_shifted.py``).
+- **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
+  (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
+- **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
+  the image already *is* its column matrix.
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
-back into the pixels it came from. Backward to weights accumulates ``dw += dout_tile @ cols_tile.T``
-over tiles in a fixed order. The im2col/col2im loops run in parallel (``prange``) and the GEMMs run
-between them on BLAS's own threads, so the two thread pools never compete.
+back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
+accumulates ``dw += dout_tile @ cols_tile.T`` tile after tile; the per-thread partial sums are
+added in thread order.
 
-1×1 convolutions with stride 1 and no padding skip im2col entirely: the image already *is* its
-column matrix. Depthwise convolutions (``groups == C == K``) have one input channel per filter, a
-9-long dot product per pixel, far too thin for a GEMM: they use a direct kernel, one image plane
-per parallel iteration.
+The numbered versions that led here (v1 direct loops … v7 this module), with what each bought,
+live in ``conv_study.py``; ``engine kernels`` times and checks them all.
 
 Determinism: each output element is written by exactly one thread, weight gradients are summed
-tile after tile in a fixed order, and BLAS splits its work the same way for the same thread count.
+tile after tile and thread after thread in a fixed order, and a single-threaded BLAS call splits
+its work the same way every time: the same bits for the same thread count.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @njit: loaded now so it can be found
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import conv_depthwise
+from kernels.cpu import conv_depthwise, conv_shifted
+from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
-"""A tile holds whole images until its GEMM has at least this many columns (pixels)."""
+"""A tile holds whole images until its GEMM has at least this many columns (pixels): v3–v6."""
+
+SMALL_TARGET_COLUMNS = 256
+"""v7's target for forward and backward-data (``Paths.small_tiles``): a 16×16 output image is then
+a tile by itself, whose GEMM writes straight into ``out`` with no scatter. One thread, thread CPU
+ms, forward / backward-data at 1024 → 256 columns: 64→128 3×3 stride 2 @32×32 19.8 / 15.0 →
+14.4 / 12.5; 128→256 stride 2 @16×16 15.6 / 12.3 → 14.2 / 11.8; 256→512 stride 2 @8×8 and 512 ch
+@4×4 within noise (their tiles are bounded by ``TILE_BUDGET_ELEMENTS`` anyway)."""
 
 WEIGHT_TARGET_COLUMNS = 4096
 """The weight gradient sums over a tile's columns inside the GEMM and adds tiles outside it:
@@ -56,7 +59,7 @@ longer tiles mean fewer partial sums to add (it pays most where C·R·S is small
 
 POINTWISE_TARGET_COLUMNS = 256
 POINTWISE_WEIGHT_TARGET_COLUMNS = 1024
-"""v5's targets for 1×1 convolutions. Their GEMMs are thin (C·R·S = C), so the column tile and the
+"""Targets for 1×1 convolutions. Their GEMMs are thin (C·R·S = C), so the column tile and the
 result tile, not the weights, are what must stay in cache: smaller tiles ran the 1×1 stride-2
 downsample forward 20-30% faster here, and a 32×32 image (1024 columns) then is a tile by itself,
 used in place with no gather or scatter."""
@@ -64,12 +67,29 @@ used in place with no gather or scatter."""
 TILE_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (4 MiB) in one column tile, so it stays in the L2/L3 caches."""
 
-EXPORTED_VERSION = 5
-"""The version the kernel table uses (the fastest in ``engine kernels --ops conv2d``)."""
+SHIFTED_MIN_PIXELS = 64
+"""3×3 stride-1 convolutions on planes of at least this many pixels (8×8) take the shifted-GEMM
+path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2col stayed faster
+(512 ch @4×4, one thread, CPU ms: forward 28.4 vs 24.4, backward-data 32.2 vs 28.4)."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Which fast paths a call may take (the study versions switch them off one by one)."""
+
+    depthwise_flat: bool = True
+    pointwise_tiles: bool = True
+    shifted: bool = True
+    depthwise_kept_only: bool = True
+    small_tiles: bool = True
+
+
+EXPORTED = Paths()
+"""What the kernel table runs."""
 
 
 # ----------------------------------------------------------------------------------------------
-# Planning: how many images per tile, and how much scratch that needs
+# Planning: which path, how many images per tile, and how much scratch that needs
 # ----------------------------------------------------------------------------------------------
 
 
@@ -86,7 +106,7 @@ def images_per_tile(
     return max(1, min(n, wanted, fits))
 
 
-def _is_depthwise(x_shape, w_shape, groups: int) -> bool:
+def is_depthwise(x_shape, w_shape, groups: int) -> bool:
     return groups > 1 and groups == x_shape[1] and groups == w_shape[0]
 
 
@@ -94,19 +114,26 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
     return w_shape[2] == 1 and stride == 1 and pad == 0
 
 
-def _threads(version: int) -> int:
-    """Threads that each get their own tiles: all of Numba's for v4 and v5, one tile set for v2 and v3."""
-    return get_num_threads() if version >= 4 else 1
+def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
+    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "shifted" or "gemm" (im2col)."""
+    if is_depthwise(x_shape, w_shape, groups):
+        if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
+            return "depthwise-flat"
+        return "depthwise-direct"
+    if (
+        paths.shifted
+        and conv_shifted.supported(x_shape, w_shape, stride, pad, groups)
+        and x_shape[2] * x_shape[3] >= SHIFTED_MIN_PIXELS
+    ):
+        return "shifted"
+    return "gemm"
 
 
-def _tile_images(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
-    target = 1 if version == 2 else (WEIGHT_TARGET_COLUMNS if direction == "weight" else TARGET_COLUMNS)
-    if version >= 5 and w_shape[2] == 1 and w_shape[3] == 1:
-        target = POINTWISE_WEIGHT_TARGET_COLUMNS if direction == "weight" else POINTWISE_TARGET_COLUMNS
-    threads = _threads(version)
+def gemm_tile_images(x_shape, w_shape, stride, pad, groups, direction: str, threads: int, target: int) -> int:
+    """Images per column tile of the im2col path for one thread's share of the batch."""
     tile = images_per_tile(x_shape, w_shape, stride, pad, groups, target, threads)
     images_per_set = -(-x_shape[0] // threads)
-    if direction == "weight" and version > 2 and tile < images_per_set:
+    if direction == "weight" and tile < images_per_set:
         # a second tile needs a dw-sized partial sum; when that is bigger than the columns of the
         # whole set (deep layers: 512·4608 weights, 16 pixels an image), take the whole set at once
         oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
@@ -116,17 +143,11 @@ def _tile_images(x_shape, w_shape, stride, pad, groups, version, direction) -> i
     return tile
 
 
-def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, version: int) -> int:
-    """Scratch elements. Per tile set: a column tile, a K-side tile (when it holds several images)
-    and, for the weight gradient, a partial dw when a set has several tiles; v4 has one tile set per
-    thread and one dw-sized partial sum per extra thread."""
-    if version > 2 and _is_depthwise(x_shape, w_shape, groups):
-        if version >= 5 and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
-            return conv_depthwise.workspace_size(x_shape, stride)
-        return 0
+def gemm_workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, threads: int, tile: int) -> int:
+    """Scratch of the im2col path: per thread a column tile, a K-side tile (when it holds several
+    images) and, for the weight gradient, a partial dw when a thread has several tiles; plus one
+    dw-sized partial sum per extra thread."""
     oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
-    threads = _threads(version)
-    tile = _tile_images(x_shape, w_shape, stride, pad, groups, version, direction)
     rows = w_shape[1] * w_shape[2] * w_shape[3]
     k_group = w_shape[0] // groups
     columns = tile * oh * ow
@@ -140,24 +161,46 @@ def _workspace_size(x_shape, w_shape, stride, pad, groups, direction: str, versi
     return threads * size
 
 
+def _target(w_shape, direction: str, paths: Paths) -> int:
+    if paths.pointwise_tiles and w_shape[2] == 1 and w_shape[3] == 1:
+        return POINTWISE_WEIGHT_TARGET_COLUMNS if direction == "weight" else POINTWISE_TARGET_COLUMNS
+    if direction == "weight":
+        return WEIGHT_TARGET_COLUMNS
+    return SMALL_TARGET_COLUMNS if paths.small_tiles else TARGET_COLUMNS
+
+
+def workspace_size(
+    x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED
+) -> int:
+    """Scratch (float32 elements) for one direction ("forward", "data", "weight") of the chosen path."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    kind = path(x_shape, w_shape, stride, pad, groups, direction, paths)
+    threads = get_num_threads()
+    if kind == "depthwise-flat":
+        return conv_depthwise.workspace_size(x_shape, stride)
+    if kind == "depthwise-direct":
+        return 0
+    if kind == "shifted":
+        return conv_shifted.workspace_size(x_shape, w_shape, direction, threads)
+    tile = gemm_tile_images(
+        x_shape, w_shape, stride, pad, groups, direction, threads, _target(w_shape, direction, paths)
+    )
+    return gemm_workspace_size(x_shape, w_shape, stride, pad, groups, direction, threads, tile)
+
+
 def conv2d_forward_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch (float32 elements) for ``conv2d_forward``: a column tile and output tile per thread."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, "forward", EXPORTED_VERSION)
+    """Scratch (float32 elements) for ``conv2d_forward``."""
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "forward")
 
 
 def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch for ``conv2d_backward_data``: a gradient-column tile and dout tile per thread."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, "data", EXPORTED_VERSION)
+    """Scratch for ``conv2d_backward_data``."""
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "data")
 
 
 def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
-    """Scratch for ``conv2d_backward_weight``: tiles per thread plus a dw-sized partial sum per extra thread."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, "weight", EXPORTED_VERSION)
-
-
-def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch for a numbered version (2 to 5) and direction ("forward", "data" or "weight")."""
-    return _workspace_size(x_shape, w_shape, stride, pad, groups, direction, version)
+    """Scratch for ``conv2d_backward_weight`` (includes a dw-sized partial sum per extra thread)."""
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "weight")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,8 +208,8 @@ def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
-def _valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) -> tuple[int, int]:
+@njit(cache=True, nogil=True, inline="always")
+def valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) -> tuple[int, int]:
     """Output positions o in [lo, hi) whose input o·stride + offset − pad lies inside [0, size)."""
     lo = 0
     shift = pad - offset
@@ -216,7 +259,7 @@ def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, l
 
 
 @njit(cache=True, nogil=True)
-def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
+def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
 
     Flat views and unsigned offsets, as in the depthwise kernels: no wrap-around checks, so the
@@ -228,8 +271,8 @@ def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
     c = row // (kernel * kernel)
     r = (row // kernel) % kernel
     s = row % kernel
-    y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
-    x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+    y_lo, y_hi = valid_outputs(height, out_h, r, stride, pad)
+    x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
     src, dst = x.reshape(x.size), cols.reshape(cols.size)
     line0 = uint64(row * cols.shape[1])
     if stride == 1 and out_w == width and y_lo < y_hi and x_lo < x_hi:
@@ -258,7 +301,7 @@ def _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
 @njit(cache=True, nogil=True)
-def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
+def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
     """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order.
 
     Overwrites the entries of ``dcols`` that fall off the plane (scratch, read by no one after)."""
@@ -270,9 +313,9 @@ def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
         dst[plane + uint64(k)] = 0.0
     same = stride == 1 and out_w == width
     for r in range(kernel):
-        y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+        y_lo, y_hi = valid_outputs(height, out_h, r, stride, pad)
         for s in range(kernel):
-            x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+            x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
             line = uint64(((c * kernel + r) * kernel + s) * dcols.shape[1] + i * pixels)
             if same and y_lo < y_hi and x_lo < x_hi:
                 # As in _im2col_row_same: one flat run per offset. The wrapped-around column's
@@ -301,50 +344,48 @@ def _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
                         dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
-    """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
-    for row in prange(cols.shape[0]):
-        _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
-
-
 @njit(cache=True, nogil=True)
 def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
     for row in range(cols.shape[0]):
-        _im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
-    """The transpose of im2col. One parallel iteration owns one whole (image, channel) plane, so
-    there are no write races and every pixel's sum runs in the same order."""
-    for job in prange(channels * images):
-        _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
+        im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
 @njit(cache=True, nogil=True)
 def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     for job in range(channels * images):
-        _col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
+        col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
 
 @njit(cache=True, nogil=True)
 def gather_tile(a, n0, images, k0, tile):
-    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side."""
-    pixels = a.shape[2] * a.shape[3]
+    """tile[k, i·P + p] = a[n0 + i, k0 + k, p] (a seen as N×K×P): channels of several images side by side.
+
+    Flat loops rather than slice assignment: a slice assignment pulls in Numba's shape-mismatch
+    error formatting, 2.3 s of compilation on a cold cache for this four-line function."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src, dst = a.reshape(a.size), tile.reshape(tile.size)
+    width = uint64(tile.shape[1])
     for k in range(tile.shape[0]):
         for i in range(images):
-            tile[k, i * pixels : (i + 1) * pixels] = a[n0 + i, k0 + k].reshape(pixels)
+            s0 = uint64(((n0 + i) * channels + k0 + k) * pixels)
+            d0 = uint64(k) * width + uint64(i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
 
 
 @njit(cache=True, nogil=True)
 def scatter_tile(tile, n0, images, k0, a):
     """The inverse of gather_tile: a[n0 + i, k0 + k, p] = tile[k, i·P + p]."""
-    pixels = a.shape[2] * a.shape[3]
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src, dst = tile.reshape(tile.size), a.reshape(a.size)
+    width = uint64(tile.shape[1])
     for k in range(tile.shape[0]):
         for i in range(images):
-            a[n0 + i, k0 + k].reshape(pixels)[:] = tile[k, i * pixels : (i + 1) * pixels]
+            d0 = uint64(((n0 + i) * channels + k0 + k) * pixels)
+            s0 = uint64(k) * width + uint64(i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -367,103 +408,7 @@ def bias_gradient(dout, dbias):
 
 
 # ----------------------------------------------------------------------------------------------
-# The GEMM convolutions (any stride, padding and groups)
-# ----------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, nogil=True)
-def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
-    n_images = x.shape[0]
-    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
-    out_h, out_w = out.shape[2], out.shape[3]
-    pixels = out_h * out_w
-    k_group = k_total // groups
-    rows = c_group * kernel * kernel
-    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
-    for n0 in range(0, n_images, tile_images):
-        images = min(tile_images, n_images - n0)
-        columns = images * pixels
-        for g in range(groups):
-            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
-            if plain_1x1 and images == 1:
-                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
-            else:
-                cols = scratch[: rows * columns].reshape(rows, columns)
-                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
-            if images == 1:
-                np.dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
-            else:
-                start = rows * columns
-                result = scratch[start : start + k_group * columns].reshape(k_group, columns)
-                np.dot(w_g, cols, result)
-                scatter_tile(result, n0, images, g * k_group, out)
-
-
-@njit(cache=True, nogil=True)
-def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
-    n_images = dx.shape[0]
-    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
-    out_h, out_w = dout.shape[2], dout.shape[3]
-    pixels = out_h * out_w
-    k_group = k_total // groups
-    rows = c_group * kernel * kernel
-    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
-    for n0 in range(0, n_images, tile_images):
-        images = min(tile_images, n_images - n0)
-        columns = images * pixels
-        for g in range(groups):
-            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
-            if images == 1:
-                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
-            else:
-                d_tile = scratch[: k_group * columns].reshape(k_group, columns)
-                gather_tile(dout, n0, images, g * k_group, d_tile)
-            if plain_1x1 and images == 1:
-                np.dot(w_g.T, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
-            else:
-                start = k_group * columns if images > 1 else 0
-                dcols = scratch[start : start + rows * columns].reshape(rows, columns)
-                np.dot(w_g.T, d_tile, dcols)
-                col2im_tile(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
-
-
-@njit(cache=True, nogil=True)
-def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch):
-    n_images = x.shape[0]
-    k_total, c_group, kernel = dw.shape[0], dw.shape[1], dw.shape[2]
-    out_h, out_w = dout.shape[2], dout.shape[3]
-    pixels = out_h * out_w
-    k_group = k_total // groups
-    rows = c_group * kernel * kernel
-    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
-    for n0 in range(0, n_images, tile_images):
-        images = min(tile_images, n_images - n0)
-        columns = images * pixels
-        for g in range(groups):
-            used = 0
-            if plain_1x1 and images == 1:
-                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
-            else:
-                cols = scratch[: rows * columns].reshape(rows, columns)
-                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
-                used = rows * columns
-            if images == 1:
-                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
-            else:
-                d_tile = scratch[used : used + k_group * columns].reshape(k_group, columns)
-                gather_tile(dout, n0, images, g * k_group, d_tile)
-                used += k_group * columns
-            dw_g = dw[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
-            if n0 == 0:
-                np.dot(d_tile, cols.T, dw_g)
-            else:
-                partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
-                np.dot(d_tile, cols.T, partial)
-                dw_g += partial
-
-
-# ----------------------------------------------------------------------------------------------
-# v4: one parallel region per call, each thread owns a share of the images and its own tiles
+# The im2col path: one parallel region per call, each thread owns a share of the images and its tiles
 # ----------------------------------------------------------------------------------------------
 
 
@@ -495,14 +440,16 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _forward_per_thread(x, w, out, stride, pad, groups, tile_images, threads, scratch):
-    n_images = x.shape[0]
-    share = scratch.size // threads
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch) -> None:
+    """Thread t: images [t·N/T, (t+1)·N/T) with scratch slice t (see ``threads.run_shares``)."""
+    n_images, share = x.shape[0], scratch.size // threads
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
+        mine = scratch[t * share : (t + 1) * share]
         _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine)
+
+    run_shares(work, threads)
 
 
 @njit(cache=True, nogil=True)
@@ -532,14 +479,15 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile_images, threads, scratch):
-    n_images = dx.shape[0]
-    share = scratch.size // threads
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch) -> None:
+    n_images, share = dx.shape[0], scratch.size // threads
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
+        mine = scratch[t * share : (t + 1) * share]
         _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine)
+
+    run_shares(work, threads)
 
 
 @njit(cache=True, nogil=True)
@@ -579,31 +527,42 @@ def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile
                 acc_g += partial
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _backward_weight_per_thread(x, dout, dw, stride, pad, groups, tile_images, threads, scratch):
-    """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are added in order."""
+@njit(cache=True, nogil=True)
+def add_partials(total, partials, count, lo, hi):
+    """total[i] += partials[0·L + i] + partials[1·L + i] + … (``count`` slots of len(total)), i in [lo, hi)."""
+    length = total.size
+    for i in range(lo, hi):
+        value = total[i]
+        for t in range(count):
+            value += partials[t * length + i]
+        total[i] = value
+
+
+def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads, scratch) -> None:
+    """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are then added in
+    thread order (each thread adds a fixed range of dw)."""
     n_images = x.shape[0]
     slots = (threads - 1) * dw.size
     share = (scratch.size - slots) // threads
     sums = scratch[scratch.size - slots :]
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
+
+    def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
-        if t == 0:
-            _backward_weight_images(x, dout, dw, stride, pad, groups, first, last, tile_images, mine)
-        else:
-            acc = sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-            _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
-    flat = dw.reshape(dw.size)
-    for i in prange(dw.size):
-        total = flat[i]
-        for t in range(1, threads):
-            total += sums[(t - 1) * dw.size + i]
-        flat[i] = total
+        mine = scratch[t * share : (t + 1) * share]
+        acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
+        _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
+
+    run_shares(work, threads)
+    if threads > 1:
+        flat = dw.reshape(dw.size)
+        run_shares(
+            lambda t: add_partials(flat, sums, threads - 1, t * flat.size // threads, (t + 1) * flat.size // threads),
+            threads,
+        )
 
 
 # ----------------------------------------------------------------------------------------------
-# Direct kernels: depthwise (groups == C == K) and the naive v1 baseline
+# Direct depthwise kernels (groups == C == K): shapes the flat kernels do not take (stride-2 32×32 forward, 5×5 ...)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -626,9 +585,9 @@ def depthwise_forward(x, w, out, stride, pad):
         for i in range(out_h * out_w):
             dst[dst0 + uint64(i)] = 0.0
         for r in range(kernel):
-            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            y_lo, y_hi = valid_outputs(height, out_h, r, stride, pad)
             for s in range(kernel):
-                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
                 weight = weights[(ch * kernel + r) * kernel + s]
                 for y in range(y_lo, y_hi):
                     row_in = src0 + uint64((y * stride + r - pad) * width + s - pad)
@@ -654,9 +613,9 @@ def depthwise_backward_data(dout, w, dx, stride, pad):
         for i in range(height * width):
             dst[dst0 + uint64(i)] = 0.0
         for r in range(kernel):
-            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            y_lo, y_hi = valid_outputs(height, out_h, r, stride, pad)
             for s in range(kernel):
-                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
                 weight = weights[(ch * kernel + r) * kernel + s]
                 for y in range(y_lo, y_hi):
                     row_in = src0 + uint64(y * out_w)
@@ -682,9 +641,9 @@ def depthwise_backward_weight(x, dout, dw, stride, pad):
     src, grad = x.reshape(x.size), dout.reshape(dout.size)
     for ch in prange(c):
         for r in range(kernel):
-            y_lo, y_hi = _valid_outputs(height, out_h, r, stride, pad)
+            y_lo, y_hi = valid_outputs(height, out_h, r, stride, pad)
             for s in range(kernel):
-                x_lo, x_hi = _valid_outputs(width, out_w, s, stride, pad)
+                x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
                 total = np.float32(0.0)
                 for i in range(n):
                     src0 = uint64((i * c + ch) * height * width)
@@ -699,33 +658,6 @@ def depthwise_backward_weight(x, dout, dw, stride, pad):
                             for ox in range(x_lo, x_hi):
                                 total += grad[row_grad + uint64(ox)] * src[row_in + uint64(ox * stride)]
                 dw[ch, 0, r, s] = total
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def direct_forward(x, w, out, stride, pad, groups):
-    """The textbook loop nest, parallel over (image, output channel): no reuse, ~3 GFLOP/s."""
-    n = x.shape[0]
-    height, width = x.shape[2], x.shape[3]
-    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
-    k_group = k_total // groups
-    out_h, out_w = out.shape[2], out.shape[3]
-    for job in prange(n * k_total):
-        i = job // k_total
-        k = job % k_total
-        c0 = (k // k_group) * c_group
-        for y in range(out_h):
-            for ox in range(out_w):
-                total = np.float32(0.0)
-                for c in range(c_group):
-                    for r in range(kernel):
-                        iy = y * stride + r - pad
-                        if iy < 0 or iy >= height:
-                            continue
-                        for s in range(kernel):
-                            ix = ox * stride + s - pad
-                            if 0 <= ix < width:
-                                total += w[k, c, r, s] * x[i, c0 + c, iy, ix]
-                out[i, k, y, ox] = total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -766,7 +698,7 @@ def _check_conv(x_shape, w, stride, pad, groups):
 class _BlasOnCallingThread:
     """Run SciPy's OpenBLAS (the one ``np.dot`` inside @njit calls) single-threaded for a while.
 
-    v4 calls BLAS from inside a parallel loop, one GEMM per Numba thread; a multithreaded BLAS
+    The kernels call BLAS from inside a parallel loop, one GEMM per Numba thread; a multithreaded BLAS
     there would start threads of its own and oversubscribe the cores. NumPy's own BLAS is a
     different library and is left alone.
     """
@@ -790,55 +722,25 @@ class _BlasOnCallingThread:
             lib.set_num_threads(threads)
 
 
-_blas_on_calling_thread = _BlasOnCallingThread()
+blas_on_calling_thread = _BlasOnCallingThread()
 
 
 def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
     """out = conv2d(x, w) + bias, written into ``out``; scratch sized by conv2d_forward_workspace_size."""
-    _forward(x, w, bias, out, stride, pad, groups, scratch, EXPORTED_VERSION)
+    forward(x, w, bias, out, stride, pad, groups, scratch)
 
 
 def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
     """dx = the gradient of conv2d's output ``dout`` with respect to its input."""
-    _backward_data(dout, w, dx, stride, pad, groups, scratch, EXPORTED_VERSION)
+    backward_data(dout, w, dx, stride, pad, groups, scratch)
 
 
 def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
     """dw (and dbias when given) = the gradients of conv2d's output ``dout`` w.r.t. weights and bias."""
-    _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, EXPORTED_VERSION)
+    backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch)
 
 
-def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int, scratch=None) -> None:
-    """Version 1: the direct loop nest (no scratch). The baseline the tour starts from."""
-    stride, pad, groups = int(stride), int(pad), int(groups)
-    _check_forward_args(x, w, bias, out, stride, pad, groups)
-    direct_forward(x, w, out, stride, pad, groups)
-    if bias is not None:
-        add_bias(out, bias)
-
-
-def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-5), "data" or "weight" (2-5), with the table's signature.
-
-    1 direct loops, 2 im2col one image at a time, 3 tiles of several images, 4 a tile set per thread,
-    5 as 4 plus the fast paths: depthwise v2 (``conv_depthwise``), smaller tiles for 1×1.
-    """
-    if direction == "forward":
-        if version == 1:
-            return conv2d_forward_v1_direct
-        return lambda x, w, bias, out, stride, pad, groups, scratch: _forward(
-            x, w, bias, out, stride, pad, groups, scratch, version
-        )
-    if direction == "data":
-        return lambda dout, w, dx, stride, pad, groups, scratch: _backward_data(
-            dout, w, dx, stride, pad, groups, scratch, version
-        )
-    return lambda x, dout, dw, dbias, stride, pad, groups, scratch: _backward_weight(
-        x, dout, dw, dbias, stride, pad, groups, scratch, version
-    )
-
-
-def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
+def check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
     _check_array("x", x, x.shape)
     _check_array("w", w, w.shape)
     _check_array("out", out, _check_conv(x.shape, w, stride, pad, groups))
@@ -846,80 +748,86 @@ def _check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
         _check_array("bias", bias, (w.shape[0],))
 
 
-def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
+def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+    """conv2d_forward with a choice of fast paths (the study versions pass fewer)."""
     stride, pad, groups = int(stride), int(pad), int(groups)
-    _check_forward_args(x, w, bias, out, stride, pad, groups)
-    if version >= 5 and _is_depthwise(x.shape, w.shape, groups) and conv_depthwise.supported(
-        x.shape, w.shape, stride, pad, "forward"
-    ):
-        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
-        scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
-        conv_depthwise.run_forward(x, w, out, stride, scratch)
-    elif version > 2 and _is_depthwise(x.shape, w.shape, groups):
+    check_forward_args(x, w, bias, out, stride, pad, groups)
+    kind = path(x.shape, w.shape, stride, pad, groups, "forward", paths)
+    needed = workspace_size(x.shape, w.shape, stride, pad, groups, "forward", paths)
+    scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")[:needed]
+    threads = get_num_threads()
+    if kind == "depthwise-flat":
+        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
+    elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
+    elif kind == "shifted":
+        with blas_on_calling_thread:
+            conv_shifted.forward(
+                x, w, out, False, threads, conv_shifted.tile_images(x.shape, x.shape[1], threads), scratch
+            )
     else:
-        needed = _workspace_size(x.shape, w.shape, stride, pad, groups, "forward", version)
-        scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")
-        tile = _tile_images(x.shape, w.shape, stride, pad, groups, version, "forward")
-        if version >= 4:
-            with _blas_on_calling_thread:
-                _forward_per_thread(x, w, out, stride, pad, groups, tile, _threads(version), scratch[:needed])
-        else:
-            _forward_gemm(x, w, out, stride, pad, groups, tile, scratch)
+        tile = gemm_tile_images(
+            x.shape, w.shape, stride, pad, groups, "forward", threads, _target(w.shape, "forward", paths)
+        )
+        with blas_on_calling_thread:
+            gemm_forward(x, w, out, stride, pad, groups, tile, threads, scratch)
     if bias is not None:
         add_bias(out, bias)
 
 
-def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
+def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+    """conv2d_backward_data with a choice of fast paths."""
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("dx", dx, dx.shape)
     _check_array("w", w, w.shape)
     _check_array("dout", dout, _check_conv(dx.shape, w, stride, pad, groups))
-    if version >= 5 and _is_depthwise(dx.shape, w.shape, groups) and conv_depthwise.supported(
-        dx.shape, w.shape, stride, pad, "data"
-    ):
-        needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
-        scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
+    kind = path(dx.shape, w.shape, stride, pad, groups, "data", paths)
+    needed = workspace_size(dx.shape, w.shape, stride, pad, groups, "data", paths)
+    scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")[:needed]
+    threads = get_num_threads()
+    if kind == "depthwise-flat":
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
-        return
-    if version > 2 and _is_depthwise(dx.shape, w.shape, groups):
+    elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
-        return
-    needed = _workspace_size(dx.shape, w.shape, stride, pad, groups, "data", version)
-    scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")
-    tile = _tile_images(dx.shape, w.shape, stride, pad, groups, version, "data")
-    if version >= 4:
-        with _blas_on_calling_thread:
-            _backward_data_per_thread(dout, w, dx, stride, pad, groups, tile, _threads(version), scratch[:needed])
+    elif kind == "shifted":
+        with blas_on_calling_thread:
+            conv_shifted.forward(
+                dout, w, dx, True, threads, conv_shifted.tile_images(dx.shape, w.shape[0], threads), scratch
+            )
     else:
-        _backward_data_gemm(dout, w, dx, stride, pad, groups, tile, scratch)
+        tile = gemm_tile_images(
+            dx.shape, w.shape, stride, pad, groups, "data", threads, _target(w.shape, "data", paths)
+        )
+        with blas_on_calling_thread:
+            gemm_backward_data(dout, w, dx, stride, pad, groups, tile, threads, scratch)
 
 
-def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) -> None:
+def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+    """conv2d_backward_weight with a choice of fast paths."""
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("x", x, x.shape)
     _check_array("dw", dw, dw.shape)
     _check_array("dout", dout, _check_conv(x.shape, dw, stride, pad, groups))
     if dbias is not None:
         _check_array("dbias", dbias, (dw.shape[0],))
-    if version >= 5 and _is_depthwise(x.shape, dw.shape, groups) and conv_depthwise.supported(
-        x.shape, dw.shape, stride, pad, "weight"
-    ):
-        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
-        scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
+    kind = path(x.shape, dw.shape, stride, pad, groups, "weight", paths)
+    needed = workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", paths)
+    scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")[:needed]
+    threads = get_num_threads()
+    if kind == "depthwise-flat":
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
-    elif version > 2 and _is_depthwise(x.shape, dw.shape, groups):
+    elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "shifted":
+        with blas_on_calling_thread:
+            conv_shifted.backward_weight(
+                x, dout, dw, threads, conv_shifted.tile_images(x.shape, x.shape[1], threads), scratch
+            )
     else:
-        needed = _workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", version)
-        scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")
-        tile = _tile_images(x.shape, dw.shape, stride, pad, groups, version, "weight")
-        if version >= 4:
-            with _blas_on_calling_thread:
-                _backward_weight_per_thread(
-                    x, dout, dw, stride, pad, groups, tile, _threads(version), scratch[:needed]
-                )
-        else:
-            _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile, scratch)
+        tile = gemm_tile_images(
+            x.shape, dw.shape, stride, pad, groups, "weight", threads, _target(dw.shape, "weight", paths)
+        )
+        with blas_on_calling_thread:
+            gemm_backward_weight(x, dout, dw, stride, pad, groups, tile, threads, scratch)
     if dbias is not None:
         bias_gradient(dout, dbias)

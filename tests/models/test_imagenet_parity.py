@@ -26,16 +26,6 @@ SIZE, CLASSES = 224, 10
 BATCH = {"resnet18": 2, "mobilenetv2": 1}  # torch's float64 depthwise conv is slow: one image for MobileNetV2
 
 
-@pytest.fixture
-def one_torch_thread():
-    """torch on one thread for the float64 reference: on a busy 2-core machine its two spinning OpenMP
-    threads took MobileNetV2's float64 forward+backward at 224×224 from 1.5 s to 71 s."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Replay(torch.nn.Module):
     """ReLU or ReLU6 that takes the side of each kink from the engine's recorded outputs, in call order."""
 

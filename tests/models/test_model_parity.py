@@ -48,7 +48,7 @@ def assert_close(name, ours, ref, rtol, floor=0.0):
 
 
 @pytest.mark.parametrize("model", ["resnet18", "mobilenetv2"])
-def test_one_training_step_matches_pytorch(model):
+def test_one_training_step_matches_pytorch(model, one_torch_thread):
     backend = get_backend("cpu")
     options = {"dropout": 0.0} if model == "mobilenetv2" else {}
     net = build_model(model, num_classes=10, backend=backend, seed=0, **options)

@@ -1,8 +1,11 @@
 """SwapStorage: positional IO with checksums, page-cache drops, and a directory that never outlives us."""
 
+import fcntl
 import mmap
 import os
 import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -158,18 +161,63 @@ def test_free_space_is_checked_against_the_plan(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(DIR_PREFIX)]
 
 
-def test_stale_directories_of_dead_processes_are_removed(tmp_path):
-    dead = tmp_path / f"{DIR_PREFIX}999999999-abc"  # no such pid
-    dead.mkdir()
-    (dead / "swap.bin").write_bytes(b"old")
-    alive = tmp_path / f"{DIR_PREFIX}{os.getpid()}-xyz"
-    alive.mkdir()
-    other = tmp_path / "unrelated"
-    other.mkdir()
+def _stale_layout(path, held: bool = False):
+    """A directory as a dead (or, with ``held``, a live) run leaves it: lock and swap.bin."""
+    path.mkdir()
+    (path / "swap.bin").write_bytes(b"old")
+    (path / "lock").write_bytes(b"")
+    if not held:
+        return None
+    fd = os.open(path / "lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file description: conflicts with ours
+    return fd
+
+
+def test_stale_directories_are_removed_by_free_lock_and_layout_never_by_name(tmp_path):
+    dead = tmp_path / f"{DIR_PREFIX}999999999-abc"
+    _stale_layout(dead)
+    live = tmp_path / f"{DIR_PREFIX}1-xyz"  # pid 1 "alive", but what matters is the held lock
+    live_fd = _stale_layout(live, held=True)
+    dead_pid_live_lock = tmp_path / f"{DIR_PREFIX}999999998-other-namespace"
+    other_ns_fd = _stale_layout(dead_pid_live_lock, held=True)
+    notes = tmp_path / f"{DIR_PREFIX}12345-notes"  # a user's own directory with our prefix
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    extra = tmp_path / f"{DIR_PREFIX}999999997-extra"  # our layout plus a file we did not write
+    _stale_layout(extra)
+    (extra / "results.csv").write_text("keep")
+    no_lock = tmp_path / f"{DIR_PREFIX}999999996-nolock"  # an older engine's directory: not provably ours
+    no_lock.mkdir()
+    (no_lock / "swap.bin").write_bytes(b"x")
+    target = tmp_path / "elsewhere"
+    _stale_layout(target)
+    (tmp_path / f"{DIR_PREFIX}999999995-link").symlink_to(target)
+    try:
+        with SwapStorage(4096, str(tmp_path)) as storage:
+            assert not dead.exists()
+            assert sorted(os.listdir(storage.path)) == ["lock", "swap.bin"]
+            for kept in (live, dead_pid_live_lock, notes, extra, no_lock, target):
+                assert kept.exists(), kept
+            assert (notes / "notes.txt").read_text() == "mine" and (target / "swap.bin").exists()
+            # a second run must not take a live run's directory either
+            assert remove_stale_directories(str(tmp_path)) == []
+            assert os.path.exists(storage.path)
+    finally:
+        os.close(live_fd)
+        os.close(other_ns_fd)
+    removed = sorted(remove_stale_directories(str(tmp_path)))  # their runs ended: the locks are free now
+    assert removed == sorted([str(live), str(dead_pid_live_lock)])
+    assert not live.exists() and not dead_pid_live_lock.exists()
+    assert notes.exists() and extra.exists() and no_lock.exists() and target.exists()
+
+
+def test_a_killed_run_leaves_a_directory_the_next_run_removes(tmp_path):
+    code = ("import os, sys; from engine.offload.storage import SwapStorage; "
+            f"s = SwapStorage(4096, {str(tmp_path)!r}); print(s.path, flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.isdir(out)  # os._exit: no atexit, as after SIGKILL
     with SwapStorage(4096, str(tmp_path)):
-        assert not dead.exists()
-        assert alive.exists() and other.exists()
-    assert remove_stale_directories(str(tmp_path)) == []
+        assert not os.path.exists(out)
 
 
 def test_cleanup_after_an_exception(tmp_path):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kernels.cpu import conv as cpu
+from kernels.cpu import conv_study
 from kernels.reference import conv as ref
 
 # (N, C, H, W, K, kernel, stride, pad, groups): odd sizes, stride 2, pad 0/1, groups 2 and = C,
@@ -22,6 +23,9 @@ SHAPES = [
     (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: two channel chunks, checked runs at the ends, four-image runs
     (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), two chunks, four-image runs
     (3, 2, 7, 3, 3, 5, 1, 2, 1),  # 5×5 "same" on a plane narrower than the kernel: flat im2col rows, two zeroed columns
+    (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3×3 shifted GEMMs: stacked tiles (separator rows), a thread with a partial tile
+    (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 3×3 shifted GEMMs: one-image tiles written straight into out / read from dout
+    (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, three chunks
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -92,7 +96,9 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
     np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [SHAPES[i] for i in (0, 4, 8, 10, 11)], ids=[IDS[i] for i in (0, 4, 8, 10, 11)])
+@pytest.mark.parametrize(
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)], ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)]
+)
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
     first = _run_cpu(x, w, b, dout, args)
@@ -101,8 +107,8 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
         assert np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[8]], ids=[IDS[1], IDS[3], IDS[8]])
+@pytest.mark.parametrize("version", conv_study.VERSIONS["forward"])
+@pytest.mark.parametrize("shape", [SHAPES[i] for i in (1, 3, 8, 13)], ids=[IDS[i] for i in (1, 3, 8, 13)])
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
     expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
@@ -110,16 +116,16 @@ def test_numbered_versions_match_reference(version, shape):
     ref.conv2d_backward_data(dout, w, expected[1], *args)
     ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
     out = np.full(dout.shape, np.nan, np.float32)
-    size = cpu.conv2d_version_workspace_size(max(version, 2), "forward", x.shape, w.shape, *args)
-    cpu.conv2d_version(version, "forward")(x, w, b, out, *args, np.full(size, np.nan, np.float32))
+    size = conv_study.conv2d_version_workspace_size(version, "forward", x.shape, w.shape, *args)
+    conv_study.conv2d_version(version, "forward")(x, w, b, out, *args, np.full(size, np.nan, np.float32))
     np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-4)
     if version == 1:
         return
     dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
-    size = cpu.conv2d_version_workspace_size(version, "data", x.shape, w.shape, *args)
-    cpu.conv2d_version(version, "data")(dout, w, dx, *args, np.full(size, np.nan, np.float32))
-    size = cpu.conv2d_version_workspace_size(version, "weight", x.shape, w.shape, *args)
-    cpu.conv2d_version(version, "weight")(x, dout, dw, db, *args, np.full(size, np.nan, np.float32))
+    size = conv_study.conv2d_version_workspace_size(version, "data", x.shape, w.shape, *args)
+    conv_study.conv2d_version(version, "data")(dout, w, dx, *args, np.full(size, np.nan, np.float32))
+    size = conv_study.conv2d_version_workspace_size(version, "weight", x.shape, w.shape, *args)
+    conv_study.conv2d_version(version, "weight")(x, dout, dw, db, *args, np.full(size, np.nan, np.float32))
     for got, want in zip((dx, dw, db), expected[1:]):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -156,8 +162,30 @@ def test_scipy_blas_is_single_threaded_inside_the_parallel_gemms_and_restored():
         return {lib["filepath"]: lib["num_threads"] for lib in libraries if lib["user_api"] == "blas"}
 
     before = blas_threads()
-    with cpu._blas_on_calling_thread:
+    with cpu.blas_on_calling_thread:
         inside = blas_threads()
     scipy_libs = [path for path in inside if "scipy" in path.replace("\\", "/").split("/")[-2]]
     assert scipy_libs and all(inside[path] == 1 for path in scipy_libs)
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
+    [
+        ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "shifted"),
+        ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "shifted"),
+        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "gemm"),  # 4x4: im2col measured faster
+        ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
+        ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
+        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-flat"),
+    ],
+)
+def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
+    assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
+
+
+def test_shifted_path_runs_on_the_tested_shapes():
+    # the reference tests above reach the shifted kernels only if these shapes pick them
+    for i in (13, 14):
+        n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "shifted"

@@ -1,0 +1,97 @@
+"""Nothing lost: how a run that cannot finish ends (a signal, a diverging loss, a failing disk).
+
+``guarded_fit(trainer, checkpoint)`` runs ``trainer.fit()`` and turns each way of stopping early into
+one ``UserError`` line that says what happened, at which step, and what was kept:
+
+- a stop signal (``engine.signals``): the loop ends between two steps; with ``--save`` the last
+  completed step is written as a resumable checkpoint; exit code 128 + the signal number;
+- a diverging loss: the loss is checked before backward, so the weights are still those of the last
+  completed step; they are written (a checkpoint with NaN weights is refused anyway, see
+  ``engine.checkpoint.save_checkpoint``);
+- a disk fault (ENOSPC, EIO, a record read back changed): written only when the checkpoint goes to
+  another file system than the failing swap directory, and never with ``--offload-params`` (the
+  optimizer state on the failing disk may be lost). Any ``OSError`` escaping a step is a disk fault:
+  during a step the engine touches files only for the swap storage and the memory log.
+
+The checkpoint writer is a callable so this module does not decide file names or metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from engine.errors import DiskFaultError, Interrupted, UserError, signal_name
+
+
+class CheckpointWriter:
+    """Writes the trainer's current step to ``path`` through ``write(path, trainer)``; says what it did."""
+
+    def __init__(self, path: str | None, write: Callable[[str, Any], None], fault_dirs: tuple[str, ...] = (),
+                 state_on_disk: bool = False):
+        self.path = path
+        self.write = write
+        self.fault_dirs = fault_dirs  # directories whose disk a fault may be on (the swap directories)
+        self.state_on_disk = state_on_disk  # --offload-params: the optimizer state lives on the swap disk
+
+    def save(self, trainer: Any, why: str, then: str = "") -> str:
+        """Write the checkpoint; returns the clause for the one-line message (never raises a UserError)."""
+        if self.path is None:
+            return "; nothing was saved (give --save FILE to keep the weights of a stopped run)"
+        try:
+            self.write(self.path, trainer)
+        except UserError as exc:
+            return f"; the checkpoint was not written ({exc})"
+        except OSError as exc:
+            return f"; the checkpoint was not written ({exc.strerror or exc})"
+        return (f"; {why}: the checkpoint of step {trainer.step} was written to {self.path}; continue with "
+                f"--resume {self.path}{then}")
+
+    def disk_is_shared(self) -> bool:
+        """True when the checkpoint would go to the same file system as a failing swap directory."""
+        if self.path is None:
+            return False
+        target = os.path.dirname(os.path.abspath(self.path))
+        while not os.path.exists(target):
+            target = os.path.dirname(target)
+        try:
+            device = os.stat(target).st_dev
+            return any(os.path.exists(d) and os.stat(d).st_dev == device for d in self.fault_dirs)
+        except OSError:
+            return True
+
+
+def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
+    """``trainer.fit()``; a signal, a diverging loss or a disk fault becomes one UserError (see module doc)."""
+    from engine.offload.storage import OffloadStorageError
+    from engine.train import TrainingDiverged
+
+    try:
+        result = trainer.fit()
+    except TrainingDiverged as exc:
+        note = writer.save(trainer, "the weights before it", " --override lr --lr SMALLER")
+        raise TrainingDiverged(f"{exc}{note}") from None
+    except (DiskFaultError, OffloadStorageError, OSError) as exc:
+        message = str(exc) if isinstance(exc, UserError) else (
+            f"disk I/O failed during step {trainer.step} ({exc.strerror or exc}"
+            f"{': ' + str(exc.filename) if getattr(exc, 'filename', None) else ''}); check the disk")
+        if writer.path is None:
+            note = ""
+        elif writer.state_on_disk:
+            note = "; the checkpoint was not written (the optimizer state was on the failing disk)"
+        elif writer.disk_is_shared():
+            note = f"; the checkpoint was not written ({writer.path} is on the failing disk)"
+        else:
+            note = writer.save(trainer, "the last completed step")
+        raise DiskFaultError(f"{message}{note}") from None
+    if trainer.stopped_by is not None:
+        signum = trainer.stopped_by
+        note = writer.save(trainer, "the last completed step")
+        raise Interrupted(
+            f"stopped by {signal_name(signum)} after step {trainer.step} of {trainer.total_steps}{note}", signum
+        )
+    return result
+
+
+__all__ = ["CheckpointWriter", "guarded_fit"]

@@ -1,0 +1,473 @@
+"""The first run: compile the kernels a model uses, in parallel worker processes, before training.
+
+Why. Numba compiles each kernel on its first call and keeps the machine code in its on-disk cache
+(``cache=True``). A newcomer's first ``engine train --model resnet18 --offload-n 4`` used to spend
+its first step compiling, one kernel after another, with nothing on screen: 21 kernels, 37 s of
+compile CPU time measured with an empty ``NUMBA_CACHE_DIR`` (31 s of it the five conv drivers,
+mostly Numba's parfor passes, since replaced by Python threads: ``kernels/cpu/threads.py``).
+
+What happens now. ``model_jobs`` reads the network's graph and lists one tiny call per kernel
+the model will run: one conv job per (path, direction, bias) that its convolutions take (the same
+shapes' path choice as training, at batch 2), and the table ops of its layer types, its loss and
+its optimizer. ``ensure_compiled`` runs those calls in worker processes (one per core), which write
+Numba's on-disk cache; the training process then loads every kernel from the cache. A progress
+line says what is happening ("compiling kernels, first run only: 12/31"). When it is done it leaves
+a marker in the cache directory, keyed by the kernels' sources and versions, so later runs skip
+the workers entirely; ``engine info`` reads the markers to say whether the cache is warm.
+
+Each job calls the kernel table's own entry with arrays of the dtypes, ranks and layouts training
+passes, so the cached signature is the one training asks for (tests/engine/test_warmup.py checks
+that a training step after the warm-up compiles nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BATCH = 2
+"""Images per warm-up call: the path a conv takes does not depend on the batch size."""
+
+MARKER_PREFIX = "engine-warm-"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel call that compiles (or loads) what a model needs: picklable, run in a worker."""
+
+    op: str  # a kernel-table name
+    conv: tuple | None = None  # (x_shape, w_shape, stride, pad, groups, bias) for conv ops
+    version: int | None = None  # a conv_study version instead of the table's entry
+    path: str | None = None  # the conv path the call takes (conv.path)
+
+    @property
+    def key(self) -> str:
+        """What the job compiles: the op, and for conv its path, bias and version (not its shape)."""
+        if self.conv is None:
+            return self.op
+        return f"{self.op}/{self.path}/bias={self.conv[5]}/v={self.version}"
+
+    @property
+    def label(self) -> str:
+        if self.conv is None:
+            return self.op
+        x_shape, w_shape, stride, pad, groups, _ = self.conv
+        suffix = f" v{self.version}" if self.version else ""
+        shape = f"{w_shape[1] * groups}->{w_shape[0]} {w_shape[2]}x{w_shape[3]} s{stride} @{x_shape[2]}"
+        return f"{self.op} {shape}{suffix}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Which jobs a model needs
+# ----------------------------------------------------------------------------------------------
+
+LAYER_OPS: dict[str, tuple[str, ...]] = {
+    "BatchNorm2d": ("batchnorm_forward_train", "batchnorm_backward_from_output", "batchnorm_forward_infer"),
+    "ReLU": ("relu_forward", "relu_backward"),
+    "ReLU6": ("relu6_forward", "relu6_backward"),
+    "LeakyReLU": ("leaky_relu_forward", "leaky_relu_backward"),
+    "Add": ("add_forward",),
+    "Dense": ("dense_forward", "dense_backward"),
+    "Dropout": ("dropout_forward", "dropout_backward"),
+    "MaxPool2d": ("maxpool2d_forward", "maxpool2d_backward"),
+    "AvgPool2d": ("avgpool2d_forward", "avgpool2d_backward"),
+    "GlobalAvgPool": ("global_avgpool_forward", "global_avgpool_backward"),
+    "Flatten": (),
+}
+"""Table ops each layer type calls (conv is listed per shape by ``conv_jobs``). A layer type not
+listed here makes ``model_jobs`` warm every non-conv op: slower, never wrong."""
+
+ALWAYS = ("add_forward", "softmax_xent_forward", "softmax_xent_backward")
+"""The network's gradient fan-in sum and the loss head."""
+
+OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
+
+CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
+
+SHARED_FORWARD_KERNEL = ("shifted", "depthwise-flat")
+"""Paths whose backward-data calls the forward kernel (``conv_shifted.forward(..., flipped=True)``,
+``conv_depthwise.flat_forward(..., mirrored=True)``) with the same argument types."""
+
+
+def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list[Job]:
+    """One job per distinct (path, direction, bias) among ``(x_shape, w_shape, stride, pad, groups, bias)``."""
+    from kernels.cpu import conv as cpu_conv
+
+    seen: dict[tuple, Job] = {}
+    for x_shape, w_shape, stride, pad, groups, bias in convs:
+        x_shape = (BATCH, *tuple(x_shape)[1:])
+        for direction, op in CONV_OPS.items():
+            kind = cpu_conv.path(x_shape, tuple(w_shape), stride, pad, groups, direction)
+            # backward-data runs forward's kernel (a flag flips the filter) on these two paths:
+            # one job compiles both, and two workers never compile the same kernel at once
+            kernel = "forward" if direction == "data" and kind in SHARED_FORWARD_KERNEL else direction
+            key = (kind, kernel, bool(bias) and direction != "data")
+            if key not in seen:
+                seen[key] = Job(op, (x_shape, tuple(w_shape), stride, pad, groups, bool(bias)), path=kind)
+    return list(seen.values())
+
+
+def model_jobs(graph: Any, optimizer: str = "sgd") -> list[Job]:
+    """The jobs one training run of ``graph`` (an ``engine.graph.Graph``) with ``optimizer`` needs."""
+    shapes = graph.shapes(BATCH)
+    convs, ops = [], list(ALWAYS)
+    if optimizer in OPTIMIZER_OPS:
+        ops.append(OPTIMIZER_OPS[optimizer])
+    else:
+        ops += list(OPTIMIZER_OPS.values())
+    for node in graph.nodes:
+        layer = node.layer
+        kind = type(layer).__name__
+        if kind == "Conv2d":
+            k, r = layer.out_channels, layer.kernel_size
+            w_shape = (k, layer.in_channels // layer.groups, r, r)
+            convs.append((shapes[node.inputs[0]], w_shape, layer.stride, layer.padding, layer.groups, layer.has_bias))
+        elif kind in LAYER_OPS:
+            ops += LAYER_OPS[kind]
+        else:
+            ops += [op for op in TINY_ARGS if op not in ops]
+    table_jobs = [Job(op) for op in dict.fromkeys(ops)]
+    return sorted(conv_jobs(convs), key=lambda j: j.op) + table_jobs  # the slow ones first
+
+
+def all_jobs(versions: bool = True) -> list[Job]:
+    """Every table kernel and conv path (with ``versions``, every conv_study version too): for
+    ``engine kernels --warmup``."""
+    from kernels.cpu import conv_study
+
+    shapes = [
+        ((BATCH, 4, 5, 5), (4, 4, 3, 3), 1, 1, 1),  # 3×3 on a small plane: im2col
+        ((BATCH, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1),  # 3×3 stride 1 on ≥ 64 pixels: shifted GEMMs
+        ((BATCH, 4, 5, 5), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1
+        ((BATCH, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise, flat
+        ((BATCH, 4, 32, 32), (4, 1, 3, 3), 2, 1, 4),  # depthwise stride 2 on 32×32: direct forward
+    ]
+    jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
+    if versions:
+        for x_shape, w_shape, stride, pad, groups in shapes[:4]:
+            for direction, op in CONV_OPS.items():
+                for v in conv_study.VERSIONS[direction]:
+                    jobs.append(Job(op, (x_shape, w_shape, stride, pad, groups, False), v, path=f"v{v}"))
+    return jobs + [Job(op) for op in TINY_ARGS]
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a job (in a worker process)
+# ----------------------------------------------------------------------------------------------
+
+
+def _f32(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+
+
+_X = (2, 3, 4, 4)
+_C = 3
+TINY_ARGS: dict[str, Callable[[], tuple]] = {
+    "relu_forward": lambda: (_f32(*_X), np.empty(_X, np.float32)),
+    "relu_backward": lambda: (np.abs(_f32(*_X)), _f32(*_X), np.empty(_X, np.float32)),
+    "relu6_forward": lambda: (_f32(*_X), np.empty(_X, np.float32)),
+    "relu6_backward": lambda: (np.abs(_f32(*_X)), _f32(*_X), np.empty(_X, np.float32)),
+    "leaky_relu_forward": lambda: (_f32(*_X), np.empty(_X, np.float32), 0.01),
+    "leaky_relu_backward": lambda: (np.abs(_f32(*_X)), _f32(*_X), np.empty(_X, np.float32), 0.01),
+    "add_forward": lambda: (_f32(*_X), _f32(*_X), np.empty(_X, np.float32)),
+    "dropout_forward": lambda: (_f32(*_X), np.ones(_X, np.uint8), 2.0, np.empty(_X, np.float32)),
+    "dropout_backward": lambda: (_f32(*_X), np.ones(_X, np.uint8), 2.0, np.empty(_X, np.float32)),
+    "dense_forward": lambda: (_f32(2, 5), _f32(3, 5), _f32(3), np.empty((2, 3), np.float32)),
+    "dense_backward": lambda: (
+        _f32(2, 5),
+        _f32(3, 5),
+        _f32(2, 3),
+        np.empty((2, 5), np.float32),
+        np.empty((3, 5), np.float32),
+        np.empty(3, np.float32),
+    ),
+    "maxpool2d_forward": lambda: (
+        _f32(*_X),
+        np.empty((2, 3, 2, 2), np.float32),
+        np.empty((2, 3, 2, 2), np.uint8),  # MaxPool2d keeps a uint8 argmax for windows up to 16x16
+        2,
+        2,
+        0,
+    ),
+    "maxpool2d_backward": lambda: (_f32(2, 3, 2, 2), np.zeros((2, 3, 2, 2), np.uint8), np.empty(_X, np.float32), 2, 2,
+                                   0),
+    "avgpool2d_forward": lambda: (_f32(*_X), np.empty((2, 3, 2, 2), np.float32), 2, 2, 0),
+    "avgpool2d_backward": lambda: (_f32(2, 3, 2, 2), np.empty(_X, np.float32), 2, 2, 0),
+    "global_avgpool_forward": lambda: (_f32(*_X), np.empty((2, 3), np.float32)),
+    "global_avgpool_backward": lambda: (_f32(2, 3), np.empty(_X, np.float32)),
+    "batchnorm_forward_train": lambda: (
+        _f32(*_X),
+        np.ones(_C, np.float32),
+        np.zeros(_C, np.float32),
+        np.zeros(_C, np.float32),
+        np.ones(_C, np.float32),
+        np.empty(_X, np.float32),
+        np.empty(_C, np.float32),
+        np.empty(_C, np.float32),
+        0.1,
+        1e-5,
+    ),
+    "batchnorm_forward_infer": lambda: (
+        _f32(*_X),
+        np.ones(_C, np.float32),
+        np.zeros(_C, np.float32),
+        np.zeros(_C, np.float32),
+        np.ones(_C, np.float32),
+        np.empty(_X, np.float32),
+        1e-5,
+    ),
+    "batchnorm_backward_from_output": lambda: (
+        _f32(*_X),
+        _f32(*_X),
+        np.ones(_C, np.float32),
+        np.zeros(_C, np.float32),
+        np.ones(_C, np.float32),
+        np.empty(_X, np.float32),
+        np.empty(_C, np.float32),
+        np.empty(_C, np.float32),
+    ),
+    "softmax_xent_forward": lambda: (
+        np.zeros((2, 3), np.float32),
+        np.zeros(2, np.int64),
+        np.empty((2, 3), np.float32),
+        np.empty(1, np.float32),
+    ),
+    "softmax_xent_backward": lambda: (
+        np.full((2, 3), 1 / 3, np.float32),
+        np.zeros(2, np.int64),
+        np.empty((2, 3), np.float32),
+    ),
+    "sgd_update": lambda: (
+        np.ones(8, np.float32),
+        np.ones(8, np.float32),
+        np.zeros(8, np.float32),
+        0.1,
+        0.9,
+        1e-4,
+        False,
+    ),
+    "adam_update": lambda: (
+        np.ones(8, np.float32),
+        np.ones(8, np.float32),
+        np.zeros(8, np.float32),
+        np.zeros(8, np.float32),
+        1e-3,
+        0.9,
+        0.999,
+        1e-8,
+        0.0,
+        1,
+    ),
+}
+"""Tiny arguments for every non-conv table op, of the dtypes and ranks the layers pass."""
+
+
+def _conv_args(job: Job) -> tuple:
+    from kernels.cpu import TABLE
+
+    x_shape, w_shape, stride, pad, groups, bias = job.conv
+    k = w_shape[0]
+    oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
+    ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
+    out_shape = (x_shape[0], k, oh, ow)
+    direction = next(d for d, op in CONV_OPS.items() if op == job.op)
+    if job.version is None:
+        size = TABLE[job.op + "_workspace_size"](x_shape, w_shape, stride, pad, groups)
+    else:
+        from kernels.cpu import conv_study
+
+        size = conv_study.conv2d_version_workspace_size(job.version, direction, x_shape, w_shape, stride, pad, groups)
+    scratch = np.empty(max(1, size), np.float32)
+    x, w, dout = _f32(*x_shape), _f32(*w_shape), _f32(*out_shape)
+    b = _f32(k) if bias else None
+    if direction == "forward":
+        return x, w, b, np.empty(out_shape, np.float32), stride, pad, groups, scratch
+    if direction == "data":
+        return dout, w, np.empty(x_shape, np.float32), stride, pad, groups, scratch
+    return x, dout, np.empty(w_shape, np.float32), b, stride, pad, groups, scratch
+
+
+def run_job(job: Job) -> float:
+    """Call the job's kernel once (compiling it, or loading it from the cache); seconds taken."""
+    start = time.perf_counter()
+    from kernels.cpu import TABLE
+
+    if job.conv is None:
+        TABLE[job.op](*TINY_ARGS[job.op]())
+    elif job.version is None:
+        TABLE[job.op](*_conv_args(job))
+    else:
+        from kernels.cpu import conv_study
+
+        direction = next(d for d, op in CONV_OPS.items() if op == job.op)
+        conv_study.conv2d_version(job.version, direction)(*_conv_args(job))
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache: where it is, whether it is warm, and filling it in parallel
+# ----------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> str:
+    """Where Numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else ``__pycache__`` beside them."""
+    from numba.core import config
+
+    if config.CACHE_DIR:
+        return os.path.abspath(config.CACHE_DIR)
+    import kernels.cpu
+
+    return os.path.join(os.path.dirname(os.path.abspath(kernels.cpu.__file__)), "__pycache__")
+
+
+def source_stamp() -> str:
+    """What Numba's cache depends on here: the kernels' source files (modification time and size,
+    as Numba checks them), Numba's and Python's versions and the CPU it compiles for."""
+    import numba
+    from numba.core import config
+
+    import kernels.cpu
+
+    folder = os.path.dirname(os.path.abspath(kernels.cpu.__file__))
+    parts = [numba.__version__, sys.version, str(config.CPU_NAME or ""), str(config.CPU_FEATURES or "")]
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            st = os.stat(os.path.join(folder, name))
+            parts.append(f"{name}:{st.st_mtime_ns}:{st.st_size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _markers() -> list[dict]:
+    """The markers left by warm-ups with the current kernel sources: {"label", "keys", ...} each."""
+    folder, stamp = cache_dir(), source_stamp()
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    markers = []
+    for name in names:
+        if name.startswith(f"{MARKER_PREFIX}{stamp}-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    marker = json.load(f)
+                markers.append({"label": str(marker["label"]), "keys": set(marker["keys"])})
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return markers
+
+
+def warm_labels() -> list[str]:
+    """The labels (model names, or "engine kernels --warmup") the cache is warm for."""
+    return [marker["label"] for marker in _markers()]
+
+
+def is_warm(jobs: list[Job]) -> bool:
+    """Whether one earlier warm-up, with the current sources, compiled everything ``jobs`` compile."""
+    wanted = {job.key for job in jobs}
+    return any(wanted <= marker["keys"] for marker in _markers())
+
+
+@dataclass
+class WarmupResult:
+    jobs: int
+    seconds: float
+    workers: int
+    failed: list[str]
+
+
+def ensure_compiled(
+    jobs: list[Job],
+    label: str,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
+    force: bool = False,
+) -> WarmupResult | None:
+    """Run ``jobs`` in worker processes unless the cache is already warm for them (then None).
+
+    ``progress(done, total)`` is called as jobs finish. A job that fails is named in the result and
+    left to compile on its first real call: training does not depend on the warm-up."""
+    if not jobs or (is_warm(jobs) and not force):
+        return None
+    import multiprocessing
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = max(1, min(workers or cores, len(jobs)))
+    start = time.perf_counter()
+    failed: list[str] = []
+    if progress:
+        progress(0, len(jobs))
+    context = multiprocessing.get_context("spawn")  # the parent's OpenMP threads do not survive a fork
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(run_job, job): job for job in jobs}
+        for done, future in enumerate(as_completed(futures), 1):
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001  reported, and the kernel compiles on first use instead
+                failed.append(f"{futures[future].label}: {type(exc).__name__}: {exc}")
+            if progress:
+                progress(done, len(jobs))
+    seconds = time.perf_counter() - start
+    if not failed:
+        _write_marker(jobs, label, seconds)
+    return WarmupResult(len(jobs), seconds, workers, failed)
+
+
+def _write_marker(jobs: list[Job], label: str, seconds: float) -> None:
+    keys = sorted({job.key for job in jobs})
+    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir(), f"{MARKER_PREFIX}{source_stamp()}-{digest}.json")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"label": label, "keys": keys, "seconds": round(seconds, 1)}, f)
+        os.replace(temporary, path)
+    except OSError:
+        pass  # a read-only cache directory: the next run checks again (the workers then load, not compile)
+
+
+class ProgressLine:
+    """ "compiling kernels, first run only: 12/31" on one line, rewritten in place on a terminal;
+    piped, only the first and the last count are printed (no carriage returns in a log file)."""
+
+    def __init__(self, stream=None, prefix: str = "compiling kernels, first run only") -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.prefix = prefix
+        self.terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        text = f"{self.prefix}: {done}/{total}"
+        if self.terminal:
+            self.stream.write("\r" + text + ("\n" if done == total else ""))
+        elif done in (0, total):
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def warm_for_training(graph: Any, optimizer: str, label: str, stream=None) -> WarmupResult | None:
+    """Before a CPU training run: fill the cache for this model in worker processes, with a
+    progress line, unless it is warm already (then nothing is printed and None returned)."""
+    jobs = model_jobs(graph, optimizer)
+    if is_warm(jobs):
+        return None
+    line = ProgressLine(stream)
+    result = ensure_compiled(jobs, label, line)
+    if result is not None:
+        out = line.stream
+        out.write(
+            f"compiled {result.jobs} kernels in {result.seconds:.1f} s with {result.workers} worker processes; "
+            f"cached in {cache_dir()}, later runs start at once\n"
+        )
+        for failure in result.failed:
+            out.write(f"warning: warm-up of {failure} (it compiles on first use instead)\n")
+        out.flush()
+    return result

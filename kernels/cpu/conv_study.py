@@ -1,0 +1,552 @@
+"""Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
+
+As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v7`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v7); this module holds the code
+only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
+kernels/README.md ("What each step bought").
+
+- v1 ``direct``: seven nested loops, parallel over (image, output channel). ~3 GFLOP/s.
+- v2 ``im2col``: im2col of one image (parallel rows) into scratch, then one BLAS GEMM (BLAS's
+  own threads) straight into ``out[n]``.
+- v3 ``tiled``: blocks of images per tile, so the small late layers (8×8, 4×4) still hand BLAS a
+  wide matrix; the tile's result is scattered back to NCHW.
+- v4 ``per-thread``: one parallel region per call; each thread takes its share of the images,
+  its own tiles and a single-threaded GEMM (``conv.gemm_forward`` …): 20–40× v2 on this busy
+  machine, where alternating two thread pools cost milliseconds per hand-over.
+- v5 ``fast paths``: v4 plus depthwise 3×3 as flat runs across channel planes
+  (``conv_depthwise.py``) and smaller tiles for 1×1.
+- v6 ``nine shifted GEMMs``: v5, plus 3×3 stride-1 convolutions without im2col: nine GEMMs of
+  depth C per tile over zero-padded planes (one zero column per row, one zero row per image,
+  shared between neighbours), each tap's operand the padded tile itself at an offset.
+- v7 ``three shifted GEMMs`` (exported): v6 with the horizontal taps unrolled into a 3× copy, so
+  three GEMMs of depth 3C; 4×4 planes stay on im2col (``conv_shifted.py``, ``conv.py``). Also:
+  depthwise stride-2 forward on even planes computes only the kept outputs, on input row pairs
+  (``conv_depthwise._flat_filter_s2``), instead of v5's full-resolution run and subsample; and
+  im2col tiles of 256 columns instead of 1024 for forward and backward-data (``conv.SMALL_TARGET_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import get_num_threads, njit, prange, uint64
+
+from kernels.cpu import conv, conv_shifted
+
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7), "data": (2, 3, 4, 5, 6, 7), "weight": (2, 3, 4, 5, 6, 7)}
+"""The numbered versions per direction (v1 exists for forward only)."""
+
+NO_FAST_PATHS = conv.Paths(
+    depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False
+)
+V5_PATHS = conv.Paths(
+    depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# v1: the direct loop nest
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def direct_forward(x, w, out, stride, pad, groups):
+    """The textbook loop nest, parallel over (image, output channel): no reuse, ~3 GFLOP/s."""
+    n = x.shape[0]
+    height, width = x.shape[2], x.shape[3]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    k_group = k_total // groups
+    out_h, out_w = out.shape[2], out.shape[3]
+    for job in prange(n * k_total):
+        i = job // k_total
+        k = job % k_total
+        c0 = (k // k_group) * c_group
+        for y in range(out_h):
+            for ox in range(out_w):
+                total = np.float32(0.0)
+                for c in range(c_group):
+                    for r in range(kernel):
+                        iy = y * stride + r - pad
+                        if iy < 0 or iy >= height:
+                            continue
+                        for s in range(kernel):
+                            ix = ox * stride + s - pad
+                            if 0 <= ix < width:
+                                total += w[k, c, r, s] * x[i, c0 + c, iy, ix]
+                out[i, k, y, ox] = total
+
+
+# ----------------------------------------------------------------------------------------------
+# v2 and v3: parallel im2col/col2im between GEMMs that run on BLAS's own threads
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def im2col_tile(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
+    """cols[(c·R + r)·S + s, i·OH·OW + oh·OW + ow] = x_padded[n0 + i, c0 + c, oh·stride + r, ow·stride + s]."""
+    for row in prange(cols.shape[0]):
+        conv.im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def col2im_tile(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
+    """The transpose of im2col. One parallel iteration owns one whole (image, channel) plane, so
+    there are no write races and every pixel's sum runs in the same order."""
+    for job in prange(channels * images):
+        conv.col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
+
+
+@njit(cache=True, nogil=True)
+def _forward_gemm(x, w, out, stride, pad, groups, tile_images, scratch):
+    n_images = x.shape[0]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = out.shape[2], out.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+            if images == 1:
+                np.dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
+            else:
+                start = rows * columns
+                result = scratch[start : start + k_group * columns].reshape(k_group, columns)
+                np.dot(w_g, cols, result)
+                conv.scatter_tile(result, n0, images, g * k_group, out)
+
+
+@njit(cache=True, nogil=True)
+def _backward_data_gemm(dout, w, dx, stride, pad, groups, tile_images, scratch):
+    n_images = dx.shape[0]
+    k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[: k_group * columns].reshape(k_group, columns)
+                conv.gather_tile(dout, n0, images, g * k_group, d_tile)
+            if plain_1x1 and images == 1:
+                np.dot(w_g.T, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
+            else:
+                start = k_group * columns if images > 1 else 0
+                dcols = scratch[start : start + rows * columns].reshape(rows, columns)
+                np.dot(w_g.T, d_tile, dcols)
+                col2im_tile(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
+
+
+@njit(cache=True, nogil=True)
+def _backward_weight_gemm(x, dout, dw, stride, pad, groups, tile_images, scratch):
+    n_images = x.shape[0]
+    k_total, c_group, kernel = dw.shape[0], dw.shape[1], dw.shape[2]
+    out_h, out_w = dout.shape[2], dout.shape[3]
+    pixels = out_h * out_w
+    k_group = k_total // groups
+    rows = c_group * kernel * kernel
+    plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    for n0 in range(0, n_images, tile_images):
+        images = min(tile_images, n_images - n0)
+        columns = images * pixels
+        for g in range(groups):
+            used = 0
+            if plain_1x1 and images == 1:
+                cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            else:
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                im2col_tile(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                used = rows * columns
+            if images == 1:
+                d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
+            else:
+                d_tile = scratch[used : used + k_group * columns].reshape(k_group, columns)
+                conv.gather_tile(dout, n0, images, g * k_group, d_tile)
+                used += k_group * columns
+            dw_g = dw[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
+            if n0 == 0:
+                np.dot(d_tile, cols.T, dw_g)
+            else:
+                partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
+                np.dot(d_tile, cols.T, partial)
+                dw_g += partial
+
+
+# ----------------------------------------------------------------------------------------------
+# v6: nine shifted GEMMs over zero-padded planes
+# ----------------------------------------------------------------------------------------------
+
+NINE_TARGET_COLUMNS = 1024
+"""Images stack into one tile until the GEMM has at least this many output-grid columns."""
+
+NINE_TILE_BUDGET_ELEMENTS = 1 << 19
+"""At most this many float32 (2 MiB) in the padded input tile."""
+
+
+def nine_tile_images(x_shape, channels: int, threads: int) -> int:
+    """Images per tile: enough for ``NINE_TARGET_COLUMNS`` grid columns, within the budget, ≤ a thread's share."""
+    n, _, h, w = x_shape
+    grid = (h + 1) * (w + 1)
+    share = -(-n // threads)
+    wanted = -(-NINE_TARGET_COLUMNS // grid)
+    fits = max(1, NINE_TILE_BUDGET_ELEMENTS // (channels * grid))
+    return max(1, min(share, wanted, fits))
+
+
+def _nine_tile_sizes(x_shape, c_in: int, c_out: int, threads: int) -> tuple[int, int, int]:
+    """(images per tile, P's row length, O's row length) for inputs of ``c_in`` channels."""
+    _, _, h, w = x_shape
+    images = nine_tile_images(x_shape, c_in, threads)
+    m = images * (h + 1) * (w + 1)
+    return images, m + 2 * (w + 2), m
+
+
+def nine_workspace_size(x_shape, w_shape, direction: str, threads: int) -> int:
+    """Per thread: the padded input tile and the output-grid tile; plus the nine reordered filters
+    (and, for the weight gradient, a nine-filter partial sum per extra thread)."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    images, row, m = _nine_tile_sizes(x_shape, c_in, c_out, threads)
+    per_thread = c_in * row + c_out * m
+    filters = 9 * k * c
+    if direction == "weight":
+        return threads * per_thread + threads * filters
+    return threads * per_thread + filters
+
+
+@njit(cache=True, nogil=True)
+def _pack(src, n0, images, channels, height, width, row, dst):
+    """dst[c, lead + (i·(H+1) + y)·(W+1) + x] = src[n0 + i, c, y, x], zeros on every pad position."""
+    wp = width + 1
+    lead = wp + 1
+    plane = height * width
+    for c in range(channels):
+        base = uint64(c * row)
+        for q in range(lead):
+            dst[base + uint64(q)] = 0.0
+        for i in range(images):
+            s0 = uint64(((n0 + i) * channels + c) * plane)
+            d0 = base + uint64(lead + i * (height + 1) * wp)
+            for y in range(height):
+                sr = s0 + uint64(y * width)
+                dr = d0 + uint64(y * wp)
+                for x in range(width):
+                    dst[dr + uint64(x)] = src[sr + uint64(x)]
+                dst[dr + uint64(width)] = 0.0
+            sep = d0 + uint64(height * wp)
+            for x in range(wp):
+                dst[sep + uint64(x)] = 0.0
+        for q in range(lead + images * (height + 1) * wp, row):
+            dst[base + uint64(q)] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _unpack(grid, n0, images, channels, height, width, m, dst):
+    """dst[n0 + i, c, y, x] = grid[c, (i·(H+1) + y)·(W+1) + x]: the output's valid positions."""
+    wp = width + 1
+    plane = height * width
+    for c in range(channels):
+        base = uint64(c * m)
+        for i in range(images):
+            d0 = uint64(((n0 + i) * channels + c) * plane)
+            s0 = base + uint64(i * (height + 1) * wp)
+            for y in range(height):
+                sr = s0 + uint64(y * wp)
+                dr = d0 + uint64(y * width)
+                for x in range(width):
+                    dst[dr + uint64(x)] = grid[sr + uint64(x)]
+
+
+@njit(cache=True, nogil=True)
+def _pack_grid(src, n0, images, channels, height, width, m, dst):
+    """dst[c, (i·(H+1) + y)·(W+1) + x] = src[n0 + i, c, y, x], zeros elsewhere (dout on the grid)."""
+    wp = width + 1
+    plane = height * width
+    for c in range(channels):
+        base = uint64(c * m)
+        for i in range(images):
+            s0 = uint64(((n0 + i) * channels + c) * plane)
+            d0 = base + uint64(i * (height + 1) * wp)
+            for y in range(height):
+                sr = s0 + uint64(y * width)
+                dr = d0 + uint64(y * wp)
+                for x in range(width):
+                    dst[dr + uint64(x)] = src[sr + uint64(x)]
+                dst[dr + uint64(width)] = 0.0
+            sep = d0 + uint64(height * wp)
+            for x in range(wp):
+                dst[sep + uint64(x)] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _filters(w, flipped, out):
+    """out[t] = w[:, :, dy, dx] (K×C), or flipped: w[:, :, 2−dy, 2−dx]ᵀ (C×K), t = 3·dy + dx."""
+    k, c = w.shape[0], w.shape[1]
+    for t in range(9):
+        dy, dx = t // 3, t % 3
+        base = t * k * c
+        if flipped:
+            for cc in range(c):
+                for kk in range(k):
+                    out[base + cc * k + kk] = w[kk, cc, 2 - dy, 2 - dx]
+        else:
+            for kk in range(k):
+                for cc in range(c):
+                    out[base + kk * c + cc] = w[kk, cc, dy, dx]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def nine_forward(x, w, out, flipped, threads, tile, scratch):
+    """out = conv3×3(x, w), stride 1, pad 1 (flipped: dx = the transposed conv of dout, see module)."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    wp = width + 1
+    m = tile * (height + 1) * wp
+    row = m + 2 * (width + 2)
+    filters = scratch[: 9 * c_in * c_out]
+    _filters(w, flipped, filters)
+    per_thread = c_in * row + c_out * m
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    for t in prange(threads):
+        mine = scratch[9 * c_in * c_out + t * per_thread : 9 * c_in * c_out + (t + 1) * per_thread]
+        padded = mine[: c_in * row]
+        grid = mine[c_in * row :]
+        scalars = np.empty(2, np.float32)
+        first, last = t * n // threads, (t + 1) * n // threads
+        for n0 in range(first, last, tile):
+            images = min(tile, last - n0)
+            cols = images * (height + 1) * wp
+            _pack(src, n0, images, c_in, height, width, row, padded)
+            for tap in range(9):
+                shift = (tap // 3) * wp + tap % 3
+                conv_shifted.sgemm(
+                    False,
+                    False,
+                    c_out,
+                    cols,
+                    c_in,
+                    filters[tap * c_in * c_out :],
+                    c_in,
+                    padded[shift:],
+                    row,
+                    0.0 if tap == 0 else 1.0,
+                    grid,
+                    m,
+                    scalars,
+                )
+            _unpack(grid, n0, images, c_out, height, width, m, dst)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def nine_backward_weight(x, dout, dw, threads, tile, scratch):
+    """dw[k, c, dy, dx] = Σ_n Σ_grid dout · x shifted by (dy, dx): nine GEMMs per tile, β = 1 across tiles."""
+    n, c_in, height, width = x.shape
+    c_out = dout.shape[1]
+    wp = width + 1
+    m = tile * (height + 1) * wp
+    row = m + 2 * (width + 2)
+    filters = 9 * c_in * c_out
+    per_thread = c_in * row + c_out * m
+    src, grad = x.reshape(x.size), dout.reshape(dout.size)
+    for t in prange(threads):
+        mine = scratch[t * per_thread : (t + 1) * per_thread]
+        padded = mine[: c_in * row]
+        grid = mine[c_in * row :]
+        acc = scratch[threads * per_thread + t * filters : threads * per_thread + (t + 1) * filters]
+        scalars = np.empty(2, np.float32)
+        first, last = t * n // threads, (t + 1) * n // threads
+        if first >= last:
+            acc[:] = 0.0
+        for n0 in range(first, last, tile):
+            images = min(tile, last - n0)
+            cols = images * (height + 1) * wp
+            _pack(src, n0, images, c_in, height, width, row, padded)
+            _pack_grid(grad, n0, images, c_out, height, width, m, grid)
+            for tap in range(9):
+                shift = (tap // 3) * wp + tap % 3
+                conv_shifted.sgemm(
+                    False,
+                    True,
+                    c_out,
+                    c_in,
+                    cols,
+                    grid,
+                    m,
+                    padded[shift:],
+                    row,
+                    0.0 if n0 == first else 1.0,
+                    acc[tap * c_in * c_out :],
+                    c_in,
+                    scalars,
+                )
+    sums = scratch[threads * per_thread :]
+    k, c = dw.shape[0], dw.shape[1]
+    for kk in prange(k):
+        for cc in range(c):
+            for tap in range(9):
+                at = tap * c_in * c_out + kk * c + cc
+                total = sums[at]
+                for t in range(1, threads):
+                    total += sums[t * filters + at]
+                dw[kk, cc, tap // 3, tap % 3] = total
+
+
+# ----------------------------------------------------------------------------------------------
+# The versions behind one signature
+# ----------------------------------------------------------------------------------------------
+
+
+def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
+    if version == 2:
+        return 1
+    target = conv.WEIGHT_TARGET_COLUMNS if direction == "weight" else conv.TARGET_COLUMNS
+    return conv.images_per_tile(x_shape, w_shape, stride, pad, groups, target, 1)
+
+
+def _paths(version: int) -> conv.Paths:
+    return {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS}.get(version, conv.EXPORTED)
+
+
+def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
+    return version == 6 and conv_shifted.supported(x_shape, w_shape, stride, pad, groups)
+
+
+def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
+    """Scratch (float32 elements) for a numbered version (1 to 7) and direction ("forward", "data", "weight")."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    if version == 1:
+        return 0
+    if version in (2, 3):
+        if conv.is_depthwise(x_shape, w_shape, groups):
+            return 0
+        tile = _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction)
+        oh, ow = conv.check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+        rows = w_shape[1] * w_shape[2] * w_shape[3]
+        k_group = w_shape[0] // groups
+        columns = tile * oh * ow
+        cols = 0 if (w_shape[2] == 1 and stride == 1 and pad == 0 and tile == 1) else rows * columns
+        size = cols + (k_group * columns if tile > 1 else 0)
+        return size + (k_group * rows if direction == "weight" and tile < x_shape[0] else 0)
+    if _nine(version, x_shape, w_shape, stride, pad, groups):
+        return nine_workspace_size(x_shape, w_shape, direction, get_num_threads())
+    return conv.workspace_size(x_shape, w_shape, stride, pad, groups, direction, _paths(version))
+
+
+def conv2d_forward_v1_direct(x, w, bias, out, stride: int, pad: int, groups: int, scratch=None) -> None:
+    """Version 1: the direct loop nest (no scratch). The baseline the tour starts from."""
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    conv.check_forward_args(x, w, bias, out, stride, pad, groups)
+    direct_forward(x, w, out, stride, pad, groups)
+    if bias is not None:
+        conv.add_bias(out, bias)
+
+
+def _forward(x, w, bias, out, stride, pad, groups, scratch, version) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    if version in (2, 3) and not conv.is_depthwise(x.shape, w.shape, groups):
+        conv.check_forward_args(x, w, bias, out, stride, pad, groups)
+        _forward_gemm(
+            x,
+            w,
+            out,
+            stride,
+            pad,
+            groups,
+            _v23_tile(x.shape, w.shape, stride, pad, groups, version, "forward"),
+            scratch,
+        )
+    elif version in (2, 3):
+        conv.check_forward_args(x, w, bias, out, stride, pad, groups)
+        conv.depthwise_forward(x, w, out, stride, pad)
+    elif _nine(version, x.shape, w.shape, stride, pad, groups):
+        conv.check_forward_args(x, w, bias, out, stride, pad, groups)
+        threads = get_num_threads()
+        with conv.blas_on_calling_thread:
+            nine_forward(x, w, out, False, threads, nine_tile_images(x.shape, x.shape[1], threads), scratch)
+    else:
+        conv.forward(x, w, None, out, stride, pad, groups, scratch, _paths(version))
+    if bias is not None:
+        conv.add_bias(out, bias)
+
+
+def _backward_data(dout, w, dx, stride, pad, groups, scratch, version) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    if version in (2, 3) and not conv.is_depthwise(dx.shape, w.shape, groups):
+        _backward_data_gemm(
+            dout,
+            w,
+            dx,
+            stride,
+            pad,
+            groups,
+            _v23_tile(dx.shape, w.shape, stride, pad, groups, version, "data"),
+            scratch,
+        )
+    elif version in (2, 3):
+        conv.depthwise_backward_data(dout, w, dx, stride, pad)
+    elif _nine(version, dx.shape, w.shape, stride, pad, groups):
+        threads = get_num_threads()
+        with conv.blas_on_calling_thread:
+            nine_forward(dout, w, dx, True, threads, nine_tile_images(dx.shape, w.shape[0], threads), scratch)
+    else:
+        conv.backward_data(dout, w, dx, stride, pad, groups, scratch, _paths(version))
+
+
+def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) -> None:
+    stride, pad, groups = int(stride), int(pad), int(groups)
+    if version in (2, 3) and not conv.is_depthwise(x.shape, dw.shape, groups):
+        _backward_weight_gemm(
+            x,
+            dout,
+            dw,
+            stride,
+            pad,
+            groups,
+            _v23_tile(x.shape, dw.shape, stride, pad, groups, version, "weight"),
+            scratch,
+        )
+    elif version in (2, 3):
+        conv.depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif _nine(version, x.shape, dw.shape, stride, pad, groups):
+        threads = get_num_threads()
+        with conv.blas_on_calling_thread:
+            nine_backward_weight(x, dout, dw, threads, nine_tile_images(x.shape, x.shape[1], threads), scratch)
+    else:
+        conv.backward_weight(x, dout, dw, None, stride, pad, groups, scratch, _paths(version))
+    if dbias is not None:
+        conv.bias_gradient(dout, dbias)
+
+
+def conv2d_version(version: int, direction: str):
+    """A numbered version's kernel for "forward" (1-7), "data" or "weight" (2-7), with the table's signature.
+
+    Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
+    layers."""
+    if direction == "forward":
+        if version == 1:
+            return conv2d_forward_v1_direct
+        return lambda x, w, bias, out, stride, pad, groups, scratch: _forward(
+            x, w, bias, out, stride, pad, groups, scratch, version
+        )
+    if direction == "data":
+        return lambda dout, w, dx, stride, pad, groups, scratch: _backward_data(
+            dout, w, dx, stride, pad, groups, scratch, version
+        )
+    return lambda x, dout, dw, dbias, stride, pad, groups, scratch: _backward_weight(
+        x, dout, dw, dbias, stride, pad, groups, scratch, version
+    )

@@ -1,0 +1,116 @@
+"""The first-run warm-up: the jobs cover what training compiles, the cache marker, the progress line."""
+
+import importlib
+import io
+import pkgutil
+
+import pytest
+from numba.core import config
+from numba.core.registry import CPUDispatcher as Dispatcher
+
+from engine import warmup
+from engine.backend import get_backend
+from engine.data.datasets import synthetic
+from engine.info import collect_info
+from engine.optim import make_optimizer
+from engine.train import Trainer
+from models import build_network
+
+
+def _signatures() -> dict[str, int]:
+    """Signatures each Numba kernel of kernels/cpu holds in this process (compiled or loaded from the
+    cache: a cache load fires no compile event, so the dispatchers themselves are asked)."""
+    import kernels.cpu as package
+
+    counts = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"kernels.cpu.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, Dispatcher):
+                counts[f"{info.name}.{name}"] = len(value.signatures)
+    return counts
+
+
+@pytest.mark.parametrize(("model", "optimizer"), [("resnet18", "sgd"), ("mobilenetv2", "adam"), ("cnn", "sgd")])
+def test_a_training_step_after_the_models_jobs_compiles_nothing(model, optimizer):
+    # the jobs' tiny calls must ask for exactly the kernels and signatures a step (and its
+    # evaluation) asks for: anything they miss is compiled in the training process, the cost the
+    # warm-up exists to move out of it
+    backend = get_backend("cpu")
+    data = synthetic(num_classes=10, seed=0, train=4, test=2)
+    net = build_network(model, data, backend, seed=0)
+    jobs = warmup.model_jobs(net.graph, optimizer)
+    for job in jobs:
+        warmup.run_job(job)
+    opt = make_optimizer(optimizer, net, backend, 0.01, manager=net.mgr)
+    trainer = Trainer(net, opt, data, batch_size=2, steps=1, evaluate_at_end=True)
+    before = _signatures()
+    trainer.fit()
+    after = _signatures()
+    assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
+
+
+def test_model_jobs_hold_one_conv_job_per_path_and_direction():
+    data = synthetic(num_classes=10, seed=0, train=4, test=2)
+    net = build_network("resnet18", data, get_backend("cpu"), seed=0)
+    jobs = warmup.model_jobs(net.graph, "sgd")
+    keys = [job.key for job in jobs]
+    assert len(keys) == len(set(keys))
+    conv = {job.key for job in jobs if job.conv is not None}
+    # ResNet-18: 3×3 stride 1 on ≥ 8×8 planes takes the shifted GEMMs, the rest (stem, stride 2, 1×1, 4×4) im2col
+    gemm = {f"{op}/gemm/bias=False/v=None" for op in warmup.CONV_OPS.values()}
+    # backward-data on the shifted path runs the forward kernel: no job of its own
+    shifted = {f"conv2d_{d}/shifted/bias=False/v=None" for d in ("forward", "backward_weight")}
+    assert conv == gemm | shifted
+    assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
+
+
+def test_progress_line_piped_prints_the_first_and_last_count_only():
+    out = io.StringIO()
+    line = warmup.ProgressLine(out)
+    for done in range(4):
+        line(done, 3)
+    assert out.getvalue() == "compiling kernels, first run only: 0/3\ncompiling kernels, first run only: 3/3\n"
+
+
+def test_progress_line_on_a_terminal_rewrites_one_line():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    line = warmup.ProgressLine(out)
+    for done in range(3):
+        line(done, 2)
+    prefix = "\rcompiling kernels, first run only: "
+    assert out.getvalue() == f"{prefix}0/2{prefix}1/2{prefix}2/2\n"
+
+
+def test_workers_fill_the_cache_and_leave_a_marker(tmp_path, monkeypatch):
+    # a fresh cache directory: the worker processes compile into it (they inherit the variable)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    jobs = [warmup.Job("relu_forward")]
+    assert not warmup.is_warm(jobs) and warmup.warm_labels() == []
+    assert collect_info()["kernel_cache"] == {"dir": str(tmp_path), "warm": False, "warm_for": []}
+
+    failing = warmup.ensure_compiled([*jobs, warmup.Job("no_such_kernel")], "broken", workers=1)
+    assert failing is not None and len(failing.failed) == 1 and "no_such_kernel" in failing.failed[0]
+    assert not warmup.is_warm(jobs)  # no marker after a failure
+
+    result = warmup.ensure_compiled(jobs, "tiny", workers=1)
+    assert result is not None and result.jobs == 1 and result.failed == []
+    assert any(p.name.endswith(".nbi") for p in tmp_path.rglob("*"))  # Numba's index, written by the worker
+    assert warmup.is_warm(jobs) and warmup.warm_labels() == ["tiny"]
+    assert collect_info()["kernel_cache"] == {"dir": str(tmp_path), "warm": True, "warm_for": ["tiny"]}  # engine info
+    assert warmup.ensure_compiled(jobs, "tiny") is None  # warm: no workers
+    assert not warmup.is_warm([warmup.Job("relu6_forward")])  # a marker covers its own jobs only
+
+
+def test_tiny_args_cover_every_non_conv_table_op():
+    # engine kernels --warmup (all_jobs) and the fallback for unknown layer types use TINY_ARGS
+    from kernels.cpu import TABLE
+
+    table_ops = {op for op in TABLE if not op.startswith("conv2d")}
+    assert table_ops - set(warmup.TINY_ARGS) == set()
+    assert all(ops and set(ops) <= table_ops for ops in warmup.LAYER_OPS.values() if ops)
