@@ -297,6 +297,9 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="Where the private swap directory goes (default: the system temp directory).")
 @click.option("--offload-params", "offload_params", is_flag=True,
               help="Also keep the optimizer state on disk between updates (with --offload-n/--offload-budget).")
+@click.option("--offload-verify", "offload_verify", default="full", show_default=True,
+              type=click.Choice(["full", "header", "off"]),
+              help="Check swapped records when read back: XXH3 of every byte, length/step/unit + a sample, or nothing.")
 # --- end of offload options ---
 # --- data parallel options (issue 12) ---
 @click.option("--workers", type=int, default=None,
@@ -452,7 +455,7 @@ def train(
     try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],
                                        budget, offload_options["offload_dir"],
-                                       offload_options["offload_params"])
+                                       offload_options["offload_params"], offload_options["offload_verify"])
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None and root:
@@ -661,6 +664,10 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
                                "variant": net.variant, "fit": fit.as_dict(), "tables": tables}, indent=2))
     else:
         render_memory_report(report, offload=peaks)
+        if peaks:  # per layer: what each saved tensor does (keep, swap, recompute)
+            from engine.offload.session import render_plan_layers
+
+            click.echo(render_plan_layers(peaks))
         if net.variant:
             click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
         click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")
@@ -670,7 +677,8 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 
 
 @main.command()
-@click.option("--model", default="resnet18", show_default=True, help="resnet18, mobilenetv2, cnn or mlp.")
+@click.option("--model", default="resnet18", show_default=True,
+              help="resnet18, mobilenetv2, cnn or mlp; comma-separated for several.")
 @click.option("--batch-size", default="10,32,128", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--offload-n", default="4", show_default=True, help="Layers kept in memory (N), or 'auto'.")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(1), help="Measured steps per run.")
@@ -689,8 +697,10 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
     from engine.offload.session import OffloadConfig
     from models import MODEL_NAMES
 
-    if model not in MODEL_NAMES:
-        fail(f"unknown model {model!r}: choose one of {', '.join(MODEL_NAMES)}")
+    models = [m.strip() for m in model.split(",") if m.strip()]
+    for name in models or [model]:
+        if name not in MODEL_NAMES:
+            fail(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
     try:
         sizes = [int(b) for b in batch_size.split(",") if b.strip()]
         config = OffloadConfig.from_options(offload_n, None, offload_dir)
@@ -704,8 +714,9 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
         check_directory(offload_dir)
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
-        results = run_bench(model, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size,
-                            backend=backend, directory=offload_dir, progress=progress, variant=variant)
+        results = [r for name in models for r in run_bench(
+            name, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size, backend=backend,
+            directory=offload_dir, progress=progress, variant=variant)]
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     if output_format == "json":

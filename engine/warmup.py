@@ -71,7 +71,7 @@ class Job:
 # ----------------------------------------------------------------------------------------------
 
 LAYER_OPS: dict[str, tuple[str, ...]] = {
-    "BatchNorm2d": ("batchnorm_forward_train", "batchnorm_backward", "batchnorm_forward_infer"),
+    "BatchNorm2d": ("batchnorm_forward_train", "batchnorm_backward_from_output", "batchnorm_forward_infer"),
     "ReLU": ("relu_forward", "relu_backward"),
     "ReLU6": ("relu6_forward", "relu6_backward"),
     "LeakyReLU": ("leaky_relu_forward", "leaky_relu_backward"),
@@ -193,12 +193,13 @@ TINY_ARGS: dict[str, Callable[[], tuple]] = {
     "maxpool2d_forward": lambda: (
         _f32(*_X),
         np.empty((2, 3, 2, 2), np.float32),
-        np.empty((2, 3, 2, 2), np.int32),
+        np.empty((2, 3, 2, 2), np.uint8),  # MaxPool2d keeps a uint8 argmax for windows up to 16x16
         2,
         2,
         0,
     ),
-    "maxpool2d_backward": lambda: (_f32(2, 3, 2, 2), np.zeros((2, 3, 2, 2), np.int32), np.empty(_X, np.float32)),
+    "maxpool2d_backward": lambda: (_f32(2, 3, 2, 2), np.zeros((2, 3, 2, 2), np.uint8), np.empty(_X, np.float32), 2, 2,
+                                   0),
     "avgpool2d_forward": lambda: (_f32(*_X), np.empty((2, 3, 2, 2), np.float32), 2, 2, 0),
     "avgpool2d_backward": lambda: (_f32(2, 3, 2, 2), np.empty(_X, np.float32), 2, 2, 0),
     "global_avgpool_forward": lambda: (_f32(*_X), np.empty((2, 3), np.float32)),
@@ -224,7 +225,7 @@ TINY_ARGS: dict[str, Callable[[], tuple]] = {
         np.empty(_X, np.float32),
         1e-5,
     ),
-    "batchnorm_backward": lambda: (
+    "batchnorm_backward_from_output": lambda: (
         _f32(*_X),
         _f32(*_X),
         np.ones(_C, np.float32),

@@ -110,6 +110,8 @@ class _Run:
             self.offloadable_peak = max(self.offloadable_peak, offloadable)
 
     def result(self) -> dict[str, Any]:
+        from engine.offload.scheduler import cpu_per_mib
+
         result: dict[str, Any] = {
             "step_ms": 1e3 * float(np.mean(self.step_s)),
             "step_cpu_ms": 1e3 * float(np.mean(self.step_cpu_s)),
@@ -125,7 +127,13 @@ class _Run:
                 page_cache_bytes=max(max(s.page_cache_bytes for s in stats), 0),
                 bound_bytes=max(s.bound_bytes for s in stats),
                 windows=[s.window for s in stats],
+                lead_steps=[s.lead_steps for s in stats],
+                recompute_ms_per_step=1e3 * float(np.mean([s.recompute_s for s in stats])),
+                recomputed_bytes_per_step=int(np.mean([s.recomputed_bytes for s in stats])),
                 io_cpu_ms_per_step=1e3 * float(np.mean([s.offload_cpu_s + s.onload_cpu_s for s in stats])),
+                offload_cpu_us_per_mib=cpu_per_mib(sum(s.offload_cpu_s for s in stats),
+                                                   sum(s.bytes_written for s in stats)),
+                onload_cpu_us_per_mib=cpu_per_mib(sum(s.onload_cpu_s for s in stats), sum(s.bytes_read for s in stats)),
                 written_bytes_per_step=int(np.mean([s.bytes_written for s in stats])),
                 read_bytes_per_step=int(np.mean([s.bytes_read for s in stats])),
             )
@@ -199,12 +207,12 @@ def run_bench(
         base = {"model": model, "batch_size": batch, "image_size": image_size, "backend": backend,
                 "directory": directory, "variant": variant}
         if progress:
-            progress(f"batch size {batch}: both runs, steps interleaved")
+            progress(f"{model} batch size {batch}: both runs, steps interleaved")
         plain, offload = _spawn({**base, "windows": [None, window], "steps": steps, "warmup": warmup})["runs"]
         rss = {}
         for name, run_window in (("no_offload", None), ("offload", window)):
             if progress:
-                progress(f"batch size {batch}: peak RSS {name.replace('_', ' ')} (own process)")
+                progress(f"{model} batch size {batch}: peak RSS {name.replace('_', ' ')} (own process)")
             rss[name] = _spawn({**base, "windows": [run_window], "steps": rss_steps, "warmup": 1})["peak_rss_bytes"]
         results.append({
             "batch_size": batch,
@@ -226,8 +234,14 @@ def run_bench(
             "peak_rss_bytes_no_offload": rss["no_offload"],
             "peak_rss_bytes_offload": rss["offload"],
             "windows": offload.get("windows", []),
+            "lead_steps": offload.get("lead_steps", []),
+            "recompute_ms_per_step": offload.get("recompute_ms_per_step", 0.0),
+            "recomputed_bytes_per_step": offload.get("recomputed_bytes_per_step", 0),
             "io_cpu_ms_per_step": offload.get("io_cpu_ms_per_step", 0.0),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
+            "read_bytes_per_step": offload.get("read_bytes_per_step", 0),
+            "offload_cpu_us_per_mib": offload.get("offload_cpu_us_per_mib", 0.0),
+            "onload_cpu_us_per_mib": offload.get("onload_cpu_us_per_mib", 0.0),
             "forward_backward_no_offload": plain["forward_backward"],
             "forward_backward": offload["forward_backward"],
             "offload": offload["offload"],
@@ -258,9 +272,17 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
         f"step time: {r['step_ms_no_offload']:.1f} ms without offload, {r['step_ms_offload']:.1f} ms with "
         f"({r['step_time_ratio']:.3f}x); CPU time per step {r['step_cpu_ms_no_offload']:.1f} ms without, "
         f"{r['step_cpu_ms_offload']:.1f} ms with, of which the IO threads {r.get('io_cpu_ms_per_step', 0):.1f} ms",
+        f"swap IO per step: {_mib(r.get('written_bytes_per_step', 0))} written, "
+        f"{_mib(r.get('read_bytes_per_step', 0))} read; "
+        f"IO-thread CPU {r.get('offload_cpu_us_per_mib', 0):.0f} µs per MiB written, "
+        f"{r.get('onload_cpu_us_per_mib', 0):.0f} µs per MiB read; "
+        f"{_mib(r.get('recomputed_bytes_per_step', 0))} recomputed by the executor in "
+        f"{r.get('recompute_ms_per_step', 0):.1f} ms",
         f"peak resident offloadable tensors: {_mib(r['peak_resident_bytes_no_offload'])} without offload, "
         f"{_mib(r['peak_resident_bytes_offload'])} with, + {_mib(r['page_cache_bytes_offload'])} swap page cache "
         f"({100 * r['resident_reduction']:.1f}% lower)",
+        f"window N per measured step: {r.get('windows', [])} (settled at {(r.get('windows') or ['-'])[-1]}); "
+        f"loader lead (steps ahead): {r.get('lead_steps', [])}",
         f"peak RSS: {_mib(r['peak_rss_bytes_no_offload'])} without offload, {_mib(r['peak_rss_bytes_offload'])} with "
         f"({_mib(r['peak_rss_bytes_offload'] - r['peak_rss_bytes_no_offload'])})",
     ]

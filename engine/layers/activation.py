@@ -5,6 +5,10 @@ LeakyReLU is the proof that a layer type needs only its kernel calls and its dec
 added with its kernels (reference, CPU, CUDA) and the class below, and nothing in the network, the
 graph, the step program, the arena or offload changed (tests/engine/test_program.py trains it with
 and without offload).
+
+``recompute_output`` (ReLU, ReLU6) reruns the forward kernel: when the input is kept anyway (a batch
+norm's output, In-Place ABN) the offload plan rebuilds the output from it instead of writing it to
+disk and reading it back (one pass over memory instead of a write and a read, and the same bits).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from engine.memory import Tensor
 
 class ReLU(Layer):
     keeps_output = True
+    recomputable = True
     input_gradients = InputGradients.OVER_DOUT
     forward_op = "relu_forward"
     backward_op = "relu_backward"
@@ -30,6 +35,9 @@ class ReLU(Layer):
         if training:
             self.saved = {"out": out}
         return out
+
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+        getattr(self.backend.kernels, self.forward_op)(inputs[0], out)
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         if not need_input_grads[0]:

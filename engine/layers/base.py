@@ -79,6 +79,7 @@ class Layer:
     keeps_output: bool = False  # backward reads the forward output (ReLU's mask)
     input_gradients: InputGradients = InputGradients.NEW
     inference_passes_input: bool = False  # inference forward returns its input itself (Dropout): no new output
+    recomputable: bool = False  # recompute_output rebuilds the output bit for bit from the input (offload plan)
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
@@ -146,6 +147,14 @@ class Layer:
 
     def clear_saved(self) -> None:
         self.saved = {}
+
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+        """Rebuild the forward output of ``inputs`` into ``out`` with the forward's own kernel (same bits).
+
+        Only for ``recomputable`` layers: the offload plan rebuilds such an output from kept inputs
+        instead of swapping it (engine.offload.plan). ``out`` may be an input for elementwise layers.
+        """
+        raise NotImplementedError(f"{self.describe()} cannot recompute its output")
 
     # ---- helpers for subclasses -----------------------------------------------------------------
 

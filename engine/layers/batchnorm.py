@@ -1,9 +1,17 @@
 """BatchNorm2d: per-channel normalization with learned scale and shift, as torch.nn.BatchNorm2d.
 
-Training normalizes with the batch statistics, keeps the batch mean and 1/std (FF_CACHE) and the
-input for backward, and moves ``running_mean`` / ``running_var`` (buffers, momentum 0.1, unbiased
+Training normalizes with the batch statistics, keeps 1/std (FF_CACHE) and its
+*output* for backward, and moves ``running_mean`` / ``running_var`` (buffers, momentum 0.1, unbiased
 variance) in place. Inference uses the running statistics. ``num_batches_tracked`` is a host counter,
 as PyTorch's, written to and read from state dicts.
+
+Why the output and not the input (In-Place ABN, arXiv 1712.02616): backward rebuilds x̂ = (out − β)/γ
+(``batchnorm_backward_from_output``), so the input (a conv's output) dies right after this forward
+and the ReLU that usually follows shares the kept tensor: its mask comes from it, and the offload
+plan recomputes the ReLU's output from it instead of swapping both (issue 11). Kept for backward in
+ResNet-18 at batch 32: one tensor per conv-bn-relu instead of two. It is done with offload off too,
+so offload on or off gives the same bits; the kernels use γ with |γ| raised to 1e-5 (γ = 0 could not
+be divided by), which with γ initialized to 1 changes nothing.
 """
 
 from __future__ import annotations
@@ -11,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
-from engine.memory import Tensor
+from engine.memory import ArrayType, Tensor
 
 
 class BatchNorm2d(Layer):
-    keeps_input = True
+    keeps_output = True
     input_gradients = InputGradients.ALWAYS_NEW
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -46,22 +54,24 @@ class BatchNorm2d(Layer):
         return tuple(shape)
 
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
-        c = self.num_features
-        return [SavedSpec("save_mean", (c,)), SavedSpec("save_invstd", (c,))]
+        return [SavedSpec("save_invstd", (self.num_features,))]
+
+    def forward_scratch(self, input_shapes: list[Shape]) -> int:
+        return self.num_features  # the batch mean: the kernel writes it, backward no longer reads it
 
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))
         p, b = self.params, self.buffers
         if training:
-            save_mean = self.keep("save_mean", (self.num_features,))
+            save_mean = self.scratch(ArrayType.FF_WORKING_MEM, self.num_features)
             save_invstd = self.keep("save_invstd", (self.num_features,))
             self.backend.kernels.batchnorm_forward_train(
                 x, p["weight"], p["bias"], b["running_mean"], b["running_var"], out, save_mean, save_invstd,
                 self.momentum, self.eps,
             )  # fmt: skip
             self.num_batches_tracked += 1
-            self.saved = {"x": x, "save_mean": save_mean, "save_invstd": save_invstd}
+            self.saved = {"out": out, "save_invstd": save_invstd}
         else:
             self.backend.kernels.batchnorm_forward_infer(
                 x, p["weight"], p["bias"], b["running_mean"], b["running_var"], out, self.eps
@@ -70,9 +80,9 @@ class BatchNorm2d(Layer):
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         s = self.saved
-        dx = self.input_grad(s["x"].shape)  # the kernel always writes dx
-        self.backend.kernels.batchnorm_backward(
-            s["x"], dout, self.params["weight"], s["save_mean"], s["save_invstd"], dx,
+        dx = self.input_grad(s["out"].shape)  # the kernel always writes dx
+        self.backend.kernels.batchnorm_backward_from_output(
+            s["out"], dout, self.params["weight"], self.params["bias"], s["save_invstd"], dx,
             self.grads["weight"], self.grads["bias"],
         )  # fmt: skip
         return [dx if need_input_grads[0] else None]

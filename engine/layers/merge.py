@@ -1,5 +1,6 @@
 """Add: the residual connection. Its backward hands the same gradient to both inputs (no copy);
-the graph sums gradients where a tensor feeds several layers."""
+the graph sums gradients where a tensor feeds several layers. ``recomputable``: the offload plan may
+rebuild a ReLU after it from the two kept inputs (Add, then ReLU in place), instead of swapping it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from engine.memory import Tensor
 class Add(Layer):
     num_inputs = 2
     input_gradients = InputGradients.PASS_THROUGH
+    recomputable = True
 
     def output_shape(self, input_shapes: list[Shape]) -> Shape:
         self.check_num_inputs(input_shapes)
@@ -23,6 +25,9 @@ class Add(Layer):
         out = self.output(self.output_shape([tuple(a.shape), tuple(b.shape)]))
         self.backend.kernels.add_forward(a, b, out)
         return out
+
+    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+        self.backend.kernels.add_forward(inputs[0], inputs[1], out)
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         return [dout if need else None for need in need_input_grads]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -122,6 +122,24 @@ class Occupation:
         return self.start <= other.end and other.start <= self.end
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """A saved unit rebuilt from other units' tensors instead of swapped: ``layer.recompute_output``.
+
+    ``nodes`` run in order (the first reads ``sources``, each later one rewrites ``tensor`` in place:
+    a ReLU, or an Add then a ReLU); ``sources`` are (unit, tensor) pairs of the first node's inputs;
+    ``tensor`` is the rebuilt output as laid out in its unit.
+    """
+
+    nodes: tuple[int, ...]
+    sources: tuple[tuple[tuple[int, str], TensorSpec], ...]
+    tensor: TensorSpec
+
+    @property
+    def source_units(self) -> tuple[tuple[int, str], ...]:
+        return tuple(dict.fromkeys(key for key, _ in self.sources))
+
+
 @dataclass
 class UnitPlan:
     spec: UnitSpec
@@ -129,10 +147,20 @@ class UnitPlan:
     offloaded: bool  # written after the forward and read back before the backward
     occupations: tuple[Occupation, ...]
     file_offset: int | None  # where its records start in the swap file (None when never written)
+    recompute: Recompute | None = None  # rebuilt from a kept tensor before its backward instead of swapped
+    load_at: int | None = None  # first backward step it must be in memory (earlier than its own when a
+    # recomputed unit reads it)
 
     @property
     def key(self) -> tuple[int, str]:
         return self.spec.key
+
+    @property
+    def decision(self) -> str:
+        """keep, swap, recompute or transient: what ``engine memory --offload-n`` shows per unit."""
+        if self.spec.backward_start is None:
+            return "transient"
+        return "swap" if self.offloaded else ("recompute" if self.recompute is not None else "keep")
 
     @property
     def nbytes(self) -> int:
@@ -159,9 +187,15 @@ class OffloadPlan:
         return [u for u in self.units.values() if u.offloaded]
 
     @property
+    def recomputed(self) -> list[UnitPlan]:
+        """Units rebuilt before their backward, in the order the backward needs them."""
+        return sorted((u for u in self.units.values() if u.recompute is not None),
+                      key=lambda u: (u.spec.backward_start, -u.spec.owner))
+
+    @property
     def load_order(self) -> list[UnitPlan]:
         """Offloaded units in the order the backward needs them (the loader's queue)."""
-        return sorted(self.offloaded, key=lambda u: (u.spec.backward_start, -u.spec.owner))
+        return sorted(self.offloaded, key=lambda u: (u.load_at, -u.spec.owner))
 
     @property
     def offloaded_bytes(self) -> int:
@@ -176,6 +210,8 @@ class OffloadPlan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "total_bytes": self.total_bytes,
             "offloaded_bytes": self.offloaded_bytes,
+            "recomputed_units": len(self.recomputed),
+            "recomputed_bytes": sum(u.nbytes for u in self.recomputed),
             "file_bytes": self.file_bytes,
             "peak_units": self.peak_units,
         }
@@ -197,12 +233,16 @@ def file_layout(units: Sequence[UnitSpec]) -> tuple[dict[tuple[int, str], int], 
     return offsets, position
 
 
-def occupations_for(unit: UnitSpec, window: int) -> tuple[tuple[Occupation, ...], bool]:
-    """The unit's spans for a window of ``window`` and whether it is written to disk."""
+def occupations_for(unit: UnitSpec, window: int, needed_from: int | None = None) -> tuple[tuple[Occupation, ...], bool]:
+    """The unit's spans for a window of ``window`` and whether it is written to disk (or recomputed).
+
+    ``needed_from``: the first backward step that needs the unit, when earlier than its own (a
+    recomputed unit reads it).
+    """
     if unit.backward_start is None:
         return (Occupation(unit.key, 0, unit.created, unit.forward_end),), False
     forward_until = unit.forward_end + window
-    backward_from = unit.backward_start - window
+    backward_from = (unit.backward_start if needed_from is None else needed_from) - window
     if backward_from <= forward_until + 1:  # the spans touch: keep it, never write it
         return (Occupation(unit.key, 0, unit.created, unit.backward_end),), False
     return (
@@ -211,13 +251,39 @@ def occupations_for(unit: UnitSpec, window: int) -> tuple[tuple[Occupation, ...]
     ), True
 
 
-def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPlan:
-    """Plan the arena for ``window`` (>= 1) layers of slack on each side of the executing one."""
+def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
+               recompute: Mapping[tuple[int, str], Recompute] | None = None) -> OffloadPlan:
+    """Plan the arena for ``window`` (>= 1) layers of slack on each side of the executing one.
+
+    ``recompute`` (``recompute_candidates``): units that may be rebuilt from another unit instead of
+    swapped. A candidate that the window would write is recomputed instead; its source is then
+    needed (loaded) from the candidate's first backward step on.
+    """
     if window < 1:
         raise ValueError(f"the offload window must be at least 1 layer, got {window}")
     units = [u for u in units if u.tensors]
     file_offsets, file_bytes = file_layout(units)
-    spans = {u.key: occupations_for(u, window) for u in units}
+    chosen: dict[tuple[int, str], Recompute] = {}
+    needed_from: dict[tuple[int, str], int] = {}
+    keys = {u.key for u in units}
+    for u in sorted(units, key=lambda u: u.created):  # forward order: a source is decided before its readers
+        candidate = (recompute or {}).get(u.key)
+        if candidate is None or not occupations_for(u, window)[1]:
+            continue  # nothing to rebuild from, or the window keeps it anyway
+        if any(key not in keys or key in chosen for key in candidate.source_units):
+            continue  # a source rebuilt itself would be in memory only after this unit needs it
+        chosen[u.key] = candidate
+        for key in candidate.source_units:
+            needed_from[key] = min(needed_from.get(key, u.backward_start), u.backward_start)
+    spans = {}
+    for u in units:
+        start = needed_from.get(u.key)
+        if start is not None and u.backward_start is not None:
+            start = min(start, u.backward_start)
+        occupations, written = occupations_for(u, window, start)
+        spans[u.key] = (occupations, written and u.key not in chosen)
+    load_at = {u.key: min(needed_from.get(u.key, u.backward_start), u.backward_start)
+               for u in units if u.backward_start is not None}
 
     # Largest first, earlier first among equals: the TFLite arena order; first fit at the lowest offset.
     order = sorted(range(len(units)), key=lambda i: (-units[i].footprint, units[i].created, units[i].key))
@@ -227,7 +293,7 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int) -> OffloadPla
 
     plans = {
         u.key: UnitPlan(u, placed[u.key], spans[u.key][1], spans[u.key][0],
-                        file_offsets.get(u.key) if spans[u.key][1] else None)
+                        file_offsets.get(u.key) if spans[u.key][1] else None, chosen.get(u.key), load_at.get(u.key))
         for u in units
     }
     arena_bytes = max((p.arena_offset + p.nbytes for p in plans.values()), default=0)
@@ -371,6 +437,8 @@ class StepProgram(Protocol):
     def moments(self) -> int: ...
     @property
     def node_names(self) -> list[str]: ...
+    @property
+    def graph(self) -> Any: ...  # engine.graph.Graph: the layers a recompute runs, and who reads whom
 
 
 def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list], int]:
@@ -394,3 +462,48 @@ def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list]
     indices = range(len(names))
     units, creations = group_units({i: i for i in indices}, {i: names[i] for i in indices}, uses)
     return units, creations, steps
+
+
+def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
+    """Saved units that can be rebuilt instead of swapped: the output of a ``recomputable`` layer
+    (ReLU) whose saved unit holds nothing else, from its input when that input is kept in its
+    producer's saved unit anyway (a batch norm keeps its output: In-Place ABN); or, when its input is
+    an Add read by nothing else, from the Add's two inputs (Add, then ReLU in place). ``build_plan``
+    takes a candidate only when the window would write it and none of its sources is rebuilt itself.
+
+    Why (issue 11): such an output costs a write and a read of its bytes per step; rebuilding it is
+    one or two elementwise passes over bytes in memory anyway, with the same bits. Capuchin decides
+    per tensor between swap and recompute by their costs; here the choice is structural, because a
+    ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
+    """
+    nodes = program.graph.nodes
+    saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
+
+    def kept_output(index: int) -> tuple[tuple[int, str], TensorSpec] | None:
+        unit = saved.get(index)
+        if index < 0 or unit is None:
+            return None
+        tensor = next((t for t in unit.tensors if t.name == f"{nodes[index].name}:out"), None)
+        return None if tensor is None else (unit.key, tensor)
+
+    result: dict[tuple[int, str], Recompute] = {}
+    for node in nodes:
+        unit = saved.get(node.index)
+        if (unit is None or not node.layer.recomputable or len(node.inputs) != 1 or len(unit.tensors) != 1
+                or unit.tensors[0].name != f"{node.name}:out"):
+            continue
+        chain: tuple[int, ...] = (node.index,)
+        first = node.inputs[0]
+        source = kept_output(first)
+        sources = [source] if source is not None else []
+        if source is None and first >= 0:  # a recomputable producer read by nothing else (Add): rebuild it too
+            producer = nodes[first]
+            if producer.layer.recomputable and producer.consumers == (node.index,) and first not in saved:
+                chain = (first, node.index)
+                sources = [kept_output(i) for i in producer.inputs]  # type: ignore[misc]
+        if not sources or any(s is None for s in sources):
+            continue
+        if any(t.shape != unit.tensors[0].shape for _, t in sources):
+            continue
+        result[unit.key] = Recompute(chain, tuple(sources), unit.tensors[0])  # type: ignore[arg-type]
+    return result

@@ -28,6 +28,12 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
+With ``"auto"`` the loader also predicts each unit's load time from the read bandwidth it measured
+(bytes read / loader busy time, averaged over steps) and the unit's bytes, and starts the load that
+many timeline steps ahead (timed by the executor in the previous step), N at least (Capuchin's
+feedback: a load still in flight when needed moves earlier). Loading earlier than the plan's window
+is safe: a load waits until every earlier occupant of its bytes has left (``_room_free``); it only
+holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
 """
 
 from __future__ import annotations
@@ -51,15 +57,17 @@ from engine.memory.manager import TensorProvider
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.plan import (
     OffloadPlan,
+    Recompute,
     StepProgram,
     TensorSpec,
     UnitPlan,
     UnitSpec,
     build_plan,
     program_units,
+    recompute_candidates,
 )
 from engine.offload.staging import transfer_for
-from engine.offload.storage import DelayHook, SwapRecord, SwapStorage, format_bytes
+from engine.offload.storage import VERIFY_MODES, DelayHook, SwapRecord, SwapStorage, format_bytes
 
 log = logging.getLogger("engine.offload")
 
@@ -153,6 +161,12 @@ class StepStats:
     bytes_read: int = 0
     bound_bytes: int = 0  # the plan's arena: resident bytes never exceed it
     page_cache_bytes: int = -1  # of the swap file, sampled at the start of the backward (-1: not sampled)
+    lead_steps: int = 0  # the longest lookahead (timeline steps) the loader used; N unless "auto" predicted more
+    read_bandwidth_bps: float = 0.0  # bytes read / loader busy time this step
+    recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
+    recomputed_bytes: int = 0
+    offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
+    onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +188,14 @@ class _Unit:
         return self.plan.spec
 
 
+def cpu_per_mib(cpu_s: float, nbytes: int) -> float:
+    """Microseconds of IO-thread CPU per MiB moved (0 when nothing moved): the figure issue 11 tracks.
+
+    On two cores every microsecond here is taken from a kernel's parallel half.
+    """
+    return 1e6 * cpu_s / (nbytes / 2**20) if nbytes > 0 else 0.0
+
+
 class OffloadScheduler:
     """Network hook + memory provider that swaps layer windows to disk (module docstring)."""
 
@@ -189,7 +211,11 @@ class OffloadScheduler:
         initial_window: int | None = None,
         shrink_after: int = 2,
         sample_page_cache: bool = False,
+        verify: str = "full",
+        recompute: bool = True,
     ):
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         if window != "auto" and window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"offload window must be a positive number of layers or 'auto', got {window!r}")
         if window is None and budget_bytes is None:
@@ -203,6 +229,16 @@ class OffloadScheduler:
         self.min_window = max(1, int(min_window))
         self.shrink_after = max(1, int(shrink_after))
         self.sample_page_cache = sample_page_cache
+        self.verify = verify
+        self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
+        self._recompute: dict[tuple[int, str], Recompute] = {}
+        self._layers: list[Any] = []
+        self._recompute_order: list[_Unit] = []
+        self._bandwidth: float | None = None  # bytes/s the loader read at, averaged over steps (auto)
+        self._step_times: dict[int, float] = {}  # executor seconds per timeline step, last step (auto)
+        self._lead: dict[tuple[int, str], int] = {}  # per unit: steps before load_at that its load starts
+        self._last_advance = 0.0
+        self._recompute_cursor = 0
 
         if self.adaptive:
             self.window = max(self.min_window, int(initial_window or self.min_window))
@@ -326,10 +362,12 @@ class OffloadScheduler:
             program = self._program_for(batch_size)
             self._unit_specs, self._creations, self._steps = program_units(program)
             self._node_names = list(program.node_names)
+            self._recompute = recompute_candidates(program, self._unit_specs) if self.recompute else {}
+            self._layers = [node.layer for node in program.graph.nodes]  # what a recompute runs
             self._batch_size = batch_size
         key = (batch_size, window)
         if key not in self._plans:
-            self._plans[key] = build_plan(self._unit_specs, window, self._steps)
+            self._plans[key] = build_plan(self._unit_specs, window, self._steps, self._recompute)
         return self._plans[key]
 
     def _window_limit(self, batch_size: int) -> int:
@@ -381,7 +419,7 @@ class OffloadScheduler:
             self.storage.close()  # between steps nothing on disk is needed any more: a larger file replaces it
             self.storage = None
         if self.storage is None:
-            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay)
+            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay, verify=self.verify)
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
@@ -419,6 +457,7 @@ class OffloadScheduler:
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
         self._load_order = [self._units[u.key] for u in plan.load_order]
+        self._recompute_order = [self._units[u.key] for u in plan.recomputed]
         if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
             start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
@@ -494,6 +533,7 @@ class OffloadScheduler:
         self._needs_plan = True
         self._t = -1
         self._load_cursor = 0
+        self._recompute_cursor = 0
         self._created_by_owner: dict[int, int] = {}
         self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
         self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
@@ -517,8 +557,8 @@ class OffloadScheduler:
                     self._set_state(unit, LayerState.WAIT_FOR_OFF)
                     self._saves_pending += 1
                 self._save_queue.put((self._generation, unit))
-            elif unit.spec.backward_start is None:  # transient: nothing reads it again
-                self._release(unit, 0)
+            elif unit.spec.backward_start is None or unit.plan.recompute is not None:
+                self._release(unit, 0)  # transient: nothing reads it again; recomputed: rebuilt before its backward
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
@@ -527,13 +567,45 @@ class OffloadScheduler:
         if self._t == self._steps // 2 and self.sample_page_cache and self.storage is not None:
             self._current.page_cache_bytes = self.storage.page_cache_bytes()
         order = self._load_order
-        while self._load_cursor < len(order) and order[self._load_cursor].spec.backward_start <= step:
+        while self._load_cursor < len(order) and order[self._load_cursor].plan.load_at <= step:
             unit = order[self._load_cursor]
             with self._cond:
                 waited = self._wait_for(lambda u=unit: u.state is LayerState.READY_FOR_EXEC)
             self._current.load_wait_s += waited
             self._transfer.wait_loaded(unit.event)
             self._load_cursor += 1
+        rebuild = self._recompute_order
+        while self._recompute_cursor < len(rebuild) and rebuild[self._recompute_cursor].spec.backward_start <= step:
+            self._rebuild(rebuild[self._recompute_cursor])
+            self._recompute_cursor += 1
+
+    def _rebuild(self, unit: _Unit) -> None:
+        """Recompute a unit from its source (in memory now: loaded by ``load_at``) into its arena bytes.
+
+        On the executor: the rebuild is one elementwise pass (a ReLU over a batch norm's output); on
+        two cores a loader thread running it would take the same core from the next kernel.
+        """
+        recompute = unit.plan.recompute
+        sources = [self._units[key] for key in recompute.source_units]
+        with self._cond:
+            waited = self._wait_for(lambda: all(u.state is LayerState.READY_FOR_EXEC for u in sources)
+                                    and self._room_free(unit, 1))
+            self._current.room_wait_s += waited
+            self._set_state(unit, LayerState.READY_FOR_EXEC)
+            unit.region.open(self._generation)
+        started = time.perf_counter()
+        inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
+        out = self._tensor(unit, recompute.tensor)
+        for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
+            self._layers[node].recompute_output(inputs, out)
+            inputs = [out]
+        self._current.recompute_s += time.perf_counter() - started
+        self._current.recomputed_bytes += recompute.tensor.nbytes
+
+    def _tensor(self, unit: _Unit, tensor_spec: TensorSpec) -> Tensor:
+        start = unit.plan.arena_offset + tensor_spec.offset
+        view = self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
+        return Tensor(view, tensor_spec.array_type, unit.region, self._generation, start)
 
     def after_backward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
@@ -563,6 +635,10 @@ class OffloadScheduler:
         if self.storage is not None:
             stats.bytes_written = self.storage.bytes_written - self._written0
             stats.bytes_read = self.storage.bytes_read - self._read0
+        stats.lead_steps = max([self._plan.window] + [self._lead.get(u.spec.key, 0) for u in self._load_order])
+        stats.read_bandwidth_bps = stats.bytes_read / stats.onload_s if stats.onload_s > 0 else 0.0
+        stats.offload_cpu_us_per_mib = cpu_per_mib(stats.offload_cpu_s, stats.bytes_written)
+        stats.onload_cpu_us_per_mib = cpu_per_mib(stats.onload_cpu_s, stats.bytes_read)
         self.stats.append(stats)
         log.info("offload step %d: window %d, resident peak %s of %s bound (%d layers), stall %.1f ms, "
                  "written %s, read %s", stats.step, stats.window, format_bytes(stats.peak_resident_bytes),
@@ -570,6 +646,31 @@ class OffloadScheduler:
                  format_bytes(stats.bytes_written), format_bytes(stats.bytes_read))
         if self.adaptive:
             self._adapt(stats)
+            self._predict_leads(stats)
+
+    def _predict_leads(self, stats: StepStats) -> None:
+        """Per offloaded unit of the next step: how many timeline steps ahead its load must start.
+
+        Predicted load time = unit bytes / measured read bandwidth (an average over steps, so one
+        slow read does not swing it); the lead is the number of executor steps before the unit's
+        ``load_at`` whose measured durations add up to that time, at least N and at most N_max.
+        """
+        if stats.bytes_read > 0 and stats.onload_s > 0:
+            measured = stats.bytes_read / stats.onload_s
+            self._bandwidth = measured if self._bandwidth is None else 0.5 * (self._bandwidth + measured)
+        if self._bandwidth is None or self._batch_size is None:
+            return
+        plan = self.plan_for(self._batch_size)
+        ceiling = max(self.window, self.max_window or self.window)
+        leads = {}
+        for unit in plan.load_order:
+            needed = unit.nbytes / self._bandwidth
+            lead, elapsed = 0, 0.0
+            while elapsed < needed and lead < ceiling and unit.load_at - lead - 1 >= 0:
+                lead += 1
+                elapsed += self._step_times.get(unit.load_at - lead, 0.0)
+            leads[unit.key] = max(self.window, lead)
+        self._lead = leads
 
     def _adapt(self, stats: StepStats) -> None:
         """Grow after a step in which the executor waited; shrink after quiet steps with idle IO threads."""
@@ -606,11 +707,22 @@ class OffloadScheduler:
             "written_bytes": s.bytes_written,
             "read_bytes": s.bytes_read,
             "stall_ms": round(1e3 * s.stall_s, 3),
+            "lead_steps": s.lead_steps,
+            "recompute_ms": round(1e3 * s.recompute_s, 3),
+            "recomputed_bytes": s.recomputed_bytes,
+            "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
+            "onload_cpu_ms": round(1e3 * s.onload_cpu_s, 3),
+            "offload_cpu_us_per_mib": round(s.offload_cpu_us_per_mib, 1),
+            "onload_cpu_us_per_mib": round(s.onload_cpu_us_per_mib, 1),
         }
 
     # -- executor helpers ------------------------------------------------------------------------
 
     def _advance(self, step: int) -> None:
+        now = time.perf_counter()
+        if self.adaptive and self._t >= 0:
+            self._step_times[self._t] = now - self._last_advance
+        self._last_advance = now
         with self._cond:
             self._t = step
             self._cond.notify_all()
@@ -711,7 +823,7 @@ class OffloadScheduler:
                 if generation == self._generation and self._error is None:
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    self._transfer.save(self.storage, records, span, file_offset, unit.event)
+                    self._transfer.save(self.storage, records, span, file_offset, unit.event, generation)
                     with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
@@ -735,7 +847,7 @@ class OffloadScheduler:
             generation, order = item
             try:
                 for unit in order:
-                    lookahead_from = unit.spec.backward_start - self._plan.window
+                    lookahead_from = unit.plan.load_at - max(self._plan.window, self._lead.get(unit.spec.key, 0))
                     with self._cond:
                         while not (generation != self._generation or self._error is not None or self._closed or (
                                 self._t >= lookahead_from and unit.state is LayerState.SWAPPED
@@ -746,7 +858,7 @@ class OffloadScheduler:
                         self._set_state(unit, LayerState.WAIT_FOR_EXEC)
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    event = self._transfer.load(self.storage, records, span, file_offset)
+                    event = self._transfer.load(self.storage, records, span, file_offset, generation)
                     with self._cond:
                         self._io_busy["loader"] += time.perf_counter() - started
                         self._io_busy["loader_cpu"] += time.thread_time() - cpu_started
@@ -775,4 +887,4 @@ def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None) -> s
             f"{len(plan.offloaded)} of {len(plan.units)} units written, swap file {format_bytes(plan.file_bytes)}")
 
 
-__all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "offload_summary"]
+__all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "cpu_per_mib", "offload_summary"]

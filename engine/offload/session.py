@@ -13,22 +13,26 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.offload.scheduler import OffloadScheduler, OffloadTarget
-from engine.offload.storage import DelayHook, parse_bytes
+from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
 
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``, ``--offload-params``."""
+    """``--offload-n N|auto``, ``--offload-budget BYTES``, ``--offload-dir DIR``, ``--offload-params``,
+    ``--offload-verify full|header|off`` (engine.offload.storage)."""
 
     window: int | str | None = None  # N, "auto", or None with a budget (the largest window that fits)
     budget_bytes: int | None = None
     directory: str | None = None
     params: bool = False  # the optimizer state goes to disk between updates (engine.offload.params)
+    verify: str = "full"  # what is checked when a record comes back from the swap file
 
     @classmethod
     def from_options(cls, n: str | None, budget: str | None, directory: str | None,
-                     params: bool = False) -> OffloadConfig | None:
+                     params: bool = False, verify: str = "full") -> OffloadConfig | None:
         """The config for the command-line options, None when offload is off; ValueError on bad values."""
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         if n is None and budget is None:
             if params:
                 raise ValueError("--offload-params goes with --offload-n N|auto or --offload-budget BYTES")
@@ -48,11 +52,11 @@ class OffloadConfig:
         budget_bytes = parse_bytes(budget) if budget is not None else None
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"--offload-budget must be positive, got {budget!r}")
-        return cls(window, budget_bytes, directory, params)
+        return cls(window, budget_bytes, directory, params, verify)
 
     def scheduler(self, backend: Any, delay: DelayHook | None = None, **options: Any) -> OffloadScheduler:
         return OffloadScheduler(backend, self.window, budget_bytes=self.budget_bytes, directory=self.directory,
-                                delay=delay, **options)
+                                delay=delay, verify=self.verify, **options)
 
 
 class OffloadHost(Protocol):
@@ -156,13 +160,13 @@ class OffloadSession:
 
 
 def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget: str | None,
-                         directory: str | None, params: bool = False) -> OffloadSession | None:
+                         directory: str | None, params: bool = False, verify: str = "full") -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
     Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
     an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
     """
-    config = OffloadConfig.from_options(n, budget, directory, params)
+    config = OffloadConfig.from_options(n, budget, directory, params, verify)
     if config is None:
         return None
     if params and net.backend.is_device:
@@ -200,7 +204,7 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     FF_CACHE buffer a node makes.
     """
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import build_plan, program_units
+    from engine.offload.plan import build_plan, program_units, recompute_candidates
 
     report = net.memory_report(batch_size)
     program = net.program(batch_size)
@@ -210,8 +214,18 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     rest = max(sum(b.nbytes for b in kept if b.first <= moment <= b.last) + scratch[moment]
                for moment in range(program.moments))
     units, _, steps = program_units(program)
-    plan = build_plan(units, window, steps)
+    plan = build_plan(units, window, steps, recompute_candidates(program, units))
+    swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    layers = []
+    for unit in sorted(plan.units.values(), key=lambda u: (u.spec.owner, u.spec.part)):
+        if unit.spec.backward_start is None:
+            continue  # transient: read by forwards only, never kept for backward
+        source = ""
+        if unit.recompute is not None:
+            source = " + ".join(program.node_names[key[0]] for key in unit.recompute.source_units)
+        layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
+                       "bytes": unit.nbytes, "decision": unit.decision, "from": source})
     return {
         "window": window,
         "planned_peak_bytes_no_offload": report.planned_peak_bytes,
@@ -224,4 +238,21 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
         "offload_lower_bound_bytes": plan.lower_bound_bytes,
         "swap_file_bytes": plan.file_bytes,
         "written_per_step_bytes": plan.offloaded_bytes,
+        "written_per_step_bytes_swap_only": swap_only.offloaded_bytes,
+        "recomputed_per_step_bytes": sum(u.nbytes for u in plan.recomputed),
+        "layers": layers,
     }
+
+
+def render_plan_layers(peaks: dict[str, Any]) -> str:
+    """``engine memory --offload-n``: per layer, what its saved tensors do (keep, swap, recompute)."""
+    mib = 2.0**20
+    lines = [f"{'layer (saved for backward)':<34}{'tensors':<22}{'MiB':>8}  decision",
+             "-" * 86]
+    for row in peaks["layers"]:
+        decision = row["decision"] + (f" from {row['from']}" if row["from"] else "")
+        lines.append(f"{row['layer']:<34}{','.join(row['tensors']):<22}{row['bytes'] / mib:>8.2f}  {decision}")
+    lines.append(f"written per step: {peaks['written_per_step_bytes'] / mib:.1f} MiB with recompute, "
+                 f"{peaks['written_per_step_bytes_swap_only'] / mib:.1f} MiB if all of it were swapped; "
+                 f"{peaks['recomputed_per_step_bytes'] / mib:.1f} MiB rebuilt before backward instead")
+    return "\n".join(lines)

@@ -35,11 +35,12 @@ class HostTransfer:
         return None
 
     def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
-             ready: Any) -> None:
-        storage.write(records, span, file_offset)
+             ready: Any, step: int = 0) -> None:
+        storage.write(records, span, file_offset, step)
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int) -> Any:
-        storage.read(records, span, file_offset)
+    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             step: int = 0) -> Any:
+        storage.read(records, span, file_offset, step)
         return None
 
     def wait_loaded(self, event: Any) -> None:
@@ -85,7 +86,7 @@ class DeviceStaging:
         return self._event(self.compute_stream) if self.on_gpu else None
 
     def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
-             ready: Any) -> None:
+             ready: Any, step: int = 0) -> None:
         host = self.save_buffer[:span.nbytes]
         if self.on_gpu:
             stream = self.save_stream
@@ -95,14 +96,15 @@ class DeviceStaging:
         else:
             np.copyto(host, span)
         self.staged_bytes += span.nbytes
-        storage.write(records, host, file_offset)
+        storage.write(records, host, file_offset, step)
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int) -> Any:
+    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             step: int = 0) -> Any:
         if self._previous_load is not None:
             self._previous_load.synchronize()  # the last copy out of load_buffer finished: safe to refill
             self._previous_load = None
         host = self.load_buffer[:span.nbytes]
-        storage.read(records, host, file_offset)
+        storage.read(records, host, file_offset, step)
         self.staged_bytes += span.nbytes
         if self.on_gpu:
             span.set(host, stream=self.load_stream)

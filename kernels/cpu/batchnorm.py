@@ -4,6 +4,14 @@
 one thread, over n then h*w, in float64. No partial sums cross threads, so the bits do not depend on
 the thread count, and the float64 accumulators keep the statistics accurate over large batches.
 Arrays are viewed as [N, C, H*W] so one compiled version serves every spatial size.
+
+``batchnorm_backward_from_output`` is In-Place ABN's backward (arXiv 1712.02616): it rebuilds
+x̂ = (out − β) / γ from the *output*, so a layer keeps its output (which the ReLU after it and the
+offload plan can share) instead of its input. Dividing by γ needs γ ≠ 0: every kernel here uses
+γ with its magnitude raised to ``GAMMA_MIN`` (sign kept, 0 → +GAMMA_MIN), in forward and inference
+alike, so the value the output was made with is the one backward divides by. With γ initialized to
+1 this never triggers; the x̂ rebuilt for |γ| = 1e-5 and |β| = 1 is off by about ulp(1)/1e-5 = 1e-2,
+harmless for a channel whose dx is scaled by γ.
 """
 
 from __future__ import annotations
@@ -14,6 +22,15 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.checks import check_array
+
+GAMMA_MIN = 1e-5
+
+
+@njit(cache=True, inline="always")
+def _safe_gamma(g):
+    if abs(g) >= GAMMA_MIN:
+        return g
+    return -GAMMA_MIN if g < 0 else GAMMA_MIN
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -33,7 +50,7 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
                 squares += d * d
         var = squares / count  # biased: what the batch is normalized with
         invstd = 1.0 / math.sqrt(var + eps)
-        scale = gamma[c] * invstd
+        scale = _safe_gamma(gamma[c]) * invstd
         shift = beta[c] - mean * scale
         for n in range(N):
             for i in range(area):
@@ -49,7 +66,7 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
 def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
     N, C, area = x.shape
     for c in prange(C):
-        scale = gamma[c] / math.sqrt(running_var[c] + eps)
+        scale = _safe_gamma(gamma[c]) / math.sqrt(running_var[c] + eps)
         shift = beta[c] - running_mean[c] * scale
         for n in range(N):
             for i in range(area):
@@ -73,12 +90,39 @@ def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
         dbeta[c] = sum_dout
         dgamma[c] = sum_dout_xhat
         # dx = gamma * invstd / M * (M * dout - sum_dout - xhat * sum_dout_xhat), expanded per element
-        k = gamma[c] * invstd
+        k = _safe_gamma(gamma[c]) * invstd
         mean_dout = sum_dout / count
         mean_dout_xhat = sum_dout_xhat / count
         for n in range(N):
             for i in range(area):
                 xhat = (x[n, c, i] - mean) * invstd
+                dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
+    N, C, area = y.shape
+    count = N * area
+    for c in prange(C):
+        g = np.float64(_safe_gamma(gamma[c]))
+        inv_g = 1.0 / g
+        b = np.float64(beta[c])
+        invstd = np.float64(save_invstd[c])
+        sum_dout = 0.0
+        sum_dout_xhat = 0.0
+        for n in range(N):
+            for i in range(area):
+                d = np.float64(dout[n, c, i])
+                sum_dout += d
+                sum_dout_xhat += d * ((y[n, c, i] - b) * inv_g)
+        dbeta[c] = sum_dout
+        dgamma[c] = sum_dout_xhat
+        k = g * invstd
+        mean_dout = sum_dout / count
+        mean_dout_xhat = sum_dout_xhat / count
+        for n in range(N):
+            for i in range(area):
+                xhat = (y[n, c, i] - b) * inv_g
                 dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
 
 
@@ -155,5 +199,29 @@ def batchnorm_backward(
         check_array(op, name, array, (C,))
     _backward(
         x.reshape(N, C, area), dout.reshape(N, C, area), gamma, save_mean, save_invstd, dx.reshape(N, C, area),
+        dgamma, dbeta,
+    )  # fmt: skip
+
+
+def batchnorm_backward_from_output(
+    out: np.ndarray,
+    dout: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    save_invstd: np.ndarray,
+    dx: np.ndarray,
+    dgamma: np.ndarray,
+    dbeta: np.ndarray,
+) -> None:
+    """Gradients of the training forward from its output: x̂ = (out − β) / γ (module docstring)."""
+    op = "batchnorm_backward_from_output"
+    N, C, area = _channels(op, out)
+    check_array(op, "dout", dout, out.shape)
+    check_array(op, "dx", dx, out.shape)
+    for name, array in [("gamma", gamma), ("beta", beta), ("save_invstd", save_invstd), ("dgamma", dgamma),
+                        ("dbeta", dbeta)]:  # fmt: skip
+        check_array(op, name, array, (C,))
+    _backward_from_output(
+        out.reshape(N, C, area), dout.reshape(N, C, area), gamma, beta, save_invstd, dx.reshape(N, C, area),
         dgamma, dbeta,
     )  # fmt: skip

@@ -4,6 +4,10 @@ Every kernel runs ``prange`` over the N*C planes: a plane's outputs (forward) or
 (backward) belong to one thread, so backward can add overlapping windows' shares without races and
 the result does not depend on the thread count. Windows are clipped to the input instead of padding
 it, so no padded copy is ever made.
+
+The argmax is int32 (h * W + w in the input plane) or uint8 (the winner's place in its window,
+r * kernel + s, for windows of at most 16 values, e.g. 3x3): a quarter of the bytes kept for backward,
+and backward, given the window geometry, finds the same input element. Same bits either way.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from kernels.cpu.checks import check_array
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _maxpool_forward(x, out, argmax, kernel, stride, pad):
+def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
     N, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
     for plane in prange(N * C):
@@ -27,15 +31,18 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad):
                 w_lo = max(ow * stride - pad, 0)
                 w_hi = min(ow * stride - pad + kernel, W)
                 best = -np.inf
-                best_index = h_lo * W + w_lo
+                best_h, best_w = h_lo, w_lo
                 for h in range(h_lo, h_hi):
                     for w in range(w_lo, w_hi):
                         v = x[n, c, h, w]
                         if v > best or np.isnan(v):  # the first maximum wins; a NaN wins, as in PyTorch
                             best = v
-                            best_index = h * W + w
+                            best_h, best_w = h, w
                 out[n, c, oh, ow] = best
-                argmax[n, c, oh, ow] = best_index
+                if local:  # uint8: the place in the window (which may start in the padding)
+                    argmax[n, c, oh, ow] = (best_h - (oh * stride - pad)) * kernel + best_w - (ow * stride - pad)
+                else:
+                    argmax[n, c, oh, ow] = best_h * W + best_w
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -45,6 +52,19 @@ def _maxpool_backward(dout, argmax, dx):
         dx[plane, :] = 0
         for i in range(dout.shape[1]):
             dx[plane, argmax[plane, i]] += dout[plane, i]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _maxpool_backward_local(dout, argmax, dx, OW, W, kernel, stride, pad):
+    """As _maxpool_backward, the winner decoded from its place in the window (uint8 argmax)."""
+    for plane in prange(dx.shape[0]):
+        dx[plane, :] = 0
+        for i in range(dout.shape[1]):
+            oh, ow = i // OW, i % OW
+            place = np.int64(argmax[plane, i])
+            h = oh * stride - pad + place // kernel
+            w = ow * stride - pad + place % kernel
+            dx[plane, h * W + w] += dout[plane, i]
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -126,26 +146,47 @@ def _check_window(op: str, x: np.ndarray, out_shape: tuple[int, ...], kernel: in
         raise ValueError(f"{op}: output has shape {tuple(out_shape)}, expected {expected}")
 
 
+def argmax_is_local(argmax: np.ndarray, kernel: int, op: str) -> bool:
+    """True for a uint8 argmax (place in the window), False for int32 (place in the plane)."""
+    if np.dtype(argmax.dtype) == np.uint8:
+        if not 1 <= kernel <= 16 or kernel * kernel > 256:
+            raise ValueError(f"{op}: a uint8 argmax holds windows of at most 256 values (16x16), got kernel {kernel}")
+        return True
+    if np.dtype(argmax.dtype) != np.int32:
+        raise ValueError(f"{op}: argmax must be int32 or uint8, got {argmax.dtype}")
+    return False
+
+
 def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel: int, stride: int, pad: int) -> None:
-    """out = each window's maximum; argmax[int32] = its flat h * W + w index in the input plane."""
+    """out = each window's maximum; argmax = its flat h * W + w in the input plane (int32) or r * kernel + s
+    in its window (uint8)."""
     op = "maxpool2d_forward"
     check_array(op, "x", x)
     _check_window(op, x, out.shape, kernel, stride, pad)
     check_array(op, "out", out)
-    check_array(op, "argmax", argmax, out.shape, np.int32)
-    _maxpool_forward(x, out, argmax, int(kernel), int(stride), int(pad))
+    local = argmax_is_local(argmax, kernel, op)
+    check_array(op, "argmax", argmax, out.shape, argmax.dtype)
+    _maxpool_forward(x, out, argmax, int(kernel), int(stride), int(pad), local)
 
 
-def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray) -> None:
-    """dx = 0, then each output's gradient added at its argmax."""
+def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray, kernel: int = 0, stride: int = 0,
+                       pad: int = 0) -> None:
+    """dx = 0, then each output's gradient added at its argmax (a uint8 argmax needs the window geometry)."""
     op = "maxpool2d_backward"
     check_array(op, "dout", dout)
-    check_array(op, "argmax", argmax, dout.shape, np.int32)
+    if np.dtype(argmax.dtype) == np.uint8 and (kernel < 1 or stride < 1 or pad < 0):
+        raise ValueError(f"{op}: a uint8 argmax needs kernel, stride and pad, got {kernel}, {stride}, {pad}")
+    local = argmax_is_local(argmax, kernel, op) if np.dtype(argmax.dtype) == np.uint8 else False
+    check_array(op, "argmax", argmax, dout.shape, np.uint8 if local else np.int32)
     check_array(op, "dx", dx)
     if dx.ndim != 4 or dout.ndim != 4 or dx.shape[:2] != dout.shape[:2]:
         raise ValueError(f"{op}: dx {dx.shape} and dout {dout.shape} must be NCHW with the same N and C")
     planes = dx.shape[0] * dx.shape[1]
-    _maxpool_backward(dout.reshape(planes, -1), argmax.reshape(planes, -1), dx.reshape(planes, -1))
+    if local:
+        _maxpool_backward_local(dout.reshape(planes, -1), argmax.reshape(planes, -1), dx.reshape(planes, -1),
+                                dout.shape[3], dx.shape[3], int(kernel), int(stride), int(pad))
+    else:
+        _maxpool_backward(dout.reshape(planes, -1), argmax.reshape(planes, -1), dx.reshape(planes, -1))
 
 
 def avgpool2d_forward(x: np.ndarray, out: np.ndarray, kernel: int, stride: int, pad: int) -> None:

@@ -43,7 +43,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "global_avgpool_backward": pool.global_avgpool_backward,
     "batchnorm_forward_train": batchnorm.batchnorm_forward_train,
     "batchnorm_forward_infer": batchnorm.batchnorm_forward_infer,
-    "batchnorm_backward": batchnorm.batchnorm_backward,
+    "batchnorm_backward_from_output": batchnorm.batchnorm_backward_from_output,
     "softmax_xent_forward": loss.softmax_xent_forward,
     "softmax_xent_backward": loss.softmax_xent_backward,
     "sgd_update": optim.sgd_update,

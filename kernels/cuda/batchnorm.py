@@ -5,6 +5,9 @@ two-pass variance, which does not lose digits the way E[x²] − E[x]² does), u
 statistics, and normalizes the channel. Backward is one kernel too: two tree sums (Σ dout and
 Σ dout·x̂) and then dx. Every sum is ``block_sum`` (kernels/cuda/reduce.py), a shared-memory tree
 with a block size fixed by the shape: no atomics, the same bits on every run.
+
+``batchnorm_backward_from_output`` rebuilds x̂ = (out − β) / γ from the output (In-Place ABN, see
+kernels/cpu/batchnorm.py); every kernel uses γ with |γ| raised to ``GAMMA_MIN``, as the CPU's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from numba import cuda, float32
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, f32, launch, reduction_threads
 from kernels.cuda.reduce import block_sum
 
+GAMMA_MIN = 1e-5
+
+# The floor is written out in each kernel: a device function makes compile_ptx start the driver.
 
 @cuda.jit
 def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
@@ -52,7 +58,10 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
         running_mean[c] = (float32(1.0) - momentum) * running_mean[c] + momentum * mean
         running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
 
-    scale = gamma[c] * invstd
+    g = gamma[c]
+    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
+        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    scale = g * invstd
     shift = beta[c]
     for e in range(tid, count, threads):
         n = e // P
@@ -71,7 +80,10 @@ def batchnorm_infer_kernel(x, gamma, beta, running_mean, running_var, out, eps):
         rest = e - n * (C * P)
         c = rest // P
         p = rest - c * P
-        scale = gamma[c] / math.sqrt(running_var[c] + eps)
+        g = gamma[c]
+        if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
+            g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+        scale = g / math.sqrt(running_var[c] + eps)
         out[n, c, p] = (x[n, c, p] - running_mean[c]) * scale + beta[c]
 
 
@@ -101,13 +113,56 @@ def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat
 
-    scale = gamma[c] * invstd
+    g = gamma[c]
+    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
+        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    scale = g * invstd
     mean_dout = total_dout / float32(count)
     mean_dout_xhat = total_dout_xhat / float32(count)
     for e in range(tid, count, threads):
         n = e // P
         p = e - n * P
         xhat = (x[n, c, p] - mean) * invstd
+        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
+
+
+@cuda.jit
+def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
+    """As batchnorm_backward_kernel, with x̂ = (out − β) / γ rebuilt from the output."""
+    partial = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
+    c = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    P = y.shape[2]
+    count = y.shape[0] * P
+    g = gamma[c]
+    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
+        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    inv_g = float32(1.0) / g
+    b = beta[c]
+    invstd = save_invstd[c]
+
+    acc_dout = float32(0.0)
+    acc_dout_xhat = float32(0.0)
+    for e in range(tid, count, threads):
+        n = e // P
+        p = e - n * P
+        d = dout[n, c, p]
+        acc_dout += d
+        acc_dout_xhat += d * ((y[n, c, p] - b) * inv_g)
+    total_dout = block_sum(partial, acc_dout)
+    total_dout_xhat = block_sum(partial, acc_dout_xhat)
+    if tid == 0:
+        dbeta[c] = total_dout
+        dgamma[c] = total_dout_xhat
+
+    scale = g * invstd
+    mean_dout = total_dout / float32(count)
+    mean_dout_xhat = total_dout_xhat / float32(count)
+    for e in range(tid, count, threads):
+        n = e // P
+        p = e - n * P
+        xhat = (y[n, c, p] - b) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
 
 
@@ -179,6 +234,26 @@ def batchnorm_backward(
         _view3(dout),
         gamma,
         save_mean,
+        save_invstd,
+        _view3(dx),
+        dgamma,
+        dbeta,
+    )
+
+
+def batchnorm_backward_from_output(
+    out: Any, dout: Any, gamma: Any, beta: Any, save_invstd: Any, dx: Any, dgamma: Any, dbeta: Any
+) -> None:
+    y3 = _view3(out)
+    N, C, P = y3.shape
+    launch(
+        batchnorm_backward_from_output_kernel,
+        C,
+        reduction_threads(N * P),
+        y3,
+        _view3(dout),
+        gamma,
+        beta,
         save_invstd,
         _view3(dx),
         dgamma,

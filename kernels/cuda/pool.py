@@ -2,8 +2,9 @@
 
 Forward kernels run one thread per output. Backward kernels must not race where windows overlap:
 average-pool backward gathers (one thread per dx element sums the outputs whose windows cover it),
-and max-pool backward, which gets no window geometry, scatters one (n, c) plane per thread in output
-order. Neither uses atomics, so gradients are the same bits on every run.
+and max-pool backward scatters one (n, c) plane per thread in output order. Neither uses atomics,
+so gradients are the same bits on every run. A uint8 argmax holds the winner's place in its window
+(r * kernel + s; kernels/cpu/pool.py says why), decoded by ``maxpool_backward_local_kernel``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from numba import cuda, float32
+from numba import cuda, float32, int64
 
 from kernels.cuda._launch import THREADS_PER_BLOCK, blocks_for, launch, pair_shape
 
 
 @cuda.jit
-def maxpool_forward_kernel(x, out, argmax, kernel, stride, pad):
+def maxpool_forward_kernel(x, out, argmax, kernel, stride, pad, local):
     """out = the first maximum of each window in row-major order; argmax = its h·W + w."""
     e = cuda.grid(1)
     N, C, OH, OW = out.shape
@@ -41,7 +42,7 @@ def maxpool_forward_kernel(x, out, argmax, kernel, stride, pad):
                         v = x[n, c, h, w]
                         if best_index < 0 or v > best:
                             best = v
-                            best_index = h * W + w
+                            best_index = r * kernel + s if local else h * W + w
         out[n, c, oh, ow] = best
         argmax[n, c, oh, ow] = best_index
 
@@ -58,6 +59,23 @@ def maxpool_backward_kernel(dout, argmax, dx):
             dx[plane, i] = float32(0.0)
         for o in range(dout.shape[1]):
             dx[plane, argmax[plane, o]] += dout[plane, o]
+
+
+@cuda.jit
+def maxpool_backward_local_kernel(dout, argmax, dx, OW, W, kernel, stride, pad):
+    """As maxpool_backward_kernel, the winner decoded from its place in the window (uint8 argmax)."""
+    plane = cuda.grid(1)
+    if plane < dx.shape[0]:
+        for i in range(dx.shape[1]):
+            dx[plane, i] = float32(0.0)
+        for o in range(dout.shape[1]):
+            oh = o // OW
+            ow = o - oh * OW
+            place = int64(argmax[plane, o])  # uint8 arithmetic would wrap (and overflows under the simulator)
+            r = place // kernel
+            h = oh * stride - pad + r
+            w = ow * stride - pad + (place - r * kernel)
+            dx[plane, h * W + w] += dout[plane, o]
 
 
 @cuda.jit
@@ -147,12 +165,24 @@ def _pool_args(x: Any, out: Any, kernel: Any, stride: Any, pad: Any) -> tuple[in
 
 def maxpool2d_forward(x: Any, out: Any, argmax: Any, kernel: Any, stride: Any, pad: Any) -> None:
     kernel, stride, pad = _pool_args(x, out, kernel, stride, pad)
-    launch(maxpool_forward_kernel, blocks_for(out.size), THREADS_PER_BLOCK, x, out, argmax, kernel, stride, pad)
+    local = str(argmax.dtype) == "uint8"
+    if local and kernel * kernel > 256:
+        raise ValueError(f"maxpool2d_forward: a uint8 argmax holds windows of at most 256 values, got kernel {kernel}")
+    launch(maxpool_forward_kernel, blocks_for(out.size), THREADS_PER_BLOCK, x, out, argmax, kernel, stride, pad,
+           local)
 
 
-def maxpool2d_backward(dout: Any, argmax: Any, dx: Any) -> None:
+def maxpool2d_backward(dout: Any, argmax: Any, dx: Any, kernel: int = 0, stride: int = 0, pad: int = 0) -> None:
     N, C, H, W = dx.shape
     planes = N * C
+    if str(argmax.dtype) == "uint8":
+        if kernel < 1 or stride < 1 or pad < 0:
+            raise ValueError(f"maxpool2d_backward: a uint8 argmax needs kernel, stride and pad, got {kernel}, "
+                             f"{stride}, {pad}")
+        launch(maxpool_backward_local_kernel, blocks_for(planes), THREADS_PER_BLOCK, dout.reshape(planes, -1),
+               argmax.reshape(planes, -1), dx.reshape(planes, H * W), dout.shape[3], W, int(kernel), int(stride),
+               int(pad))
+        return
     launch(
         maxpool_backward_kernel,
         blocks_for(planes),

@@ -4,11 +4,22 @@ Training normalizes with the batch mean and the *biased* batch variance, saves m
 backward, and moves the running statistics towards the batch ones by ``momentum``, using the
 *unbiased* variance (n / (n - 1) times the biased one) for running_var. Inference uses the running
 statistics only.
+
+Every kernel uses γ with its magnitude raised to ``GAMMA_MIN`` (``safe_gamma``), so that
+``batchnorm_backward_from_output`` can rebuild x̂ = (out − β) / γ from the output (In-Place ABN).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+GAMMA_MIN = 1e-5
+
+
+def safe_gamma(gamma: np.ndarray) -> np.ndarray:
+    """γ with |γ| raised to GAMMA_MIN, sign kept (0 becomes +GAMMA_MIN)."""
+    gamma = np.asarray(gamma)
+    return np.where(np.abs(gamma) >= GAMMA_MIN, gamma, np.where(gamma < 0, -GAMMA_MIN, GAMMA_MIN)).astype(gamma.dtype)
 
 
 def batchnorm_forward_train(
@@ -30,7 +41,7 @@ def batchnorm_forward_train(
     var = ((x64 - mean[None, :, None, None]) ** 2).mean(axis=(0, 2, 3))  # biased: normalizes
     invstd = 1.0 / np.sqrt(var + eps)
     xhat = (x64 - mean[None, :, None, None]) * invstd[None, :, None, None]
-    out[...] = gamma[None, :, None, None] * xhat + beta[None, :, None, None]
+    out[...] = safe_gamma(gamma)[None, :, None, None] * xhat + beta[None, :, None, None]
     save_mean[...] = mean
     save_invstd[...] = invstd
     unbiased_var = var * count / (count - 1)
@@ -48,7 +59,7 @@ def batchnorm_forward_infer(
     eps: float,
 ) -> None:
     invstd = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
-    scale = gamma * invstd
+    scale = safe_gamma(gamma) * invstd
     shift = beta - running_mean * scale
     out[...] = x * scale[None, :, None, None] + shift[None, :, None, None]
 
@@ -80,10 +91,34 @@ def batchnorm_backward(
     sum_dout_xhat = (dout64 * xhat).sum(axis=(0, 2, 3))
     dbeta[...] = sum_dout
     dgamma[...] = sum_dout_xhat
-    g = gamma.astype(np.float64)[None, :, None, None]
+    g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
     dx[...] = (
         g
         * invstd
         / count
         * (count * dout64 - sum_dout[None, :, None, None] - xhat * sum_dout_xhat[None, :, None, None])
     )
+
+
+def batchnorm_backward_from_output(
+    out: np.ndarray,
+    dout: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    save_invstd: np.ndarray,
+    dx: np.ndarray,
+    dgamma: np.ndarray,
+    dbeta: np.ndarray,
+) -> None:
+    """``batchnorm_backward`` with x̂ rebuilt from the output: x̂ = (out − β) / γ (In-Place ABN)."""
+    g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
+    xhat = (out.astype(np.float64) - beta.astype(np.float64)[None, :, None, None]) / g
+    count = out.shape[0] * out.shape[2] * out.shape[3]
+    invstd = save_invstd.astype(np.float64)[None, :, None, None]
+    dout64 = dout.astype(np.float64)
+    sum_dout = dout64.sum(axis=(0, 2, 3))
+    sum_dout_xhat = (dout64 * xhat).sum(axis=(0, 2, 3))
+    dbeta[...] = sum_dout
+    dgamma[...] = sum_dout_xhat
+    dx[...] = g * invstd / count * (count * dout64 - sum_dout[None, :, None, None]
+                                    - xhat * sum_dout_xhat[None, :, None, None])

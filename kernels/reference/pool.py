@@ -15,7 +15,8 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
 
 
 def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel: int, stride: int, pad: int) -> None:
-    """out = max over each window (padding never wins); argmax = h * W + w of the first maximum."""
+    """out = max over each window (padding never wins); argmax = h * W + w of the first maximum (int32), or
+    its place r * kernel + s in the window (uint8)."""
     N, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
     for oh in range(OH):
@@ -27,13 +28,23 @@ def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel
             first = window.argmax(axis=2)  # first maximum in row-major order, as PyTorch
             wh = w_hi - w_lo
             out[:, :, oh, ow] = np.take_along_axis(window, first[:, :, None], axis=2)[:, :, 0]
-            argmax[:, :, oh, ow] = (h_lo + first // wh) * W + (w_lo + first % wh)
+            h, w = h_lo + first // wh, w_lo + first % wh
+            argmax[:, :, oh, ow] = (h - h0) * kernel + (w - w0) if argmax.dtype == np.uint8 else h * W + w
 
 
-def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray) -> None:
-    """Each output's gradient goes to the input element that won its window (summed where windows overlap)."""
+def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray, kernel: int = 0, stride: int = 0,
+                       pad: int = 0) -> None:
+    """Each output's gradient goes to the input element that won its window (summed where windows overlap).
+
+    A uint8 argmax holds the place in the window: decoded with ``kernel``, ``stride`` and ``pad``."""
     N, C, H, W = dx.shape
     dx[...] = 0
+    if argmax.dtype == np.uint8:
+        OH, OW = dout.shape[2], dout.shape[3]
+        oh = np.arange(OH)[:, None]
+        ow = np.arange(OW)[None, :]
+        place = argmax.astype(np.int64)
+        argmax = (oh * stride - pad + place // kernel) * W + (ow * stride - pad + place % kernel)
     flat_dx = dx.reshape(N * C, H * W)
     flat_dout = dout.reshape(N * C, -1)
     flat_argmax = argmax.reshape(N * C, -1)

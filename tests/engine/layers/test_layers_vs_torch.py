@@ -142,7 +142,8 @@ def test_batchnorm2d_training(backend):
     close(ours["buffers"]["running_mean"], module.running_mean)
     close(ours["buffers"]["running_var"], module.running_var)
     assert layer.num_batches_tracked == 1
-    assert set(ours["saved"]) == {"save_mean", "save_invstd"}  # FF_CACHE tensors (x is the caller's array)
+    # In-Place ABN: the output and 1/std are kept, x̂ is rebuilt from the output (the input is not kept)
+    assert set(ours["saved"]) == {"out", "save_invstd"}
 
 
 def test_batchnorm2d_inference_uses_running_statistics(backend):

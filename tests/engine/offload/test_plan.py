@@ -65,11 +65,12 @@ def test_resnet18_units_and_transients():
     net = build_model("resnet18", 10, "cpu", image_size=16)
     units, creations, steps = program_units(net.program(2))
     by_name = {(u.name, u.part): u for u in units}
-    # batch norm's output feeds ReLU, which keeps its own output: only forwards read it
-    assert ("layer1.0.bn1", "transient") in by_name and ("layer1.0.bn1", "saved") in by_name
-    assert by_name[("layer1.0.bn1", "transient")].backward_start is None
-    # a conv output is read again by the batch norm's backward
-    assert by_name[("layer1.0.conv1", "saved")].backward_start is not None
+    # batch norm keeps its output (In-Place ABN): its input, the conv's output, is read by forwards only
+    assert ("layer1.0.conv1", "transient") in by_name and ("layer1.0.conv1", "saved") not in by_name
+    assert by_name[("layer1.0.conv1", "transient")].backward_start is None
+    assert by_name[("layer1.0.bn1", "saved")].backward_start is not None
+    assert [t.name for t in by_name[("layer1.0.bn1", "saved")].tensors] == ["layer1.0.bn1:out",
+                                                                             "layer1.0.bn1:save_invstd"]
     for window in (1, 4):
         plan = build_plan(units, window, steps)
         check_plan(plan)

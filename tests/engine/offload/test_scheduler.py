@@ -81,6 +81,30 @@ def test_weights_are_bit_identical_with_any_window(cpu, tmp_path, model, options
     assert swap_dirs(tmp_path) == []  # every run removed its directory
 
 
+def test_relu_outputs_are_recomputed_not_swapped_with_the_same_bits(cpu, tmp_path):
+    """A ReLU after a batch norm is rebuilt from the kept batch-norm output: fewer bytes written, same weights,
+    whatever the verify mode."""
+    shape = (3, 8, 8)
+    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    runs = {}
+    for recompute, verify in ((False, "full"), (True, "full"), (True, "header"), (True, "off")):
+        weights, stats, scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, recompute=recompute,
+                                          verify=verify)
+        for key in reference:
+            assert np.array_equal(reference[key], weights[key]), f"recompute {recompute}, {verify}: {key} differs"
+        assert_bounded(stats)
+        runs[recompute, verify] = stats[-1], scheduler._plan
+    swapped, plain_plan = runs[False, "full"]
+    rebuilt, plan = runs[True, "full"]
+    assert swapped.recomputed_bytes == 0 and rebuilt.recomputed_bytes > 0 and rebuilt.recompute_s > 0
+    assert {u.decision for u in plan.recomputed} == {"recompute"}
+    assert all(u.spec.name.endswith("relu") or ".relu" in u.spec.name for u in plan.recomputed)
+    chains = [u.recompute.nodes for u in plan.recomputed]
+    assert any(len(c) == 1 for c in chains) and any(len(c) == 2 for c in chains)  # ReLU, and Add then ReLU
+    assert rebuilt.bytes_written < 0.75 * swapped.bytes_written
+    assert plan.offloaded_bytes < 0.8 * plain_plan.offloaded_bytes  # whole pages: tiny shapes round up
+
+
 def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
     def slow(operation, nbytes):
         if operation == "read":
@@ -91,6 +115,25 @@ def test_auto_window_grows_when_storage_is_slow(cpu, tmp_path):
     assert stats[0].load_wait_s > 0  # the executor waited for a load...
     assert scheduler.window > stats[0].window  # ...so the window grew
     assert [s.window for s in stats] == sorted(s.window for s in stats)
+    assert_bounded(stats)
+
+
+def test_auto_predicts_load_times_and_starts_loads_that_far_ahead(cpu, tmp_path):
+    """Reads slowed to a known bandwidth: the loader's lead (steps ahead of the need) grows past N to cover
+    the predicted load time, the weights stay the same bits and memory stays inside the plan's arena."""
+    def slow(operation, nbytes):
+        if operation == "read":
+            time.sleep(0.02 + nbytes / 20e6)  # ~20 MB/s plus a fixed cost
+
+    reference, _, _ = train(cpu, "mlp", None, 5, 2, MLP, tmp_path, (3, 8, 8))
+    weights, stats, scheduler = train(cpu, "mlp", "auto", 5, 2, MLP, tmp_path, (3, 8, 8), delay=slow,
+                                      shrink_after=100)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    assert stats[0].lead_steps == stats[0].window  # nothing measured yet: the lead is N
+    assert 0 < scheduler._bandwidth < 1e9 and all(s.read_bandwidth_bps > 0 for s in stats)
+    assert any(s.lead_steps > s.window for s in stats[1:])  # a prediction reached further than N
+    assert all(lead >= scheduler.window for lead in scheduler._lead.values())
     assert_bounded(stats)
 
 

@@ -110,3 +110,24 @@ def test_bench_worker_interleaves_both_runs():
     assert offload["windows"] == [1, 1]  # the two measured steps
     assert 0 < offload["peak_resident_bytes"] < plain["peak_resident_bytes"]
     assert offload["written_bytes_per_step"] == offload["read_bytes_per_step"] > 0
+
+
+def test_engine_memory_shows_keep_swap_recompute_per_layer():
+    arguments = ["memory", "--model", "resnet18", "--image-size", "8", "--batch-size", "2", "--offload-n", "1"]
+    result = CliRunner().invoke(main, [*arguments, "--json"])
+    assert result.exit_code == 0, result.output
+    offload = json.loads(result.output)["offload"]
+    decisions = {row["layer"]: (row["decision"], row["from"]) for row in offload["layers"]}
+    assert decisions["layer1.0.relu1"] == ("recompute", "layer1.0.bn1")
+    assert decisions["layer2.0.relu2"] == ("recompute", "layer2.0.bn2 + layer2.0.downsample.1")
+    assert decisions["layer1.0.bn1"][0] == "swap" and decisions["fc"][0] == "keep"
+    assert "layer1.0.conv1" not in decisions  # batch norm keeps its output: the conv's output is not saved
+    assert offload["written_per_step_bytes"] < offload["written_per_step_bytes_swap_only"]
+    text = CliRunner().invoke(main, arguments).output
+    assert "recompute from layer1.0.bn1" in text and "MiB if all of it were swapped" in text
+
+
+def test_config_takes_the_verify_mode():
+    assert OffloadConfig.from_options("2", None, None, verify="header").verify == "header"
+    with pytest.raises(ValueError, match="--offload-verify must be one of full, header, off"):
+        OffloadConfig.from_options("2", None, None, verify="sha")

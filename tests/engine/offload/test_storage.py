@@ -88,6 +88,39 @@ def test_checksum_mismatch_names_layer_and_tensor(tmp_path):
         storage.close()
 
 
+def _flip(storage, offset):
+    with open(storage.file_path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_verify_modes_header_sample_stale_step_and_off(tmp_path):
+    """header: a flip inside the sample (first 4 KiB) and a record from another step are errors, a flip
+    between the sampled pieces is not; off: nothing is checked; full (above): every byte."""
+    array = np.arange(64 * 1024, dtype=np.float32)  # 256 KiB: the sample is a small part of it
+    for verify in ("header", "off"):
+        with SwapStorage(1 << 20, str(tmp_path), verify=verify) as storage:
+            records, buffer = pack([array])
+            storage.write(records, buffer, 0, step=3)
+            storage.read(records, buffer, 0, step=3)
+            _flip(storage, 4096 + 2048)  # between the first 4 KiB and the first sampled piece after them
+            storage.read(records, buffer, 0, step=3)
+            _flip(storage, 100)  # inside the first 4 KiB
+            if verify == "header":
+                with pytest.raises(SwapChecksumError, match=r"layer 'layer1.0.conv1', tensor 'tensor0'"):
+                    storage.read(records, buffer, 0, step=3)
+                with pytest.raises(SwapChecksumError, match="step 4.*step 3"):
+                    storage.read(records, buffer, 0, step=4)
+            else:
+                storage.read(records, buffer, 0, step=4)
+    with pytest.raises(ValueError, match="verify must be one of full, header, off"):
+        SwapStorage(4096, str(tmp_path), verify="crc")
+
+
 def test_reading_what_was_never_written_is_an_error(tmp_path):
     with SwapStorage(1 << 14, str(tmp_path)) as storage:
         records, buffer = pack([np.zeros(4, np.float32)])

@@ -44,6 +44,15 @@ def test_maxpool_matches_reference_and_torch(shape, kernel, stride, pad, rng):
     np.testing.assert_array_equal(argmax, t_indices.numpy())
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-6, atol=1e-6)
 
+    # uint8 argmax (the place in the window): the same output and the same dx bits, cpu and reference
+    for module in (pool, reference):
+        out8, argmax8, dx8 = np.empty_like(out), np.full(out_shape, 255, np.uint8), np.full_like(x, np.nan)
+        module.maxpool2d_forward(x, out8, argmax8, kernel, stride, pad)
+        assert argmax8.max() < kernel * kernel
+        module.maxpool2d_backward(dout, argmax8, dx8, kernel, stride, pad)
+        np.testing.assert_array_equal(out8, out)
+        np.testing.assert_array_equal(dx8, dx if module is pool else expected_dx)
+
 
 @pytest.mark.parametrize("shape,kernel,stride,pad", CASES)
 def test_avgpool_matches_reference_and_torch(shape, kernel, stride, pad, rng):
@@ -102,3 +111,13 @@ def test_maxpool_propagates_nan_as_torch():
     t_out, t_indices = F.max_pool2d(torch.tensor(x), 2, 2, 0, return_indices=True)
     np.testing.assert_array_equal(out, t_out.numpy())  # NaN where torch has NaN
     np.testing.assert_array_equal(argmax, t_indices.numpy())
+
+
+def test_uint8_argmax_needs_the_window_geometry(rng):
+    x = rng.standard_normal((1, 1, 4, 4)).astype(np.float32)
+    out, argmax = np.empty((1, 1, 2, 2), np.float32), np.empty((1, 1, 2, 2), np.uint8)
+    pool.maxpool2d_forward(x, out, argmax, 2, 2, 0)
+    with pytest.raises(ValueError, match="needs kernel, stride and pad"):
+        pool.maxpool2d_backward(np.ones_like(out), argmax, np.empty_like(x))
+    with pytest.raises(ValueError, match="argmax must be int32 or uint8"):
+        pool.maxpool2d_forward(x, out, argmax.astype(np.int16), 2, 2, 0)

@@ -66,3 +66,19 @@ def test_batchnorm_statistics_are_deterministic():
     second = _train(batchnorm, x, gamma, beta, running_mean, running_var)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+
+
+def test_batchnorm_backward_from_output_matches_reference():
+    """In-Place ABN's backward (x̂ rebuilt from the output) against the reference, with one γ below the floor."""
+    x, gamma, beta, running_mean, running_var, dout = _inputs((2, 3, 3, 3), seed=2)
+    gamma[1] = 0.0  # raised to 1e-5 by every kernel, so the output can be divided back
+    out, _, save_invstd, _, _ = _train(ref, x, gamma, beta, running_mean, running_var)
+    C = x.shape[1]
+    got = [np.full_like(x, np.nan), np.full(C, np.nan, np.float32), np.full(C, np.nan, np.float32)]
+    batchnorm.batchnorm_backward_from_output(out, dout, gamma, beta, save_invstd, *got)
+    expected = [np.empty_like(x), np.empty(C, np.float32), np.empty(C, np.float32)]
+    ref.batchnorm_backward_from_output(out, dout, gamma, beta, save_invstd, *expected)
+    for actual, wanted in zip(got, expected):
+        assert_close(actual[:, [0, 2]] if actual.ndim == 4 else actual[[0, 2]],
+                     wanted[:, [0, 2]] if wanted.ndim == 4 else wanted[[0, 2]])
+    assert np.all(np.isfinite(got[0])) and np.all(np.isfinite(got[1]))

@@ -38,6 +38,15 @@ def test_maxpool_matches_reference(shape, kernel, stride, pad):
     ref.maxpool2d_backward(dout, expected_argmax, expected_dx)
     assert_close(dx, expected_dx)
 
+    out8, argmax8, dx8 = np.full_like(out, np.nan), np.full(out_shape, 255, np.uint8), np.full_like(x, np.nan)
+    pool.maxpool2d_forward(x, out8, argmax8, kernel, stride, pad)  # the place in the window, as the reference
+    expected8 = np.empty_like(argmax8)
+    ref.maxpool2d_forward(x, np.empty_like(out), expected8, kernel, stride, pad)
+    np.testing.assert_array_equal(argmax8, expected8)
+    np.testing.assert_array_equal(out8, expected)
+    pool.maxpool2d_backward(dout, argmax8, dx8, kernel, stride, pad)
+    np.testing.assert_array_equal(dx8, dx)
+
 
 @pytest.mark.parametrize("shape, kernel, stride, pad", CASES)
 def test_avgpool_matches_reference(shape, kernel, stride, pad):
