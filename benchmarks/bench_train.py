@@ -34,7 +34,7 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict
     from engine.data.datasets import synthetic
     from engine.optim import make_optimizer
     from engine.threads import set_threads
-    from engine.train import Trainer
+    from engine.train import StepRecord, Trainer, TrainingListener
     from models import build_network
 
     set_threads(threads)
@@ -42,10 +42,17 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict
     data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size)
     net = build_network(model, data, backend, seed=0)
     opt = make_optimizer("sgd", net, backend, 0.01, momentum=0.9, manager=net.mgr)
-    trainer = Trainer(net, opt, data, batch_size=batch_size, steps=steps, evaluate_at_end=False)
+    step_seconds: list[float] = []  # every step's seconds (the trainer keeps running sums only, issue 14)
+
+    class StepSeconds(TrainingListener):
+        def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+            step_seconds.append(record.seconds)
+
+    trainer = Trainer(net, opt, data, batch_size=batch_size, steps=steps, evaluate_at_end=False,
+                      listeners=[StepSeconds()])
     trainer.fit()
     rss = [r["rss_bytes"] for r in trainer.monitor.records]
-    return {"step_seconds": trainer.timing.step_seconds, "rss": rss}
+    return {"step_seconds": step_seconds, "rss": rss}
 
 
 def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
