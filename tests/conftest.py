@@ -1,10 +1,27 @@
-"""Shared test set-up: cudasim tests run only in the process started with NUMBA_ENABLE_CUDASIM=1."""
+"""Shared test set-up: cudasim tests run only in the process started with NUMBA_ENABLE_CUDASIM=1.
+
+``ENGINE_TEST_GPU=1`` runs the same cudasim-marked tests on a real GPU instead (the standing order's
+first step when one is lent, benchmarks/gpu_session.sh): the ``cudasim`` backend keeps NumPy arrays,
+and numba.cuda copies them to the device and back around every launch, so every test body runs
+unchanged against the real hardware.
+"""
 
 import os
 
 import pytest
 
-CUDASIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+ON_GPU = os.environ.get("ENGINE_TEST_GPU") == "1"
+CUDASIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or ON_GPU
+
+
+@pytest.fixture(autouse=True)
+def _cudasim_backend_on_gpu(monkeypatch):
+    """Under ENGINE_TEST_GPU=1, ``get_backend("cudasim")`` runs the CUDA kernels on the real device."""
+    if ON_GPU:
+        import engine.backend
+
+        monkeypatch.setattr(engine.backend, "enable_cudasim", lambda: None)
+    yield
 
 
 def pytest_addoption(parser):

@@ -180,6 +180,10 @@ class _Unit:
     region: UnitRegion
     state: LayerState = LayerState.RELEASED
     vacated: list[bool] = field(default_factory=lambda: [False, False])
+    # device event per occupation, recorded on the executor's stream when the executor vacated it: on a
+    # GPU the host runs ahead of the stream, so a load into these bytes must wait for the kernels that
+    # were queued to read them (None on the cpu backend, and for bytes a save vacated: its copy synced)
+    vacated_event: list[Any] = field(default_factory=lambda: [None, None])
     created: int = 0  # tensors created so far this step
     event: Any = None  # device event: data complete (after forward) or loaded (before backward)
 
@@ -558,7 +562,8 @@ class OffloadScheduler:
                     self._saves_pending += 1
                 self._save_queue.put((self._generation, unit))
             elif unit.spec.backward_start is None or unit.plan.recompute is not None:
-                self._release(unit, 0)  # transient: nothing reads it again; recomputed: rebuilt before its backward
+                # transient: nothing reads it again; recomputed: rebuilt before its backward
+                self._release(unit, 0, self._transfer.ready_event())
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
@@ -612,7 +617,7 @@ class OffloadScheduler:
             return
         for unit in self._by_backward_end.get(step, ()):
             if unit.state is LayerState.READY_FOR_EXEC:
-                self._release(unit, len(unit.plan.occupations) - 1)
+                self._release(unit, len(unit.plan.occupations) - 1, self._transfer.ready_event())
 
     def on_iteration_end(self, net: Any = None) -> None:
         if self._needs_plan:  # nothing was created through us (no training forward ran)
@@ -623,7 +628,7 @@ class OffloadScheduler:
         self._raise_if_failed()
         for unit in self._units.values():
             if unit.state is not LayerState.RELEASED:
-                self._release(unit, len(unit.plan.occupations) - 1)
+                self._release(unit, len(unit.plan.occupations) - 1, self._transfer.ready_event())
         self._in_iteration = False
         stats = self._current
         stats.forward_backward_s = time.perf_counter() - self._step_started
@@ -727,10 +732,11 @@ class OffloadScheduler:
             self._t = step
             self._cond.notify_all()
 
-    def _release(self, unit: _Unit, occupation: int) -> None:
+    def _release(self, unit: _Unit, occupation: int, event: Any = None) -> None:
         with self._cond:
             unit.region.close()
             self._set_state(unit, LayerState.RELEASED)
+            unit.vacated_event[occupation] = event
             unit.vacated[occupation] = True
             self._cond.notify_all()
 
@@ -856,9 +862,12 @@ class OffloadScheduler:
                         if generation != self._generation or self._error is not None or self._closed:
                             break
                         self._set_state(unit, LayerState.WAIT_FOR_EXEC)
+                        vacated = [self._units[key].vacated_event[index]
+                                   for key, index in self._plan.predecessors[(unit.spec.key, 1)]]
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    event = self._transfer.load(self.storage, records, span, file_offset, generation)
+                    event = self._transfer.load(self.storage, records, span, file_offset, generation,
+                                                after=[e for e in vacated if e is not None])
                     with self._cond:
                         self._io_busy["loader"] += time.perf_counter() - started
                         self._io_busy["loader_cpu"] += time.thread_time() - cpu_started

@@ -16,6 +16,14 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+try:  # numba-cuda warns on every launch of fewer than 128 blocks: by design here (a 4x4 layer's grid is
+    # small, the batch is folded into one launch), so on a real GPU the user's screen filled with it
+    from numba.cuda.core import config as _cuda_config
+
+    _cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+except ImportError:  # the simulator or another numba-cuda layout: it does not warn
+    pass
+
 THREADS_PER_BLOCK = 256
 """Threads of a 1-D element-wise launch: a multiple of the 32-thread warp, enough to hide latency."""
 

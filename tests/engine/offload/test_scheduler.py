@@ -309,3 +309,43 @@ def test_a_step_with_another_batch_size_gets_its_own_plan(cpu, tmp_path):
         assert np.array_equal(value, net.state_dict()[key])
     net.close()
     reference.close()
+
+
+def test_a_load_waits_for_the_kernels_that_last_read_its_bytes(cpu, tmp_path, monkeypatch):
+    """On a GPU the host marks bytes free when it has *queued* the last kernel reading them, so a load
+    into those bytes must make its copy stream wait for the events the executor recorded as it vacated
+    them (found on the first real H100 run: without it offload changed ResNet-18's loss). Every load gets
+    exactly the events of the earlier occupants the executor vacated; bytes a save vacated need none."""
+    import engine.offload.scheduler as scheduler_module
+    from engine.offload.staging import HostTransfer
+
+    tokens: list[object] = []
+    loads: list[tuple[str, list[object]]] = []
+
+    class RecordingTransfer(HostTransfer):
+        def ready_event(self):
+            tokens.append(object())
+            return tokens[-1]
+
+        def load(self, storage, records, span, file_offset, step=0, after=()):
+            loads.append((records[0].layer, list(after)))
+            return super().load(storage, records, span, file_offset, step, after)
+
+    monkeypatch.setattr(scheduler_module, "transfer_for", lambda backend, size: RecordingTransfer())
+    released: dict[tuple, object] = {}
+    original = scheduler_module.OffloadScheduler._release
+
+    def release(self, unit, occupation, event=None):
+        if event is not None:
+            released[unit.spec.key, occupation] = event
+        original(self, unit, occupation, event)
+
+    monkeypatch.setattr(scheduler_module.OffloadScheduler, "_release", release)
+    _, stats, scheduler = train(cpu, "resnet18", 1, 1, 2, RESNET, tmp_path, (3, 8, 8))
+    plan = scheduler._plan
+    by_name = {u.spec.name: u for u in plan.units.values()}
+    assert loads and any(after for _, after in loads)
+    for name, after in loads:
+        predecessors = plan.predecessors[by_name[name].spec.key, 1]
+        expected = [released[p] for p in predecessors if p in released]
+        assert after == expected, name
