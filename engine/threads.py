@@ -17,6 +17,9 @@ def set_threads(count: int) -> None:
     import numba
     from threadpoolctl import threadpool_limits
 
+    from kernels.cpu.threads import start_numba_pool
+
+    start_numba_pool()  # first: Numba's OpenMP workers sleep when idle only if started that way
     if count < 1:
         raise ValueError(f"thread count must be at least 1, got {count}")
     count = min(count, numba.config.NUMBA_NUM_THREADS)  # Numba cannot go past the pool it started with
@@ -30,6 +33,9 @@ def threads(count: int) -> Iterator[None]:
     import numba
     from threadpoolctl import threadpool_limits
 
+    from kernels.cpu.threads import start_numba_pool
+
+    start_numba_pool()
     previous = numba.get_num_threads()
     with threadpool_limits(limits=count, user_api="blas"):
         numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))

@@ -7,18 +7,15 @@ wrong argument fails with a message instead of compiling a new version or writin
 
 from __future__ import annotations
 
-import os
-
-# Numba's OpenMP workers spin after every parallel loop by default. On a busy 2-core machine a
-# spinning worker steals the core the next parallel loop (or BLAS) needs: a parallel launch
-# measured 8 ms spinning and 0.1 ms passive. This affects every parallel kernel of the table, not
-# only conv, and the OpenMP runtime reads the variable once, when it starts (the first parallel
-# call), so it is set here, before any kernel module is imported; a value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from collections.abc import Callable
 from typing import Any
 
+from kernels.cpu.threads import start_numba_pool
 from kernels.reference import build_table
+
+# Numba's OpenMP workers would spin ~5 ms after every parallel loop, holding the core a conv share
+# or BLAS needs next (ResNet-18 step: 41-43 images/s spinning, 51-53 passive): start the pool with
+# them sleeping when idle, before any kernel runs (kernels/cpu/threads.py says how it was measured).
+start_numba_pool()
 
 TABLE: dict[str, Callable[..., Any]] = build_table(__name__)

@@ -9,10 +9,23 @@ inside), so the drivers need no parfor at all. A call costs a few tens of micros
 submission, against conv calls of milliseconds.
 
 Each share is a fixed slice of the work, so results do not depend on which thread finishes first.
+
+**Numba's own pool sleeps when idle** (``start_numba_pool``). The other parallel kernels (batch
+norm, element-wise, pooling, depthwise) still use ``prange`` on Numba's OpenMP pool, whose workers
+spin after every parallel loop (GNU OpenMP: ~300,000 spins, about 5 ms here). On two cores that
+spinning worker holds the core the conv share on this module's pool thread needs: ResNet-18's
+training step (batch 32, 2 threads, `benchmarks/bench_train.py`) ran at 41–43 images/s with the
+default and 51–53 with ``OMP_WAIT_POLICY=PASSIVE`` (GOMP_SPINCOUNT=3000: 52–52.5, within noise of
+passive; 30,000: 51–52; the default 300,000: 42). That was the whole "regression" of the
+Python-thread drivers: the last all-``prange`` tree ran at 53–58 on the same day, the thread drivers
+alone at 42–43. The setting used to sit in ``kernels/cpu/__init__.py`` as an environment default,
+but ``engine.threads.set_threads`` starts Numba's pool before that import, after which OpenMP never
+reads the variable again; so the pool is now started here, on purpose, with the variable set.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +33,33 @@ from concurrent.futures import ThreadPoolExecutor
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+_numba_pool_started = False
+
+
+def start_numba_pool() -> None:
+    """Start Numba's thread pool with its OpenMP workers sleeping when idle (``OMP_WAIT_POLICY``).
+
+    OpenMP reads the variable once, when Numba's pool loads it, so this must run before anything
+    else calls into Numba's threading (``numba.set_num_threads``, a ``prange`` kernel): both
+    ``kernels.cpu`` (at import) and ``engine.threads`` call it first. The variable is set only for
+    that moment and restored after, so a PyTorch loaded later in the process keeps its own default;
+    a value the user set is left alone. Idempotent; does nothing once the pool runs.
+    """
+    global _numba_pool_started
+    if _numba_pool_started:
+        return
+    import numba
+
+    with _lock:
+        previous = os.environ.get("OMP_WAIT_POLICY")
+        if previous is None:
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            numba.get_num_threads()  # launches the pool: the OpenMP runtime loads and reads the variable
+        finally:
+            if previous is None:
+                del os.environ["OMP_WAIT_POLICY"]
+        _numba_pool_started = True
 
 
 def _get_pool(workers: int) -> ThreadPoolExecutor:
