@@ -189,7 +189,6 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "global_avgpool_backward_kernel": (f1, f2),
         "batchnorm_train_kernel": (f3, f1, f1, f1, f1, f3, f1, f1, f32, f32),
         "batchnorm_infer_kernel": (f3, f1, f1, f1, f1, f3, f32),
-        "batchnorm_backward_kernel": (f3, f3, f1, f1, f1, f3, f1, f1),
         "batchnorm_backward_from_output_kernel": (f3, f3, f1, f1, f1, f3, f1, f1),
         "softmax_xent_forward_kernel": (f2, t.i64_1, f2, f1),
         "softmax_xent_backward_kernel": (f2, t.i64_1, f2),

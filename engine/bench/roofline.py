@@ -70,7 +70,6 @@ also NVIDIA/numba-cuda #578. Not measured here (no GPU): the acceptance run meas
 
 ELEMENT_FLOPS = {
     "batchnorm_train_kernel": 8,  # sum, squared deviation, normalize (sub, mul, fma)
-    "batchnorm_backward_kernel": 10,
     "batchnorm_backward_from_output_kernel": 10,
     "batchnorm_infer_kernel": 3,
     "adam_kernel": 12,

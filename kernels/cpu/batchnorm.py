@@ -11,7 +11,8 @@ offload plan can share) instead of its input. Dividing by γ needs γ ≠ 0: eve
 γ with its magnitude raised to ``GAMMA_MIN`` (sign kept, 0 → +GAMMA_MIN), in forward and inference
 alike, so the value the output was made with is the one backward divides by. With γ initialized to
 1 this never triggers; the x̂ rebuilt for |γ| = 1e-5 and |β| = 1 is off by about ulp(1)/1e-5 = 1e-2,
-harmless for a channel whose dx is scaled by γ.
+harmless for a channel whose dx is scaled by γ. The input-based backward is only the NumPy
+reference's (kernels/reference/batchnorm.py), what this one is tested against: no layer calls it.
 """
 
 from __future__ import annotations
@@ -71,32 +72,6 @@ def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
         for n in range(N):
             for i in range(area):
                 out[n, c, i] = x[n, c, i] * scale + shift
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
-    N, C, area = x.shape
-    count = N * area
-    for c in prange(C):
-        mean = np.float64(save_mean[c])
-        invstd = np.float64(save_invstd[c])
-        sum_dout = 0.0
-        sum_dout_xhat = 0.0
-        for n in range(N):
-            for i in range(area):
-                g = np.float64(dout[n, c, i])
-                sum_dout += g
-                sum_dout_xhat += g * (x[n, c, i] - mean) * invstd
-        dbeta[c] = sum_dout
-        dgamma[c] = sum_dout_xhat
-        # dx = gamma * invstd / M * (M * dout - sum_dout - xhat * sum_dout_xhat), expanded per element
-        k = _safe_gamma(gamma[c]) * invstd
-        mean_dout = sum_dout / count
-        mean_dout_xhat = sum_dout_xhat / count
-        for n in range(N):
-            for i in range(area):
-                xhat = (x[n, c, i] - mean) * invstd
-                dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -177,30 +152,6 @@ def batchnorm_forward_infer(
     for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)]:
         check_array(op, name, array, (C,))
     _forward_infer(x.reshape(N, C, area), gamma, beta, running_mean, running_var, out.reshape(N, C, area), float(eps))
-
-
-def batchnorm_backward(
-    x: np.ndarray,
-    dout: np.ndarray,
-    gamma: np.ndarray,
-    save_mean: np.ndarray,
-    save_invstd: np.ndarray,
-    dx: np.ndarray,
-    dgamma: np.ndarray,
-    dbeta: np.ndarray,
-) -> None:
-    """Gradients of the training forward from the saved mean and 1/std."""
-    op = "batchnorm_backward"
-    N, C, area = _channels(op, x)
-    check_array(op, "dout", dout, x.shape)
-    check_array(op, "dx", dx, x.shape)
-    for name, array in [("gamma", gamma), ("save_mean", save_mean), ("save_invstd", save_invstd),
-                        ("dgamma", dgamma), ("dbeta", dbeta)]:  # fmt: skip
-        check_array(op, name, array, (C,))
-    _backward(
-        x.reshape(N, C, area), dout.reshape(N, C, area), gamma, save_mean, save_invstd, dx.reshape(N, C, area),
-        dgamma, dbeta,
-    )  # fmt: skip
 
 
 def batchnorm_backward_from_output(

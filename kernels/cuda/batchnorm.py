@@ -7,7 +7,9 @@ statistics, and normalizes the channel. Backward is one kernel too: two tree sum
 with a block size fixed by the shape: no atomics, the same bits on every run.
 
 ``batchnorm_backward_from_output`` rebuilds x̂ = (out − β) / γ from the output (In-Place ABN, see
-kernels/cpu/batchnorm.py); every kernel uses γ with |γ| raised to ``GAMMA_MIN``, as the CPU's.
+kernels/cpu/batchnorm.py); every kernel uses γ with |γ| raised to ``GAMMA_MIN``, as the CPU's. The
+input-based backward is only the NumPy reference's (kernels/reference/batchnorm.py), what this one
+is tested against: no layer calls it, so neither backend keeps a copy.
 """
 
 from __future__ import annotations
@@ -88,47 +90,9 @@ def batchnorm_infer_kernel(x, gamma, beta, running_mean, running_var, out, eps):
 
 
 @cuda.jit
-def batchnorm_backward_kernel(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
-    """Block c: dbeta = Σ dout, dgamma = Σ dout·x̂, then dx = γ·invstd·(dout − (dbeta + x̂·dgamma)/count)."""
-    partial = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
-    c = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    threads = cuda.blockDim.x
-    P = x.shape[2]
-    count = x.shape[0] * P
-    mean = save_mean[c]
-    invstd = save_invstd[c]
-
-    acc_dout = float32(0.0)
-    acc_dout_xhat = float32(0.0)
-    for e in range(tid, count, threads):
-        n = e // P
-        p = e - n * P
-        g = dout[n, c, p]
-        acc_dout += g
-        acc_dout_xhat += g * (x[n, c, p] - mean) * invstd
-    total_dout = block_sum(partial, acc_dout)
-    total_dout_xhat = block_sum(partial, acc_dout_xhat)
-    if tid == 0:
-        dbeta[c] = total_dout
-        dgamma[c] = total_dout_xhat
-
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
-    scale = g * invstd
-    mean_dout = total_dout / float32(count)
-    mean_dout_xhat = total_dout_xhat / float32(count)
-    for e in range(tid, count, threads):
-        n = e // P
-        p = e - n * P
-        xhat = (x[n, c, p] - mean) * invstd
-        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
-
-
-@cuda.jit
 def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
-    """As batchnorm_backward_kernel, with x̂ = (out − β) / γ rebuilt from the output."""
+    """Block c: dbeta = Σ dout, dgamma = Σ dout·x̂ with x̂ = (out − β) / γ, then
+    dx = γ·invstd·(dout − (dbeta + x̂·dgamma)/count)."""
     partial = cuda.shared.array(shape=MAX_REDUCTION_THREADS, dtype=float32)
     c = cuda.blockIdx.x
     tid = cuda.threadIdx.x
@@ -218,26 +182,6 @@ def batchnorm_forward_infer(
         running_var,
         _view3(out),
         f32(eps),
-    )
-
-
-def batchnorm_backward(
-    x: Any, dout: Any, gamma: Any, save_mean: Any, save_invstd: Any, dx: Any, dgamma: Any, dbeta: Any
-) -> None:
-    x3 = _view3(x)
-    N, C, P = x3.shape
-    launch(
-        batchnorm_backward_kernel,
-        C,
-        reduction_threads(N * P),
-        x3,
-        _view3(dout),
-        gamma,
-        save_mean,
-        save_invstd,
-        _view3(dx),
-        dgamma,
-        dbeta,
     )
 
 

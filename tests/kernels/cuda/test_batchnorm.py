@@ -35,20 +35,11 @@ def _train(module, x, gamma, beta, running_mean, running_var):
 
 # 2·3·3 = 18 elements per channel (a non-power-of-two tree), and 1·5·5 = 25 (batch 1).
 @pytest.mark.parametrize("shape", [(2, 3, 3, 3), (1, 2, 5, 5)])
-def test_batchnorm_train_and_backward_match_reference(shape):
-    x, gamma, beta, running_mean, running_var, dout = _inputs(shape)
+def test_batchnorm_train_matches_reference(shape):
+    x, gamma, beta, running_mean, running_var, _ = _inputs(shape)
     got = _train(batchnorm, x, gamma, beta, running_mean, running_var)
     expected = _train(ref, x, gamma, beta, running_mean, running_var)
     for actual, wanted in zip(got, expected):
-        assert_close(actual, wanted)
-
-    _, save_mean, save_invstd, _, _ = expected
-    C = shape[1]
-    dx, dgamma, dbeta = np.full_like(x, np.nan), np.full(C, np.nan, np.float32), np.full(C, np.nan, np.float32)
-    batchnorm.batchnorm_backward(x, dout, gamma, save_mean, save_invstd, dx, dgamma, dbeta)
-    expected_grads = [np.empty_like(x), np.empty(C, np.float32), np.empty(C, np.float32)]
-    ref.batchnorm_backward(x, dout, gamma, save_mean, save_invstd, *expected_grads)
-    for actual, wanted in zip((dx, dgamma, dbeta), expected_grads):
         assert_close(actual, wanted)
 
 
@@ -68,9 +59,11 @@ def test_batchnorm_statistics_are_deterministic():
         np.testing.assert_array_equal(a, b)
 
 
-def test_batchnorm_backward_from_output_matches_reference():
+# the two tree sizes of the forward test, with a third channel for the γ below the floor
+@pytest.mark.parametrize("shape", [(2, 3, 3, 3), (1, 3, 5, 5)])
+def test_batchnorm_backward_from_output_matches_reference(shape):
     """In-Place ABN's backward (x̂ rebuilt from the output) against the reference, with one γ below the floor."""
-    x, gamma, beta, running_mean, running_var, dout = _inputs((2, 3, 3, 3), seed=2)
+    x, gamma, beta, running_mean, running_var, dout = _inputs(shape, seed=2)
     gamma[1] = 0.0  # raised to 1e-5 by every kernel, so the output can be divided back
     out, _, save_invstd, _, _ = _train(ref, x, gamma, beta, running_mean, running_var)
     C = x.shape[1]
