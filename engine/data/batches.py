@@ -78,6 +78,13 @@ class BatchSource:
             chosen = np.resize(chosen, self.batch_size)
         return chosen
 
+    def augment_rows(self) -> tuple[int, int]:
+        """(rows drawn, first row used) of a batch's augmentation draws; (0, 0): as many as x_out has, from 0.
+
+        A data-parallel shard draws for the whole global batch and uses its own rows
+        (``engine.parallel.data.ShardedBatchSource``), so the one ``fill`` serves both."""
+        return 0, 0
+
     def fill(self, epoch: int, index: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Write batch ``index`` of ``epoch`` into ``x_out`` (float32) and ``y_out`` (int64)."""
         chosen = self.indices(epoch, index)
@@ -88,7 +95,8 @@ class BatchSource:
         np.subtract(gather, self.mean, out=x_out, casting="unsafe")
         np.multiply(x_out, self.inv_std, out=x_out)
         if self.augment:
-            self._augment(np.random.default_rng([self.seed, epoch, index, 1]), x_out)
+            drawn, first = self.augment_rows()
+            self._augment(np.random.default_rng([self.seed, epoch, index, 1]), x_out, drawn, first)
 
     def _gather_buffer(self) -> np.ndarray:
         buffer = getattr(self._scratch, "gather", None)
@@ -101,8 +109,8 @@ class BatchSource:
         """Random crop with 4 pixels of zero padding (the mean, after normalization) and horizontal flip.
 
         ``drawn`` rows of random numbers are drawn (default: x's rows) and rows ``first ..`` of them are
-        used: a data-parallel shard of a batch then gets the very crops and flips that its rows get in
-        the whole batch (``engine.parallel.data``)."""
+        used (``augment_rows``): a data-parallel shard of a batch then gets the very crops and flips that
+        its rows get in the whole batch (``engine.parallel.data``)."""
         n, c, h, w = x.shape
         p = CROP_PADDING
         padded = getattr(self._scratch, "padded", None)

@@ -57,16 +57,9 @@ class ShardedBatchSource(BatchSource):
     def valid_rows(self, index: int) -> int:
         return self.batch_size
 
-    def fill(self, epoch: int, index: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
-        chosen = self.indices(epoch, index)
-        gather = self._gather_buffer()
-        np.take(self.x, chosen, axis=0, out=gather)
-        np.take(self.y, chosen, axis=0, out=y_out)
-        np.subtract(gather, self.mean, out=x_out, casting="unsafe")
-        np.multiply(x_out, self.inv_std, out=x_out)
-        if self.augment:  # the whole global batch's draws, this shard's rows of them
-            rng = np.random.default_rng([self.seed, epoch, index, 1])
-            self._augment(rng, x_out, drawn=self.global_batch_size, first=self.rank * self.batch_size)
+    def augment_rows(self) -> tuple[int, int]:
+        """The whole global batch's augmentation draws, this shard's rows of them (``BatchSource.fill``)."""
+        return self.global_batch_size, self.rank * self.batch_size
 
 
 class StridedSource:
