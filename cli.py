@@ -653,21 +653,24 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
     from engine.data.prefetch import ring_bytes
     from engine.offload.budget import describe_fit, memory_fit
-    from engine.report import table_dict
+    from engine.report import render_table, table_dict
     from engine.summary import memory_tables
 
     fit = memory_fit(net, batch_size, report.parameter_bytes,  # sgd with momentum, prefetch 2: train's defaults
                      ring_bytes((batch_size, *net.graph.input_shape), 3))
+    plan_tables = []
+    if peaks:  # per layer: what each saved tensor does (keep, swap, recompute)
+        from engine.offload.session import plan_layers_table
+
+        plan_tables.append(plan_layers_table(peaks))
     if as_json:
-        tables = [table_dict(t) for t in memory_tables(report, peaks)]
+        tables = [table_dict(t) for t in [*memory_tables(report, peaks), *plan_tables]]
         click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
                                "variant": net.variant, "fit": fit.as_dict(), "tables": tables}, indent=2))
     else:
         render_memory_report(report, offload=peaks)
-        if peaks:  # per layer: what each saved tensor does (keep, swap, recompute)
-            from engine.offload.session import render_plan_layers
-
-            click.echo(render_plan_layers(peaks))
+        for table in plan_tables:
+            render_table(table)
         if net.variant:
             click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
         click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")

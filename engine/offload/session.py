@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from engine.offload.scheduler import OffloadScheduler, OffloadTarget
 from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
+from engine.report import Table, format_bytes
 
 
 @dataclass(frozen=True)
@@ -244,15 +245,18 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     }
 
 
-def render_plan_layers(peaks: dict[str, Any]) -> str:
-    """``engine memory --offload-n``: per layer, what its saved tensors do (keep, swap, recompute)."""
-    mib = 2.0**20
-    lines = [f"{'layer (saved for backward)':<34}{'tensors':<22}{'MiB':>8}  decision",
-             "-" * 86]
+def plan_layers_table(peaks: dict[str, Any]) -> Table:
+    """``engine memory --offload-n``: per layer, what its saved tensors do (keep, swap, recompute).
+
+    A ``Table`` of engine/report.py like every other table a command prints: bytes through
+    ``format_bytes``, and no cell cut on a narrow terminal (a long "recompute from a + b" stays whole).
+    """
+    table = Table(f"saved for backward per layer, offload N={peaks['window']}",
+                  ["layer", "tensors", "bytes", "decision"], right={2})
     for row in peaks["layers"]:
         decision = row["decision"] + (f" from {row['from']}" if row["from"] else "")
-        lines.append(f"{row['layer']:<34}{','.join(row['tensors']):<22}{row['bytes'] / mib:>8.2f}  {decision}")
-    lines.append(f"written per step: {peaks['written_per_step_bytes'] / mib:.1f} MiB with recompute, "
-                 f"{peaks['written_per_step_bytes_swap_only'] / mib:.1f} MiB if all of it were swapped; "
-                 f"{peaks['recomputed_per_step_bytes'] / mib:.1f} MiB rebuilt before backward instead")
-    return "\n".join(lines)
+        table.add_row(row["layer"], ",".join(row["tensors"]), format_bytes(row["bytes"]), decision)
+    table.notes.append(f"written per step: {format_bytes(peaks['written_per_step_bytes'])} with recompute, "
+                       f"{format_bytes(peaks['written_per_step_bytes_swap_only'])} if all of it were swapped; "
+                       f"{format_bytes(peaks['recomputed_per_step_bytes'])} rebuilt before backward instead")
+    return table

@@ -124,7 +124,15 @@ def test_engine_memory_shows_keep_swap_recompute_per_layer():
     assert "layer1.0.conv1" not in decisions  # batch norm keeps its output: the conv's output is not saved
     assert offload["written_per_step_bytes"] < offload["written_per_step_bytes_swap_only"]
     text = CliRunner().invoke(main, arguments).output
-    assert "recompute from layer1.0.bn1" in text and "MiB if all of it were swapped" in text
+    assert "recompute from layer1.0.bn1" in text and "if all of it were swapped" in text
+    # printed by engine/report.py's renderer (piped: plain columns, bytes by format_bytes), and in --json
+    from engine.offload.session import plan_layers_table
+    from engine.report import plain_lines, table_dict
+
+    table = plan_layers_table(offload)
+    assert "\n".join(plain_lines(table)) in text
+    assert table_dict(table) in json.loads(result.output)["tables"]
+    assert any(row[2].endswith(" KiB") for row in table.rows)  # not "0.00" MiB: the one byte rule
 
 
 def test_config_takes_the_verify_mode():
