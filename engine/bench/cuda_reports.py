@@ -57,16 +57,12 @@ def run(
     return records
 
 
-def render_launches(counted: list[Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def render_launches(counted: list[Any], console: Any = None) -> None:
+    """Launches per step by kernel, through engine/report.py (the long "by kernel" cell is never cut)."""
+    from engine.report import Table, render_table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    table = Table(title="GPU kernel launches per training step (SGD; counted, not run)")
-    for name in ("model", "batch", "launches", "by kernel"):
-        table.add_column(name, justify="right" if name in ("batch", "launches") else "left")
+    table = Table("GPU kernel launches per training step (SGD; counted, not run)",
+                  ["model", "batch", "launches", "by kernel"], right={1, 2})
     for c in counted:
         table.add_row(c.model, str(c.batch), str(c.total), ", ".join(f"{k} {v}" for k, v in c.by_kernel.items()))
-    console.print(table)
+    render_table(table, console)

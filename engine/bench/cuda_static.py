@@ -338,26 +338,21 @@ def static_report(ccs: tuple[tuple[int, int], ...] = COMPUTE_CAPABILITIES, progr
 
 
 def render_static(rows: list[Resources], console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The --static table, through engine/report.py (no kernel name cut on a narrow terminal)."""
+    from engine.report import Table, render_table
 
-    table = Table(title="CUDA kernels: ptxas -v resources and theoretical occupancy at the launchers' block size")
-    for name in ("kernel", "arch", "regs", "spill st/ld B", "stack B", "smem B", "threads", "blocks/SM",
-                 "occupancy", "limited by"):
-        table.add_column(name, justify="left" if name in ("kernel", "arch", "limited by") else "right", no_wrap=True)
+    columns = ["kernel", "arch", "regs", "spill st/ld B", "stack B", "smem B", "threads", "blocks/SM", "occupancy",
+               "limited by"]
+    table = Table("CUDA kernels: ptxas -v resources and theoretical occupancy at the launchers' block size", columns,
+                  right={i for i, name in enumerate(columns) if name not in ("kernel", "arch", "limited by")})
     for r in rows:
         table.add_row(r.kernel, r.arch, str(r.registers), f"{r.spill_stores}/{r.spill_loads}", str(r.stack_bytes),
                       str(r.shared_bytes), str(r.threads), str(r.blocks_per_sm), f"{100 * r.occupancy:.0f}%",
                       r.limited_by)
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
-    console.print(table)
     spills = [f"{r.kernel} ({r.arch})" for r in rows if r.spill_stores or r.spill_loads]
-    console.print(f"spills: {', '.join(spills) if spills else 'none'}; production GEMM occupancy floor "
-                  f"{100 * GEMM_OCCUPANCY_FLOOR:.0f}%")
-
+    table.notes.append(f"spills: {', '.join(spills) if spills else 'none'}; production GEMM occupancy floor "
+                       f"{100 * GEMM_OCCUPANCY_FLOOR:.0f}%")
+    render_table(table, console)
 
 if __name__ == "__main__":  # python -m engine.bench.cuda_static
     render_static(static_report(progress=lambda r: print(f"built {r.kernel} {r.arch}", file=sys.stderr)))

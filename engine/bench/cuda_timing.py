@@ -149,29 +149,26 @@ def host_launch_us(backend: Any, launches: int = 200) -> float:
 
 
 def render_timings(rows: list[KernelTiming], device: str, console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The measured kernels against the roofline, through engine/report.py (no cell cut)."""
+    from engine.report import Table, render_table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
     roof = next((d.name for d in DEVICES if d.name.split()[0] in device), None)
-    table = Table(title=f"kernel timings on {device} (best of repeats) against the roofline"
-                  + ("" if roof else " (device is neither A100 nor H100: H100 roofline shown)"))
+    title = (f"kernel timings on {device} (best of repeats) against the roofline"
+             + ("" if roof else " (device is neither A100 nor H100: H100 roofline shown)"))
     roof = roof or DEVICES[1].name
-    for name in ("model", "batch", "kernel", "shape", "per step", "ms", f"roofline ms ({roof})", "% of roofline"):
-        table.add_column(name, justify="left" if name in ("model", "kernel", "shape") else "right", no_wrap=True)
+    columns = ["model", "batch", "kernel", "shape", "per step", "ms", f"roofline ms ({roof})", "% of roofline"]
+    table = Table(title, columns,
+                  right={i for i, name in enumerate(columns) if name not in ("model", "kernel", "shape")})
     for r in rows:
         table.add_row(r.model, str(r.batch), r.kernel, r.shape, str(r.per_step), f"{r.ms:.4f}",
                       f"{r.roofline_ms[roof]:.4f}", f"{100 * r.roofline_ms[roof] / r.ms:.1f}%" if r.ms else "")
-    console.print(table)
     for model in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == model]
         measured = sum(r.ms * r.per_step for r in mine)
         predicted = sum(r.roofline_ms[roof] * r.per_step for r in mine)
-        console.print(f"{model}: kernels of one step {measured:.2f} ms measured, {predicted:.2f} ms roofline ({roof})")
-
+        table.notes.append(f"{model}: kernels of one step {measured:.2f} ms measured, {predicted:.2f} ms roofline "
+                           f"({roof})")
+    render_table(table, console)
 
 def run_timings(models: str, batch: int, repeat: int, output_format: str, output: str | None) -> list[dict[str, Any]]:
     """The `engine kernels --backend cuda` command (a GPU is needed; the CLI checked it)."""

@@ -280,38 +280,30 @@ def run_acceptance(backend_name: str = "cuda", tiny: bool = False, repeat: int =
 
 
 def render_report(report: Report, console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    """The acceptance report: its tables through engine/report.py (no cell cut), then PASS or FAIL."""
     from engine.bench.cuda_timing import KernelTiming, render_timings
+    from engine.report import Table, make_console, render_table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
-    checks = Table(title=f"1. kernels against the NumPy reference ({report.device})")
-    for name in ("op", "shapes", "max |err|", "scale", "ok"):
-        checks.add_column(name, no_wrap=True)
+    console = console or make_console()
+    checks = Table(f"1. kernels against the NumPy reference ({report.device})",
+                   ["op", "shapes", "max |err|", "scale", "ok"])
     for c in report.checks:
         checks.add_row(c.op, c.shapes, f"{c.max_abs_err:.2e}", f"{c.scale:.3g}", "ok" if c.ok else "FAIL")
-    console.print(checks)
-    console.print(f"ops not reached: {', '.join(report.uncovered) or 'none'}")
+    checks.notes.append(f"ops not reached: {', '.join(report.uncovered) or 'none'}")
+    render_table(checks, console)
     render_timings([KernelTiming(**t) for t in report.timings], report.device, console)
     console.print(f"2. host time per launch: {report.host_launch_us:.1f} µs (roofline assumes 89 µs)")
-    train = Table(title="3. engine train with and without offload")
-    for name in ("offload-n", "exit", "seconds", "final loss"):
-        train.add_column(name)
+    train = Table("3. engine train with and without offload", ["offload-n", "exit", "seconds", "final loss"])
     for r in report.train:
         train.add_row(r.offload or "off", str(r.returncode), f"{r.seconds:.1f}", str(r.final_loss))
-    console.print(train)
+    render_table(train, console)
     if report.failures:
         console.print("[bold red]4. FAIL[/bold red]")
         for failure in report.failures:
-            console.print(f"  - {failure}", markup=False)
+            console.print(f"  - {failure}", markup=False, soft_wrap=True)
     else:
         console.print(f"[bold green]4. PASS[/bold green]: {len(report.checks)} kernel checks, "
                       f"{len(report.timings)} timed launches, training with and without offload agree")
-
 
 def main(argv: list[str] | None = None) -> int:
     import argparse

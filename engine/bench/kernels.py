@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.report import Table, render_table
+
 CHECK_IMAGES = 4
 
 
@@ -477,17 +479,13 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def render(records: list[Record], sgemm: float, compare_torch: bool, console=None) -> None:
-    """The rich table; the ratio column is torch's time over ours (above 1: we are faster)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"kernels (NumPy sgemm {sgemm:.0f} GFLOP/s in this run; best of repeats)")
-    for name in ("op", "backend", "version", "shape", "ms", "GFLOP/s | GB/s", "% sgemm", "max abs err"):
-        table.add_column(name, justify="right" if name not in ("op", "shape", "version") else "left", no_wrap=True)
+def kernels_table(records: list[Record], sgemm: float, compare_torch: bool) -> Table:
+    """The ``engine kernels`` table; the ratio column is torch's time over ours (above 1: we are faster)."""
+    columns = ["op", "backend", "version", "shape", "ms", "GFLOP/s | GB/s", "% sgemm", "max abs err"]
     if compare_torch:
-        table.add_column("torch ms", justify="right", no_wrap=True)
-        table.add_column("torch/ours", justify="right", no_wrap=True)
+        columns += ["torch ms", "torch/ours"]
+    table = Table(f"kernels (NumPy sgemm {sgemm:.0f} GFLOP/s in this run; best of repeats)", columns,
+                  right={i for i, name in enumerate(columns) if name not in ("op", "backend", "version", "shape")})
     for r in records:
         rate = f"{r.gflops:.1f}" if r.gflops else (f"{r.gbps:.1f} GB/s" if r.gbps else "")
         row = [
@@ -503,11 +501,12 @@ def render(records: list[Record], sgemm: float, compare_torch: bool, console=Non
         if compare_torch:
             row += [f"{r.torch_ms:.2f}" if r.torch_ms else "", f"{r.torch_ms / r.ms:.2f}" if r.torch_ms else ""]
         table.add_row(*row)
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)  # piped to a file: keep one row per line
-    console.print(table)
+    return table
+
+
+def render(records: list[Record], sgemm: float, compare_torch: bool, console: Any = None) -> None:
+    """Print ``kernels_table`` through engine/report.py: no cell cut, whatever the terminal's width."""
+    render_table(kernels_table(records, sgemm, compare_torch), console)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -212,45 +212,47 @@ def by_kernel(step: StepRoofline) -> list[dict[str, Any]]:
     return out
 
 
-def render_roofline(steps: list[StepRoofline], console: Any = None, detail: bool = False) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def roofline_tables(steps: list[StepRoofline], detail: bool = False) -> list[Any]:
+    """The --roofline tables (engine/report.py ``Table``s): the step summary, then per kernel for each step."""
+    from engine.report import Table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
     a100, h100 = DEVICES
-    summary = Table(title="Predicted training step (SGD), fp32 roofline: kernel time summed over every launch; "
-                    "step = max(kernels, host launches)")
-    for name in ("model", "batch", "launches", "GFLOP", "GB moved", f"{a100.name} ms", f"{h100.name} ms",
-                 f"launch host ms (@{LAUNCH_HOST_US:.0f} µs)", "step ms A100 / H100"):
-        summary.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
+    columns = ["model", "batch", "launches", "GFLOP", "GB moved", f"{a100.name} ms", f"{h100.name} ms",
+               f"launch host ms (@{LAUNCH_HOST_US:.0f} µs)", "step ms A100 / H100"]
+    summary = Table("Predicted training step (SGD), fp32 roofline: kernel time summed over every launch; "
+                    "step = max(kernels, host launches)", columns, right=set(range(1, len(columns))))
     for s in steps:
         summary.add_row(s.model, str(s.batch), str(s.launches), f"{sum(r.flops for r in s.rows) / 1e9:.1f}",
                         f"{sum(r.bytes for r in s.rows) / 1e9:.2f}", f"{s.seconds[a100.name] * 1e3:.2f}",
                         f"{s.seconds[h100.name] * 1e3:.2f}", f"{s.launch_host_seconds * 1e3:.1f}",
                         f"{s.predicted_step_seconds(a100.name) * 1e3:.1f} / "
                         f"{s.predicted_step_seconds(h100.name) * 1e3:.1f}")
-    console.print(summary)
+    tables = [summary]
     for s in steps:
-        table = Table(title=f"{s.model}, batch {s.batch}: per kernel (sorted by H100 time)")
-        columns = ("kernel", "launches", "GFLOP", "MB", "FLOP/B", f"{a100.name} ms", f"{h100.name} ms",
-                   "bound (A100/H100)")
-        for name in columns:
-            table.add_column(name, justify="left" if name in ("kernel", "bound (A100/H100)") else "right", no_wrap=True)
+        columns = ["kernel", "launches", "GFLOP", "MB", "FLOP/B", f"{a100.name} ms", f"{h100.name} ms",
+                   "bound (A100/H100)"]
+        table = Table(f"{s.model}, batch {s.batch}: per kernel (sorted by H100 time)", columns,
+                      right=set(range(1, len(columns) - 1)))
         for m in by_kernel(s):
             table.add_row(m["kernel"], str(m["launches"]), f"{m['flops'] / 1e9:.2f}", f"{m['bytes'] / 1e6:.1f}",
                           f"{m['intensity']:.1f}", f"{m['seconds'][a100.name] * 1e3:.3f}",
                           f"{m['seconds'][h100.name] * 1e3:.3f}", f"{m['bound'][a100.name]}/{m['bound'][h100.name]}")
-        console.print(table)
+        tables.append(table)
         if detail:
-            rows = Table(title=f"{s.model}, batch {s.batch}: per kernel and shape")
-            for name in ("kernel", "shape", "n", "GFLOP", "MB", "FLOP/B", f"{h100.name} ms", "bound H100"):
-                rows.add_column(name, no_wrap=True)
+            rows = Table(f"{s.model}, batch {s.batch}: per kernel and shape",
+                         ["kernel", "shape", "n", "GFLOP", "MB", "FLOP/B", f"{h100.name} ms", "bound H100"])
             for r in s.rows:
                 rows.add_row(r.kernel, r.shape, str(r.launches), f"{r.flops / 1e9:.3f}", f"{r.bytes / 1e6:.2f}",
                              f"{r.intensity:.1f}", f"{r.seconds[h100.name] * 1e3:.4f}", r.bound[h100.name])
-            console.print(rows)
-    for d in DEVICES:
-        console.print(f"{d.name}: {d.source}; ridge {d.ridge:.1f} FLOP/B")
+            tables.append(rows)
+    tables[-1].notes += [f"{d.name}: {d.source}; ridge {d.ridge:.1f} FLOP/B" for d in DEVICES]
+    return tables
+
+
+def render_roofline(steps: list[StepRoofline], console: Any = None, detail: bool = False) -> None:
+    """Print ``roofline_tables`` through engine/report.py (no kernel name or shape cut on a narrow terminal)."""
+    from engine.report import make_console, render_table
+
+    console = console or make_console()
+    for table in roofline_tables(steps, detail):
+        render_table(table, console)
