@@ -1,8 +1,8 @@
 """Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
-reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v7`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v7); this module holds the code
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v8`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v8); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -19,11 +19,14 @@ kernels/README.md ("What each step bought").
 - v6 ``nine shifted GEMMs``: v5, plus 3×3 stride-1 convolutions without im2col: nine GEMMs of
   depth C per tile over zero-padded planes (one zero column per row, one zero row per image,
   shared between neighbours), each tap's operand the padded tile itself at an offset.
-- v7 ``three shifted GEMMs`` (exported): v6 with the horizontal taps unrolled into a 3× copy, so
+- v7 ``three shifted GEMMs``: v6 with the horizontal taps unrolled into a 3× copy, so
   three GEMMs of depth 3C; 4×4 planes stay on im2col (``conv_shifted.py``, ``conv.py``). Also:
   depthwise stride-2 forward on even planes computes only the kept outputs, on input row pairs
   (``conv_depthwise._flat_filter_s2``), instead of v5's full-resolution run and subsample; and
   im2col tiles of 256 columns instead of 1024 for forward and backward-data (``conv.SMALL_TARGET_COLUMNS``).
+- v8 ``pointwise per image`` (exported): v7, but a 1×1 stride-1 conv whose tile would copy its wide
+  side runs one GEMM per image in place on NCHW instead (forward when C ≥ 4K on ≥ 64-pixel planes,
+  backward-data when C ≥ 2K: ``conv._pointwise_per_image``, figures in its docstring).
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ from numba import get_num_threads, njit, prange, uint64
 
 from kernels.cpu import conv, conv_shifted
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7), "data": (2, 3, 4, 5, 6, 7), "weight": (2, 3, 4, 5, 6, 7)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8), "data": (2, 3, 4, 5, 6, 7, 8), "weight": (2, 3, 4, 5, 6, 7, 8)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
-    depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False
+    depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
+    pointwise_per_image=False,
 )
+V7_PATHS = conv.Paths(pointwise_per_image=False)
 V5_PATHS = conv.Paths(
-    depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False
+    depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
+    pointwise_per_image=False,
 )
 
 
@@ -419,7 +425,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 
 def _paths(version: int) -> conv.Paths:
-    return {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS}.get(version, conv.EXPORTED)
+    return {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS}.get(version, conv.EXPORTED)
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:

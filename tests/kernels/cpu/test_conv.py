@@ -26,6 +26,8 @@ SHAPES = [
     (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3×3 shifted GEMMs: stacked tiles (separator rows), a thread with a partial tile
     (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 3×3 shifted GEMMs: one-image tiles written straight into out / read from dout
     (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, three chunks
+    (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
+    (6, 16, 4, 4, 6, 1, 1, 0, 1),  # 1×1, C ≥ 2K on 4×4: backward-data per image, forward in stacked tiles
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -182,6 +184,19 @@ def test_scipy_blas_is_single_threaded_inside_the_parallel_gemms_and_restored():
 )
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
     assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
+
+
+@pytest.mark.parametrize(("index", "direction", "per_image"), [
+    (16, "forward", True), (16, "data", True), (16, "weight", False),
+    (17, "forward", False), (17, "data", True), (6, "forward", False), (6, "data", False),
+])
+def test_pointwise_per_image_is_reached_by_the_tested_shapes(index, direction, per_image):
+    """The reference tests above reach the per-image 1×1 GEMMs (v8) only if these shapes plan one image
+    a tile, and the stacked tiles where the rule says no (with the rule off they would stack)."""
+    n, c, h, wd, k, r, stride, pad, groups = SHAPES[index]
+    args = ((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction, 1, 256)
+    assert (cpu.gemm_tile_images(*args) == 1) == per_image
+    assert cpu.gemm_tile_images(*args, per_image=False) > 1
 
 
 def test_shifted_path_runs_on_the_tested_shapes():
