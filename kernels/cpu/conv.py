@@ -32,6 +32,7 @@ its work the same way every time: the same bits for the same thread count.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -721,31 +722,54 @@ def _check_conv(x_shape, w, stride, pad, groups):
     return (x_shape[0], w.shape[0], oh, ow)
 
 
+def _set_threads(lib, count: int) -> None:
+    """Set a BLAS library's thread count from any thread (see ``_BlasOnCallingThread``)."""
+    setter = getattr(lib, "_real_set_num_threads", None) or lib.set_num_threads
+    setter(count)
+
+
 class _BlasOnCallingThread:
     """Run SciPy's OpenBLAS (the one ``np.dot`` inside @njit calls) single-threaded for a while.
 
     The kernels call BLAS from inside a parallel loop, one GEMM per Numba thread; a multithreaded BLAS
     there would start threads of its own and oversubscribe the cores. NumPy's own BLAS is a
     different library and is left alone.
+
+    Re-entrant across threads (ParallelInference runs conv calls on several threads at once): the
+    first to enter saves the thread counts and sets 1, the last to leave restores them; a per-call
+    save/restore let one thread's exit lift the limit under another's running conv. The count is set
+    through OpenBLAS's own setter (``_real_set_num_threads``), not threadpoolctl's public one:
+    threadpoolctl 3.8 ignores ``set_num_threads`` from every thread but the first that set a limit
+    (its "controlling thread", here the main thread's ``--threads``), so a conv entered from a
+    worker thread ran its GEMMs on a multithreaded BLAS. The lock and the count above keep our own
+    callers coherent, which is what that guard is for.
     """
 
     def __init__(self) -> None:
         self._libraries = None
         self._saved: list[int] = []
+        self._depth = 0
+        self._lock = threading.Lock()
 
     def __enter__(self):
-        if self._libraries is None:
-            blas = ThreadpoolController().select(user_api="blas").lib_controllers
-            scipys = [lib for lib in blas if "scipy" in lib.filepath.replace("\\", "/").split("/")[-2]]
-            self._libraries = scipys or blas  # unknown layout: limit every BLAS rather than oversubscribe
-        self._saved = [lib.num_threads for lib in self._libraries]
-        for lib in self._libraries:
-            lib.set_num_threads(1)
+        with self._lock:
+            if self._depth == 0:
+                if self._libraries is None:
+                    blas = ThreadpoolController().select(user_api="blas").lib_controllers
+                    scipys = [lib for lib in blas if "scipy" in lib.filepath.replace("\\", "/").split("/")[-2]]
+                    self._libraries = scipys or blas  # unknown layout: limit every BLAS, not oversubscribe
+                self._saved = [lib.num_threads for lib in self._libraries]
+                for lib in self._libraries:
+                    _set_threads(lib, 1)
+            self._depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
-        for lib, threads in zip(self._libraries, self._saved):
-            lib.set_num_threads(threads)
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for lib, threads in zip(self._libraries, self._saved):
+                    _set_threads(lib, threads)
 
 
 blas_on_calling_thread = _BlasOnCallingThread()

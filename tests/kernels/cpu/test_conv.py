@@ -171,6 +171,45 @@ def test_scipy_blas_is_single_threaded_inside_the_parallel_gemms_and_restored():
     assert blas_threads() == before
 
 
+def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
+    """ParallelInference runs convs on several threads: one leaving must not lift the limit under
+    another, and the count afterwards must be what it was before (not a stuck 1). Read from the
+    main thread (OpenBLAS's count as threadpoolctl reads it from a fresh thread is not reliable)."""
+    import threading
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def scipy_blas_threads():
+        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                if lib["user_api"] == "blas" and "scipy" in lib["filepath"].replace("\\", "/").split("/")[-2]]
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = scipy_blas_threads()
+        other_inside, main_inside, other_left = threading.Event(), threading.Event(), threading.Event()
+
+        def other():
+            with cpu.blas_on_calling_thread:
+                other_inside.set()
+                main_inside.wait(10)
+            other_left.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert other_inside.wait(10)
+        under_other = scipy_blas_threads()  # a limit set from a worker thread (not threadpoolctl's
+        # "controlling thread") took effect
+        with cpu.blas_on_calling_thread:
+            main_inside.set()
+            assert other_left.wait(10)
+            under_main = scipy_blas_threads()
+        thread.join(10)
+        after = scipy_blas_threads()
+    assert before and before[0] == 2
+    assert all(n == 1 for n in under_other)
+    assert all(n == 1 for n in under_main)  # the other thread's exit did not lift it
+    assert after == before  # restored once, by the last to leave
+
+
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
