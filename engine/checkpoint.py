@@ -13,7 +13,11 @@ A checkpoint holds
   validated on read, each with its own message.
 
 It is written to a temporary file in the same directory, flushed to disk, then renamed over the
-target (``os.replace`` is atomic), so a crash mid-write never leaves half a checkpoint.
+target (``os.replace`` is atomic), so a crash mid-write never leaves half a checkpoint. The
+temporary file's name carries the target's name and the writer's PID
+(``.checkpoint-<name>.<pid>.<random>.tmp``): a run killed while writing (SIGKILL, an OOM kill: no
+handler runs) leaves one behind, as large as the checkpoint, and the next save to the same target
+removes those whose writer is gone (``remove_stale_temporaries``); a live writer's file is kept.
 Safetensors never runs code on load, unlike pickles.
 """
 
@@ -142,7 +146,9 @@ def save_checkpoint(
     temporary = None
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+        remove_stale_temporaries(path)
+        fd, temporary = tempfile.mkstemp(prefix=f"{_temporary_prefix(path)}{os.getpid()}.", suffix=".tmp",
+                                         dir=directory)
         os.close(fd)
         save_file(tensors, temporary, metadata=meta)
         with open(temporary, "rb+") as f:
@@ -156,6 +162,50 @@ def save_checkpoint(
             raise CheckpointError(f"{path}: cannot write the checkpoint ({_reason(exc)}); the previous file, if "
                                   "any, is untouched; free some space or choose another --save path") from None
         raise
+
+
+def _temporary_prefix(path: str) -> str:
+    return f".checkpoint-{os.path.basename(path)}."
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Delete the temporary files a killed writer of ``path`` left beside it; returns their paths.
+
+    Only files named ``.checkpoint-<name>.<pid>.<random>.tmp`` for this very target, owned by this
+    user, whose PID is no longer running are removed: another run writing the same path right now
+    keeps its file.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = _temporary_prefix(path)
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid_text = entry[len(prefix):].split(".", 1)[0]
+        if not pid_text.isdigit() or _running(int(pid_text)):
+            continue
+        full = os.path.join(directory, entry)
+        try:
+            if os.lstat(full).st_uid == os.getuid():
+                os.unlink(full)
+                removed.append(full)
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _reason(exc: BaseException) -> str:

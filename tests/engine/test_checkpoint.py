@@ -205,3 +205,38 @@ def test_resume_restores_the_dropout_generator(tmp_path, backend, data):
         trainer.fit()
     assert resumed.rng.bit_generator.state == straight.rng.bit_generator.state
     np.testing.assert_array_equal(resumed.parameters.flat, straight.parameters.flat)
+
+
+def test_a_writer_killed_mid_save_leaves_a_temporary_the_next_save_removes(tmp_path, backend):
+    """SIGKILL (or the OOM killer) runs no handler: the killed writer's temporary file stays. The next
+    save to the same path removes it; a live writer's file and other targets' files are kept."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "c.safetensors"
+    killed = textwrap.dedent(f"""
+        import os, signal
+        import safetensors.numpy
+        from engine.backend import get_backend
+        from engine.checkpoint import save_checkpoint
+        from models import build_model
+        net = build_model("cnn", num_classes=4, backend=get_backend("cpu"), seed=0, width=4)
+        def die(tensors, filename, metadata=None):
+            open(filename, "wb").write(b"partial")
+            os.kill(os.getpid(), signal.SIGKILL)
+        safetensors.numpy.save_file = die
+        save_checkpoint({str(path)!r}, net, step=1)
+    """)
+    process = subprocess.run([sys.executable, "-c", killed], capture_output=True, timeout=120)
+    assert process.returncode == -signal.SIGKILL
+    left = [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".checkpoint-c.safetensors.")
+    live = tmp_path / f".checkpoint-c.safetensors.{os.getpid()}.abc.tmp"  # a writer still running
+    other = tmp_path / f".checkpoint-d.safetensors.{left[0].split('.')[3]}.abc.tmp"  # another target's
+    live.write_bytes(b"x")
+    other.write_bytes(b"x")
+    save_checkpoint(str(path), small_net(backend), step=2)
+    assert sorted(os.listdir(tmp_path)) == sorted(["c.safetensors", live.name, other.name])
+    assert read_checkpoint(str(path)).step == 2
