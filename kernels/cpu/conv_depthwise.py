@@ -47,9 +47,15 @@ CHUNK_ELEMENTS = 1024
 """Channel planes per chunk: about this many floats, so nine position-weights stay in L1/L2."""
 
 
-FULL_RESOLUTION_FORWARD_LIMIT = 1024
-"""Stride-2 forward computes four times the outputs it keeps: on planes this large (32×32) v1's
-row loops are long enough to win (measured 144 ch @32×32: 5.1 ms v1, 6.2 ms here, one thread)."""
+FULL_RESOLUTION_FORWARD_LIMIT = 4096
+"""Stride-2 forwards on planes of this many pixels (64×64) and more run the direct loops instead.
+
+Set at 1024 when this path computed all four times the outputs it keeps (144 ch @32×32: 5.1 ms
+direct, 6.2 ms here, one thread). Since it computes only the kept outputs (``_flat_filter_s2``),
+two threads, median of 9, ms direct → here: 144 ch @32×32 batch 32 2.41 / 2.29 → 1.60 / 1.68,
+32 ch @32×32 0.58 / 0.53 → 0.46 / 0.46, 144 ch @48×48 5.06 / 4.98 → 3.69 / 3.61, 144 ch @56×56
+batch 16 3.18 / 3.41 → 2.60 / 2.59; but 144 ch @64×64 9.93 / 9.98 → 10.55 / 10.69 and 96 ch
+@112×112 batch 16 10.53 / 10.34 → 10.55 / 10.48 (a tie)."""
 
 
 def supported(x_shape, w_shape, stride: int, pad: int, direction: str) -> bool:

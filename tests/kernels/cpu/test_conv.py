@@ -219,6 +219,8 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-flat"),
+        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-flat"),  # kept outputs only beat direct
+        ((16, 144, 64, 64), (144, 1, 3, 3), 2, 1, 144, "depthwise-direct"),
     ],
 )
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
