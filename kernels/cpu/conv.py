@@ -153,19 +153,23 @@ def _pointwise_per_image(x_shape, w_shape, stride, pad, groups, direction: str) 
     """A 1×1 stride-1 conv as one GEMM per image, in place on NCHW (no gather, no scatter), where that
     measured faster than stacking images into a tile: the side the tile copies is the wide one.
 
-    Forward (out = W·x, C the reduction): when C ≥ 4K on planes of ≥ 64 pixels; backward-data
-    (dx = Wᵀ·dout, dx the C-row side the tile scatters): when C ≥ 2K. Two threads, batch 32, median
-    of 7 calls, CPU ms, tiles → per image: forward 384→64 @8×8 0.89 → 0.75, 384→96 @8×8 1.04 → 0.91,
-    but 960→160 @4×4 1.08 → 1.14 and 96→576 @8×8 1.23 → 2.13; backward-data 384→64 @8×8 1.16 → 0.65,
-    384→96 1.34 → 0.84, 960→160 @4×4 2.01 → 1.48, 576→160 @4×4 1.24 → 0.89, but 320→1280 @4×4
-    2.28 → 3.69. The weight gradient was slower per image everywhere (its inner dimension is the
-    plane: 16 or 64), so it keeps its tiles.
+    Forward (out = W·x, C the reduction): when C ≥ 4K; backward-data (dx = Wᵀ·dout, dx the C-row
+    side the tile scatters): when C ≥ 2K; both only on planes of ≥ 64 pixels. Two threads, batch 32,
+    median of 7 calls, ms, tiles → per image: forward 384→64 @8×8 0.89 → 0.75, 384→96 @8×8 1.04 →
+    0.91, but 96→576 @8×8 1.23 → 2.13 and 960→160 @4×4 1.08 → 1.14; backward-data 384→64 @8×8
+    1.16 → 0.65, 384→96 1.34 → 0.84 (`engine kernels`: 192→64 0.63 → 0.34, 576→96 1.84 → 1.10).
+    On 4×4 planes (16-column GEMMs) backward-data went both ways: 960→160 2.01 → 1.48 and 576→160
+    1.24 → 0.89, but 960→320 2.63 → 5.01 and 320→1280 2.28 → 3.69, so 4×4 keeps its tiles. The
+    weight gradient was slower per image everywhere (its inner dimension is the plane), so it
+    keeps its tiles.
     """
     if groups != 1 or not _is_plain_1x1(w_shape, stride, pad):
         return False
     k, c, pixels = w_shape[0], w_shape[1], x_shape[2] * x_shape[3]
+    if pixels < 64:
+        return False
     if direction == "forward":
-        return c >= 4 * k and pixels >= 64
+        return c >= 4 * k
     return direction == "data" and c >= 2 * k
 
 

@@ -25,8 +25,8 @@ kernels/README.md ("What each step bought").
   (``conv_depthwise._flat_filter_s2``), instead of v5's full-resolution run and subsample; and
   im2col tiles of 256 columns instead of 1024 for forward and backward-data (``conv.SMALL_TARGET_COLUMNS``).
 - v8 ``pointwise per image`` (exported): v7, but a 1×1 stride-1 conv whose tile would copy its wide
-  side runs one GEMM per image in place on NCHW instead (forward when C ≥ 4K on ≥ 64-pixel planes,
-  backward-data when C ≥ 2K: ``conv._pointwise_per_image``, figures in its docstring).
+  side runs one GEMM per image in place on NCHW instead (forward when C ≥ 4K, backward-data when
+  C ≥ 2K, on planes of ≥ 64 pixels: ``conv._pointwise_per_image``, figures in its docstring).
 """
 
 from __future__ import annotations
