@@ -8,7 +8,10 @@ torch's time for the same op on the same arrays. Convolution also shows its numb
 layers call), so the table says what each optimization bought.
 
 Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
-is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. The
+is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. Before
+each timed block the process waits until its other threads are idle (``quiesce``): OpenBLAS's
+workers spin ~0.1 s after the NumPy reference check of the previous row and took a core from the
+next kernel. Even so, rows of a few milliseconds vary 10-20% from run to run here. The
 error is measured on the first ``CHECK_IMAGES`` images (the reference is slow NumPy), running
 the kernel again on that slice.
 
@@ -443,6 +446,7 @@ def measure(
     records = []
     for case in cases:
         try:
+            quiesce()
             ms = best_ms(case.run, repeat)
             err = case.check()
         except Exception as exc:  # a broken kernel gets a row that says so, the rest still run
@@ -466,11 +470,55 @@ def measure(
         pct = 100.0 * gflops / sgemm if gflops else None
         torch_ms = None
         if compare_torch and case.torch_run is not None:
-            torch_ms = best_ms(case.torch_run(), repeat)
+            run_torch = case.torch_run()
+            quiesce()
+            torch_ms = best_ms(run_torch, repeat)
         records.append(Record(case.op, backend, case.version, case.shape, ms, gflops, gbps, pct, err, torch_ms))
         if progress:
             progress(records[-1])
     return records
+
+
+def quiesce(quiet_ns: int = 1_000_000, interval_s: float = 0.01, limit_s: float = 1.0) -> float:
+    """Wait until the process's other threads are idle; returns the seconds waited.
+
+    OpenBLAS's worker threads spin for ~0.1 s after each multithreaded call (measured here: 120 ms
+    after a 2000² NumPy matmul), and GNU OpenMP's (torch's) after each parallel region. A kernel
+    timed in that window shares its cores with them: MobileNetV2's 1×1 backward-data 960→320 @4×4
+    read 4.0-5.0 ms right after the NumPy reference check of the previous case and 2.4-2.7 ms
+    alone, which made `engine kernels` disagree with itself by up to 2× from run to run. This polls
+    the other threads' run time (``/proc/self/task/*/schedstat``, nanoseconds) until they used less
+    than ``quiet_ns`` in an ``interval_s``; where that file does not exist it just sleeps once.
+    """
+    import os
+    import threading
+
+    def others_ns() -> int | None:
+        me, total = str(threading.get_native_id()), 0
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return None
+        for tid in tasks:
+            if tid == me:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended, or no schedstat
+        return total
+
+    started = time.perf_counter()
+    previous = others_ns()
+    while True:
+        time.sleep(interval_s)
+        current = others_ns()
+        if previous is None or current is None or current - previous < quiet_ns:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > limit_s:
+            return time.perf_counter() - started
+        previous = current
 
 
 def _cpu_count() -> int:

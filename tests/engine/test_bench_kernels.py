@@ -101,3 +101,28 @@ def test_best_ms_is_the_fastest_timed_call(monkeypatch):
 
 def test_sgemm_reference_is_measured():
     assert np.isfinite(kernel_bench.sgemm_gflops(1, size=64)) and kernel_bench.sgemm_gflops(1, size=64) > 0
+
+
+def test_quiesce_waits_out_a_busy_thread_and_not_a_quiet_process():
+    """OpenBLAS's and OpenMP's workers spin for ~0.1 s after a call; a kernel timed then shares its
+    cores. ``quiesce`` waits until the process's other threads are idle (and only then)."""
+    import os
+    import threading
+    import time
+
+    from engine.bench.kernels import quiesce
+
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("needs /proc/<pid>/task/<tid>/schedstat (Linux)")
+    assert quiesce() < 0.1
+    stop = time.perf_counter() + 0.3
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    waited = quiesce()
+    worker.join()
+    assert waited >= 0.15
