@@ -157,7 +157,9 @@ def _pointwise_per_image(x_shape, w_shape, stride, pad, groups, direction: str) 
     side the tile scatters): when C ≥ 2K; both only on planes of ≥ 64 pixels. Two threads, batch 32,
     median of 7 calls, ms, tiles → per image: forward 384→64 @8×8 0.89 → 0.75, 384→96 @8×8 1.04 →
     0.91, but 96→576 @8×8 1.23 → 2.13 and 960→160 @4×4 1.08 → 1.14; backward-data 384→64 @8×8
-    1.16 → 0.65, 384→96 1.34 → 0.84 (`engine kernels`: 192→64 0.63 → 0.34, 576→96 1.84 → 1.10).
+    1.16 → 0.65, 384→96 1.34 → 0.84. Rechecked with idle threads before each timing (best of 7,
+    median of 3 alternating rounds): forward 384→64 0.87 → 0.67, 384→96 0.99 → 0.84; backward-data
+    192→64 0.63 → 0.27, 384→64 1.14 → 0.59, 384→96 1.23 → 0.84, 576→96 1.78 → 1.13.
     On 4×4 planes (16-column GEMMs) backward-data went both ways: 960→160 2.01 → 1.48 and 576→160
     1.24 → 0.89, but 960→320 2.63 → 5.01 and 320→1280 2.28 → 3.69, so 4×4 keeps its tiles. The
     weight gradient was slower per image everywhere (its inner dimension is the plane), so it

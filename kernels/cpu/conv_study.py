@@ -433,7 +433,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 7) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 8) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -539,7 +539,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-7), "data" or "weight" (2-7), with the table's signature.
+    """A numbered version's kernel for "forward" (1-8), "data" or "weight" (2-8), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""
