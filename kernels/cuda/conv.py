@@ -114,20 +114,41 @@ def _phase(z, geom):
 
 
 @cuda.jit(device=True)
-def _data_a(w2, i, k, z, geom):
-    """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S).
+def _phase_pixel(j, ph, pw, geom):
+    """(n, h, w) of backward data's column j: pixel (ph + stride·hh, pw + stride·ww) of image n (h, w may
+    fall past H, W on the last row or column of a phase)."""
+    H, W, stride = geom[1], geom[2], geom[8]
+    HP = (H + stride - 1) // stride
+    WP = (W + stride - 1) // stride
+    n = j // (HP * WP)
+    q = j - n * (HP * WP)
+    hh = q // WP
+    return n, ph + stride * hh, pw + stride * (q - hh * WP)
 
-    r0 = (ph + pad) mod stride: the only taps that reach dx rows of phase ph.
-    """
+
+@cuda.jit(device=True)
+def _phase_tap(k, ph, pw, geom):
+    """(kk, r, s) of backward data's reduction index k = (kk, rr, ss): output channel kk and tap
+    r = r0 + stride·rr, s = s0 + stride·ss, the only taps that reach phase (ph, pw) (r, s may fall past
+    R, S)."""
     R, S, stride, pad = geom[6], geom[7], geom[8], geom[9]
-    group, ph, pw = _phase(z, geom)
     TR = (R + stride - 1) // stride
     TS = (S + stride - 1) // stride
     kk = k // (TR * TS)
     t = k - kk * (TR * TS)
     rr = t // TS
-    r = (ph + pad) % stride + stride * rr
-    s = (pw + pad) % stride + stride * (t - rr * TS)
+    return kk, (ph + pad) % stride + stride * rr, (pw + pad) % stride + stride * (t - rr * TS)
+
+
+@cuda.jit(device=True)
+def _data_a(w2, i, k, z, geom):
+    """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S).
+
+    r0 = (ph + pad) mod stride: the only taps that reach dx rows of phase ph.
+    """
+    R, S = geom[6], geom[7]
+    group, ph, pw = _phase(z, geom)
+    kk, r, s = _phase_tap(k, ph, pw, geom)
     if r < R and s < S:
         return w2[group * geom[3] + kk, (i * R + r) * S + s]
     return float32(0.0)
@@ -140,20 +161,8 @@ def _data_b(dout, k, j, z, geom):
     H, W, Kg = geom[1], geom[2], geom[3]
     OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
     group, ph, pw = _phase(z, geom)
-    TR = (R + stride - 1) // stride
-    TS = (S + stride - 1) // stride
-    HP = (H + stride - 1) // stride
-    WP = (W + stride - 1) // stride
-    n = j // (HP * WP)
-    q = j - n * (HP * WP)
-    hh = q // WP
-    h = ph + stride * hh
-    w = pw + stride * (q - hh * WP)
-    kk = k // (TR * TS)
-    t = k - kk * (TR * TS)
-    rr = t // TS
-    r = (ph + pad) % stride + stride * rr
-    s = (pw + pad) % stride + stride * (t - rr * TS)
+    n, h, w = _phase_pixel(j, ph, pw, geom)
+    kk, r, s = _phase_tap(k, ph, pw, geom)
     if h < H and w < W and r < R and s < S:
         th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
         tw = w + pad - s
@@ -167,15 +176,9 @@ def _data_b(dout, k, j, z, geom):
 
 @cuda.jit(device=True)
 def _data_store(dx3, i, j, z, geom, value, accumulate):
-    H, W, stride = geom[1], geom[2], geom[8]
+    H, W = geom[1], geom[2]
     group, ph, pw = _phase(z, geom)
-    HP = (H + stride - 1) // stride
-    WP = (W + stride - 1) // stride
-    n = j // (HP * WP)
-    q = j - n * (HP * WP)
-    hh = q // WP
-    h = ph + stride * hh
-    w = pw + stride * (q - hh * WP)
+    n, h, w = _phase_pixel(j, ph, pw, geom)
     if h < H and w < W:
         dx3[n, group * geom[0] + i, h * W + w] = value
 
