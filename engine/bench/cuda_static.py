@@ -354,5 +354,6 @@ def render_static(rows: list[Resources], console: Any = None) -> None:
                        f"{100 * GEMM_OCCUPANCY_FLOOR:.0f}%")
     render_table(table, console)
 
+
 if __name__ == "__main__":  # python -m engine.bench.cuda_static
     render_static(static_report(progress=lambda r: print(f"built {r.kernel} {r.arch}", file=sys.stderr)))

@@ -170,6 +170,7 @@ def render_timings(rows: list[KernelTiming], device: str, console: Any = None) -
                            f"({roof})")
     render_table(table, console)
 
+
 def run_timings(models: str, batch: int, repeat: int, output_format: str, output: str | None) -> list[dict[str, Any]]:
     """The `engine kernels --backend cuda` command (a GPU is needed; the CLI checked it)."""
     from engine.backend import get_backend
