@@ -258,6 +258,9 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--momentum", type=float, default=0.9, show_default=True, callback=number(0, 1, high_open=True),
               help="SGD momentum.")
 @click.option("--nesterov", is_flag=True, help="Nesterov momentum (SGD).")
+@click.option("--update-after-backward", is_flag=True,  # issue 13: the update in backward (engine.optim)
+              help="Keep every layer's gradients to the end of backward and update once. Default in one process: "
+                   "each layer is updated right after its backward, keeping one layer's gradients (same weights).")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True, callback=number(0),
               help="L2 weight decay.")
 @click.option("--seed", type=int, default=0, show_default=True, callback=number(0, 2**63 - 1),
@@ -346,6 +349,7 @@ def train(
     variant: str | None = None,
     checkpoint_every: int = 0,
     override: str = "",
+    update_after_backward: bool = False,
     **offload_options,
 ) -> None:
     """Train a model; prints a progress bar and a summary.
@@ -439,6 +443,10 @@ def train(
             start_step = restore(checkpoint, net, opt)
         except CheckpointError as exc:
             fail(str(exc))
+    if K == 1 and not offload_options["offload_params"] and not update_after_backward:
+        from engine.optim import update_in_backward  # why, and what needs the whole block instead: its docstring
+
+        update_in_backward(net, opt)  # before the budget and the summary read the GRADIENTS block
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
@@ -619,9 +627,12 @@ def evaluate_command(
               help="Run one real training step and print the measured bytes beside the plan.")
 @click.option("--program", "show_program", is_flag=True,  # step program
               help="Print the training step program: every step, the buffers it creates, reads, hands on, retires.")
+@click.option("--update-after-backward", is_flag=True,  # issue 13: as engine train
+              help="Plan every layer's gradients kept to the end of backward (engine train's default keeps one "
+                   "layer's: the update runs in backward).")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
            offload_n: int | None = None, measure: bool = False, show_program: bool = False,
-           variant: str | None = None) -> None:
+           variant: str | None = None, update_after_backward: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the step program (shapes and buffer lifespans); nothing is run.
@@ -640,6 +651,8 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     if show_program:  # step program: the table every memory figure below is computed from
         click.echo(net.program(batch_size).table())
         return
+    if not update_after_backward:  # engine train's default in one process (engine.optim.update_in_backward)
+        net.set_gradient_storage("per_layer")
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)

@@ -10,8 +10,12 @@ one ``UserError`` line that says what happened, at which step, and what was kept
   ``engine.checkpoint.save_checkpoint``);
 - a disk fault (ENOSPC, EIO, a record read back changed): written only when the checkpoint goes to
   another file system than the failing swap directory, and never with ``--offload-params`` (the
-  optimizer state on the failing disk may be lost). Any ``OSError`` escaping a step is a disk fault:
-  during a step the engine touches files only for the swap storage and the memory log.
+  optimizer state on the failing disk may be lost), nor when the fault came inside backward after
+  the update in backward (``engine.optim.UpdateInBackward``) had begun: some layers then hold the
+  next step's weights, the others the last one's, and no step is what they are (the message says so
+  and names ``--update-after-backward``, which keeps a step's weights whole until its update). Any
+  ``OSError`` escaping a step is a disk fault: during a step the engine touches files only for the
+  swap storage and the memory log.
 
 The checkpoint writer is a callable so this module does not decide file names or metadata.
 """
@@ -82,6 +86,9 @@ def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
             note = "; the checkpoint was not written (the optimizer state was on the failing disk)"
         elif writer.disk_is_shared():
             note = f"; the checkpoint was not written ({writer.path} is on the failing disk)"
+        elif getattr(trainer.optimizer, "update_in_progress", False):
+            note = ("; the checkpoint was not written (the fault came inside backward, after some layers were "
+                    "updated: the weights are no step's; --update-after-backward keeps them whole until the update)")
         else:
             note = writer.save(trainer, "the last completed step")
         raise DiskFaultError(f"{message}{note}") from None

@@ -14,7 +14,11 @@ retire what it says. A training and an inference program are compiled once per b
 
 **Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
-running statistics in a third block (``net.buffers``); layers get views into them. Everything an
+running statistics in a third block (``net.buffers``); layers get views into them.
+``net.set_gradient_storage("per_layer")`` replaces the whole GRADIENTS block by one the size of the
+largest layer's parameters, which every layer's gradient views share: for an optimizer that updates
+each layer as soon as its backward has written them (``engine.optim.UpdateInBackward``), nothing
+reads a layer's gradients after the next layer's backward (ResNet-18: 42.6 MiB become 9.0 MiB). Everything an
 iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
 ``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``. In training,
 ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD go to ``net.arena`` (a ``PlannedArena``): offsets planned
@@ -59,6 +63,9 @@ from engine.program import Op, Program, Step, compile_inference, compile_trainin
 
 PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD)
 """What the planned arena provides in training (an offload scheduler takes over the first two)."""
+
+GRADIENT_STORAGES = ("whole", "per_layer")
+"""``net.gradient_storage``: every layer's gradients at once, or the largest layer's (``set_gradient_storage``)."""
 
 HOOK_METHODS = (
     "on_iteration_start",
@@ -115,6 +122,7 @@ class MemoryReport:
     peak_step: int
     planned_peak_bytes: int  # long-lived blocks + iteration peak (a liveness-based plan, no fragmentation)
     by_type_at_peak: dict[str, int] = field(default_factory=dict)
+    gradient_storage: str = "whole"  # net.gradient_storage: gradient_bytes is all layers' or the largest one's
     # The planned arena (ACTIVATIONS, FF_CACHE, ACTIVATION_GRAD): offsets planned from lifespans.
     arena_planned_bytes: int = 0  # the arena the static plan needs
     arena_lower_bound_bytes: int = 0  # the most of those bytes alive at one step (no placement beats it)
@@ -132,6 +140,7 @@ class MemoryReport:
             "peak_step": self.peak_step,
             "planned_peak_bytes": self.planned_peak_bytes,
             "by_type_at_peak": dict(self.by_type_at_peak),
+            "gradient_storage": self.gradient_storage,
             "arena_planned_bytes": self.arena_planned_bytes,
             "arena_lower_bound_bytes": self.arena_lower_bound_bytes,
             "arena_total_bytes": self.arena_total_bytes,
@@ -186,6 +195,7 @@ class Network:
         # Tracked by the manager, so memory dumps and the monitor count them.
         self.parameters = ContiguousBlock(backend, ArrayType.PARAMETERS, parameter_specs, manager=self.mgr)
         self.gradients = ContiguousBlock(backend, ArrayType.GRADIENTS, parameter_specs, manager=self.mgr)
+        self.gradient_storage = "whole"  # set_gradient_storage("per_layer"): the largest layer's only
         # Buffers are long-lived like parameters but never optimized: a block of their own.
         self.buffers = ContiguousBlock(backend, ArrayType.PARAMETERS, buffer_specs, manager=self.mgr)
 
@@ -216,6 +226,61 @@ class Network:
         self._programs: dict[tuple[int, bool], Program] = {}
         self._program: Program | None = None  # the program of the open iteration
         self._registers: dict[int, Tensor] = {}  # buffer id -> the tensor bound to it in the open iteration
+
+    # ---- gradients ---------------------------------------------------------------------------------
+
+    def parameter_slices(self) -> dict[int, tuple[int, int]]:
+        """Node index -> its parameters' [start, stop) in ``net.parameters.flat`` (nodes with parameters).
+
+        A node's parameters are consecutive in the block (specs are laid out node by node), so one
+        slice of the block is one layer: what the update in backward (``engine.optim``) updates at once.
+        """
+        offsets = self.parameters.offsets
+        slices = {}
+        for node in self.graph.nodes:
+            keys = [f"{node.name}.{p.name}" for p in node.layer.parameter_specs()]
+            if keys:
+                slices[node.index] = (offsets[keys[0]][0], offsets[keys[-1]][1])
+        return slices
+
+    def set_gradient_storage(self, storage: str) -> None:
+        """Where the layers' parameter gradients go: ``"whole"`` (one GRADIENTS block laid out like the
+        parameters: every gradient kept to the end of backward, what a whole-block update, a gradient
+        allreduce or a test that reads ``net.gradients`` after backward needs) or ``"per_layer"`` (one
+        GRADIENTS block the size of the largest layer's parameters; every layer's views start at its
+        offset 0, so a layer's backward overwrites the previous layer's gradients: only for an
+        optimizer that updates each layer right after its backward, ``engine.optim.UpdateInBackward``).
+
+        The old block is dropped (and no longer counted by ``net.mgr``); the kernels overwrite
+        gradients, so the new block needs no zeroing to be correct. Between iterations only.
+        """
+        if storage not in GRADIENT_STORAGES:
+            raise ValueError(f"gradient storage must be one of {', '.join(GRADIENT_STORAGES)}, got {storage!r}")
+        if self._scope is not None:
+            raise RuntimeError(f"{self.name}: the gradient storage changes between iterations only")
+        if storage == self.gradient_storage:
+            return
+        if storage == "whole":
+            specs = [(f"{node.name}.{p.name}", tuple(p.shape)) for node in self.graph.nodes
+                     for p in node.layer.parameter_specs()]
+            block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, specs, manager=self.mgr)
+            views = block.views
+        else:
+            slices = self.parameter_slices()
+            largest = max((stop - start for start, stop in slices.values()), default=0)
+            block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, [("largest layer", (largest,))],
+                                    manager=self.mgr)
+            views = {}
+            for node in self.graph.nodes:  # a layer's views: its parameters' offsets, less its first one
+                first = slices.get(node.index, (0, 0))[0]
+                for key, shape in ((f"{node.name}.{p.name}", tuple(p.shape)) for p in node.layer.parameter_specs()):
+                    lo, hi = self.parameters.offsets[key]
+                    views[key] = block.flat[lo - first:hi - first].reshape(shape)
+        self.mgr.untrack_block(self.gradients)
+        self.gradients = block
+        for node in self.graph.nodes:
+            node.layer.grads = {p.name: views[f"{node.name}.{p.name}"] for p in node.layer.parameter_specs()}
+        self.gradient_storage = storage
 
     # ---- one iteration ----------------------------------------------------------------------------
 
@@ -509,6 +574,7 @@ class Network:
             peak_step=peak_step,
             planned_peak_bytes=parameter_bytes + gradient_bytes + buffer_bytes + peak,
             by_type_at_peak=by_type,
+            gradient_storage=self.gradient_storage,
             arena_planned_bytes=arena.planned_peak,
             arena_lower_bound_bytes=arena.lower_bound,
             arena_total_bytes=arena.total_bytes,

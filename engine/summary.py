@@ -188,8 +188,17 @@ def layer_table(report: Any) -> Table:
         format_bytes(max((r.working_bytes for r in report.rows), default=0)) + " (largest)",
     )
     table.notes.append(f"parameters {format_bytes(report.parameter_bytes)}, gradients "
-                       f"{format_bytes(report.gradient_bytes)}, buffers {format_bytes(report.buffer_bytes)}")
+                       f"{format_bytes(report.gradient_bytes)}{gradient_note(report)}, buffers "
+                       f"{format_bytes(report.buffer_bytes)}")
     return table
+
+
+def gradient_note(report: Any) -> str:
+    """What ``report.gradient_bytes`` holds when it is not every layer's gradients (the update in backward)."""
+    if getattr(report, "gradient_storage", "whole") != "per_layer":
+        return ""
+    return (f" (the largest layer's: each layer is updated in backward; --update-after-backward keeps all, "
+            f"{format_bytes(report.parameter_bytes)})")
 
 
 SAVED_TYPES = ("ACTIVATIONS", "FF_CACHE")
@@ -231,6 +240,8 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
                            f"{format_bytes(offload['offloadable_bytes_no_offload'])} without offload, "
                            f"{format_bytes(offload['offload_arena_bytes'])} with: what engine train's summary and "
                            "engine bench compare")
+    if gradient_note(report):
+        table.notes.append(f"  gradients {format_bytes(report.gradient_bytes)}{gradient_note(report)}")
     table.notes.append("  not included: the optimizer's state (momentum: as large as the parameters), the INPUT "
                        "prefetch ring, the interpreter and its libraries: RSS is larger (engine train's summary)")
     return table

@@ -292,6 +292,10 @@ class WorkspaceManager(ManagerNode):
             self._check_can_allocate()
         self._blocks.append(block)
 
+    def untrack_block(self, block: Any) -> None:
+        """Stop counting ``block`` (its owner dropped it: ``Network.set_gradient_storage`` replaced it)."""
+        self._blocks = [b for b in self._blocks if b is not block]
+
     def _release(self) -> None:
         for workspace in self._workspaces.values():
             workspace.destroy(released_by=f"manager [{self.name}]")

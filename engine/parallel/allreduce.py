@@ -78,6 +78,10 @@ class GradientAllreduce:
     """A network hook that averages the gradients (and BatchNorm's running statistics) over the world."""
 
     def __init__(self, net: Any, comm: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        if net.gradient_storage != "whole":  # every gradient must arrive summed before any update
+            raise ValueError("averaging gradients needs every layer's gradients until the end of backward: "
+                             "the network keeps only one layer's (an update in backward); train with "
+                             "--update-after-backward")
         from mpi4py import MPI
 
         self.MPI = MPI
