@@ -332,7 +332,7 @@ def _backward(b: _Builder, graph: Graph, node: Node, time: int, shapes: dict[int
             results.append(creates[-1] if needed else None)
         else:
             results.append(None)
-    scratch = 4 * layer.backward_scratch([shapes[s] for s in node.inputs])
+    scratch = 4 * layer.backward_scratch([shapes[s] for s in node.inputs], need)
     b.step(time, Op.BACKWARD, i, inputs=(dout,), results=tuple(results), creates=tuple(creates), reads=tuple(reads),
            writes=tuple(dict.fromkeys(writes)), aliases=tuple(dict.fromkeys(aliases)), need=need,
            reuse_dout=reuse_dout, scratch_bytes=scratch)

@@ -114,8 +114,9 @@ class Layer:
         """float32 elements of FF_WORKING_MEM the forward kernels need."""
         return 0
 
-    def backward_scratch(self, input_shapes: list[Shape]) -> int:
-        """float32 elements of BP_WORKING_MEM the backward kernels need."""
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
+        """float32 elements of BP_WORKING_MEM the backward kernels need when the gradients of the inputs
+        ``need`` marks are asked for (None: all of them)."""
         return 0
 
     # ---- wiring ----------------------------------------------------------------------------------

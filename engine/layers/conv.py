@@ -4,6 +4,14 @@ Parameters follow PyTorch: ``weight`` is K × C/groups × R × R, ``bias`` (opti
 like ``torch.nn.Conv2d``'s defaults (uniform in ±1/sqrt(fan_in)). Backward needs the input, so the
 layer keeps it (a reference to the producer's ACTIVATIONS, not a copy). The kernels' scratch comes
 from FF_WORKING_MEM / BP_WORKING_MEM, sized by the table's ``*_workspace_size`` functions.
+
+Backward runs its two kernels one after the other on **one** scratch buffer, the larger of the two
+sizes: the data kernel's scratch is dead once it returns, and the kernels take any scratch at least
+as large as they need. Before, each call had its own and the layer's BP_WORKING_MEM was their sum:
+ResNet-18's layer4 3×3 convolutions at batch 32 need 8.8 MiB (data) and 19.0 MiB (weight), so the
+step's working memory went from 27.8 MiB to 19.0 MiB (``engine memory --model resnet18``), and the
+README's main command's peak RSS with it (issue 13, item 4; figures in the README's whole-process
+section).
 """
 
 from __future__ import annotations
@@ -82,13 +90,14 @@ class Conv2d(Layer):
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
         return int(self.backend.kernels.conv2d_forward_workspace_size(*self._geometry(input_shapes[0])))
 
-    def backward_scratch(self, input_shapes: list[Shape]) -> int:
-        geometry = self._geometry(input_shapes[0])
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
+        return self._backward_scratch(self._geometry(input_shapes[0]), need is None or need[0])
+
+    def _backward_scratch(self, geometry: tuple, data: bool) -> int:
+        """float32 elements of the one scratch both backward kernels use in turn (module docstring)."""
         kernels = self.backend.kernels
-        return int(
-            kernels.conv2d_backward_data_workspace_size(*geometry)
-            + kernels.conv2d_backward_weight_workspace_size(*geometry)
-        )
+        weight = int(kernels.conv2d_backward_weight_workspace_size(*geometry))
+        return max(int(kernels.conv2d_backward_data_workspace_size(*geometry)), weight) if data else weight
 
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
@@ -107,13 +116,12 @@ class Conv2d(Layer):
         kernels = self.backend.kernels
         geometry = self._geometry(x.shape)
         dx = None
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._backward_scratch(geometry, need_input_grads[0]))
         if need_input_grads[0]:
             dx = self.input_grad(x.shape)
-            scratch = self.scratch(ArrayType.BP_WORKING_MEM, kernels.conv2d_backward_data_workspace_size(*geometry))
             kernels.conv2d_backward_data(
                 dout, self.params["weight"], dx, self.stride, self.padding, self.groups, scratch
             )
-        scratch = self.scratch(ArrayType.BP_WORKING_MEM, kernels.conv2d_backward_weight_workspace_size(*geometry))
         kernels.conv2d_backward_weight(
             x, dout, self.grads["weight"], self.grads.get("bias"), self.stride, self.padding, self.groups, scratch
         )
