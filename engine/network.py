@@ -61,8 +61,16 @@ from engine.memory.arena import ArenaPlan, PlannedArena, make_plan
 from engine.memory.tensor import Tensor, WorkspaceError
 from engine.program import Op, Program, Step, compile_inference, compile_training
 
-PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD)
-"""What the planned arena provides in training (an offload scheduler takes over the first two)."""
+PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD, ArrayType.FF_WORKING_MEM,
+                 ArrayType.BP_WORKING_MEM)
+"""What the planned arena provides in training (an offload scheduler takes over the first two).
+
+Working memory is planned too (one buffer per step that declares scratch, alive for that moment):
+in a separate "working" workspace it was a block of its own beside the arena, as large as the
+largest layer's scratch, although that layer (ResNet-18's layer4 3×3 convolutions, 19.0 MiB at batch
+32) runs where few activation gradients are alive. In the arena it fills the gaps instead: the README
+main command's arena (activation gradients and working memory; offload N=4) needs ~38 MiB where the
+two blocks were 32.0 + 19.0 MiB."""
 
 GRADIENT_STORAGES = ("whole", "per_layer")
 """``net.gradient_storage``: every layer's gradients at once, or the largest layer's (``set_gradient_storage``)."""
@@ -606,9 +614,19 @@ class Network:
         return report
 
     def arena_plan(self, batch_size: int, types: Iterable[ArrayType] = PLANNED_TYPES) -> ArenaPlan:
-        """The static plan of the training tensors of ``types`` (default: all the arena can provide)."""
+        """The static plan of the training tensors of ``types`` (default: all the arena can provide): the
+        program's buffers, and each step's working memory (``Step.scratch_bytes``: one FF_WORKING_MEM or
+        BP_WORKING_MEM buffer its layer makes, alive for the step's moment only)."""
         types = frozenset(types)
-        return make_plan(b for b in self.program(batch_size).buffers if b.array_type in types)
+        program = self.program(batch_size)
+        specs: list[Any] = []
+        for step in program.steps:  # in creation order (the arena counts each owner's tensors per type)
+            specs += [program.buffers[i] for i in step.creates if program.buffers[i].array_type in types]
+            kind = ArrayType.FF_WORKING_MEM if step.op is Op.FORWARD else ArrayType.BP_WORKING_MEM
+            if step.scratch_bytes and kind in types:
+                specs.append(_Spec(f"{self.graph.nodes[step.node].name}:scratch@{step.op.value}", step.node, kind,
+                                   (step.scratch_bytes // 4,), np.dtype(np.float32), step.time, step.time))
+        return make_plan(specs)
 
     def inference_plan(self, batch_size: int, types: Any = (ArrayType.ACTIVATIONS,)) -> ArenaPlan:
         """The static plan of an inference forward's outputs: the inference program's buffers (Dropout

@@ -181,9 +181,13 @@ class Layer:
         """A new FF_CACHE tensor kept for backward."""
         return self.mgr.create(ArrayType.FF_CACHE, tuple(shape), dtype=dtype)
 
-    def scratch(self, array_type: ArrayType, elements: int) -> Tensor:
-        """A 1-D float32 scratch buffer of working memory (at least one element, so it is a real array)."""
-        return self.mgr.create(array_type, (max(int(elements), 1),), dtype=np.float32)
+    def scratch(self, array_type: ArrayType, elements: int) -> Tensor | None:
+        """A 1-D float32 scratch buffer of working memory; None when the kernels need none (they take None
+        for a zero-size scratch), so a step makes exactly the working memory its program step declares
+        (``forward_scratch`` / ``backward_scratch``: the training arena plans one buffer per step that needs it)."""
+        if int(elements) <= 0:
+            return None
+        return self.mgr.create(array_type, (int(elements),), dtype=np.float32)
 
 
 def tuple_str(shape: Shape | list[Shape]) -> str:

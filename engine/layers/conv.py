@@ -115,10 +115,9 @@ class Conv2d(Layer):
         x = self.saved["x"]
         kernels = self.backend.kernels
         geometry = self._geometry(x.shape)
-        dx = None
+        dx = self.input_grad(x.shape) if need_input_grads[0] else None
         scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._backward_scratch(geometry, need_input_grads[0]))
-        if need_input_grads[0]:
-            dx = self.input_grad(x.shape)
+        if dx is not None:
             kernels.conv2d_backward_data(
                 dout, self.params["weight"], dx, self.stride, self.padding, self.groups, scratch
             )

@@ -4,11 +4,13 @@ A bump workspace keeps every tensor of a step until the step ends. The arena ins
 tensor at the offset ``engine.memory.planner`` chose from its lifespan, so tensors that are never
 alive together share bytes and the block is the planned peak, not the sum of all tensors.
 
-Tensors are recognised by who makes them: ``(owner, n)``, the owner node (``mgr.owner``; None for
-the loss head) and the number of tensors that owner made before it in this iteration. Each is checked
-against the plan's type, shape and dtype; anything else raises ``PlanMismatchError`` before a byte is
-written, and so does an owner that made fewer tensors than planned by the end of its step
-(``end_step``): a layer that allocates other than the plan says would otherwise alias a live tensor.
+Tensors are recognised by who makes them: ``(owner, type, n)``, the owner node (``mgr.owner``; None
+for the loss head), the ArrayType, and the number of tensors of that type the owner made before it in
+this iteration (counted per type, so a layer's order between, say, its working memory and what it
+keeps for backward is its own business). Each is checked against the plan's shape and dtype; anything
+else raises ``PlanMismatchError`` before a byte is written, and so does an owner that made fewer
+tensors than planned by the end of its step (``end_step``): a layer that allocates other than the plan
+says would otherwise alias a live tensor.
 
 Safety: every planned tensor has a *slot*, a stand-in workspace with its own generation. The slot is
 live from the tensor's creation until ``end_step`` passes its last planned step, then marked
@@ -47,7 +49,7 @@ class PlannedTensor:
 
     name: str
     owner: Any
-    sequence: int  # how many tensors (of the planned types) the owner made before it in an iteration
+    sequence: int  # how many tensors of its type the owner made before it in an iteration
     array_type: ArrayType
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -69,18 +71,22 @@ class ArenaPlan:
     lower_bound: int
     total_bytes: int  # every tensor's aligned bytes: what a bump workspace would keep
 
-    def by_key(self) -> dict[tuple[Any, int], PlannedTensor]:
-        return {(t.owner, t.sequence): t for t in self.tensors}
+    def by_key(self) -> dict[tuple[Any, ArrayType, int], PlannedTensor]:
+        return {(t.owner, t.array_type, t.sequence): t for t in self.tensors}
+
+
+BACKWARD_TYPES = frozenset({ArrayType.ACTIVATION_GRAD, ArrayType.BP_WORKING_MEM, ArrayType.GRADIENTS})
+"""What a node makes in its backward step; everything else it makes in its forward."""
 
 
 def make_plan(specs: Iterable[Any]) -> ArenaPlan:
     """Plan ``specs`` (objects with name, owner, array_type, shape, dtype, first, last; in creation order)."""
     specs = list(specs)
-    counters: dict[Any, int] = {}
+    counters: dict[tuple[Any, ArrayType], int] = {}
     sequences = []
     for spec in specs:
-        sequences.append(counters.get(spec.owner, 0))
-        counters[spec.owner] = sequences[-1] + 1
+        sequences.append(counters.get((spec.owner, spec.array_type), 0))
+        counters[(spec.owner, spec.array_type)] = sequences[-1] + 1
     sizes = [align(math.prod(s.shape) * np.dtype(s.dtype).itemsize) for s in specs]
     placement = plan_offsets(sizes, [[(s.first, s.last)] for s in specs])
     tensors = [
@@ -122,10 +128,11 @@ class PlannedArena:
         self._plans: dict[tuple[int, frozenset], ArenaPlan] = {}
         self.plan: ArenaPlan | None = None
         self._types: frozenset = frozenset()
-        self._keys: dict[tuple[Any, int], tuple[PlannedTensor, _Slot]] = {}
+        self._keys: dict[tuple[Any, ArrayType, int], tuple[PlannedTensor, _Slot]] = {}
         self._planned_count: dict[Any, tuple[int, int]] = {}  # owner -> (made in forward, in all)
         self._ending: dict[int, list[_Slot]] = {}
-        self._made: dict[Any, int] = {}
+        self._made: dict[tuple[Any, ArrayType], int] = {}  # (owner, type) -> tensors made this iteration
+        self._made_by: dict[Any, int] = {}  # owner -> tensors of every type made this iteration
         self._live: list[_Slot] = []
         self._block: Any = None
         self._numpy_block = False
@@ -153,6 +160,7 @@ class PlannedArena:
             self._use(plan, types)
         self.generation += 1
         self._made = {}
+        self._made_by = {}
         self._live = []
         self._live_bytes = {}
         self._peak_bytes = {}
@@ -177,10 +185,10 @@ class PlannedArena:
         self._planned_count = {}
         for t in plan.tensors:
             slot = _Slot(f"{self.name}/{t.name} (planned steps {t.first}..{t.last})", t.array_type, align(t.nbytes))
-            self._keys[(t.owner, t.sequence)] = (t, slot)
+            self._keys[(t.owner, t.array_type, t.sequence)] = (t, slot)
             self._ending.setdefault(t.last, []).append(slot)
             forward, total = self._planned_count.get(t.owner, (0, 0))
-            self._planned_count[t.owner] = (forward + (t.array_type is not ArrayType.ACTIVATION_GRAD), total + 1)
+            self._planned_count[t.owner] = (forward + (t.array_type not in BACKWARD_TYPES), total + 1)
 
     def end_step(self, step: int, owner: Any = None, backward: bool = False) -> None:
         """Step ``step`` (``owner``'s forward, or its backward) is over: check the owner made exactly what the
@@ -188,7 +196,7 @@ class PlannedArena:
         if not self._in_iteration:
             return
         if owner is not None:
-            made = self._made.get(owner, 0)
+            made = self._made_by.get(owner, 0)
             forward, total = self._planned_count.get(owner, (0, 0))
             expected = total if backward else forward
             if made != expected:
@@ -235,20 +243,21 @@ class PlannedArena:
                 f"[{self.name}] {array_type!r} asked for outside a training iteration: the planned arena only "
                 f"serves Network.forward/backward (inside net.forward(x, training=True) ... net.backward())"
             )
-        sequence = self._made.get(owner, 0)
-        entry = self._keys.get((owner, sequence))
+        sequence = self._made.get((owner, array_type), 0)
+        entry = self._keys.get((owner, array_type, sequence))
         dtype = np.dtype(dtype)
-        if entry is None or entry[0].array_type is not array_type or entry[0].shape != shape or entry[0].dtype != dtype:
+        if entry is None or entry[0].shape != shape or entry[0].dtype != dtype:
             expected = (f"{entry[0].name}: {entry[0].array_type.name} {entry[0].shape} {entry[0].dtype}"
-                        if entry is not None else "nothing more")
+                        if entry is not None else f"no more {array_type.name}")
             raise PlanMismatchError(
                 f"[{self.name}] node {owner} created {array_type.name} {tuple(shape)} {dtype} as its planned tensor "
-                f"#{sequence}, but the step program (engine.program) expected {expected}. The layer "
+                f"#{sequence} of that type, but the step program (engine.program) expected {expected}. The layer "
                 f"allocates other than its output_shape/saved_specs/backward say; fix the layer or the plan, or "
                 f"build the network with workspace_mode='none'"
             )
         planned, slot = entry
-        self._made[owner] = sequence + 1
+        self._made[(owner, array_type)] = sequence + 1
+        self._made_by[owner] = self._made_by.get(owner, 0) + 1
         slot.generation = self.generation
         slot.live_generation = self.generation
         start = planned.offset

@@ -229,9 +229,10 @@ def test_every_kernel_use_of_a_saved_tensor_lies_inside_its_planned_lifespan(bac
         assert all(spec.first <= s <= spec.last for s in steps), (spec.name, (spec.first, spec.last), steps)
         if spec.array_type is ArrayType.FF_CACHE:  # made in forward, read in backward: exactly its span
             assert (min(steps), max(steps)) == (spec.first, spec.last), spec.name
-    # ACTIVATION_GRAD: every gradient the backward really makes, used exactly within its planned span
+    # ACTIVATION_GRAD and working memory: every one the step really makes, used exactly within its planned span
     grad_plan = net.arena.plan.tensors
-    assert {t.array_type for t in grad_plan} == {ArrayType.ACTIVATION_GRAD}
+    assert {t.array_type for t in grad_plan} == {ArrayType.ACTIVATION_GRAD, ArrayType.FF_WORKING_MEM,
+                                                 ArrayType.BP_WORKING_MEM}
     spec_of = {id(tensor): spec for tensor, spec in zip(grads, grad_plan, strict=True)}
     grad_uses: dict[str, list[int]] = {}
     for tensor, step in recording.kernels.uses:

@@ -181,6 +181,11 @@ def test_every_models_real_step_does_what_its_program_says(backend, name):
     clock.moment = len(net.graph.nodes)  # the loss head's backward opens moment L
     net.backward()
 
+    working = (ArrayType.FF_WORKING_MEM, ArrayType.BP_WORKING_MEM)
+    scratch = [(a[3], a[0], tuple(a[1])) for a, _ in made if a[0] in working]
+    assert scratch == [(s.node, working[s.op is not Op.FORWARD], (s.scratch_bytes // 4,))  # one per step that needs it
+                       for s in program.steps if s.scratch_bytes]
+    made = [(a, tensor) for a, tensor in made if a[0] not in working]
     planned = [program.buffers[i] for s in program.steps for i in s.creates
                if program.buffers[i].array_type in PLANNED_TYPES]
     assert [(a[3], a[0], tuple(a[1]), np.dtype(a[2])) for a, _ in made] == [
@@ -197,11 +202,11 @@ def test_every_models_real_step_does_what_its_program_says(backend, name):
         if b.array_type is ArrayType.FF_CACHE:  # made in forward, read by its node's backward and nothing else
             assert seen[b.id] == {b.first, *b.uses}, b.name
     assert len(seen) >= 0.9 * len(planned)  # Flatten and the loss value are read outside the kernel table
-    offsets = {(t.owner, t.sequence): t.offset for t in net.arena.plan.tensors}
+    offsets = {(t.owner, t.array_type, t.sequence): t.offset for t in net.arena.plan.tensors}
     counts: dict = {}
     for args, tensor in made:
-        sequence = counts[args[3]] = counts.get(args[3], -1) + 1
-        assert tensor.offset == offsets[(args[3], sequence)]
+        sequence = counts[args[3], args[0]] = counts.get((args[3], args[0]), -1) + 1
+        assert tensor.offset == offsets[(args[3], args[0], sequence)]
     net.close()
 
 
