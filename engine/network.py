@@ -15,10 +15,12 @@ retire what it says. A training and an inference program are compiled once per b
 **Memory.** Every parameter lives in one PARAMETERS ContiguousBlock (``net.parameters``), every
 gradient in one GRADIENTS block with the same names and layout (``net.gradients``), BatchNorm's
 running statistics in a third block (``net.buffers``); layers get views into them.
-``net.set_gradient_storage("per_layer")`` replaces the whole GRADIENTS block by one the size of the
-largest layer's parameters, which every layer's gradient views share: for an optimizer that updates
-each layer as soon as its backward has written them (``engine.optim.UpdateInBackward``), nothing
-reads a layer's gradients after the next layer's backward (ResNet-18: 42.6 MiB become 9.0 MiB). Everything an
+``net.set_gradient_storage("per_layer")`` drops the whole GRADIENTS block: each node's backward then
+makes its parameter gradients as a buffer of the step program, alive for that moment only and placed
+by the training arena like the activation gradients: for an optimizer that updates each layer as
+soon as its backward has written them (``engine.optim.UpdateInBackward``), nothing reads a layer's
+gradients later (ResNet-18: a 42.6 MiB block becomes at most 9.0 MiB, the largest layer's, inside
+the arena's gaps). Everything an
 iteration makes comes from the workspace manager: ``net.mgr`` (mode "training") for training steps,
 ``net.inference_mgr`` (mode "inference") for ``forward(training=False)`` and ``predict``. In training,
 ACTIVATIONS, FF_CACHE and ACTIVATION_GRAD go to ``net.arena`` (a ``PlannedArena``): offsets planned
@@ -36,9 +38,13 @@ layer scope (owner None).
 
 **Hooks.** ``net.hooks`` holds objects with any of ``on_iteration_start(net)``,
 ``before_forward(step, node)``, ``after_forward(step, node)``, ``before_backward(step, node)``,
-``after_backward(step, node)``, ``on_iteration_end(net)`` (a ``NetworkHook``); ``step`` is the
-program's moment (``engine.program``: forward of node i is i, its backward 2L-1-i). They fire in
-training iterations only: ``on_iteration_start`` right after the iteration scope opens,
+``after_parameter_gradients(step, node, gradients)``, ``after_backward(step, node)``,
+``on_iteration_end(net)`` (a ``NetworkHook``); ``step`` is the program's moment (``engine.program``:
+forward of node i is i, its backward 2L-1-i). They fire in training iterations only:
+``after_parameter_gradients`` right after the backward call of a node with parameters, with the
+node's gradients as one 1-D array laid out like its slice of ``net.parameters`` (valid during the
+call only: in per-layer storage later moments reuse its bytes); ``on_iteration_start`` right after
+the iteration scope opens,
 ``on_iteration_end`` after the last backward step, just before it closes. An
 iteration abandoned before the end of backward (a forward without backward, an error) closes without
 ``on_iteration_end``; the next ``on_iteration_start`` is the hook's cue to drop what it left.
@@ -62,7 +68,7 @@ from engine.memory.tensor import Tensor, WorkspaceError
 from engine.program import Op, Program, Step, compile_inference, compile_training
 
 PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD, ArrayType.FF_WORKING_MEM,
-                 ArrayType.BP_WORKING_MEM)
+                 ArrayType.BP_WORKING_MEM, ArrayType.GRADIENTS)
 """What the planned arena provides in training (an offload scheduler takes over the first two).
 
 Working memory is planned too (one buffer per step that declares scratch, alive for that moment):
@@ -70,16 +76,18 @@ in a separate "working" workspace it was a block of its own beside the arena, as
 largest layer's scratch, although that layer (ResNet-18's layer4 3×3 convolutions, 19.0 MiB at batch
 32) runs where few activation gradients are alive. In the arena it fills the gaps instead: the README
 main command's arena (activation gradients and working memory; offload N=4) needs ~38 MiB where the
-two blocks were 32.0 + 19.0 MiB."""
+two blocks were 32.0 + 19.0 MiB. GRADIENTS are planned only in per-layer gradient storage
+(``Network.set_gradient_storage``), where they are program buffers of one moment each."""
 
 GRADIENT_STORAGES = ("whole", "per_layer")
-"""``net.gradient_storage``: every layer's gradients at once, or the largest layer's (``set_gradient_storage``)."""
+"""``net.gradient_storage``: every layer's gradients in one block, or each in its backward moment only."""
 
 HOOK_METHODS = (
     "on_iteration_start",
     "before_forward",
     "after_forward",
     "before_backward",
+    "after_parameter_gradients",
     "after_backward",
     "on_iteration_end",
 )
@@ -93,6 +101,7 @@ class NetworkHook(Protocol):
     def before_forward(self, step: int, node: Node) -> None: ...
     def after_forward(self, step: int, node: Node) -> None: ...
     def before_backward(self, step: int, node: Node) -> None: ...
+    def after_parameter_gradients(self, step: int, node: Node, gradients: Any) -> None: ...
     def after_backward(self, step: int, node: Node) -> None: ...
     def on_iteration_end(self, net: Network) -> None: ...
 
@@ -130,7 +139,7 @@ class MemoryReport:
     peak_step: int
     planned_peak_bytes: int  # long-lived blocks + iteration peak (a liveness-based plan, no fragmentation)
     by_type_at_peak: dict[str, int] = field(default_factory=dict)
-    gradient_storage: str = "whole"  # net.gradient_storage: gradient_bytes is all layers' or the largest one's
+    gradient_storage: str = "whole"  # net.gradient_storage: "per_layer": gradient_bytes is 0, they are buffers
     # The planned arena (ACTIVATIONS, FF_CACHE, ACTIVATION_GRAD): offsets planned from lifespans.
     arena_planned_bytes: int = 0  # the arena the static plan needs
     arena_lower_bound_bytes: int = 0  # the most of those bytes alive at one step (no placement beats it)
@@ -203,7 +212,7 @@ class Network:
         # Tracked by the manager, so memory dumps and the monitor count them.
         self.parameters = ContiguousBlock(backend, ArrayType.PARAMETERS, parameter_specs, manager=self.mgr)
         self.gradients = ContiguousBlock(backend, ArrayType.GRADIENTS, parameter_specs, manager=self.mgr)
-        self.gradient_storage = "whole"  # set_gradient_storage("per_layer"): the largest layer's only
+        self.gradient_storage = "whole"  # set_gradient_storage("per_layer"): program buffers, one moment each
         # Buffers are long-lived like parameters but never optimized: a block of their own.
         self.buffers = ContiguousBlock(backend, ArrayType.PARAMETERS, buffer_specs, manager=self.mgr)
 
@@ -231,7 +240,8 @@ class Network:
         self._scope_training = False
         self._logits: Tensor | None = None
         self._loss_ready = False
-        self._programs: dict[tuple[int, bool], Program] = {}
+        self._programs: dict[tuple[int, bool, bool], Program] = {}
+        self._slices = self.parameter_slices()  # node index -> its [start, stop) of the parameter block
         self._program: Program | None = None  # the program of the open iteration
         self._registers: dict[int, Tensor] = {}  # buffer id -> the tensor bound to it in the open iteration
 
@@ -254,13 +264,14 @@ class Network:
     def set_gradient_storage(self, storage: str) -> None:
         """Where the layers' parameter gradients go: ``"whole"`` (one GRADIENTS block laid out like the
         parameters: every gradient kept to the end of backward, what a whole-block update, a gradient
-        allreduce or a test that reads ``net.gradients`` after backward needs) or ``"per_layer"`` (one
-        GRADIENTS block the size of the largest layer's parameters; every layer's views start at its
-        offset 0, so a layer's backward overwrites the previous layer's gradients: only for an
-        optimizer that updates each layer right after its backward, ``engine.optim.UpdateInBackward``).
+        allreduce or a test that reads ``net.gradients`` after backward needs) or ``"per_layer"`` (no
+        block: the training program gives each node's backward its gradients as a buffer of that moment,
+        which the arena places like the activation gradients, and ``after_parameter_gradients`` hooks
+        see them before the moment ends: only for an optimizer that updates each layer right there,
+        ``engine.optim.UpdateInBackward``; ``net.gradients`` is then an empty block).
 
-        The old block is dropped (and no longer counted by ``net.mgr``); the kernels overwrite
-        gradients, so the new block needs no zeroing to be correct. Between iterations only.
+        The old block is dropped (and no longer counted by ``net.mgr``); the programs and arena plans are
+        made again. Between iterations only.
         """
         if storage not in GRADIENT_STORAGES:
             raise ValueError(f"gradient storage must be one of {', '.join(GRADIENT_STORAGES)}, got {storage!r}")
@@ -268,37 +279,50 @@ class Network:
             raise RuntimeError(f"{self.name}: the gradient storage changes between iterations only")
         if storage == self.gradient_storage:
             return
-        if storage == "whole":
-            specs = [(f"{node.name}.{p.name}", tuple(p.shape)) for node in self.graph.nodes
-                     for p in node.layer.parameter_specs()]
-            block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, specs, manager=self.mgr)
-            views = block.views
-        else:
-            slices = self.parameter_slices()
-            largest = max((stop - start for start, stop in slices.values()), default=0)
-            block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, [("largest layer", (largest,))],
-                                    manager=self.mgr)
-            views = {}
-            for node in self.graph.nodes:  # a layer's views: its parameters' offsets, less its first one
-                first = slices.get(node.index, (0, 0))[0]
-                for key, shape in ((f"{node.name}.{p.name}", tuple(p.shape)) for p in node.layer.parameter_specs()):
-                    lo, hi = self.parameters.offsets[key]
-                    views[key] = block.flat[lo - first:hi - first].reshape(shape)
+        specs = [(f"{node.name}.{p.name}", tuple(p.shape)) for node in self.graph.nodes
+                 for p in node.layer.parameter_specs()]
+        block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, specs if storage == "whole" else [],
+                                manager=self.mgr)
         self.mgr.untrack_block(self.gradients)
         self.gradients = block
-        for node in self.graph.nodes:
-            node.layer.grads = {p.name: views[f"{node.name}.{p.name}"] for p in node.layer.parameter_specs()}
+        for node in self.graph.nodes:  # per layer: bound to the moment's buffer by each backward (_execute)
+            node.layer.grads = {p.name: block.views[f"{node.name}.{p.name}"]
+                                for p in node.layer.parameter_specs()} if storage == "whole" else {}
         self.gradient_storage = storage
+        if self.arena is not None:
+            self.arena.forget_plans()
+
+    def _parameter_gradients(self, step: Step, mgr: WorkspaceManager) -> Any:
+        """The 1-D gradients of the node a backward step runs (None: it has no parameters). Per layer: the
+        step's GRADIENTS buffer, made now (the program lists it first) and bound to the layer's views."""
+        span = self._slices.get(step.node)
+        if span is None:
+            return None
+        if self.gradient_storage == "whole":
+            return self.gradients.flat[span[0]:span[1]]
+        made = self._program.buffers[step.creates[0]]
+        flat = mgr.create(made.array_type, made.shape, dtype=made.dtype).array
+        node = self.graph.nodes[step.node]
+        views = {}
+        for p in node.layer.parameter_specs():
+            lo, hi = self.parameters.offsets[f"{node.name}.{p.name}"]
+            views[p.name] = flat[lo - span[0]:hi - span[0]].reshape(tuple(p.shape))
+        node.layer.grads = views
+        return flat
 
     # ---- one iteration ----------------------------------------------------------------------------
 
     def program(self, batch_size: int, training: bool = True) -> Program:
         """The compiled step program of one iteration at ``batch_size`` (cached per batch size and mode)."""
-        key = (int(batch_size), bool(training))
+        layer_gradients = bool(training) and self.gradient_storage == "per_layer"
+        key = (int(batch_size), bool(training), layer_gradients)
         program = self._programs.get(key)
         if program is None:
-            compile_ = compile_training if training else compile_inference
-            program = self._programs[key] = compile_(self.graph, int(batch_size), self.name)
+            if training:
+                program = compile_training(self.graph, int(batch_size), self.name, layer_gradients)
+            else:
+                program = compile_inference(self.graph, int(batch_size), self.name)
+            self._programs[key] = program
         return program
 
     def forward(self, x: Tensor | np.ndarray | Any, training: bool = True) -> Tensor:
@@ -375,7 +399,12 @@ class Network:
                     results = [node.layer.forward([registers[b] for b in step.inputs], training)]
             elif op is Op.BACKWARD:
                 with mgr.layer(step.node):
+                    gradients = self._parameter_gradients(step, mgr)
                     results = node.layer.backward(registers[step.inputs[0]], list(step.need), step.reuse_dout)
+                if gradients is not None:
+                    self._call_hooks("after_parameter_gradients", step.time, node, gradients)
+                    if self.gradient_storage == "per_layer":
+                        node.layer.grads = {}  # the buffer's bytes belong to later moments
             elif op is Op.GRAD_SUM:
                 made = buffers[step.creates[0]]
                 with mgr.layer(step.node):

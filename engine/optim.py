@@ -13,9 +13,11 @@ the step count is part of the optimizer's state: resuming restores both.
 value reads that element of the parameters, gradient and state only), so updating one layer's slice
 of the blocks right after that layer's backward gives the same bits as one pass over everything at
 the end (tested for SGD with momentum, Nesterov and weight decay, and Adam, on ResNet-18 and an
-MLP). Then no layer's gradients are read after the next layer's backward, and the network keeps
-only the largest layer's (``Network.set_gradient_storage("per_layer")``): ResNet-18's GRADIENTS go
-from 42.6 MiB to 9.0 MiB. Single-process ``engine train`` does this by default
+MLP). Then no layer's gradients are read after its own backward, and the network keeps none beyond
+that moment (``Network.set_gradient_storage("per_layer")``: each node's gradients are a buffer of
+its backward moment, placed by the training arena in the gaps between activation gradients):
+ResNet-18's 42.6 MiB GRADIENTS block goes, the largest layer's 9.0 MiB fit beside layer4's small
+activation gradients. Single-process ``engine train`` does this by default
 (``update_in_backward``); ``--update-after-backward`` keeps the whole block and the one pass. The
 whole block stays where something reads every gradient after backward: the data-parallel gradient
 allreduce (``engine.parallel``: the sum must arrive before any update), ``--offload-params`` (the
@@ -215,14 +217,14 @@ def make_optimizer(
 class UpdateInBackward:
     """A network hook that applies the optimizer's update one layer at a time, inside backward.
 
-    ``after_backward`` of a node with parameters updates that node's slice of the parameter and state
-    blocks from its gradients (the first ``stop - start`` values of the per-layer GRADIENTS block), with
+    ``after_parameter_gradients`` (right after the backward call of a node with parameters, while its
+    gradients are alive) updates that node's slice of the parameter and state blocks from them, with
     the learning rate of the step read once at ``on_iteration_start``; ``optimizer.step()`` afterwards
     only checks that every layer was updated and counts the step. Made by ``update_in_backward``.
 
-    Every other hook sees the layer's parameters already updated after its ``after_backward``; no
-    backward reads another layer's parameters (offload recomputes only parameterless layers, and before
-    their own backward), so nothing else changes.
+    Every hook after it sees the layer's parameters already updated; no backward reads another layer's
+    parameters (offload recomputes only parameterless layers, and before their own backward), so
+    nothing else changes.
     """
 
     def __init__(self, net: Any, optimizer: Optimizer):
@@ -236,12 +238,9 @@ class UpdateInBackward:
         self.updated = 0  # an iteration abandoned in backward is the caller's to handle (engine.guard)
         self.lr = self.optimizer.lr
 
-    def after_backward(self, step: int, node: Any) -> None:
-        span = self.slices.get(node.index)
-        if span is None:
-            return
-        start, stop = span
-        self.optimizer._update(self.lr, start, stop, self.net.gradients.flat[: stop - start])
+    def after_parameter_gradients(self, step: int, node: Any, gradients: Any) -> None:
+        start, stop = self.slices[node.index]
+        self.optimizer._update(self.lr, start, stop, gradients)
         self.updated += 1
 
     def finish(self) -> None:
@@ -263,8 +262,8 @@ class UpdateInBackward:
 
 
 def update_in_backward(net: Any, optimizer: Optimizer) -> UpdateInBackward:
-    """Update each layer of ``net`` inside backward, right after its gradients are written, and keep only
-    the largest layer's gradients (module docstring: what it saves, what needs the whole block instead).
+    """Update each layer of ``net`` inside backward, right after its gradients are written, and keep each
+    layer's gradients for that moment only (module docstring: what it saves, what needs the whole block).
 
     Call it between iterations, after the optimizer is made (and restored); ``remove()`` undoes it.
     """

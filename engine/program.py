@@ -39,6 +39,10 @@ are the union of the steps that name the buffer.
   BatchNorm2d's kernel always writes dx);
 * where a node's output feeds several consumers, the second contribution to its gradient is summed
   with the first into a new buffer (a ``GRAD_SUM`` step in the consumer's moment and scope);
+* with ``layer_gradients`` (the optimizer updates each layer inside backward: ``engine.optim``), a
+  node with parameters makes its parameter gradients as one GRADIENTS buffer, first of what its
+  backward makes, alive for that moment only; without it they live in the network's GRADIENTS block
+  for the whole run and are no buffer of the program;
 * the loss head makes ``probs`` and ``value`` (ACTIVATIONS) and, in backward, the logits' gradient;
   the logits and the loss head's buffers are held until the loss backward: the caller may read them
   between ``net.loss`` and ``net.backward``, after moment ``L-1`` has closed.
@@ -240,12 +244,13 @@ class _Builder:
         return Program(graph, batch_size, training, steps, buffers, input_id, output_id, moments, name)
 
 
-def compile_training(graph: Graph, batch_size: int, name: str = "network") -> Program:
+def compile_training(graph: Graph, batch_size: int, name: str = "network", layer_gradients: bool = False) -> Program:
     """The training program of ``graph`` for ``batch_size``: forward, loss, loss backward, backward.
 
     The layers must be bound to a backend (a ``Network`` does it): their scratch sizes come from it.
+    ``layer_gradients``: each node's parameter gradients are a buffer of its backward moment (rules above).
     """
-    return _compile(graph, batch_size, True, name)
+    return _compile(graph, batch_size, True, name, layer_gradients)
 
 
 def compile_inference(graph: Graph, batch_size: int, name: str = "network") -> Program:
@@ -253,7 +258,7 @@ def compile_inference(graph: Graph, batch_size: int, name: str = "network") -> P
     return _compile(graph, batch_size, False, name)
 
 
-def _compile(graph: Graph, batch_size: int, training: bool, name: str) -> Program:
+def _compile(graph: Graph, batch_size: int, training: bool, name: str, layer_gradients: bool = False) -> Program:
     L = len(graph.nodes)
     shapes = graph.shapes(batch_size)
     b = _Builder()
@@ -294,12 +299,12 @@ def _compile(graph: Graph, batch_size: int, training: bool, name: str) -> Progra
 
     grads: dict[int, int] = {graph.output.index: dlogits}  # node -> the buffer holding its output gradient
     for node in reversed(graph.nodes):
-        _backward(b, graph, node, 2 * L - 1 - node.index, shapes, out, saved, grads)
+        _backward(b, graph, node, 2 * L - 1 - node.index, shapes, out, saved, grads, layer_gradients)
     return b.finish(graph, batch_size, True, input_id, logits, 2 * L, name)
 
 
 def _backward(b: _Builder, graph: Graph, node: Node, time: int, shapes: dict[int, Shape], out: dict[int, int],
-              saved: dict[int, list[int]], grads: dict[int, int]) -> None:
+              saved: dict[int, list[int]], grads: dict[int, int], layer_gradients: bool = False) -> None:
     """The steps of one node's backward: the layer call, then a sum per input that already has a gradient."""
     i = node.index
     layer = node.layer
@@ -317,6 +322,10 @@ def _backward(b: _Builder, graph: Graph, node: Node, time: int, shapes: dict[int
     creates: list[int] = []
     writes: list[int] = []
     aliases: list[int] = []
+    parameters = sum(int(np.prod(p.shape)) for p in layer.parameter_specs())
+    if layer_gradients and parameters:
+        creates.append(b.buffer(f"{node.name}:parameter_grads", ArrayType.GRADIENTS, (parameters,), np.float32, i,
+                                time))
     for source, needed in zip(node.inputs, need):
         name = f"{INPUT_NAME if source == GRAPH_INPUT else graph.nodes[source].name}:grad@{node.name}"
         if policy is InputGradients.PASS_THROUGH:

@@ -187,18 +187,19 @@ def layer_table(report: Any) -> Table:
         format_bytes(sum(r.saved_bytes for r in report.rows)),
         format_bytes(max((r.working_bytes for r in report.rows), default=0)) + " (largest)",
     )
-    table.notes.append(f"parameters {format_bytes(report.parameter_bytes)}, gradients "
-                       f"{format_bytes(report.gradient_bytes)}{gradient_note(report)}, buffers "
+    gradients = gradient_note(report) or f"gradients {format_bytes(report.gradient_bytes)}"
+    table.notes.append(f"parameters {format_bytes(report.parameter_bytes)}, {gradients}, buffers "
                        f"{format_bytes(report.buffer_bytes)}")
     return table
 
 
 def gradient_note(report: Any) -> str:
-    """What ``report.gradient_bytes`` holds when it is not every layer's gradients (the update in backward)."""
+    """Where the gradients are when they are no long-lived block (the update in backward); "" when they are."""
     if getattr(report, "gradient_storage", "whole") != "per_layer":
         return ""
-    return (f" (the largest layer's: each layer is updated in backward; --update-after-backward keeps all, "
-            f"{format_bytes(report.parameter_bytes)})")
+    return ("gradients: each layer's only during its own backward, planned with the activation gradients (the "
+            "optimizer updates the layer there); --update-after-backward keeps all: "
+            f"+{format_bytes(report.parameter_bytes)}")
 
 
 SAVED_TYPES = ("ACTIVATIONS", "FF_CACHE")
@@ -241,7 +242,7 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
                            f"{format_bytes(offload['offload_arena_bytes'])} with: what engine train's summary and "
                            "engine bench compare")
     if gradient_note(report):
-        table.notes.append(f"  gradients {format_bytes(report.gradient_bytes)}{gradient_note(report)}")
+        table.notes.append(f"  {gradient_note(report)}")
     table.notes.append("  not included: the optimizer's state (momentum: as large as the parameters), the INPUT "
                        "prefetch ring, the interpreter and its libraries: RSS is larger (engine train's summary)")
     return table
@@ -249,7 +250,7 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
 
 def arena_table(report: Any) -> Table:
     """The planned arena (activations, saved, activation gradients): the plan's size, its bound, measured."""
-    table = Table("planned arena: activations, saved for backward, activation gradients", ["", "bytes"],
+    table = Table("planned arena: activations, saved for backward, activation gradients, working memory", ["", "bytes"],
                   right={1})
     table.add_row("arena (offsets planned from lifespans)", format_bytes(report.arena_planned_bytes))
     table.add_row("lower bound (most alive at one step)", format_bytes(report.arena_lower_bound_bytes))

@@ -190,6 +190,10 @@ class PlannedArena:
             forward, total = self._planned_count.get(t.owner, (0, 0))
             self._planned_count[t.owner] = (forward + (t.array_type not in BACKWARD_TYPES), total + 1)
 
+    def forget_plans(self) -> None:
+        """Drop the cached plans: the program they came from changed (``Network.set_gradient_storage``)."""
+        self._plans = {}
+
     def end_step(self, step: int, owner: Any = None, backward: bool = False) -> None:
         """Step ``step`` (``owner``'s forward, or its backward) is over: check the owner made exactly what the
         plan says by now, and retire the tensors whose lifespan ends here."""
