@@ -75,9 +75,11 @@ Working memory is planned too (one buffer per step that declares scratch, alive 
 in a separate "working" workspace it was a block of its own beside the arena, as large as the
 largest layer's scratch, although that layer (ResNet-18's layer4 3×3 convolutions, 19.0 MiB at batch
 32) runs where few activation gradients are alive. In the arena it fills the gaps instead: the README
-main command's arena (activation gradients and working memory; offload N=4) needs ~38 MiB where the
-two blocks were 32.0 + 19.0 MiB. GRADIENTS are planned only in per-layer gradient storage
-(``Network.set_gradient_storage``), where they are program buffers of one moment each."""
+main command's arena (activation gradients and working memory: offload N=4 places the rest) needs
+38.5 MiB where the two blocks were 32.0 + 19.0 MiB. GRADIENTS are planned only in per-layer gradient
+storage (``Network.set_gradient_storage``), where they are program buffers of one moment each: the
+arena grows to 38.8 MiB where a 9.0 MiB block stood beside it (``net.arena_plan``; whole-process peak
+RSS of that command 396.9 -> 368.1 -> 359.3 MiB, ``benchmarks/bench_memory.py --process``)."""
 
 GRADIENT_STORAGES = ("whole", "per_layer")
 """``net.gradient_storage``: every layer's gradients in one block, or each in its backward moment only."""
