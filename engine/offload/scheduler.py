@@ -580,7 +580,7 @@ class OffloadScheduler:
             self._transfer.wait_loaded(unit.event)
             self._load_cursor += 1
         rebuild = self._recompute_order
-        while self._recompute_cursor < len(rebuild) and rebuild[self._recompute_cursor].spec.backward_start <= step:
+        while self._recompute_cursor < len(rebuild) and rebuild[self._recompute_cursor].plan.load_at <= step:
             self._rebuild(rebuild[self._recompute_cursor])
             self._recompute_cursor += 1
 
