@@ -440,6 +440,12 @@ class OffloadScheduler:
             self._arena = self.backend.alloc_block(nbytes)
         else:  # an anonymous mapping: pages we stop using can be handed back to the OS (madvise)
             self._arena_map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                # 2 MiB pages, as NumPy asks for the workspaces' blocks: O_DIRECT pins fewer pages and
+                # the kernels miss the TLB less. ResNet-18 batch 32, N=4, engine bench, three
+                # alternating runs each: IO threads' CPU 27-29 -> 21 ms per step, step ratio
+                # 1.106-1.126x -> 1.089-1.112x.
+                self._arena_map.madvise(mmap.MADV_HUGEPAGE)
             self._arena = np.frombuffer(self._arena_map, dtype=np.uint8)
         self._arena_capacity = nbytes
         self._arena_touched = 0
