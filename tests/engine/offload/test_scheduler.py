@@ -74,6 +74,7 @@ def test_weights_are_bit_identical_with_any_window(cpu, tmp_path, model, options
         for key in reference:
             assert np.array_equal(reference[key], weights[key]), f"window {window}: {key} differs"
         assert_bounded(stats)
+        assert scheduler.wait_timeouts == 0  # every wait was woken (targeted wake-ups, _wake), none timed out
         plan = scheduler._plan
         assert plan.arena_bytes < plan.total_bytes  # offload really lowers the resident bytes
         if window == 1:
