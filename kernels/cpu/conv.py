@@ -84,6 +84,7 @@ class Paths:
     depthwise_kept_only: bool = True
     small_tiles: bool = True
     pointwise_per_image: bool = True
+    pointwise_gather: bool = True
 
 
 EXPORTED = Paths()
@@ -446,7 +447,7 @@ def bias_gradient(dout, dbias):
 
 
 @njit(cache=True, nogil=True)
-def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch):
+def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch, gather=True):
     """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM."""
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = out.shape[2], out.shape[3]
@@ -454,6 +455,7 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
     k_group = k_total // groups
     rows = c_group * kernel * kernel
     plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    gathered = plain_1x1 and gather  # v9: a 1×1 tile is a gather/scatter, not im2col/col2im
     for n0 in range(first, last, tile_images):
         images = min(tile_images, last - n0)
         columns = images * pixels
@@ -461,6 +463,9 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
             w_g = w[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
             if plain_1x1 and images == 1:
                 cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
+            elif gathered:  # every column is one pixel: a gather (v9)
+                cols = scratch[: rows * columns].reshape(rows, columns)
+                gather_tile(x, n0, images, g * c_group, cols)
             else:
                 cols = scratch[: rows * columns].reshape(rows, columns)
                 im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
@@ -473,26 +478,27 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
-def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch) -> None:
+def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch, gather: bool = True) -> None:
     """Thread t: images [t·N/T, (t+1)·N/T) with scratch slice t (see ``threads.run_shares``)."""
     n_images, share = x.shape[0], scratch.size // threads
 
     def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
         mine = scratch[t * share : (t + 1) * share]
-        _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine)
+        _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine, gather)
 
     run_shares(work, threads)
 
 
 @njit(cache=True, nogil=True)
-def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch):
+def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch, gather=True):
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
     pixels = out_h * out_w
     k_group = k_total // groups
     rows = c_group * kernel * kernel
     plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    gathered = plain_1x1 and gather  # v9: a 1×1 tile is a gather/scatter, not im2col/col2im
     for n0 in range(first, last, tile_images):
         images = min(tile_images, last - n0)
         columns = images * pixels
@@ -509,22 +515,26 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 start = k_group * columns if images > 1 else 0
                 dcols = scratch[start : start + rows * columns].reshape(rows, columns)
                 np.dot(w_g.T, d_tile, dcols)
-                col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w, dx)
+                if gathered:  # every column is one pixel: a scatter, not a sum (v9)
+                    scatter_tile(dcols, n0, images, g * c_group, dx)
+                else:
+                    col2im_tile_serial(dcols, n0, images, g * c_group, c_group, stride, pad, kernel, out_h, out_w,
+                                       dx)
 
 
-def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch) -> None:
+def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch, gather: bool = True) -> None:
     n_images, share = dx.shape[0], scratch.size // threads
 
     def work(t: int) -> None:
         first, last = t * n_images // threads, (t + 1) * n_images // threads
         mine = scratch[t * share : (t + 1) * share]
-        _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine)
+        _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine, gather)
 
     run_shares(work, threads)
 
 
 @njit(cache=True, nogil=True)
-def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, scratch):
+def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, scratch, gather=True):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order."""
     k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
@@ -532,6 +542,7 @@ def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile
     k_group = k_total // groups
     rows = c_group * kernel * kernel
     plain_1x1 = kernel == 1 and stride == 1 and pad == 0
+    gathered = plain_1x1 and gather  # v9: a 1×1 tile is a gather/scatter, not im2col/col2im
     if first >= last:
         acc[...] = 0.0
     for n0 in range(first, last, tile_images):
@@ -543,7 +554,10 @@ def _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile
                 cols = x[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels)
             else:
                 cols = scratch[: rows * columns].reshape(rows, columns)
-                im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                if gathered:  # every column is one pixel: a gather (v9)
+                    gather_tile(x, n0, images, g * c_group, cols)
+                else:
+                    im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
                 used = rows * columns
             if images == 1:
                 d_tile = dout[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels)
@@ -571,7 +585,7 @@ def add_partials(total, partials, count, lo, hi):
         total[i] = value
 
 
-def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads, scratch) -> None:
+def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads, scratch, gather: bool = True) -> None:
     """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are then added in
     thread order (each thread adds a fixed range of dw)."""
     n_images = x.shape[0]
@@ -583,7 +597,7 @@ def gemm_backward_weight(x, dout, dw, stride, pad, groups, tile_images, threads,
         first, last = t * n_images // threads, (t + 1) * n_images // threads
         mine = scratch[t * share : (t + 1) * share]
         acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-        _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine)
+        _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather)
 
     run_shares(work, threads)
     if threads > 1:
@@ -827,7 +841,7 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
             paths.pointwise_per_image,
         )
         with blas_on_calling_thread:
-            gemm_forward(x, w, out, stride, pad, groups, tile, threads, scratch)
+            gemm_forward(x, w, out, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather)
     if bias is not None:
         add_bias(out, bias)
 
@@ -857,7 +871,7 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
             paths.pointwise_per_image,
         )
         with blas_on_calling_thread:
-            gemm_backward_data(dout, w, dx, stride, pad, groups, tile, threads, scratch)
+            gemm_backward_data(dout, w, dx, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather)
 
 
 def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
@@ -886,6 +900,6 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
             x.shape, dw.shape, stride, pad, groups, "weight", threads, _target(dw.shape, "weight", paths)
         )
         with blas_on_calling_thread:
-            gemm_backward_weight(x, dout, dw, stride, pad, groups, tile, threads, scratch)
+            gemm_backward_weight(x, dout, dw, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather)
     if dbias is not None:
         bias_gradient(dout, dbias)

@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.memory import ArrayType
-from engine.offload.plan import TensorUse, build_plan, check_plan, group_units, program_units
+from engine.offload.plan import (
+    TensorUse,
+    build_plan,
+    check_plan,
+    group_units,
+    plan_with_chains,
+    program_units,
+    recompute_candidates,
+)
 from models import build_model
 
 
@@ -76,6 +84,35 @@ def test_resnet18_units_and_transients():
         check_plan(plan)
         assert plan.arena_bytes < plan.total_bytes / 2
     assert sum(len(c) for c in creations.values()) == sum(len(u.tensors) for u in units)
+
+
+def test_chained_rebuilds_are_taken_only_where_the_arena_does_not_grow():
+    """A basic block's ReLU output whose shortcut source is rebuilt itself (chained) is rebuilt after it,
+    not swapped, where that holds no more arena bytes; each rebuilt source is rebuilt before its readers
+    and is in memory from their backward on."""
+    net = build_model("resnet18", 10, "cpu", image_size=32)
+    program = net.program(4)
+    units, _, steps = program_units(program)
+    candidates = recompute_candidates(program, units)
+    plan = build_plan(units, 4, steps, candidates)
+    check_plan(plan)
+    name = {u.key: u.spec.name for u in plan.units.values()}
+    rebuilt = {name[u.key]: u for u in plan.recomputed}
+    chained = sorted(n for n, u in rebuilt.items() if any(k in plan.units and plan.units[k].recompute is not None
+                                                          for k in u.recompute.source_units))
+    assert chained == ["layer2.1.relu2", "layer3.1.relu2"]  # layer1.1's chain would need a larger arena
+    assert plan.units[next(k for k, n in name.items() if n == "layer1.0.relu2")].decision == "swap"
+    position = {u.key: i for i, u in enumerate(plan.recomputed)}
+    for u in plan.recomputed:
+        for key in u.recompute.source_units:
+            source = plan.units[key]
+            assert source.load_at <= u.load_at  # in memory (loaded or rebuilt) when the reader is rebuilt
+            if source.recompute is not None:
+                assert position[key] < position[u.key]
+    every, chains = plan_with_chains(units, 4, steps, candidates, frozenset(candidates))
+    assert len(chains) == 4 and every.arena_bytes > plan.arena_bytes
+    assert sum(u.nbytes for u in plan.offloaded) < sum(u.nbytes for u in plan_with_chains(
+        units, 4, steps, candidates, frozenset())[0].offloaded)
 
 
 @settings(max_examples=40, deadline=None)
