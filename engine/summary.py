@@ -72,7 +72,14 @@ def phase_table(result: Any) -> Table:
     if "setup" in phases:
         table.notes.append("setup: imports, data and network before the first step. RSS: the OS's high-water mark "
                            "where a phase raised it, else the most sampled after every layer and step")
+    if "training" in phases and len(ARENA_SHARED_TYPES & set(result.phases["training"].peak_bytes)) > 1:
+        table.notes.append("training steps: activation gradients, working memory and (updated in backward) parameter "
+                           "gradients share the planned arena: each row is its type's own peak, not bytes of its own")
     return table
+
+
+ARENA_SHARED_TYPES = frozenset({"ACTIVATION_GRAD", "FF_WORKING_MEM", "BP_WORKING_MEM", "GRADIENTS"})
+"""Types the training arena places side by side by lifespan (engine.network.PLANNED_TYPES less the saved ones)."""
 
 
 def offload_table(offload: dict[str, Any]) -> Table:
@@ -233,8 +240,10 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
         f"  no offload: the worst step is step {report.peak_step}; its rest is {other_types or 'nothing'};",
     ]
     if offload:
+        rest = "activation gradients, input, working memory" + (", parameter gradients" if gradient_note(report)
+                                                                else "")
         table.notes.append(f"  offload N={offload['window']}: saved tensors in the offload arena, the rest "
-                           f"(activation gradients, input, working memory) at its own worst step; "
+                           f"({rest}) at its own worst step; "
                            f"{format_bytes(offload['written_per_step_bytes'])} written to the swap file per step")
     if offload:
         table.notes.append(f"  activations and saved for backward at their own peak (not at the worst step): "
