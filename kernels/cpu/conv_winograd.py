@@ -61,6 +61,12 @@ BLOCK_BUDGET_ELEMENTS = 1 << 18
 """At most this many float32 (1 MiB) in a block's V and M together, so they stay in L2 (2 MiB)
 beside the GEMM's packed panels."""
 
+SKEW = 16
+"""Floats (64 bytes) between consecutive ξ planes of U, V and M beyond their size. Planes of
+exactly K·C or C·Tb floats start at multiples of 4 KiB, so the 16 streams of a transform fall into
+one L1 set (12 ways) and alias each other's stores."""
+
+
 def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     """Dense (groups 1) 3×3 convolutions with stride 1 and padding 1."""
     return groups == 1 and w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
@@ -81,116 +87,179 @@ def workspace_size(x_shape, w_shape, direction: str, threads: int, target_tiles:
     k, c = w_shape[0], w_shape[1]
     c_in, c_out = (k, c) if direction == "data" else (c, k)
     tiles = block_rows(x_shape, c_in, c_out, threads, target_tiles) * ((x_shape[3] + 1) // 2)
-    return 16 * k * c + threads * 16 * (c_in + c_out) * tiles
+    return 16 * (k * c + SKEW) + threads * 16 * ((c_in + c_out) * tiles + 2 * SKEW)
 
 
 @njit(cache=True, nogil=True)
 def _filter_transform(w, k_lo, k_hi, u):
-    """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [k_lo, k_hi): 16 planes of K × C, each contiguous."""
+    """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [k_lo, k_hi): 16 planes of K × C, each contiguous.
+
+    Scalars only, so the loop over c vectorizes (nine stride-9 gathers, sixteen contiguous stores)."""
     k, c = w.shape[0], w.shape[1]
-    plane = k * c
-    g = np.empty((4, 3), np.float32)
+    plane = k * c + SKEW
+    g = w.reshape(w.size)
+    half = np.float32(0.5)
     for kk in range(k_lo, k_hi):
         for cc in range(c):
-            for s in range(3):
-                a, b, e = w[kk, cc, 0, s], w[kk, cc, 1, s], w[kk, cc, 2, s]
-                g[0, s] = a
-                g[1, s] = np.float32(0.5) * (a + b + e)
-                g[2, s] = np.float32(0.5) * (a - b + e)
-                g[3, s] = e
             at = kk * c + cc
-            for i in range(4):
-                a, b, e = g[i, 0], g[i, 1], g[i, 2]
-                u[(4 * i) * plane + at] = a
-                u[(4 * i + 1) * plane + at] = np.float32(0.5) * (a + b + e)
-                u[(4 * i + 2) * plane + at] = np.float32(0.5) * (a - b + e)
-                u[(4 * i + 3) * plane + at] = e
+            s = 9 * at
+            w00, w01, w02 = g[s], g[s + 1], g[s + 2]
+            w10, w11, w12 = g[s + 3], g[s + 4], g[s + 5]
+            w20, w21, w22 = g[s + 6], g[s + 7], g[s + 8]
+            # G g: rows g0, ½(g0 + g1 + g2), ½(g0 − g1 + g2), g2
+            b0, b1, b2 = half * (w00 + w10 + w20), half * (w01 + w11 + w21), half * (w02 + w12 + w22)
+            c0, c1, c2 = half * (w00 - w10 + w20), half * (w01 - w11 + w21), half * (w02 - w12 + w22)
+            # (G g) Gᵀ: the same across each row
+            u[at] = w00
+            u[plane + at] = half * (w00 + w01 + w02)
+            u[2 * plane + at] = half * (w00 - w01 + w02)
+            u[3 * plane + at] = w02
+            u[4 * plane + at] = b0
+            u[5 * plane + at] = half * (b0 + b1 + b2)
+            u[6 * plane + at] = half * (b0 - b1 + b2)
+            u[7 * plane + at] = b2
+            u[8 * plane + at] = c0
+            u[9 * plane + at] = half * (c0 + c1 + c2)
+            u[10 * plane + at] = half * (c0 - c1 + c2)
+            u[11 * plane + at] = c2
+            u[12 * plane + at] = w20
+            u[13 * plane + at] = half * (w20 + w21 + w22)
+            u[14 * plane + at] = half * (w20 - w21 + w22)
+            u[15 * plane + at] = w22
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
+    """Bᵀ down four rows of src starting at a0 … a3 (t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1,
+    t3 = d1 − d3), columns apart: ``ev[i·half + q] = t_i[x = 2q − 1]``, ``od[i·half + q] = t_i[x = 2q]``,
+    zero where x leaves the plane."""
+    for q in range(tw):
+        x = 2 * q
+        if x < width:
+            d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        else:
+            d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        od[q] = d0 - d2
+        od[half + q] = d1 + d2
+        od[2 * half + q] = d2 - d1
+        od[3 * half + q] = d1 - d3
+    od[tw] = 0.0
+    od[half + tw] = 0.0
+    od[2 * half + tw] = 0.0
+    od[3 * half + tw] = 0.0
+    ev[0] = 0.0
+    ev[half] = 0.0
+    ev[2 * half] = 0.0
+    ev[3 * half] = 0.0
+    for q in range(1, half):
+        x = 2 * q - 1
+        if x < width:
+            d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        else:
+            d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        ev[q] = d0 - d2
+        ev[half + q] = d1 + d2
+        ev[2 * half + q] = d2 - d1
+        ev[3 * half + q] = d1 - d3
 
 
 @njit(cache=True, nogil=True)
 def _input_transform(src, r0, nr, channels, height, width, v, tmp):
-    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the tiles j of tile rows [r0, r0 + nr), read from src (flat NCHW)."""
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the tiles j of tile rows [r0, r0 + nr), read from src (flat NCHW).
+
+    Per (channel, tile row), two passes over short L1-resident rows: Bᵀ down the four input rows
+    with even and odd columns written apart (``_rows_bt``; the first and last tile rows of a plane
+    go through a zero-padded copy of their rows), then B across the columns, where tile tx needs
+    t[2tx − 1 … 2tx + 2] = ev[tx], od[tx], ev[tx + 1], od[tx + 1]: contiguous reads, 16
+    contiguous store streams."""
     th, tw = (height + 1) // 2, (width + 1) // 2
     cols = nr * tw
-    span = 2 * tw + 2  # tmp row p holds column x = p − 1, zero outside [0, W)
+    half = tw + 1
     plane = height * width
+    ev = tmp[: 4 * half]
+    od = tmp[4 * half : 8 * half]
+    pad = tmp[8 * half : 8 * half + 4 * width]
+    step = channels * cols + SKEW
     for c in range(channels):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
-            s0 = uint64((n * channels + c) * plane)
+            s0 = (n * channels + c) * plane
             y0 = 2 * ty - 1
-            # Bᵀ on whole rows: t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1, t3 = d1 − d3
-            for p in range(span):
-                tmp[p] = 0.0
-                tmp[span + p] = 0.0
-                tmp[2 * span + p] = 0.0
-                tmp[3 * span + p] = 0.0
-            d_ok = (y0 >= 0, y0 + 1 < height, y0 + 2 < height, y0 + 3 < height)
-            a0 = s0 + uint64(max(y0, 0) * width)
-            a1 = s0 + uint64((y0 + 1) * width)
-            a2 = s0 + uint64((y0 + 2) * width)
-            a3 = s0 + uint64((y0 + 3) * width)
-            for x in range(width):
-                d0 = src[a0 + uint64(x)] if d_ok[0] else np.float32(0.0)
-                d1 = src[a1 + uint64(x)] if d_ok[1] else np.float32(0.0)
-                d2 = src[a2 + uint64(x)] if d_ok[2] else np.float32(0.0)
-                d3 = src[a3 + uint64(x)] if d_ok[3] else np.float32(0.0)
-                tmp[x + 1] = d0 - d2
-                tmp[span + x + 1] = d1 + d2
-                tmp[2 * span + x + 1] = d2 - d1
-                tmp[3 * span + x + 1] = d1 - d3
-            # B across columns, one tile per step: 16 contiguous output streams
-            j0 = uint64(r * tw)
+            if y0 >= 0 and y0 + 3 < height:
+                _rows_bt(src, s0 + y0 * width, s0 + (y0 + 1) * width, s0 + (y0 + 2) * width,
+                         s0 + (y0 + 3) * width, width, tw, ev, od, half)
+            else:
+                for i in range(4):
+                    y = y0 + i
+                    if 0 <= y < height:
+                        for x in range(width):
+                            pad[i * width + x] = src[s0 + y * width + x]
+                    else:
+                        for x in range(width):
+                            pad[i * width + x] = 0.0
+                _rows_bt(pad, 0, width, 2 * width, 3 * width, width, tw, ev, od, half)
+            # B: v0 = t[x0] − t[x0 + 2], v1 = t[x0 + 1] + t[x0 + 2], v2 = t[x0 + 2] − t[x0 + 1], v3 = t[x0 + 1] − t[x0 + 3]
+            j0 = r * tw
             for i in range(4):
-                row = i * span
-                o0 = uint64((4 * i * channels + c) * cols) + j0
-                o1 = o0 + uint64(channels * cols)
-                o2 = o1 + uint64(channels * cols)
-                o3 = o2 + uint64(channels * cols)
+                e = i * half
+                b = 4 * i * step + c * cols + j0
                 for tx in range(tw):
-                    p = row + 2 * tx
-                    e0, e1, e2, e3 = tmp[p], tmp[p + 1], tmp[p + 2], tmp[p + 3]
-                    v[o0 + uint64(tx)] = e0 - e2
-                    v[o1 + uint64(tx)] = e1 + e2
-                    v[o2 + uint64(tx)] = e2 - e1
-                    v[o3 + uint64(tx)] = e1 - e3
+                    a0, a1, a2, a3 = ev[e + tx], od[e + tx], ev[e + tx + 1], od[e + tx + 1]
+                    v[b + tx] = a0 - a2
+                    v[b + step + tx] = a1 + a2
+                    v[b + 2 * step + tx] = a2 - a1
+                    v[b + 3 * step + tx] = a1 - a3
 
 
 @njit(cache=True, nogil=True)
-def _output_transform(m, r0, nr, channels, height, width, dst):
-    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr)."""
+def _output_transform(m, r0, nr, channels, height, width, dst, tmp):
+    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr).
+
+    Per (channel, tile row): 16 contiguous read streams of M give the four outputs of each tile
+    into four short rows (``y[a][b][tx]``), then an interleaving copy puts them into ``dst``'s two
+    image rows (the last column and row dropped where the plane is odd)."""
     th, tw = (height + 1) // 2, (width + 1) // 2
     cols = nr * tw
-    stride = uint64(channels * cols)
+    stride = channels * cols + SKEW
     plane = height * width
+    y00, y01, y10, y11 = tmp[:tw], tmp[tw : 2 * tw], tmp[2 * tw : 3 * tw], tmp[3 * tw : 4 * tw]
     full = width // 2
     for k in range(channels):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
-            b0 = uint64((n * channels + k) * plane + 2 * ty * width)
-            b1 = b0 + uint64(width)
-            second = 2 * ty + 1 < height
-            base = uint64(k * cols + r * tw)
+            b = k * cols + r * tw
+            m0, m1, m2, m3 = m[b : b + tw], m[b + stride : b + stride + tw], m[b + 2 * stride :], m[b + 3 * stride :]
+            m4, m5, m6, m7 = m[b + 4 * stride :], m[b + 5 * stride :], m[b + 6 * stride :], m[b + 7 * stride :]
+            m8, m9, m10, m11 = m[b + 8 * stride :], m[b + 9 * stride :], m[b + 10 * stride :], m[b + 11 * stride :]
+            m12, m13, m14, m15 = m[b + 12 * stride :], m[b + 13 * stride :], m[b + 14 * stride :], m[b + 15 * stride :]
             for tx in range(tw):
-                q = base + uint64(tx)
-                m00, m01, m02, m03 = m[q], m[q + stride], m[q + 2 * stride], m[q + 3 * stride]
-                q += 4 * stride
-                m10, m11, m12, m13 = m[q], m[q + stride], m[q + 2 * stride], m[q + 3 * stride]
-                q += 4 * stride
-                m20, m21, m22, m23 = m[q], m[q + stride], m[q + 2 * stride], m[q + 3 * stride]
-                q += 4 * stride
-                m30, m31, m32, m33 = m[q], m[q + stride], m[q + 2 * stride], m[q + 3 * stride]
-                # Aᵀ on rows: s0 = m0 + m1 + m2, s1 = m1 − m2 − m3; then A across columns
-                s00, s01, s02, s03 = m00 + m10 + m20, m01 + m11 + m21, m02 + m12 + m22, m03 + m13 + m23
-                s10, s11, s12, s13 = m10 - m20 - m30, m11 - m21 - m31, m12 - m22 - m32, m13 - m23 - m33
-                x = uint64(2 * tx)
-                dst[b0 + x] = s00 + s01 + s02
-                if tx < full:
-                    dst[b0 + x + 1] = s01 - s02 - s03
-                if second:
-                    dst[b1 + x] = s10 + s11 + s12
-                    if tx < full:
-                        dst[b1 + x + 1] = s11 - s12 - s13
+                # Aᵀ on rows: s0 = M0 + M1 + M2, s1 = M1 − M2 − M3; then A across columns
+                s00 = m0[tx] + m4[tx] + m8[tx]
+                s01 = m1[tx] + m5[tx] + m9[tx]
+                s02 = m2[tx] + m6[tx] + m10[tx]
+                s03 = m3[tx] + m7[tx] + m11[tx]
+                s10 = m4[tx] - m8[tx] - m12[tx]
+                s11 = m5[tx] - m9[tx] - m13[tx]
+                s12 = m6[tx] - m10[tx] - m14[tx]
+                s13 = m7[tx] - m11[tx] - m15[tx]
+                y00[tx] = s00 + s01 + s02
+                y01[tx] = s01 - s02 - s03
+                y10[tx] = s10 + s11 + s12
+                y11[tx] = s11 - s12 - s13
+            o = (n * channels + k) * plane + 2 * ty * width
+            row = dst[o : o + width]
+            for tx in range(full):
+                row[2 * tx] = y00[tx]
+                row[2 * tx + 1] = y01[tx]
+            if full < tw:
+                row[width - 1] = y00[full]
+            if 2 * ty + 1 < height:
+                row = dst[o + width : o + 2 * width]
+                for tx in range(full):
+                    row[2 * tx] = y10[tx]
+                    row[2 * tx + 1] = y11[tx]
+                if full < tw:
+                    row[width - 1] = y10[full]
 
 
 @njit(cache=True, nogil=True)
@@ -204,11 +273,11 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
     tw = (width + 1) // 2
     tb = rows * tw
     src, dst = x.reshape(x.size), out.reshape(out.size)
-    v = mine[: 16 * c_in * tb]
-    m = mine[16 * c_in * tb : 16 * (c_in + c_out) * tb]
-    tmp = np.empty(4 * (2 * tw + 2), np.float32)
+    v = mine[: 16 * (c_in * tb + SKEW)]
+    m = mine[16 * (c_in * tb + SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW)]
+    tmp = np.empty(8 * (tw + 1) + 4 * width, np.float32)
     scalars = np.empty(2, np.float32)
-    plane = c_in * c_out
+    plane = c_in * c_out + SKEW
     for r0 in range(first, last, rows):
         nr = min(rows, last - r0)
         cols = nr * tw
@@ -228,15 +297,15 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
                     c_in,
                     u[at * plane :],
                     c_out if flipped else c_in,
-                    v[xi * c_in * cols :],
+                    v[xi * (c_in * cols + SKEW) :],
                     cols,
                     0.0,
-                    m[xi * c_out * cols :],
+                    m[xi * (c_out * cols + SKEW) :],
                     cols,
                     scalars,
                 )
         if parts & 4:
-            _output_transform(m, r0, nr, c_out, height, width, dst)
+            _output_transform(m, r0, nr, c_out, height, width, dst, tmp)
 
 
 def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7) -> None:
@@ -245,12 +314,12 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
     c_out = out.shape[1]
     tw = (x.shape[3] + 1) // 2
     total = n * ((height + 1) // 2)
-    u = scratch[: 16 * c_in * c_out]
+    u = scratch[: 16 * (c_in * c_out + SKEW)]
     k = w.shape[0]
     if parts & 2:
         run_shares(lambda t: _filter_transform(w, t * k // threads, (t + 1) * k // threads, u), threads)
-    per_thread = 16 * (c_in + c_out) * rows * tw
-    start = 16 * c_in * c_out
+    per_thread = 16 * ((c_in + c_out) * rows * tw + 2 * SKEW)
+    start = 16 * (c_in * c_out + SKEW)
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
