@@ -57,7 +57,7 @@ from kernels.cpu.threads import run_shares
 TARGET_TILES = 128
 """Tiles per block (Tb), rounded up to whole tile rows, before the cache budget below."""
 
-BLOCK_BUDGET_ELEMENTS = 1 << 18
+BLOCK_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (1 MiB) in a block's V and M together, so they stay in L2 (2 MiB)
 beside the GEMM's packed panels."""
 
