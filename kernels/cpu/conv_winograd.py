@@ -14,10 +14,10 @@ transforms cost more than the GEMMs saved. This version keeps both in L2.
 The algorithm (Lavin & Gray 2015), per tile of output pixels ``Y`` (2×2) and its input ``d``
 (4×4, rows/columns 2·ty − 1 … 2·ty + 2, zero outside the plane)::
 
-    U = G g Gᵀ   (4×4 per (k, c), once per call)        G  = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]
-    V = Bᵀ d B   (4×4 per (c, tile))                     Bᵀ = [[1, 0, −1, 0], [0, 1, 1, 0], [0, −1, 1, 0], [0, 1, 0, −1]]
+    U = G g Gᵀ   (4×4 per (k, c), once per call)   G  = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]
+    V = Bᵀ d B   (4×4 per (c, tile))                Bᵀ = [[1, 0, −1, 0], [0, 1, 1, 0], [0, −1, 1, 0], [0, 1, 0, −1]]
     M[ξ] = U[ξ] @ V[ξ]  for each of the 16 positions ξ: a (K × C) @ (C × tiles) GEMM
-    Y = Aᵀ M A   (2×2 per (k, tile))                     Aᵀ = [[1, 1, 1, 0], [0, 1, −1, −1]]
+    Y = Aᵀ M A   (2×2 per (k, tile))                Aᵀ = [[1, 1, 1, 0], [0, 1, −1, −1]]
 
 Layout and blocking. Tiles are numbered in raster order over (image, tile row, tile column);
 a plane of H × W has ⌈H/2⌉ × ⌈W/2⌉ tiles (odd sizes: the last tile reads zeros past the edge and
@@ -49,7 +49,7 @@ result differs from a direct sum by rounding only: max abs error 1e-6 … 1e-5 o
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit
 
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import run_shares
@@ -198,7 +198,7 @@ def _input_transform(src, r0, nr, channels, height, width, v, tmp):
                         for x in range(width):
                             pad[i * width + x] = 0.0
                 _rows_bt(pad, 0, width, 2 * width, 3 * width, width, tw, ev, od, half)
-            # B: v0 = t[x0] − t[x0 + 2], v1 = t[x0 + 1] + t[x0 + 2], v2 = t[x0 + 2] − t[x0 + 1], v3 = t[x0 + 1] − t[x0 + 3]
+            # B, with t0…t3 the tile's four columns: t0 − t2, t1 + t2, t2 − t1, t1 − t3
             j0 = r * tw
             for i in range(4):
                 e = i * half
