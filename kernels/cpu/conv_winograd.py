@@ -132,8 +132,24 @@ def _filter_transform(w, k_lo, k_hi, u):
 def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
     """Bᵀ down four rows of src starting at a0 … a3 (t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1,
     t3 = d1 − d3), columns apart: ``ev[i·half + q] = t_i[x = 2q − 1]``, ``od[i·half + q] = t_i[x = 2q]``,
-    zero where x leaves the plane."""
-    for q in range(tw):
+    zero where x leaves the plane. The main loops read inside the plane only (no test per column:
+    0.64 → 0.49 ms of 1.5 on 256 ch @8×8, 16 images); the odd plane's last column and the zeros after."""
+    full = width // 2
+    for q in range(full):
+        x = 2 * q
+        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        od[q] = d0 - d2
+        od[half + q] = d1 + d2
+        od[2 * half + q] = d2 - d1
+        od[3 * half + q] = d1 - d3
+    for q in range(1, full + 1):
+        x = 2 * q - 1
+        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        ev[q] = d0 - d2
+        ev[half + q] = d1 + d2
+        ev[2 * half + q] = d2 - d1
+        ev[3 * half + q] = d1 - d3
+    for q in range(full, half):  # x = 2q: the last column of an odd plane, then zeros
         x = 2 * q
         if x < width:
             d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
@@ -143,24 +159,10 @@ def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
         od[half + q] = d1 + d2
         od[2 * half + q] = d2 - d1
         od[3 * half + q] = d1 - d3
-    od[tw] = 0.0
-    od[half + tw] = 0.0
-    od[2 * half + tw] = 0.0
-    od[3 * half + tw] = 0.0
-    ev[0] = 0.0
-    ev[half] = 0.0
-    ev[2 * half] = 0.0
-    ev[3 * half] = 0.0
-    for q in range(1, half):
-        x = 2 * q - 1
-        if x < width:
-            d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
-        else:
-            d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-        ev[q] = d0 - d2
-        ev[half + q] = d1 + d2
-        ev[2 * half + q] = d2 - d1
-        ev[3 * half + q] = d1 - d3
+    for i in range(4):
+        ev[i * half] = 0.0
+        for q in range(full + 1, half):
+            ev[i * half + q] = 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -203,12 +205,25 @@ def _input_transform(src, r0, nr, channels, height, width, v, tmp):
             for i in range(4):
                 e = i * half
                 b = 4 * i * step + c * cols + j0
-                for tx in range(tw):
-                    a0, a1, a2, a3 = ev[e + tx], od[e + tx], ev[e + tx + 1], od[e + tx + 1]
-                    v[b + tx] = a0 - a2
-                    v[b + step + tx] = a1 + a2
-                    v[b + 2 * step + tx] = a2 - a1
-                    v[b + 3 * step + tx] = a1 - a3
+                if tw >= 4:  # one store stream per loop, so LLVM vectorizes it (four need too many alias checks)
+                    e_, o_ = ev[e : e + half], od[e : e + half]
+                    w0, w1 = v[b : b + tw], v[b + step : b + step + tw]
+                    w2, w3 = v[b + 2 * step : b + 2 * step + tw], v[b + 3 * step : b + 3 * step + tw]
+                    for tx in range(tw):
+                        w0[tx] = e_[tx] - e_[tx + 1]
+                    for tx in range(tw):
+                        w1[tx] = o_[tx] + e_[tx + 1]
+                    for tx in range(tw):
+                        w2[tx] = e_[tx + 1] - o_[tx]
+                    for tx in range(tw):
+                        w3[tx] = o_[tx] - o_[tx + 1]
+                else:
+                    for tx in range(tw):
+                        a0, a1, a2, a3 = ev[e + tx], od[e + tx], ev[e + tx + 1], od[e + tx + 1]
+                        v[b + tx] = a0 - a2
+                        v[b + step + tx] = a1 + a2
+                        v[b + 2 * step + tx] = a2 - a1
+                        v[b + 3 * step + tx] = a1 - a3
 
 
 @njit(cache=True, nogil=True)
