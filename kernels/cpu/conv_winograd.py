@@ -27,23 +27,64 @@ walks them in blocks of ``rows`` tile rows (Tb = rows·⌈W/2⌉ tiles; a block 
 so the 4-tile planes of 4×4 layers batch many images into one block). Per block:
 
 1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block): per
-   channel and tile row, Bᵀ on whole input rows (four rows of W, contiguous), then B across
-   the columns; the 16 stores per tile go to 16 contiguous streams.
+   channel and tile row, Bᵀ down four input rows (even and odd columns written apart), then B
+   across the columns, one loop per output stream so LLVM vectorizes it across the tiles.
 2. 16 GEMMs ``M[ξ] (K × Tb) = U[ξ] (K × C) @ V[ξ] (C × Tb)`` through single-threaded BLAS
    (``conv_shifted.sgemm``: ``numba_xxgemm`` with leading dimensions).
 3. output transform ``Aᵀ M[·][k][j] A`` straight into ``out``.
 
-V and M together are 16·(C + K)·Tb floats: the block is sized (``block_rows``) so that they stay
-within ``BLOCK_BUDGET_ELEMENTS`` of L2 (2 MiB per core here).
+V and M together are 16·(C + K)·Tb floats: ``TARGET_TILES`` = 128 tiles a block, capped at
+``BLOCK_BUDGET_ELEMENTS`` (4 MiB: 2 MiB of L2 per core here, the rest in the large L3). The ξ
+planes are ``SKEW`` floats apart beyond their size.
 
 Backward-data is the forward convolution of dout with w'[c, k] = w[k, c] flipped. Flipping g
 gives G·J·g·J·Gᵀ with J the reversal, and G·J = P·G with P the swap of rows 0 and 3, so
 U'[(i, j)] = U[(p(i), p(j))]ᵀ: the forward filter transform, read transposed by the GEMM at the
-swapped position. No second filter transform, no transposing copy.
+swapped position. No second filter transform, no transposing copy. The weight gradient stays on
+the shifted GEMMs / im2col (Winograd for it needs transforms of both x and dout per tile).
+
+Measured (batch 32, ResNet-18's four 3×3 stride-1 layers, C = K):
+
+- Two threads, wall ms, median of 5 rounds of best-of-5, v9 / v10 / torch alternating with
+  ``quiesce()`` before each block (scratch script over ``conv.forward(..., conv_study.V9_PATHS)``,
+  this module and ``aten.convolution`` / ``convolution_backward``; other jobs at load 1.6–3):
+
+  | layer | forward v9 / v10 / torch | backward-data v9 / v10 / torch |
+  |---|---|---|
+  | 64 @32×32 | 11.41 / **8.62** / 13.62 | 11.57 / **8.66** / 14.90 |
+  | 128 @16×16 | 9.85 / **7.93** / 7.78 | 10.31 / **7.87** / 7.91 |
+  | 256 @8×8 | 10.70 / **7.10** / 7.18 | 11.16 / **7.19** / 7.22 |
+  | 512 @4×4 | 11.60 / **9.00** / 7.61 | 11.55 / **9.90** / 6.63 |
+
+- Where the time goes: one thread, its share of 16 images, forward, thread CPU ms, each part
+  run alone (``parts``): v9 → v10 (input transform + filter transform and GEMMs + output transform):
+  64 @32×32 11.70 → 8.46 (2.33 + 3.64 + 1.47); 128 @16×16 10.66 → 7.85 (1.44 + 5.04 + 0.99);
+  256 @8×8 10.46 → 6.75 (1.05 + 4.66 + 0.70); 512 @4×4 10.98 → 9.51 (0.79 + 7.55 + 0.64). The
+  GEMMs run at 147 / 107 / 115 / 71 GFLOP/s: at 4×4 a thread has only 64 tiles (Tb = 64), and
+  the 16 MiB of transformed filter is packed for 64 columns. The filter transform (inside the
+  GEMM figure) is 0.06 ms at 64 channels and 2.2 ms at 512 on one thread: scalar code (its 16
+  store streams are more than LLVM's runtime alias checks allow), split over the threads by k.
+- Tb (``TARGET_TILES`` × budget), one thread, 16 images, forward ms: 64 / 128 / 256 / 512 tiles
+  at a 4 MiB budget: 64 @32×32 10.3 / **9.2** / 12.0 / 11.8; 128 @16×16 8.5 / **8.5** / 8.4 /
+  8.3; 256 @8×8 7.9 / **7.5** / 7.5 / 7.3; 512 @4×4 9.6 / **9.2** / 9.9 / 10.2 (before the
+  input-transform change): 128 is best or within 3% of it everywhere. A 1 MiB budget (V and M
+  inside L2) caps 512 @4×4 at Tb = 16: GEMMs 9.9 ms instead of 7.1, layer 11.9 instead of 9.2;
+  16 MiB is no better than 4.
+
+Tried and dropped:
+
+- Planes exactly K·C and C·Tb floats apart: the 16 store streams of the filter transform sit
+  4 KiB apart, in one L1 set; 512 ch, one thread: 14.1 ms → 2.2 ms with the skew.
+- Channels-last V (``V[ξ][j][c]``, the input staged in a four-row ring with channels last, the
+  transforms one loop over the channels per (tile, ξ), GEMM ``M = V @ Uᵀ``): vectorizes whatever
+  the plane size, but the staging transposes and the Tb × K GEMMs cost more: forward, one thread,
+  16 images, 14.5 / 10.6 / 10.4 / 13.0 ms against this layout's 9.6 / 8.7 / 8.6 / 11.4 (same run).
+- Bᵀ as eight one-stream loops, or the output transform as twelve: 1.4–7× slower (the loops are
+  ⌈W/2⌉ long, and the split adds array slices per row); the four one-stream loops of B and
+  the row loops without a per-column test stayed (input transform 3.4 → 2.3 ms at 64 @32×32).
 
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
-result differs from a direct sum by rounding only: max abs error 1e-6 … 1e-5 on ResNet shapes
-(figures in kernels/README.md).
+result differs from a direct sum by rounding only (figures in kernels/README.md).
 """
 
 from __future__ import annotations
@@ -58,8 +99,7 @@ TARGET_TILES = 128
 """Tiles per block (Tb), rounded up to whole tile rows, before the cache budget below."""
 
 BLOCK_BUDGET_ELEMENTS = 1 << 20
-"""At most this many float32 (1 MiB) in a block's V and M together, so they stay in L2 (2 MiB)
-beside the GEMM's packed panels."""
+"""At most this many float32 (4 MiB) in a block's V and M together (swept: see above)."""
 
 SKEW = 16
 """Floats (64 bytes) between consecutive ξ planes of U, V and M beyond their size. Planes of
@@ -83,11 +123,18 @@ def block_rows(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int =
 
 
 def workspace_size(x_shape, w_shape, direction: str, threads: int, target_tiles: int = TARGET_TILES) -> int:
-    """Scratch (float32 elements): the transformed filter U (16·K·C), and per thread a block's V and M."""
+    """Scratch (float32 elements): the transformed filter U (16·K·C), and per thread a block's V and M
+    and the transforms' row buffers."""
     k, c = w_shape[0], w_shape[1]
     c_in, c_out = (k, c) if direction == "data" else (c, k)
-    tiles = block_rows(x_shape, c_in, c_out, threads, target_tiles) * ((x_shape[3] + 1) // 2)
-    return 16 * (k * c + SKEW) + threads * 16 * ((c_in + c_out) * tiles + 2 * SKEW)
+    rows = block_rows(x_shape, c_in, c_out, threads, target_tiles)
+    return 16 * (k * c + SKEW) + threads * _per_thread(c_in, c_out, x_shape[3], rows)
+
+
+def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
+    """A thread's scratch: a block's V and M, and the transforms' row buffers."""
+    tw = (width + 1) // 2
+    return 16 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 8 * (tw + 1) + 4 * width
 
 
 @njit(cache=True, nogil=True)
@@ -290,7 +337,7 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
     src, dst = x.reshape(x.size), out.reshape(out.size)
     v = mine[: 16 * (c_in * tb + SKEW)]
     m = mine[16 * (c_in * tb + SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW)]
-    tmp = np.empty(8 * (tw + 1) + 4 * width, np.float32)
+    tmp = mine[16 * ((c_in + c_out) * tb + 2 * SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW) + 8 * (tw + 1) + 4 * width]
     scalars = np.empty(2, np.float32)
     plane = c_in * c_out + SKEW
     for r0 in range(first, last, rows):
@@ -327,13 +374,12 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
     """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(2×2, 3×3) (flipped: backward-data, x = dout)."""
     n, c_in, height, _ = x.shape
     c_out = out.shape[1]
-    tw = (x.shape[3] + 1) // 2
     total = n * ((height + 1) // 2)
     u = scratch[: 16 * (c_in * c_out + SKEW)]
     k = w.shape[0]
     if parts & 2:
         run_shares(lambda t: _filter_transform(w, t * k // threads, (t + 1) * k // threads, u), threads)
-    per_thread = 16 * ((c_in + c_out) * rows * tw + 2 * SKEW)
+    per_thread = _per_thread(c_in, c_out, x.shape[3], rows)
     start = 16 * (c_in * c_out + SKEW)
 
     def work(t: int) -> None:
