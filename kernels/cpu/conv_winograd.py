@@ -84,7 +84,8 @@ Tried and dropped:
   the row loops without a per-column test stayed (input transform 3.4 → 2.3 ms at 64 @32×32).
 
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
-result differs from a direct sum by rounding only (figures in kernels/README.md).
+result differs from a direct sum by rounding only: max abs error against the float64 reference
+1.4–2.5e-6 on ResNet-18's layers (v9's: 1.1–2.3e-6; outputs of magnitude ~4).
 """
 
 from __future__ import annotations
