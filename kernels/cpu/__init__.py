@@ -10,8 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kernels.cpu.blas import select_sgemm
 from kernels.cpu.threads import start_numba_pool
 from kernels.reference import build_table
+
+# MKL's sgemm when the mkl wheel is installed (ResNet-18's step +20%), before any kernel multiplies:
+# Numba keeps the first sgemm it finds (kernels/cpu/blas.py says how it was measured).
+select_sgemm()
 
 # Numba's OpenMP workers would spin ~5 ms after every parallel loop, holding the core a conv share
 # or BLAS needs next (ResNet-18 step: 41-43 images/s spinning, 51-53 passive): start the pool with

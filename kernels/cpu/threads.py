@@ -54,6 +54,10 @@ def start_numba_pool() -> None:
         previous = os.environ.get("OMP_WAIT_POLICY")
         if previous is None:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+            # OpenMP first: this module's tuning is OpenMP's (the wait policy above), and Numba's
+            # default order puts TBB first, which the mkl dependency installs beside it.
+            numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
         try:
             numba.get_num_threads()  # launches the pool: the OpenMP runtime loads and reads the variable
         finally:

@@ -1,0 +1,157 @@
+"""Which sgemm the CPU kernels call: Intel MKL's when the ``mkl`` wheel is installed, else SciPy's OpenBLAS.
+
+Why. The convolutions are GEMMs (``conv.py``, ``conv_shifted.py``), and a GEMM runs at its BLAS's
+speed. Single-threaded, as the kernels call it (one GEMM per thread), on the shapes ResNet-18's 3×3
+layers issue (M × K × N, GFLOP/s, best of 9, this 2-core AVX-512 machine):
+
+    shape              MKL 2026.2   SciPy's OpenBLAS
+    64 × 192 × 1056        163           139
+    128 × 384 × 272        170           146
+    256 × 768 × 288        177           146
+    512 × 1536 × 320       169           149
+    512 × 4608 × 256       160           121
+    4608 × 512 × 256       164           118
+
+and the whole ResNet-18 training step (``benchmarks/bench_train.py --models resnet18 --batch-size 32
+--steps 8 --threads 2 --frameworks engine``, two alternating runs each): 49.1–50.1 images/s on
+OpenBLAS, 59.3–59.8 on MKL (+20%). oneDNN, what PyTorch runs, reaches ~190 GFLOP/s per core with
+its own direct kernels; OpenBLAS left the engine 1.18× behind it on this step.
+
+How. Numba's BLAS path (``np.dot`` inside ``@njit``, and ``numba_xxgemm``, which ``conv_shifted``
+calls with leading dimensions) finds ``sgemm`` in ``scipy.linalg.cython_blas.__pyx_capi__``, the
+table of C functions that Cython modules export to each other, the first time a kernel multiplies,
+and keeps that pointer for the process. ``select_sgemm`` runs before any kernel (``kernels.cpu``'s
+import), loads MKL's single dynamic library and puts MKL's Fortran ``sgemm_`` there under the same
+name: the same Fortran ABI (32-bit integers, arguments by reference), so nothing else changes and
+the compiled kernels stay in Numba's on-disk cache (they call the helper, not an address).
+
+MKL runs **sequential** (the kernels give each thread its own GEMM; MKL's own threads would
+oversubscribe the cores) and in **conditional numerical reproducibility** mode
+(``MKL_CBWR_Set(AUTO | STRICT)``): without it MKL may pick a different code path for differently
+aligned operands, and the offload arena places a layer's tensors at other addresses than the
+workspaces do, which would break "offload on or off, the same weights". The CNR mode cost nothing
+measurable on the shapes above. Without it, four GEMM shapes at three misalignments (4, 12
+and 32 bytes) gave the same bits as aligned operands here too, but MKL documents alignment as a
+source of run-to-run differences outside that mode, so it stays on.
+
+``ENGINE_BLAS=openblas`` keeps SciPy's OpenBLAS (for comparisons, or where MKL misbehaves);
+``ENGINE_BLAS=mkl`` makes a missing MKL an error instead of a silent fallback. The ``mkl`` wheel is
+a dependency on x86-64 Linux only; elsewhere the kernels use OpenBLAS. ``engine info`` says which.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from kernels.errors import BlasError
+
+_MKL_SEQUENTIAL = 1  # MKL_Set_Threading_Layer: MKL_THREADING_SEQUENTIAL
+_MKL_CBWR_AUTO = 2
+_MKL_CBWR_STRICT = 0x10000
+_MKL_CBWR_SUCCESS = 0
+
+OPENBLAS = "OpenBLAS (SciPy's)"
+_selected: str | None = None
+_library: ctypes.CDLL | None = None  # kept loaded for the life of the process
+
+
+def _mkl_library_path() -> Path | None:
+    """libmkl_rt from the installed ``mkl`` distribution (its files sit in the environment's lib/)."""
+    from importlib import metadata
+
+    try:
+        distribution = metadata.distribution("mkl")
+    except metadata.PackageNotFoundError:
+        return None
+    for file in distribution.files or ():
+        if file.name.startswith("libmkl_rt.so"):
+            path = Path(distribution.locate_file(file)).resolve()
+            if path.exists():
+                return path
+    return None
+
+
+def _load_mkl() -> tuple[ctypes.CDLL, str]:
+    path = _mkl_library_path()
+    if path is None:
+        raise BlasError("the mkl package is not installed (pip install mkl), or has no libmkl_rt")
+    library = ctypes.CDLL(str(path))
+    # The threading layer first: any other call would load MKL's default (Intel OpenMP) layer.
+    library.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_SEQUENTIAL))
+    cbwr = library.MKL_CBWR_Set(ctypes.c_int(_MKL_CBWR_AUTO | _MKL_CBWR_STRICT))  # before any computation
+    if cbwr != _MKL_CBWR_SUCCESS:
+        raise BlasError(f"MKL refused reproducible mode (MKL_CBWR_Set returned {cbwr})")
+    from importlib import metadata
+
+    return library, f"MKL {metadata.version('mkl')} (sequential, reproducible mode)"
+
+
+def _install_sgemm(address: int) -> None:
+    """Put ``address`` (a Fortran sgemm) where Numba looks up SciPy's sgemm (module docstring)."""
+    import scipy.linalg.cython_blas as cython_blas
+
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_New.restype = ctypes.py_object
+    api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    table = cython_blas.__pyx_capi__
+    signature = api.PyCapsule_GetName(table["sgemm"])  # the C signature string Cython checks on import
+    _keep.append(signature)  # the capsule points at this buffer: it must outlive the capsule
+    table["sgemm"] = api.PyCapsule_New(address, signature, None)
+
+
+_keep: list[bytes] = []
+
+
+def sgemm_address() -> int:
+    """The sgemm Numba's BLAS path will call (read back from SciPy's export table)."""
+    import scipy.linalg.cython_blas as cython_blas
+
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    capsule = cython_blas.__pyx_capi__["sgemm"]
+    return int(api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
+
+
+def select_sgemm() -> str:
+    """Choose the kernels' sgemm once per process (``ENGINE_BLAS``: auto, mkl, openblas); returns its name.
+
+    Must run before any kernel multiplies: Numba keeps the first sgemm it finds.
+    """
+    global _selected, _library
+    if _selected is not None:
+        return _selected
+    wanted = os.environ.get("ENGINE_BLAS", "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "mkl", "openblas"):
+        raise BlasError(f"ENGINE_BLAS={wanted!r} is not one of auto, mkl, openblas: set one of those, or unset it")
+    if wanted == "openblas":
+        _selected = OPENBLAS
+        return _selected
+    try:
+        library, name = _load_mkl()
+    except (BlasError, OSError, AttributeError) as exc:
+        if wanted == "mkl":
+            raise BlasError(f"ENGINE_BLAS=mkl, but MKL cannot be used: {exc}; unset ENGINE_BLAS to use OpenBLAS") \
+                from exc
+        _selected = OPENBLAS
+        return _selected
+    _install_sgemm(ctypes.cast(library.sgemm_, ctypes.c_void_p).value)
+    _library, _selected = library, name
+    return _selected
+
+
+def selected() -> str:
+    """What ``select_sgemm`` chose (choosing now if nothing has)."""
+    return select_sgemm()
+
+
+def reproducible_mode() -> int | None:
+    """MKL's conditional-reproducibility setting (``MKL_CBWR_Get``); None when MKL is not in use."""
+    select_sgemm()
+    return None if _library is None else int(_library.MKL_CBWR_Get(ctypes.c_int(-1)))

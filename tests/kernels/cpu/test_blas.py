@@ -1,0 +1,66 @@
+"""The kernels' sgemm: MKL's when installed (sequential, reproducible mode), OpenBLAS on request or without it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kernels.cpu  # noqa: F401  selects the sgemm, as every kernel user does
+from kernels.cpu import blas
+
+HAVE_MKL = blas._mkl_library_path() is not None
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+PROBE = """
+    import numpy as np
+    from numba import njit
+    import kernels.cpu
+    from kernels.cpu import blas
+
+    @njit
+    def product(a, b, out):
+        np.dot(a, b, out)
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.ones((4, 2), np.float32)
+    out = np.empty((3, 2), np.float32)
+    product(a, b, out)
+    assert np.array_equal(out, a @ b)
+    maps = open("/proc/self/maps").read()
+    print(blas.selected(), "|", "libmkl_sequential" in maps, "|", blas.reproducible_mode())
+"""
+
+
+@pytest.mark.skipif(not HAVE_MKL, reason="the mkl wheel is not installed (x86-64 Linux only)")
+def test_kernels_multiply_with_mkl_sequential_and_reproducible():
+    assert blas.selected().startswith("MKL")
+    assert blas.reproducible_mode() == 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT
+    name, loaded, mode = run(PROBE, ENGINE_BLAS="auto").stdout.strip().split(" | ")
+    assert name.startswith("MKL") and loaded == "True"  # np.dot inside @njit reached MKL's sequential layer
+
+
+def test_engine_blas_openblas_keeps_scipys_sgemm():
+    result = run(PROBE, ENGINE_BLAS="openblas")
+    assert result.returncode == 0, result.stderr
+    name, loaded, mode = result.stdout.strip().split(" | ")
+    assert name == blas.OPENBLAS and loaded == "False" and mode == "None"
+
+
+def test_a_bad_engine_blas_is_one_line_from_the_command_line():
+    result = run("from cli import main; main(['train', '--model', 'mlp', '--steps', '1'])", ENGINE_BLAS="fastest")
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("Error: ENGINE_BLAS='fastest' is not one of auto, mkl, openblas: "
+                                     "set one of those, or unset it")
+
+
+@pytest.mark.skipif(HAVE_MKL, reason="MKL is installed here")
+def test_engine_blas_mkl_without_mkl_says_so():
+    result = run("import kernels.cpu", ENGINE_BLAS="mkl")
+    assert result.returncode != 0 and "MKL cannot be used" in result.stderr
