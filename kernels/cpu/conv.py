@@ -10,7 +10,8 @@ wide enough to give the GEMM ≥ ``TARGET_COLUMNS`` columns) in its slice of the
 call, so the two thread pools never compete). Special shapes take faster paths:
 
 - **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones), forward and
-  backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out: cache-blocked Winograd
+  backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on planes of ≤ 16×16
+  (``WINOGRAD_MAX_PIXELS``): cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10). Their weight gradient, and
   narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels: no im2col; three shifted GEMMs
   per tile over a row-expanded copy of the input (``conv_shifted.py``).
@@ -76,10 +77,14 @@ path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2
 (512 ch @4×4, one thread, CPU ms: forward 28.4 vs 24.4, backward-data 32.2 vs 28.4)."""
 
 WINOGRAD_MIN_CHANNELS = 64
-"""3×3 stride-1 forward and backward-data with at least this many input and output channels take
-the Winograd path (v10). Measured on ResNet-18's four such layers (64…512 channels, 32×32…4×4
-planes), where it beat v9 by 14–30% (one thread, CPU time) and 14–28% (two threads, wall
-medians); narrower layers (ResNet's 3-channel stem) were not measured and keep v9's path."""
+WINOGRAD_MAX_PIXELS = 256
+"""3×3 stride-1 forward and backward-data with at least ``WINOGRAD_MIN_CHANNELS`` input and output
+channels on planes of at most ``WINOGRAD_MAX_PIXELS`` (16×16) take the Winograd path (v10).
+Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 128 @16×16 forward
+7.37 / 6.26, backward-data 7.47 / 6.55; 256 @8×8 8.84 / 5.96, 9.34 / 6.16; 512 @4×4 9.05 / 7.02,
+9.43 / 7.55; but 64 @32×32 7.63 / 7.97, 8.04 / 8.09 (on OpenBLAS it was 11.4 / 8.6: v9's GEMMs
+gained more from MKL than the transforms allow Winograd to), so 32×32 and larger planes (not
+measured) keep the shifted GEMMs, as do narrower layers (ResNet's 3-channel stem)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and direction != "weight"
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
+        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
     ):
         return "winograd"
     if (
