@@ -33,11 +33,13 @@ kernels/README.md ("What each step bought").
   the GEMM on small planes: 960→160 @4×4 backward-data, one thread's 16 images, 1.74 → 0.64 ms
   (col2im alone 1.19 ms beside a 0.58 ms GEMM); two threads 2.05 → 0.84 ms (PyTorch 0.71).
 - v10 ``Winograd`` (exported): v9, but 3×3 stride-1 pad-1 forward and backward-data with ≥ 64
-  channels in and out run cache-blocked Winograd F(2×2, 3×3) (``conv_winograd.py``): 2.25× fewer
+  channels in and out on planes ≤ 16×16 run cache-blocked Winograd F(2×2, 3×3) (``conv_winograd.py``): 2.25× fewer
   multiplies, the transformed input of 128 tiles at a time kept in cache. Two threads, batch 32,
   wall ms v9 → v10 (torch): forward 64 @32×32 11.4 → 8.6 (13.6), 128 @16×16 9.9 → 7.9 (7.8),
   256 @8×8 10.7 → 7.1 (7.2), 512 @4×4 11.6 → 9.0 (7.6); backward-data 11.6 → 8.7 (14.9), 10.3 →
-  7.9 (7.9), 11.2 → 7.2 (7.2), 11.6 → 9.9 (6.6). The weight gradient keeps v9's paths.
+  7.9 (7.9), 11.2 → 7.2 (7.2), 11.6 → 9.9 (6.6), on OpenBLAS. With MKL's sgemm v9 is level at
+  32×32 (7.6 vs 8.0 ms), so v10 runs Winograd on planes ≤ 16×16 only. The weight gradient keeps
+  v9's paths.
 """
 
 from __future__ import annotations

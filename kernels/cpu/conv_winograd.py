@@ -45,7 +45,9 @@ the shifted GEMMs / im2col (Winograd for it needs transforms of both x and dout 
 
 Measured (batch 32, ResNet-18's four 3×3 stride-1 layers, C = K):
 
-- Two threads, wall ms, median of 5 rounds of best-of-5, v9 / v10 / torch alternating with
+- With SciPy's OpenBLAS as the sgemm (with MKL's, merged later, v9 is level with v10 at 32×32 and
+  production keeps Winograd to planes ≤ 16×16: ``conv.WINOGRAD_MAX_PIXELS``, kernels/README.md).
+  Two threads, wall ms, median of 5 rounds of best-of-5, v9 / v10 / torch alternating with
   ``quiesce()`` before each block (scratch script over ``conv.forward(..., conv_study.V9_PATHS)``,
   this module and ``aten.convolution`` / ``convolution_backward``; other jobs at load 1.6–3):
 
