@@ -93,9 +93,10 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
-SHARED_FORWARD_KERNEL = ("shifted", "depthwise-flat")
-"""Paths whose backward-data calls the forward kernel (``conv_shifted.forward(..., flipped=True)``,
-``conv_depthwise.flat_forward(..., mirrored=True)``) with the same argument types."""
+SHARED_FORWARD_KERNEL = ("winograd", "shifted", "depthwise-flat")
+"""Paths whose backward-data calls the forward kernel (``conv_winograd.forward(..., flipped=True)``,
+``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``)
+with the same argument types."""
 
 
 def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list[Job]:
@@ -147,13 +148,14 @@ def all_jobs(versions: bool = True) -> list[Job]:
     shapes = [
         ((BATCH, 4, 5, 5), (4, 4, 3, 3), 1, 1, 1),  # 3×3 on a small plane: im2col
         ((BATCH, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1),  # 3×3 stride 1 on ≥ 64 pixels: shifted GEMMs
+        ((BATCH, 64, 4, 4), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels: Winograd (weight: im2col)
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1
         ((BATCH, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise, flat
         ((BATCH, 4, 32, 32), (4, 1, 3, 3), 2, 1, 4),  # depthwise stride 2 on 32×32: direct forward
     ]
     jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
     if versions:
-        for x_shape, w_shape, stride, pad, groups in shapes[:4]:
+        for x_shape, w_shape, stride, pad, groups in shapes[:5]:
             for direction, op in CONV_OPS.items():
                 for v in conv_study.VERSIONS[direction]:
                     jobs.append(Job(op, (x_shape, w_shape, stride, pad, groups, False), v, path=f"v{v}"))

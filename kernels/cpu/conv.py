@@ -9,9 +9,12 @@ wide enough to give the GEMM ≥ ``TARGET_COLUMNS`` columns) in its slice of the
 ``scratch``, then runs a single-threaded GEMM on them (SciPy's BLAS is held at one thread for the
 call, so the two thread pools never compete). Special shapes take faster paths:
 
-- **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones) on planes of
-  ≥ ``SHIFTED_MIN_PIXELS`` pixels: no im2col; three shifted GEMMs per tile over a row-expanded
-  copy of the input (``conv_shifted.py``).
+- **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones), forward and
+  backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on planes of ≤ 16×16
+  (``WINOGRAD_MAX_PIXELS``): cache-blocked Winograd
+  F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10). Their weight gradient, and
+  narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels: no im2col; three shifted GEMMs
+  per tile over a row-expanded copy of the input (``conv_shifted.py``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
@@ -40,7 +43,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import conv_depthwise, conv_shifted
+from kernels.cpu import conv_depthwise, conv_shifted, conv_winograd
 from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
@@ -73,6 +76,16 @@ SHIFTED_MIN_PIXELS = 64
 path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2col stayed faster
 (512 ch @4×4, one thread, CPU ms: forward 28.4 vs 24.4, backward-data 32.2 vs 28.4)."""
 
+WINOGRAD_MIN_CHANNELS = 64
+WINOGRAD_MAX_PIXELS = 256
+"""3×3 stride-1 forward and backward-data with at least ``WINOGRAD_MIN_CHANNELS`` input and output
+channels on planes of at most ``WINOGRAD_MAX_PIXELS`` (16×16) take the Winograd path (v10).
+Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 128 @16×16 forward
+7.37 / 6.26, backward-data 7.47 / 6.55; 256 @8×8 8.84 / 5.96, 9.34 / 6.16; 512 @4×4 9.05 / 7.02,
+9.43 / 7.55; but 64 @32×32 7.63 / 7.97, 8.04 / 8.09 (on OpenBLAS it was 11.4 / 8.6: v9's GEMMs
+gained more from MKL than the transforms allow Winograd to), so 32×32 and larger planes (not
+measured) keep the shifted GEMMs, as do narrower layers (ResNet's 3-channel stem)."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -85,6 +98,7 @@ class Paths:
     small_tiles: bool = True
     pointwise_per_image: bool = True
     pointwise_gather: bool = True
+    winograd: bool = True
 
 
 EXPORTED = Paths()
@@ -118,11 +132,19 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
-    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "shifted" or "gemm" (im2col)."""
+    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd", "shifted" or "gemm" (im2col)."""
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
             return "depthwise-flat"
         return "depthwise-direct"
+    if (
+        paths.winograd
+        and direction != "weight"
+        and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
+        and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
+        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
+    ):
+        return "winograd"
     if (
         paths.shifted
         and conv_shifted.supported(x_shape, w_shape, stride, pad, groups)
@@ -213,6 +235,8 @@ def workspace_size(
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind == "depthwise-direct":
         return 0
+    if kind == "winograd":
+        return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "shifted":
         return conv_shifted.workspace_size(x_shape, w_shape, direction, threads)
     tile = gemm_tile_images(
@@ -830,6 +854,10 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
+    elif kind == "winograd":
+        with blas_on_calling_thread:
+            rows = conv_winograd.block_rows(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd.forward(x, w, out, False, threads, rows, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(
@@ -860,6 +888,10 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
+    elif kind == "winograd":
+        with blas_on_calling_thread:
+            rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
+            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(

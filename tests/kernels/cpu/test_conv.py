@@ -5,6 +5,7 @@ import pytest
 
 from kernels.cpu import conv as cpu
 from kernels.cpu import conv_study
+from kernels.cpu import conv_winograd as winograd
 from kernels.reference import conv as ref
 
 # (N, C, H, W, K, kernel, stride, pad, groups): odd sizes, stride 2, pad 0/1, groups 2 and = C,
@@ -28,6 +29,7 @@ SHAPES = [
     (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, three chunks
     (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
     (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
+    (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -99,7 +101,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)], ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15)]
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -110,7 +113,7 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
 
 
 @pytest.mark.parametrize("version", conv_study.VERSIONS["forward"])
-@pytest.mark.parametrize("shape", [SHAPES[i] for i in (1, 3, 8, 13)], ids=[IDS[i] for i in (1, 3, 8, 13)])
+@pytest.mark.parametrize("shape", [SHAPES[i] for i in (1, 3, 8, 13, 18)], ids=[IDS[i] for i in (1, 3, 8, 13, 18)])
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
     expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
@@ -213,9 +216,11 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
-        ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "shifted"),
-        ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "shifted"),
-        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "gemm"),  # 4x4: im2col measured faster
+        ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "shifted"),  # 32x32: Winograd no faster with MKL's sgemm
+        ((32, 128, 16, 16), (128, 128, 3, 3), 1, 1, 1, "winograd"),
+        ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "winograd"),
+        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
+        ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "shifted"),  # the stem: too few channels for Winograd
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-flat"),
@@ -243,6 +248,34 @@ def test_pointwise_per_image_is_reached_by_the_tested_shapes(index, direction, p
 def test_pointwise_on_4x4_planes_keeps_its_tiles():
     # MobileNetV2's 960->320 @4x4 backward-data ran 2.6 -> 5.0 ms per image (16-column GEMMs)
     assert cpu.gemm_tile_images((32, 960, 4, 4), (320, 960, 1, 1), 1, 0, 1, "data", 2, 256) > 1
+
+
+def test_winograd_runs_on_the_tested_shape_and_not_for_the_weight_gradient():
+    # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
+    n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
+    shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd"
+    assert cpu.path(*shapes, "weight") == "gemm"  # 35 pixels: below the shifted path's 64
+    assert cpu.path(*shapes, "forward", conv_study.V9_PATHS) == "gemm"  # v9 keeps its own path
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("target", [2, 128])
+def test_winograd_blocks_and_thread_ranges_match_reference(threads, target):
+    # odd, non-square planes; blocks of one tile row up to whole images; ranges that split images
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        out, dx = np.full(dout.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+        with cpu.blas_on_calling_thread:
+            for direction, src, dst, c_in, c_out in (("forward", x, out, c, k), ("data", dout, dx, k, c)):
+                rows = winograd.block_rows(x.shape, c_in, c_out, threads, target)
+                size = winograd.workspace_size(x.shape, w.shape, direction, threads, target)
+                winograd.forward(src, w, dst, direction == "data", threads, rows, np.full(size, np.nan, np.float32))
+        want_out, want_dx = np.empty_like(out), np.empty_like(dx)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=2e-5)
 
 
 def test_shifted_path_runs_on_the_tested_shapes():

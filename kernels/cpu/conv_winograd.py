@@ -1,0 +1,392 @@
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study version 10.
+
+Why. Our 3×3 convolutions are GEMMs (im2col, or the shifted GEMMs of ``conv_shifted.py``) and
+run at OpenBLAS's sgemm rate, ~140 GFLOP/s per thread on these shapes; oneDNN's direct AVX-512
+kernels (PyTorch) reach ~160–190. No better way of calling sgemm closes that gap; doing fewer
+multiplies can. Winograd F(2×2, 3×3) computes a 2×2 output tile from a 4×4 input tile with 16
+multiplies per (input, output) channel pair instead of 36: 2.25× fewer GEMM flops.
+
+An earlier, *untiled* attempt (kernels/README.md, "Tried and dropped: Winograd F(2×2, 3×3)")
+had GEMMs twice as fast as im2col's, but transformed the whole batch at once: V (16 values per
+2×2 tile = four times the input) and the GEMM result went out to memory and back, and the
+transforms cost more than the GEMMs saved. This version keeps both in L2.
+
+The algorithm (Lavin & Gray 2015), per tile of output pixels ``Y`` (2×2) and its input ``d``
+(4×4, rows/columns 2·ty − 1 … 2·ty + 2, zero outside the plane)::
+
+    U = G g Gᵀ   (4×4 per (k, c), once per call)   G  = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]
+    V = Bᵀ d B   (4×4 per (c, tile))                Bᵀ = [[1, 0, −1, 0], [0, 1, 1, 0], [0, −1, 1, 0], [0, 1, 0, −1]]
+    M[ξ] = U[ξ] @ V[ξ]  for each of the 16 positions ξ: a (K × C) @ (C × tiles) GEMM
+    Y = Aᵀ M A   (2×2 per (k, tile))                Aᵀ = [[1, 1, 1, 0], [0, 1, −1, −1]]
+
+Layout and blocking. Tiles are numbered in raster order over (image, tile row, tile column);
+a plane of H × W has ⌈H/2⌉ × ⌈W/2⌉ tiles (odd sizes: the last tile reads zeros past the edge and
+its extra outputs are dropped). Thread ``t`` owns the tile rows ``[t·R/T, (t+1)·R/T)`` of the
+R = N·⌈H/2⌉ in the batch (a fixed range: the same bits every call at a given thread count) and
+walks them in blocks of ``rows`` tile rows (Tb = rows·⌈W/2⌉ tiles; a block crosses image borders,
+so the 4-tile planes of 4×4 layers batch many images into one block). Per block:
+
+1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block): per
+   channel and tile row, Bᵀ down four input rows (even and odd columns written apart), then B
+   across the columns, one loop per output stream so LLVM vectorizes it across the tiles.
+2. 16 GEMMs ``M[ξ] (K × Tb) = U[ξ] (K × C) @ V[ξ] (C × Tb)`` through single-threaded BLAS
+   (``conv_shifted.sgemm``: ``numba_xxgemm`` with leading dimensions).
+3. output transform ``Aᵀ M[·][k][j] A`` straight into ``out``.
+
+V and M together are 16·(C + K)·Tb floats: ``TARGET_TILES`` = 128 tiles a block, capped at
+``BLOCK_BUDGET_ELEMENTS`` (4 MiB: 2 MiB of L2 per core here, the rest in the large L3). The ξ
+planes are ``SKEW`` floats apart beyond their size.
+
+Backward-data is the forward convolution of dout with w'[c, k] = w[k, c] flipped. Flipping g
+gives G·J·g·J·Gᵀ with J the reversal, and G·J = P·G with P the swap of rows 0 and 3, so
+U'[(i, j)] = U[(p(i), p(j))]ᵀ: the forward filter transform, read transposed by the GEMM at the
+swapped position. No second filter transform, no transposing copy. The weight gradient stays on
+the shifted GEMMs / im2col (Winograd for it needs transforms of both x and dout per tile).
+
+Measured (batch 32, ResNet-18's four 3×3 stride-1 layers, C = K):
+
+- With SciPy's OpenBLAS as the sgemm (with MKL's, merged later, v9 is level with v10 at 32×32 and
+  production keeps Winograd to planes ≤ 16×16: ``conv.WINOGRAD_MAX_PIXELS``, kernels/README.md).
+  Two threads, wall ms, median of 5 rounds of best-of-5, v9 / v10 / torch alternating with
+  ``quiesce()`` before each block (scratch script over ``conv.forward(..., conv_study.V9_PATHS)``,
+  this module and ``aten.convolution`` / ``convolution_backward``; other jobs at load 1.6–3):
+
+  | layer | forward v9 / v10 / torch | backward-data v9 / v10 / torch |
+  |---|---|---|
+  | 64 @32×32 | 11.41 / **8.62** / 13.62 | 11.57 / **8.66** / 14.90 |
+  | 128 @16×16 | 9.85 / **7.93** / 7.78 | 10.31 / **7.87** / 7.91 |
+  | 256 @8×8 | 10.70 / **7.10** / 7.18 | 11.16 / **7.19** / 7.22 |
+  | 512 @4×4 | 11.60 / **9.00** / 7.61 | 11.55 / **9.90** / 6.63 |
+
+- Where the time goes: one thread, its share of 16 images, forward, thread CPU ms, each part
+  run alone (``parts``): v9 → v10 (input transform + filter transform and GEMMs + output transform):
+  64 @32×32 11.70 → 8.46 (2.33 + 3.64 + 1.47); 128 @16×16 10.66 → 7.85 (1.44 + 5.04 + 0.99);
+  256 @8×8 10.46 → 6.75 (1.05 + 4.66 + 0.70); 512 @4×4 10.98 → 9.51 (0.79 + 7.55 + 0.64). The
+  GEMMs run at 147 / 107 / 115 / 71 GFLOP/s: at 4×4 a thread has only 64 tiles (Tb = 64), and
+  the 16 MiB of transformed filter is packed for 64 columns. The filter transform (inside the
+  GEMM figure) is 0.06 ms at 64 channels and 2.2 ms at 512 on one thread: scalar code (its 16
+  store streams are more than LLVM's runtime alias checks allow), split over the threads by k.
+- Tb (``TARGET_TILES`` × budget), one thread, 16 images, forward ms: 64 / 128 / 256 / 512 tiles
+  at a 4 MiB budget: 64 @32×32 10.3 / **9.2** / 12.0 / 11.8; 128 @16×16 8.5 / **8.5** / 8.4 /
+  8.3; 256 @8×8 7.9 / **7.5** / 7.5 / 7.3; 512 @4×4 9.6 / **9.2** / 9.9 / 10.2 (before the
+  input-transform change): 128 is best or within 3% of it everywhere. A 1 MiB budget (V and M
+  inside L2) caps 512 @4×4 at Tb = 16: GEMMs 9.9 ms instead of 7.1, layer 11.9 instead of 9.2;
+  16 MiB is no better than 4.
+
+Tried and dropped:
+
+- Planes exactly K·C and C·Tb floats apart: the 16 store streams of the filter transform sit
+  4 KiB apart, in one L1 set; 512 ch, one thread: 14.1 ms → 2.2 ms with the skew.
+- Channels-last V (``V[ξ][j][c]``, the input staged in a four-row ring with channels last, the
+  transforms one loop over the channels per (tile, ξ), GEMM ``M = V @ Uᵀ``): vectorizes whatever
+  the plane size, but the staging transposes and the Tb × K GEMMs cost more: forward, one thread,
+  16 images, 14.5 / 10.6 / 10.4 / 13.0 ms against this layout's 9.6 / 8.7 / 8.6 / 11.4 (same run).
+- Bᵀ as eight one-stream loops, or the output transform as twelve: 1.4–7× slower (the loops are
+  ⌈W/2⌉ long, and the split adds array slices per row); the four one-stream loops of B and
+  the row loops without a per-column test stayed (input transform 3.4 → 2.3 ms at 64 @32×32).
+
+Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
+result differs from a direct sum by rounding only: max abs error against the float64 reference
+1.4–2.5e-6 on ResNet-18's layers (v9's: 1.1–2.3e-6; outputs of magnitude ~4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.threads import run_shares
+
+TARGET_TILES = 128
+"""Tiles per block (Tb), rounded up to whole tile rows, before the cache budget below."""
+
+BLOCK_BUDGET_ELEMENTS = 1 << 20
+"""At most this many float32 (4 MiB) in a block's V and M together (swept: see above)."""
+
+SKEW = 16
+"""Floats (64 bytes) between consecutive ξ planes of U, V and M beyond their size. Planes of
+exactly K·C or C·Tb floats start at multiples of 4 KiB, so the 16 streams of a transform fall into
+one L1 set (12 ways) and alias each other's stores."""
+
+
+def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
+    """Dense (groups 1) 3×3 convolutions with stride 1 and padding 1."""
+    return groups == 1 and w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
+
+
+def block_rows(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = TARGET_TILES) -> int:
+    """Tile rows per block: ``target_tiles`` tiles, within the budget, ≤ a thread's share."""
+    n, _, h, w = x_shape
+    tw = (w + 1) // 2
+    share = -(-n * ((h + 1) // 2) // threads)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, BLOCK_BUDGET_ELEMENTS // (16 * (c_in + c_out) * tw))
+    return max(1, min(share, wanted, fits))
+
+
+def workspace_size(x_shape, w_shape, direction: str, threads: int, target_tiles: int = TARGET_TILES) -> int:
+    """Scratch (float32 elements): the transformed filter U (16·K·C), and per thread a block's V and M
+    and the transforms' row buffers."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    rows = block_rows(x_shape, c_in, c_out, threads, target_tiles)
+    return 16 * (k * c + SKEW) + threads * _per_thread(c_in, c_out, x_shape[3], rows)
+
+
+def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
+    """A thread's scratch: a block's V and M, and the transforms' row buffers."""
+    tw = (width + 1) // 2
+    return 16 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 8 * (tw + 1) + 4 * width
+
+
+@njit(cache=True, nogil=True)
+def _filter_transform(w, k_lo, k_hi, u):
+    """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [k_lo, k_hi): 16 planes of K × C, each contiguous.
+
+    Scalars only, so the loop over c vectorizes (nine stride-9 gathers, sixteen contiguous stores)."""
+    k, c = w.shape[0], w.shape[1]
+    plane = k * c + SKEW
+    g = w.reshape(w.size)
+    half = np.float32(0.5)
+    for kk in range(k_lo, k_hi):
+        for cc in range(c):
+            at = kk * c + cc
+            s = 9 * at
+            w00, w01, w02 = g[s], g[s + 1], g[s + 2]
+            w10, w11, w12 = g[s + 3], g[s + 4], g[s + 5]
+            w20, w21, w22 = g[s + 6], g[s + 7], g[s + 8]
+            # G g: rows g0, ½(g0 + g1 + g2), ½(g0 − g1 + g2), g2
+            b0, b1, b2 = half * (w00 + w10 + w20), half * (w01 + w11 + w21), half * (w02 + w12 + w22)
+            c0, c1, c2 = half * (w00 - w10 + w20), half * (w01 - w11 + w21), half * (w02 - w12 + w22)
+            # (G g) Gᵀ: the same across each row
+            u[at] = w00
+            u[plane + at] = half * (w00 + w01 + w02)
+            u[2 * plane + at] = half * (w00 - w01 + w02)
+            u[3 * plane + at] = w02
+            u[4 * plane + at] = b0
+            u[5 * plane + at] = half * (b0 + b1 + b2)
+            u[6 * plane + at] = half * (b0 - b1 + b2)
+            u[7 * plane + at] = b2
+            u[8 * plane + at] = c0
+            u[9 * plane + at] = half * (c0 + c1 + c2)
+            u[10 * plane + at] = half * (c0 - c1 + c2)
+            u[11 * plane + at] = c2
+            u[12 * plane + at] = w20
+            u[13 * plane + at] = half * (w20 + w21 + w22)
+            u[14 * plane + at] = half * (w20 - w21 + w22)
+            u[15 * plane + at] = w22
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
+    """Bᵀ down four rows of src starting at a0 … a3 (t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1,
+    t3 = d1 − d3), columns apart: ``ev[i·half + q] = t_i[x = 2q − 1]``, ``od[i·half + q] = t_i[x = 2q]``,
+    zero where x leaves the plane. The main loops read inside the plane only (no test per column:
+    0.64 → 0.49 ms of 1.5 on 256 ch @8×8, 16 images); the odd plane's last column and the zeros after."""
+    full = width // 2
+    for q in range(full):
+        x = 2 * q
+        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        od[q] = d0 - d2
+        od[half + q] = d1 + d2
+        od[2 * half + q] = d2 - d1
+        od[3 * half + q] = d1 - d3
+    for q in range(1, full + 1):
+        x = 2 * q - 1
+        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        ev[q] = d0 - d2
+        ev[half + q] = d1 + d2
+        ev[2 * half + q] = d2 - d1
+        ev[3 * half + q] = d1 - d3
+    for q in range(full, half):  # x = 2q: the last column of an odd plane, then zeros
+        x = 2 * q
+        if x < width:
+            d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
+        else:
+            d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        od[q] = d0 - d2
+        od[half + q] = d1 + d2
+        od[2 * half + q] = d2 - d1
+        od[3 * half + q] = d1 - d3
+    for i in range(4):
+        ev[i * half] = 0.0
+        for q in range(full + 1, half):
+            ev[i * half + q] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _input_transform(src, r0, nr, channels, height, width, v, tmp):
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the tiles j of tile rows [r0, r0 + nr), read from src (flat NCHW).
+
+    Per (channel, tile row), two passes over short L1-resident rows: Bᵀ down the four input rows
+    with even and odd columns written apart (``_rows_bt``; the first and last tile rows of a plane
+    go through a zero-padded copy of their rows), then B across the columns, where tile tx needs
+    t[2tx − 1 … 2tx + 2] = ev[tx], od[tx], ev[tx + 1], od[tx + 1]: contiguous reads, 16
+    contiguous store streams."""
+    th, tw = (height + 1) // 2, (width + 1) // 2
+    cols = nr * tw
+    half = tw + 1
+    plane = height * width
+    ev = tmp[: 4 * half]
+    od = tmp[4 * half : 8 * half]
+    pad = tmp[8 * half : 8 * half + 4 * width]
+    step = channels * cols + SKEW
+    for c in range(channels):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            s0 = (n * channels + c) * plane
+            y0 = 2 * ty - 1
+            if y0 >= 0 and y0 + 3 < height:
+                _rows_bt(src, s0 + y0 * width, s0 + (y0 + 1) * width, s0 + (y0 + 2) * width,
+                         s0 + (y0 + 3) * width, width, tw, ev, od, half)
+            else:
+                for i in range(4):
+                    y = y0 + i
+                    if 0 <= y < height:
+                        for x in range(width):
+                            pad[i * width + x] = src[s0 + y * width + x]
+                    else:
+                        for x in range(width):
+                            pad[i * width + x] = 0.0
+                _rows_bt(pad, 0, width, 2 * width, 3 * width, width, tw, ev, od, half)
+            # B, with t0…t3 the tile's four columns: t0 − t2, t1 + t2, t2 − t1, t1 − t3
+            j0 = r * tw
+            for i in range(4):
+                e = i * half
+                b = 4 * i * step + c * cols + j0
+                if tw >= 4:  # one store stream per loop, so LLVM vectorizes it (four need too many alias checks)
+                    e_, o_ = ev[e : e + half], od[e : e + half]
+                    w0, w1 = v[b : b + tw], v[b + step : b + step + tw]
+                    w2, w3 = v[b + 2 * step : b + 2 * step + tw], v[b + 3 * step : b + 3 * step + tw]
+                    for tx in range(tw):
+                        w0[tx] = e_[tx] - e_[tx + 1]
+                    for tx in range(tw):
+                        w1[tx] = o_[tx] + e_[tx + 1]
+                    for tx in range(tw):
+                        w2[tx] = e_[tx + 1] - o_[tx]
+                    for tx in range(tw):
+                        w3[tx] = o_[tx] - o_[tx + 1]
+                else:
+                    for tx in range(tw):
+                        a0, a1, a2, a3 = ev[e + tx], od[e + tx], ev[e + tx + 1], od[e + tx + 1]
+                        v[b + tx] = a0 - a2
+                        v[b + step + tx] = a1 + a2
+                        v[b + 2 * step + tx] = a2 - a1
+                        v[b + 3 * step + tx] = a1 - a3
+
+
+@njit(cache=True, nogil=True)
+def _output_transform(m, r0, nr, channels, height, width, dst, tmp):
+    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr).
+
+    Per (channel, tile row): 16 contiguous read streams of M give the four outputs of each tile
+    into four short rows (``y[a][b][tx]``), then an interleaving copy puts them into ``dst``'s two
+    image rows (the last column and row dropped where the plane is odd)."""
+    th, tw = (height + 1) // 2, (width + 1) // 2
+    cols = nr * tw
+    stride = channels * cols + SKEW
+    plane = height * width
+    y00, y01, y10, y11 = tmp[:tw], tmp[tw : 2 * tw], tmp[2 * tw : 3 * tw], tmp[3 * tw : 4 * tw]
+    full = width // 2
+    for k in range(channels):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            b = k * cols + r * tw
+            m0, m1, m2, m3 = m[b : b + tw], m[b + stride : b + stride + tw], m[b + 2 * stride :], m[b + 3 * stride :]
+            m4, m5, m6, m7 = m[b + 4 * stride :], m[b + 5 * stride :], m[b + 6 * stride :], m[b + 7 * stride :]
+            m8, m9, m10, m11 = m[b + 8 * stride :], m[b + 9 * stride :], m[b + 10 * stride :], m[b + 11 * stride :]
+            m12, m13, m14, m15 = m[b + 12 * stride :], m[b + 13 * stride :], m[b + 14 * stride :], m[b + 15 * stride :]
+            for tx in range(tw):
+                # Aᵀ on rows: s0 = M0 + M1 + M2, s1 = M1 − M2 − M3; then A across columns
+                s00 = m0[tx] + m4[tx] + m8[tx]
+                s01 = m1[tx] + m5[tx] + m9[tx]
+                s02 = m2[tx] + m6[tx] + m10[tx]
+                s03 = m3[tx] + m7[tx] + m11[tx]
+                s10 = m4[tx] - m8[tx] - m12[tx]
+                s11 = m5[tx] - m9[tx] - m13[tx]
+                s12 = m6[tx] - m10[tx] - m14[tx]
+                s13 = m7[tx] - m11[tx] - m15[tx]
+                y00[tx] = s00 + s01 + s02
+                y01[tx] = s01 - s02 - s03
+                y10[tx] = s10 + s11 + s12
+                y11[tx] = s11 - s12 - s13
+            o = (n * channels + k) * plane + 2 * ty * width
+            row = dst[o : o + width]
+            for tx in range(full):
+                row[2 * tx] = y00[tx]
+                row[2 * tx + 1] = y01[tx]
+            if full < tw:
+                row[width - 1] = y00[full]
+            if 2 * ty + 1 < height:
+                row = dst[o + width : o + 2 * width]
+                for tx in range(full):
+                    row[2 * tx] = y10[tx]
+                    row[2 * tx + 1] = y11[tx]
+                if full < tw:
+                    row[width - 1] = y10[full]
+
+
+@njit(cache=True, nogil=True)
+def _rows(x, u, out, flipped, first, last, rows, mine, parts):
+    """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 16 GEMMs, transform.
+
+    ``parts`` (bits 1, 2, 4: input transform, GEMMs, output transform) is 7 except when the study
+    times the parts one at a time."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    c_out = out.shape[1]
+    tw = (width + 1) // 2
+    tb = rows * tw
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    v = mine[: 16 * (c_in * tb + SKEW)]
+    m = mine[16 * (c_in * tb + SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW)]
+    tmp = mine[16 * ((c_in + c_out) * tb + 2 * SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW) + 8 * (tw + 1) + 4 * width]
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + SKEW
+    for r0 in range(first, last, rows):
+        nr = min(rows, last - r0)
+        cols = nr * tw
+        if parts & 1:
+            _input_transform(src, r0, nr, c_in, height, width, v, tmp)
+        if parts & 2:
+            for xi in range(16):
+                at = xi
+                if flipped:  # U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3
+                    i, j = xi // 4, xi % 4
+                    at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+                sgemm(
+                    flipped,
+                    False,
+                    c_out,
+                    cols,
+                    c_in,
+                    u[at * plane :],
+                    c_out if flipped else c_in,
+                    v[xi * (c_in * cols + SKEW) :],
+                    cols,
+                    0.0,
+                    m[xi * (c_out * cols + SKEW) :],
+                    cols,
+                    scalars,
+                )
+        if parts & 4:
+            _output_transform(m, r0, nr, c_out, height, width, dst, tmp)
+
+
+def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7) -> None:
+    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(2×2, 3×3) (flipped: backward-data, x = dout)."""
+    n, c_in, height, _ = x.shape
+    c_out = out.shape[1]
+    total = n * ((height + 1) // 2)
+    u = scratch[: 16 * (c_in * c_out + SKEW)]
+    k = w.shape[0]
+    if parts & 2:
+        run_shares(lambda t: _filter_transform(w, t * k // threads, (t + 1) * k // threads, u), threads)
+    per_thread = _per_thread(c_in, c_out, x.shape[3], rows)
+    start = 16 * (c_in * c_out + SKEW)
+
+    def work(t: int) -> None:
+        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+        _rows(x, u, out, flipped, t * total // threads, (t + 1) * total // threads, rows, mine, parts)
+
+    run_shares(work, threads)
