@@ -32,11 +32,11 @@ def _blas() -> dict[str, Any]:
         import scipy.linalg  # noqa: F401
         from threadpoolctl import threadpool_info
 
-        from kernels.cpu.blas import selected
+        from kernels.cpu.blas import select_sgemm
 
         pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
         return {
-            "kernels": selected(),  # the sgemm the conv kernels call (kernels/cpu/blas.py)
+            "kernels": select_sgemm(),  # the sgemm the conv kernels call (kernels/cpu/blas.py)
             "libraries": sorted({f"{p.get('internal_api')} {p.get('version') or ''} ({p.get('architecture') or '?'})"
                              for p in pools}),
             "threads": max((p.get("num_threads", 0) for p in pools), default=None),
@@ -146,7 +146,7 @@ def render_info(report: dict[str, Any]) -> None:
     machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
     if blas.get("kernels"):
         machine.add_row("sgemm of the kernels", blas["kernels"])
-    machine.add_row("BLAS (NumPy, SciPy)", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
+    machine.add_row("BLAS libraries loaded", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
     machine.add_row("BLAS threads", str(blas["threads"]))
     cache = report.get("kernel_cache")
     if cache:

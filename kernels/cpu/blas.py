@@ -55,6 +55,7 @@ _MKL_CBWR_SUCCESS = 0
 OPENBLAS = "OpenBLAS (SciPy's)"
 _selected: str | None = None
 _library: ctypes.CDLL | None = None  # kept loaded for the life of the process
+_keep: list[bytes] = []  # capsule names: a capsule points at its name's buffer
 
 
 def _mkl_library_path() -> Path | None:
@@ -103,21 +104,6 @@ def _install_sgemm(address: int) -> None:
     table["sgemm"] = api.PyCapsule_New(address, signature, None)
 
 
-_keep: list[bytes] = []
-
-
-def sgemm_address() -> int:
-    """The sgemm Numba's BLAS path will call (read back from SciPy's export table)."""
-    import scipy.linalg.cython_blas as cython_blas
-
-    api = ctypes.pythonapi
-    api.PyCapsule_GetName.restype = ctypes.c_char_p
-    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    capsule = cython_blas.__pyx_capi__["sgemm"]
-    return int(api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
-
 
 def select_sgemm() -> str:
     """Choose the kernels' sgemm once per process (``ENGINE_BLAS``: auto, mkl, openblas); returns its name.
@@ -144,11 +130,6 @@ def select_sgemm() -> str:
     _install_sgemm(ctypes.cast(library.sgemm_, ctypes.c_void_p).value)
     _library, _selected = library, name
     return _selected
-
-
-def selected() -> str:
-    """What ``select_sgemm`` chose (choosing now if nothing has)."""
-    return select_sgemm()
 
 
 def reproducible_mode() -> int | None:

@@ -140,6 +140,15 @@ def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
     return 16 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 8 * (tw + 1) + 4 * width
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _g_row(u, at, plane, x0, x1, x2, half):
+    """One row of (G g) times Gᵀ: x0, ½(x0 + x1 + x2), ½(x0 − x1 + x2), x2 into four planes from ``at``."""
+    u[at] = x0
+    u[plane + at] = half * (x0 + x1 + x2)
+    u[2 * plane + at] = half * (x0 - x1 + x2)
+    u[3 * plane + at] = x2
+
+
 @njit(cache=True, nogil=True)
 def _filter_transform(w, k_lo, k_hi, u):
     """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [k_lo, k_hi): 16 planes of K × C, each contiguous.
@@ -159,23 +168,11 @@ def _filter_transform(w, k_lo, k_hi, u):
             # G g: rows g0, ½(g0 + g1 + g2), ½(g0 − g1 + g2), g2
             b0, b1, b2 = half * (w00 + w10 + w20), half * (w01 + w11 + w21), half * (w02 + w12 + w22)
             c0, c1, c2 = half * (w00 - w10 + w20), half * (w01 - w11 + w21), half * (w02 - w12 + w22)
-            # (G g) Gᵀ: the same across each row
-            u[at] = w00
-            u[plane + at] = half * (w00 + w01 + w02)
-            u[2 * plane + at] = half * (w00 - w01 + w02)
-            u[3 * plane + at] = w02
-            u[4 * plane + at] = b0
-            u[5 * plane + at] = half * (b0 + b1 + b2)
-            u[6 * plane + at] = half * (b0 - b1 + b2)
-            u[7 * plane + at] = b2
-            u[8 * plane + at] = c0
-            u[9 * plane + at] = half * (c0 + c1 + c2)
-            u[10 * plane + at] = half * (c0 - c1 + c2)
-            u[11 * plane + at] = c2
-            u[12 * plane + at] = w20
-            u[13 * plane + at] = half * (w20 + w21 + w22)
-            u[14 * plane + at] = half * (w20 - w21 + w22)
-            u[15 * plane + at] = w22
+            # (G g) Gᵀ: the same transform across each of the four rows
+            _g_row(u, at, plane, w00, w01, w02, half)
+            _g_row(u, 4 * plane + at, plane, b0, b1, b2, half)
+            _g_row(u, 8 * plane + at, plane, c0, c1, c2, half)
+            _g_row(u, 12 * plane + at, plane, w20, w21, w22, half)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -34,13 +34,13 @@ PROBE = """
     product(a, b, out)
     assert np.array_equal(out, a @ b)
     maps = open("/proc/self/maps").read()
-    print(blas.selected(), "|", "libmkl_sequential" in maps, "|", blas.reproducible_mode())
+    print(blas.select_sgemm(), "|", "libmkl_sequential" in maps, "|", blas.reproducible_mode())
 """
 
 
 @pytest.mark.skipif(not HAVE_MKL, reason="the mkl wheel is not installed (x86-64 Linux only)")
 def test_kernels_multiply_with_mkl_sequential_and_reproducible():
-    assert blas.selected().startswith("MKL")
+    assert blas.select_sgemm().startswith("MKL")
     assert blas.reproducible_mode() == 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT
     name, loaded, mode = run(PROBE, ENGINE_BLAS="auto").stdout.strip().split(" | ")
     assert name.startswith("MKL") and loaded == "True"  # np.dot inside @njit reached MKL's sequential layer
