@@ -76,8 +76,9 @@ def _numba_threads() -> dict[str, Any]:
 
     layer = None
     try:
-        from kernels.cpu.threads import start_numba_pool
         from numba.np.ufunc import parallel
+
+        from kernels.cpu.threads import start_numba_pool
 
         start_numba_pool()  # as the kernels start it (OpenMP first): the layer they run on, not Numba's default
 
