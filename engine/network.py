@@ -67,6 +67,8 @@ from engine.memory.arena import ArenaPlan, PlannedArena, make_plan
 from engine.memory.tensor import Tensor, WorkspaceError
 from engine.program import Op, Program, Step, compile_inference, compile_training
 
+INFERENCE_PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_WORKING_MEM)
+"""What the inference arena provides: outputs and each layer's working memory, placed by lifespan."""
 PLANNED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE, ArrayType.ACTIVATION_GRAD, ArrayType.FF_WORKING_MEM,
                  ArrayType.BP_WORKING_MEM, ArrayType.GRADIENTS)
 """What the planned arena provides in training (an offload scheduler takes over the first two).
@@ -203,9 +205,12 @@ class Network:
         # workspace kept a whole batch's outputs (ResNet-18, batch 32: 248.1 MiB against 24.0 planned).
         self.inference_arena: PlannedArena | None = None
         if enabled:
-            self.inference_arena = PlannedArena(backend, f"{self.inference_mgr.name}/planned", self.inference_plan)
+            # Between training steps the training arena's block is idle: evaluation's outputs go there when
+            # it is large enough, so evaluating touches no pages of its own.
+            self.inference_arena = PlannedArena(backend, f"{self.inference_mgr.name}/planned", self.inference_plan,
+                                                lender=self.arena)
             self.inference_mgr.track_arena(self.inference_arena)
-            self.inference_mgr.set_default_provider((ArrayType.ACTIVATIONS,), self.inference_arena)
+            self.inference_mgr.set_default_provider(INFERENCE_PLANNED_TYPES, self.inference_arena)
 
         parameter_specs, buffer_specs = [], []
         for node in graph.nodes:
@@ -346,7 +351,8 @@ class Network:
                 self.arena.start_iteration(int(x.shape[0]), types)
             inference_arena = self._inference_arena_in_use(training)
             if inference_arena is not None:
-                inference_arena.start_iteration(int(x.shape[0]), (ArrayType.ACTIVATIONS,))
+                inference_arena.start_iteration(
+                    int(x.shape[0]), [t for t in INFERENCE_PLANNED_TYPES if mgr.provider_for(t) is inference_arena])
             if self.backend.is_device and isinstance(x, np.ndarray):  # a host batch: copy it to the device
                 x = mgr.leverage_to(ArrayType.INPUT, x)
             self._program, self._registers = program, {program.input: x}
@@ -659,18 +665,30 @@ class Network:
                                    (step.scratch_bytes // 4,), np.dtype(np.float32), step.time, step.time))
         return make_plan(specs)
 
-    def inference_plan(self, batch_size: int, types: Any = (ArrayType.ACTIVATIONS,)) -> ArenaPlan:
-        """The static plan of an inference forward's outputs: the inference program's buffers (Dropout
-        hands its input on), the logits held past the last step (``predict`` reads them after it), and
-        the loss head's two tensors for a ``net.loss`` after an inference forward (as in training)."""
+    def inference_plan(self, batch_size: int, types: Any = INFERENCE_PLANNED_TYPES) -> ArenaPlan:
+        """The static plan of an inference forward's tensors of ``types``. ACTIVATIONS: the inference
+        program's buffers (Dropout hands its input on), the logits held past the last step (``predict``
+        reads them after it), and the loss head's two tensors for a ``net.loss`` after an inference forward
+        (as in training). FF_WORKING_MEM: what each layer's inference forward works in
+        (``Layer.inference_working_specs``), alive for its step only."""
+        types = frozenset(types)
         program = self.program(batch_size, training=False)
         L = len(self.graph.nodes)
-        specs: list[Any] = [_Spec(b.name, b.owner, b.array_type, b.shape, b.dtype, b.first,
-                                  L if b.id == program.output else b.last)
-                            for b in program.buffers if b.array_type is ArrayType.ACTIVATIONS]
-        logits = program.buffers[program.output]
-        specs += [_Spec("loss:probs", None, ArrayType.ACTIVATIONS, logits.shape, np.dtype(np.float32), L - 1, L),
-                  _Spec("loss:value", None, ArrayType.ACTIVATIONS, (1,), np.dtype(np.float32), L - 1, L)]
+        specs: list[Any] = []
+        if ArrayType.ACTIVATIONS in types:
+            specs += [_Spec(b.name, b.owner, b.array_type, b.shape, b.dtype, b.first,
+                            L if b.id == program.output else b.last)
+                      for b in program.buffers if b.array_type is ArrayType.ACTIVATIONS]
+            logits = program.buffers[program.output]
+            specs += [_Spec("loss:probs", None, ArrayType.ACTIVATIONS, logits.shape, np.dtype(np.float32), L - 1, L),
+                      _Spec("loss:value", None, ArrayType.ACTIVATIONS, (1,), np.dtype(np.float32), L - 1, L)]
+        if ArrayType.FF_WORKING_MEM in types:
+            shapes = self.graph.shapes(batch_size)
+            for step in program.forward_steps:
+                node = self.graph.nodes[step.node]
+                for w in node.layer.inference_working_specs([shapes[i] for i in node.inputs]):
+                    specs.append(_Spec(f"{node.name}:{w.name}", step.node, ArrayType.FF_WORKING_MEM,
+                                       tuple(w.shape), np.dtype(w.dtype), step.time, step.time))
         return make_plan(specs)
 
     def node(self, name: str) -> Node:

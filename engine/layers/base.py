@@ -114,6 +114,12 @@ class Layer:
         """float32 elements of FF_WORKING_MEM the forward kernels need."""
         return 0
 
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        """The FF_WORKING_MEM tensors an inference forward makes, in the order it makes them (the inference
+        arena plans them): the forward scratch, if the layer's forward takes one."""
+        elements = self.forward_scratch(input_shapes)
+        return [SavedSpec("scratch", (int(elements),))] if elements > 0 else []
+
     def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
         """float32 elements of BP_WORKING_MEM the backward kernels need when the gradients of the inputs
         ``need`` marks are asked for (None: all of them)."""

@@ -59,6 +59,9 @@ class BatchNorm2d(Layer):
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
         return self.num_features  # the batch mean: the kernel writes it, backward no longer reads it
 
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        return []  # inference normalizes with the running statistics: no batch mean
+
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(self.output_shape([tuple(x.shape)]))

@@ -45,6 +45,9 @@ class MaxPool2d(_WindowPool):
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
         return [SavedSpec("argmax", self.output_shape(input_shapes), self.argmax_dtype)]
 
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        return self.saved_specs(input_shapes)  # the kernel writes the argmax; nothing reads it after
+
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         shape = self.output_shape([tuple(x.shape)])

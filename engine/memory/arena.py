@@ -120,8 +120,14 @@ class PlannedArena:
     ``end_iteration()`` closes all.
     """
 
-    def __init__(self, backend: Any, name: str, plan_for: Any, manager: Any = None):
+    def __init__(self, backend: Any, name: str, plan_for: Any, manager: Any = None,
+                 lender: PlannedArena | None = None):
         self.backend = backend
+        # An arena whose block this one uses while that arena is between iterations and its block is big
+        # enough (the network's inference arena borrows the training arena's: evaluation runs in the
+        # training step's bytes instead of touching pages of its own). ``borrowed``: the block is the lender's.
+        self.lender = lender
+        self.borrowed = False
         self.name = name
         self._plan_for = plan_for  # (batch_size, frozenset of ArrayTypes) -> ArenaPlan
         self.manager = manager
@@ -158,6 +164,8 @@ class PlannedArena:
             plan = self._plans[key] = self._plan_for(int(batch_size), types)
         if plan is not self.plan:
             self._use(plan, types)
+        elif self.lender is not None:
+            self._place(plan.planned_peak, types)  # the lender's block may have grown or be in use now
         self.generation += 1
         self._made = {}
         self._made_by = {}
@@ -169,15 +177,7 @@ class PlannedArena:
         self._in_iteration = True
 
     def _use(self, plan: ArenaPlan, types: frozenset) -> None:
-        need = plan.planned_peak
-        if need > self.capacity or (types != self._types and need < self.capacity):
-            raw = self.backend.alloc_block(need + ALIGNMENT)
-            interface = getattr(raw, "__cuda_array_interface__", None) or raw.__array_interface__
-            shift = (-int(interface["data"][0])) % ALIGNMENT
-            self._block = raw[shift:shift + need]
-            self._numpy_block = isinstance(self._block, np.ndarray)
-            self.capacity = need
-            self.block_allocations += 1
+        self._place(plan.planned_peak, types)
         self.plan = plan
         self._types = types
         self._keys = {}
@@ -189,6 +189,36 @@ class PlannedArena:
             self._ending.setdefault(t.last, []).append(slot)
             forward, total = self._planned_count.get(t.owner, (0, 0))
             self._planned_count[t.owner] = (forward + (t.array_type not in BACKWARD_TYPES), total + 1)
+
+    def _place(self, need: int, types: frozenset) -> None:
+        """Point the block at ``need`` bytes: the lender's block when it lends, else one of our own (allocated
+        when it is too small, or when the types changed and it is larger than the plan needs)."""
+        lent = self._lent_block(need)
+        if lent is not None:
+            self._block, self.capacity, self.borrowed = lent, need, True
+            self._numpy_block = isinstance(lent, np.ndarray)
+            return
+        if self.borrowed or need > self.capacity or (types != self._types and need < self.capacity):
+            raw = self.backend.alloc_block(need + ALIGNMENT)
+            interface = getattr(raw, "__cuda_array_interface__", None) or raw.__array_interface__
+            shift = (-int(interface["data"][0])) % ALIGNMENT
+            self._block = raw[shift:shift + need]
+            self._numpy_block = isinstance(self._block, np.ndarray)
+            self.capacity = need
+            self.borrowed = False
+            self.block_allocations += 1
+
+    def _lent_block(self, need: int) -> Any:
+        """The first ``need`` bytes of the lender's block, if it is between iterations and holds that many."""
+        lender = self.lender
+        if lender is None or lender._in_iteration or lender.borrowed or lender._block is None or lender.capacity < need:
+            return None
+        return lender._block[:need]
+
+    @property
+    def owned_bytes(self) -> int:
+        """Bytes of the block this arena allocated (0 while it uses a lender's, which that one counts)."""
+        return 0 if self.borrowed else self.capacity
 
     def forget_plans(self) -> None:
         """Drop the cached plans: the program they came from changed (``Network.set_gradient_storage``)."""
@@ -232,6 +262,7 @@ class PlannedArena:
             slot.released_by = released_by
         self._block = None
         self.capacity = 0
+        self.borrowed = False
         self.plan = None
         self._plans = {}
         self._keys = {}
@@ -284,8 +315,9 @@ class PlannedArena:
         return dict(self._peak_bytes if self._in_iteration else self._last_peak)
 
     def reserved_bytes_by_type(self) -> dict[ArrayType, int]:
-        """The block split between the types this arena provides, in proportion to the plan's bytes of each."""
-        if self.capacity == 0 or self.plan is None:
+        """The block split between the types this arena provides, in proportion to the plan's bytes of each
+        (nothing while the block is a lender's: its bytes are the lender's reserve)."""
+        if self.owned_bytes == 0 or self.plan is None:
             return {}
         weights: dict[ArrayType, int] = {}
         for t in self.plan.tensors:

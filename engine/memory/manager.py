@@ -372,7 +372,7 @@ class WorkspaceManager(ManagerNode):
 
     def _describe(self) -> tuple[str, int, dict[str, int]]:
         reserved = (sum(ws.capacity for ws in self._workspaces.values()) + sum(b.nbytes for b in self._blocks)
-                    + sum(a.capacity for a in self._arenas))
+                    + sum(a.owned_bytes for a in self._arenas))
         spilled = self.spilled_bytes()
         summary = f"{self.name} [{self.mode}]"
         if spilled:

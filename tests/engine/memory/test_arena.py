@@ -151,3 +151,61 @@ def test_workspace_mode_none_has_no_arena(backend):
     step(net, x, y)
     assert net.arena is None and net.mgr.provider_for(ArrayType.ACTIVATIONS) is None
     net.close()
+
+
+def _base_address(tensor) -> int:
+    return tensor.array.__array_interface__["data"][0]
+
+
+def test_evaluation_runs_in_the_training_arenas_bytes(backend):
+    """Between steps the training arena's block is idle: the inference arena borrows it (no block of its
+    own, no bytes reserved twice); in a network that has not trained yet it allocates its own, and gives it
+    up for the lender's once there is one. Predictions do not depend on where the bytes are."""
+    net = Network(residual_graph(), backend)
+    fresh = Network(residual_graph(), backend)  # same seed, never trained: its own inference block
+    x, y = batch(2)
+    assert np.array_equal(net.predict(x), fresh.predict(x))
+    assert net.inference_arena.block_allocations == 1 and not net.inference_arena.borrowed
+    step(net, x, y)
+    fresh.forward(x, training=True)
+    fresh.loss(y)
+    fresh.backward()
+    lender = net.arena
+    logits = net.forward(x, training=False)
+    inference = net.inference_arena
+    assert inference.borrowed and inference.owned_bytes == 0 and inference.block_allocations == 1
+    start = _base_address_of_block(lender)
+    assert start <= _base_address(logits) < start + lender.capacity  # inside the training arena's block
+    assert net.inference_mgr.reserved_bytes_by_type().get("ACTIVATIONS", 0) == 0  # the bytes are the lender's
+    net.end_iteration()
+    assert np.array_equal(net.predict(x), fresh.predict(x))
+    # A training step after evaluation finds its block as it was planned: same weights as the twin.
+    step(net, x, y)
+    step(fresh, x, y)
+    assert np.array_equal(net.parameters.flat, fresh.parameters.flat)
+    # An inference output from before the training step is rejected, not read as the step's bytes.
+    with pytest.raises(WorkspaceError):
+        backend.kernels.relu_forward(logits, logits)
+
+
+def _base_address_of_block(arena) -> int:
+    return arena._block.__array_interface__["data"][0]
+
+
+def test_an_arena_borrows_only_an_idle_block_large_enough(backend):
+    net = Network(residual_graph(), backend)
+    x, y = batch(2)
+    step(net, x, y)
+    inference = net.inference_arena
+    net.arena._in_iteration = True  # the lender in an iteration: its bytes are not lent
+    try:
+        net.inference_arena.start_iteration(2, (ArrayType.ACTIVATIONS,))
+        assert not inference.borrowed and inference.owned_bytes == inference.capacity > 0
+        inference.end_iteration()
+    finally:
+        net.arena._in_iteration = False
+    allocations = inference.block_allocations
+    net.predict(np.concatenate([x] * 40))  # 80 images: more than the training block (2 images) holds
+    assert not inference.borrowed and inference.block_allocations == allocations + 1
+    net.predict(x)
+    assert inference.borrowed
