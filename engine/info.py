@@ -32,11 +32,12 @@ def _blas() -> dict[str, Any]:
         import scipy.linalg  # noqa: F401
         from threadpoolctl import threadpool_info
 
-        from kernels.cpu.blas import select_sgemm
+        from kernels.cpu.blas import select_sgemm, selection_reason
 
         pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
         return {
             "kernels": select_sgemm(),  # the sgemm the conv kernels call (kernels/cpu/blas.py)
+            "kernels_reason": selection_reason(),
             "libraries": sorted({f"{p.get('internal_api')} {p.get('version') or ''} ({p.get('architecture') or '?'})"
                              for p in pools}),
             "threads": max((p.get("num_threads", 0) for p in pools), default=None),
@@ -149,7 +150,7 @@ def render_info(report: dict[str, Any]) -> None:
     machine.add_row("Numba threading layer", str(cpu["threading_layer"]))
     machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
     if blas.get("kernels"):
-        machine.add_row("sgemm of the kernels", blas["kernels"])
+        machine.add_row("sgemm of the kernels", f"{blas['kernels']} ({blas['kernels_reason']})")
     machine.add_row("BLAS libraries loaded", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
     machine.add_row("BLAS threads", str(blas["threads"]))
     cache = report.get("kernel_cache")

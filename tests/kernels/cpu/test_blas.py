@@ -40,10 +40,23 @@ PROBE = """
 
 @pytest.mark.skipif(not HAVE_MKL, reason="the mkl wheel is not installed (x86-64 Linux only)")
 def test_kernels_multiply_with_mkl_sequential_and_reproducible():
-    assert blas.select_sgemm().startswith("MKL")
-    assert blas.reproducible_mode() == 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT
-    name, loaded, mode = run(PROBE, ENGINE_BLAS="auto").stdout.strip().split(" | ")
+    result = run(PROBE, ENGINE_BLAS="mkl")
+    assert result.returncode == 0, result.stderr
+    name, loaded, mode = result.stdout.strip().split(" | ")
     assert name.startswith("MKL") and loaded == "True"  # np.dot inside @njit reached MKL's sequential layer
+    assert int(mode) == 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT
+
+
+def test_auto_takes_mkl_on_intel_cpus_only():
+    assert blas.auto_uses_mkl("GenuineIntel")
+    assert not blas.auto_uses_mkl("AuthenticAMD") and not blas.auto_uses_mkl("")
+    result = run(PROBE, ENGINE_BLAS="auto")
+    assert result.returncode == 0, result.stderr
+    name, loaded, _ = result.stdout.strip().split(" | ")
+    mkl_here = HAVE_MKL and blas.auto_uses_mkl(blas.cpu_vendor())
+    assert name.startswith("MKL") == mkl_here and loaded == str(mkl_here)  # no MKL pages where it is not used
+    if blas.cpu_vendor() and not mkl_here:
+        assert blas.cpu_vendor() in run("from kernels.cpu import blas; print(blas.selection_reason())").stdout
 
 
 def test_engine_blas_openblas_keeps_scipys_sgemm():
