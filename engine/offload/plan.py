@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,8 +55,11 @@ class TensorSpec:
     dtype: np.dtype
     offset: int  # byte offset inside the unit
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
+        # Cached (the spec is frozen): the scheduler asks ~500 times a step, and np.prod costs ~15 µs
+        # a call; cProfile of the IO threads, MobileNetV2 batch 32, N=4: 5,290 calls in 10 steps,
+        # 0.18 s of the two threads' 1.07 s (plan.nbytes, under the profiler).
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
@@ -80,15 +84,15 @@ class UnitSpec:
     def label(self) -> str:
         return f"{self.name} ({self.part})"
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        """The unit's bytes in the arena (tensors aligned to 64 bytes)."""
+        """The unit's bytes in the arena (tensors aligned to 64 bytes); cached as ``TensorSpec.nbytes``."""
         if not self.tensors:
             return 0
         last = self.tensors[-1]
         return align(last.offset + last.nbytes)
 
-    @property
+    @cached_property
     def footprint(self) -> int:
         """Its bytes in the arena and in the swap file: whole pages, so IO can bypass the page cache."""
         return align(self.nbytes, PAGE)

@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 from engine.memory import ArrayType
 from engine.offload.plan import (
     TensorUse,
+    UnitSpec,
     build_plan,
     check_plan,
     group_units,
+    layout_tensors,
     plan_with_chains,
     program_units,
     recompute_candidates,
@@ -137,3 +139,17 @@ def test_random_dags_never_share_live_bytes(sizes, reach, window):
         start = plan.units[key].occupations[index].start
         for other_key, other_index in before:
             assert plan.units[other_key].occupations[other_index].end < start
+
+
+def test_unit_sizes_are_computed_once(monkeypatch):
+    """The scheduler reads ``nbytes``/``footprint`` ~500 times a step from its IO threads and the
+    executor: after the first read no ``np.prod`` runs again (they were properties recomputed each time)."""
+    specs = layout_tensors([("a:out", ArrayType.ACTIVATIONS, (32, 96, 32, 32), np.float32),
+                            ("a:save_invstd", ArrayType.FF_CACHE, (96,), np.float32)])
+    unit = UnitSpec(0, "saved", "a", specs, created=0, forward_end=1, backward_start=3, backward_end=3)
+    first = (unit.nbytes, unit.footprint, [t.nbytes for t in unit.tensors])
+    calls = []
+    monkeypatch.setattr(np, "prod", lambda *a, **k: calls.append(a))
+    assert (unit.nbytes, unit.footprint, [t.nbytes for t in unit.tensors]) == first
+    assert first[0] == 32 * 96 * 32 * 32 * 4 + 96 * 4 and first[1] % 4096 == 0
+    assert calls == []
