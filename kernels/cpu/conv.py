@@ -78,6 +78,7 @@ path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2
 
 WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_MAX_PIXELS = 256
+WINOGRAD_WEIGHT_MAX_PIXELS = 1024
 """3×3 stride-1 forward and backward-data with at least ``WINOGRAD_MIN_CHANNELS`` input and output
 channels on planes of at most ``WINOGRAD_MAX_PIXELS`` (16×16) take the Winograd path (v10).
 Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 128 @16×16 forward
@@ -99,6 +100,7 @@ class Paths:
     pointwise_per_image: bool = True
     pointwise_gather: bool = True
     winograd: bool = True
+    winograd_weight: bool = True
 
 
 EXPORTED = Paths()
@@ -138,11 +140,10 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
             return "depthwise-flat"
         return "depthwise-direct"
     if (
-        paths.winograd
-        and direction != "weight"
+        (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
+        and x_shape[2] * x_shape[3] <= (WINOGRAD_WEIGHT_MAX_PIXELS if direction == "weight" else WINOGRAD_MAX_PIXELS)
     ):
         return "winograd"
     if (
@@ -235,6 +236,9 @@ def workspace_size(
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind == "depthwise-direct":
         return 0
+    if kind == "winograd" and direction == "weight":
+        rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
+        return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
     if kind == "winograd":
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "shifted":
@@ -922,6 +926,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "winograd":
+        with blas_on_calling_thread:
+            rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
+            conv_winograd.backward_weight(x, dout, dw, threads, rows, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.backward_weight(
