@@ -76,9 +76,15 @@ SHIFTED_MIN_PIXELS = 64
 path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2col stayed faster
 (512 ch @4×4, one thread, CPU ms: forward 28.4 vs 24.4, backward-data 32.2 vs 28.4)."""
 
+SHIFTED_WEIGHT_MIN_CHANNELS = 8
+"""The weight gradient of a 3×3 conv with fewer input channels (ResNet-18's and MobileNetV2's 3-channel
+stems) runs on im2col (v11): the shifted path's three GEMMs ``dW_dy (K × 3C) += D @ P3ᵀ`` are 9
+columns wide there and read ``dout`` three times, where im2col reads it once for a K × 27 result.
+One thread, 16 images, thread CPU ms shifted / im2col (AMD Zen 4): 3→64 @32×32 3.14 / 1.83,
+3→32 1.55 / 0.95, 8→64 2.28 / 2.15, 16→64 3.72 / 4.19, 32→64 6.88 / 7.72."""
+
 WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_MAX_PIXELS = 256
-WINOGRAD_WEIGHT_MAX_PIXELS = 1024
 """3×3 stride-1 forward and backward-data with at least ``WINOGRAD_MIN_CHANNELS`` input and output
 channels on planes of at most ``WINOGRAD_MAX_PIXELS`` (16×16) take the Winograd path (v10).
 Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 128 @16×16 forward
@@ -101,6 +107,7 @@ class Paths:
     pointwise_gather: bool = True
     winograd: bool = True
     winograd_weight: bool = True
+    narrow_weight_im2col: bool = True
 
 
 EXPORTED = Paths()
@@ -143,13 +150,14 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] <= (WINOGRAD_WEIGHT_MAX_PIXELS if direction == "weight" else WINOGRAD_MAX_PIXELS)
+        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
     ):
         return "winograd"
     if (
         paths.shifted
         and conv_shifted.supported(x_shape, w_shape, stride, pad, groups)
         and x_shape[2] * x_shape[3] >= SHIFTED_MIN_PIXELS
+        and (direction != "weight" or not paths.narrow_weight_im2col or x_shape[1] >= SHIFTED_WEIGHT_MIN_CHANNELS)
     ):
         return "shifted"
     return "gemm"

@@ -56,14 +56,18 @@ VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), "data": (2, 3, 4, 5,
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
+    narrow_weight_im2col=False,
 )
-V10_PATHS = conv.Paths(winograd_weight=False)
-V9_PATHS = conv.Paths(winograd=False, winograd_weight=False)
-V8_PATHS = conv.Paths(pointwise_gather=False, winograd=False, winograd_weight=False)
-V7_PATHS = conv.Paths(pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False)
+V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False)
+V9_PATHS = conv.Paths(winograd=False, winograd_weight=False, narrow_weight_im2col=False)
+V8_PATHS = conv.Paths(pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False)
+V7_PATHS = conv.Paths(
+    pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False
+)
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
+    narrow_weight_im2col=False,
 )
 
 

@@ -30,6 +30,8 @@ SHAPES = [
     (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
     (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
+    (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted weight gradient (≥ 8 channels): stacked tiles, a partial tile
+    (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted weight gradient: one-image tiles read from dout in place
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -101,8 +103,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -262,12 +264,12 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "expected"),
     [
-        ((32, 64, 32, 32), (64, 64, 3, 3), "winograd"),
+        ((32, 64, 32, 32), (64, 64, 3, 3), "shifted"),  # 32x32: Winograd level with the shifted GEMMs
         ((32, 128, 16, 16), (128, 128, 3, 3), "winograd"),
         ((32, 256, 8, 8), (256, 256, 3, 3), "winograd"),
         ((32, 512, 4, 4), (512, 512, 3, 3), "winograd"),
-        ((32, 3, 32, 32), (64, 3, 3, 3), "shifted"),  # the stem: too few channels
-        ((32, 64, 64, 64), (64, 64, 3, 3), "shifted"),  # larger than 32x32: not measured
+        ((32, 3, 32, 32), (64, 3, 3, 3), "gemm"),  # the stem: im2col (SHIFTED_WEIGHT_MIN_CHANNELS)
+        ((32, 8, 32, 32), (64, 8, 3, 3), "shifted"),
     ],
 )
 def test_weight_gradient_takes_the_path_the_figures_chose(x_shape, w_shape, expected):
@@ -328,5 +330,10 @@ def test_winograd_blocks_and_thread_ranges_match_reference(threads, target):
 def test_shifted_path_runs_on_the_tested_shapes():
     # the reference tests above reach the shifted kernels only if these shapes pick them
     for i in (13, 14):
+        n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward") == "shifted"
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "gemm"  # < 8 channels
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study.V10_PATHS) == "shifted"
+    for i in (19, 20):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "shifted"
