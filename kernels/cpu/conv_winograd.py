@@ -104,6 +104,12 @@ TARGET_TILES = 128
 BLOCK_BUDGET_ELEMENTS = 1 << 20
 """At most this many float32 (4 MiB) in a block's V and M together (swept: see above)."""
 
+WEIGHT_TARGET_TILES = 512
+"""Tiles per block of the weight gradient (its GEMMs sum over the tiles: longer is better for them)."""
+
+WEIGHT_BUDGET_ELEMENTS = 1 << 22
+"""At most this many float32 (16 MiB) in the weight gradient's block V and M together."""
+
 SKEW = 16
 """Floats (64 bytes) between consecutive ξ planes of U, V and M beyond their size. Planes of
 exactly K·C or C·Tb floats start at multiples of 4 KiB, so the 16 streams of a transform fall into
@@ -213,8 +219,9 @@ def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
 
 
 @njit(cache=True, nogil=True)
-def _input_transform(src, r0, nr, channels, height, width, v, tmp):
-    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the tiles j of tile rows [r0, r0 + nr), read from src (flat NCHW).
+def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) and the tiles j of tile rows [r0, r0 + nr),
+    read from src (flat NCHW; the forward passes all channels, the weight gradient a thread's range).
 
     Per (channel, tile row), two passes over short L1-resident rows: Bᵀ down the four input rows
     with even and odd columns written apart (``_rows_bt``; the first and last tile rows of a plane
@@ -229,7 +236,7 @@ def _input_transform(src, r0, nr, channels, height, width, v, tmp):
     od = tmp[4 * half : 8 * half]
     pad = tmp[8 * half : 8 * half + 4 * width]
     step = channels * cols + SKEW
-    for c in range(channels):
+    for c in range(c_lo, c_hi):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
             s0 = (n * channels + c) * plane
@@ -344,7 +351,7 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
         nr = min(rows, last - r0)
         cols = nr * tw
         if parts & 1:
-            _input_transform(src, r0, nr, c_in, height, width, v, tmp)
+            _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, tmp)
         if parts & 2:
             for xi in range(16):
                 at = xi
@@ -387,3 +394,139 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
         _rows(x, u, out, flipped, t * total // threads, (t + 1) * total // threads, rows, mine, parts)
 
     run_shares(work, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# The weight gradient (study version 11)
+# ----------------------------------------------------------------------------------------------
+
+
+def weight_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int = WEIGHT_TARGET_TILES,
+                      budget: int = WEIGHT_BUDGET_ELEMENTS) -> int:
+    """Tile rows per block of the weight gradient: ``target_tiles`` tiles within ``budget`` floats of V
+    and M, ≤ the batch. Independent of the thread count (the blocks fix the order of the sums)."""
+    n, _, h, w = x_shape
+    tw = (w + 1) // 2
+    total = n * ((h + 1) // 2)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (16 * (c_in + c_out) * tw))
+    return max(1, min(total, wanted, fits))
+
+
+def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
+    """Scratch of the weight gradient: dU (16·K·C), one block's V and M, per thread a row buffer."""
+    k, c = w_shape[0], w_shape[1]
+    tw = (x_shape[3] + 1) // 2
+    return 16 * (k * c + SKEW) + 16 * ((c + k) * rows * tw + 2 * SKEW) + threads * (8 * (tw + 1) + 4 * x_shape[3])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _a_row(m, at, step, a, b):
+    """One row (a, b) of A dY times Aᵀ: a, a + b, a − b, −b into four planes from ``at``."""
+    m[at] = a
+    m[at + step] = a + b
+    m[at + 2 * step] = a - b
+    m[at + 3 * step] = -b
+
+
+@njit(cache=True, nogil=True)
+def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m):
+    """m[ξ][k][j] = (A dY Aᵀ)[ξ] for the channels [k_lo, k_hi) and the tiles j of tile rows
+    [r0, r0 + nr) of dY (flat NCHW, the output plane = the input plane); zeros past an odd edge.
+
+    A dY has rows y0, y0 + y1, y0 − y1, −y1 (y0, y1 the tile's two output rows); Aᵀ does the
+    same across the columns. Scalar code: 4 loads and 16 stores per tile, a tenth of the GEMMs."""
+    th, tw = (height + 1) // 2, (width + 1) // 2
+    cols = nr * tw
+    step = channels * cols + SKEW
+    plane = height * width
+    zero = np.float32(0.0)
+    full = width // 2
+    for k in range(k_lo, k_hi):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            s = (n * channels + k) * plane + 2 * ty * width
+            second = 2 * ty + 1 < height
+            b = k * cols + r * tw
+            for tx in range(tw):
+                x = 2 * tx
+                a0 = src[s + x]
+                b0 = src[s + x + 1] if tx < full else zero
+                a1, b1 = zero, zero
+                if second:
+                    a1 = src[s + width + x]
+                    b1 = src[s + width + x + 1] if tx < full else zero
+                _a_row(m, b + tx, step, a0, b0)
+                _a_row(m, b + tx + 4 * step, step, a0 + a1, b0 + b1)
+                _a_row(m, b + tx + 8 * step, step, a0 - a1, b0 - b1)
+                _a_row(m, b + tx + 12 * step, step, -a1, -b1)
+
+
+@njit(cache=True, nogil=True)
+def _weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
+    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi)."""
+    scalars = np.empty(2, np.float32)
+    plane = c_out * c_in + SKEW
+    for xi in range(xi_lo, xi_hi):
+        sgemm(False, True, c_out, c_in, cols, m[xi * (c_out * cols + SKEW):], cols,
+              v[xi * (c_in * cols + SKEW):], cols, beta, du[xi * plane:], c_in, scalars)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gt(x0, x1, x2, x3, half):
+    """Gᵀ applied to four values: x0 + ½(x1 + x2), ½(x1 − x2), ½(x1 + x2) + x3."""
+    s = half * (x1 + x2)
+    return x0 + s, half * (x1 - x2), s + x3
+
+
+@njit(cache=True, nogil=True)
+def _filter_backward(du, dw, k_lo, k_hi):
+    """dw[k, c] = Gᵀ du[·][k, c] G for k in [k_lo, k_hi): 16 contiguous read streams, 9 floats out."""
+    k, c = dw.shape[0], dw.shape[1]
+    plane = k * c + SKEW
+    out = dw.reshape(dw.size)
+    half = np.float32(0.5)
+    for kk in range(k_lo, k_hi):
+        for cc in range(c):
+            at = kk * c + cc
+            # Gᵀ down each of the four columns j: rows 0…3 of dU are planes 4i + j
+            a0, a1, a2 = _gt(du[at], du[4 * plane + at], du[8 * plane + at], du[12 * plane + at], half)
+            b0, b1, b2 = _gt(du[plane + at], du[5 * plane + at], du[9 * plane + at], du[13 * plane + at], half)
+            c0, c1, c2 = _gt(du[2 * plane + at], du[6 * plane + at], du[10 * plane + at], du[14 * plane + at], half)
+            d0, d1, d2 = _gt(du[3 * plane + at], du[7 * plane + at], du[11 * plane + at], du[15 * plane + at], half)
+            # then G across each of the three rows
+            o = 9 * at
+            out[o], out[o + 1], out[o + 2] = _gt(a0, b0, c0, d0, half)
+            out[o + 3], out[o + 4], out[o + 5] = _gt(a1, b1, c1, d1, half)
+            out[o + 6], out[o + 7], out[o + 8] = _gt(a2, b2, c2, d2, half)
+
+
+def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
+    """dw = ∂L/∂w of a 3×3 stride-1 pad-1 convolution by Winograd F(2×2, 3×3) (module docstring, "The
+    weight gradient"): per block of ``rows`` tile rows, the threads transform x (by channel) and dout
+    (by output channel), then run the 16 GEMMs dU[ξ] += M[ξ] V[ξ]ᵀ (by ξ); last, dw = Gᵀ dU G (by k)."""
+    n, c, h, width = x.shape
+    k = dw.shape[0]
+    tw = (width + 1) // 2
+    total = n * ((h + 1) // 2)
+    du = scratch[: 16 * (k * c + SKEW)]
+    at = 16 * (k * c + SKEW)
+    v = scratch[at : at + 16 * (c * rows * tw + SKEW)]
+    at += 16 * (c * rows * tw + SKEW)
+    m = scratch[at : at + 16 * (k * rows * tw + SKEW)]
+    at += 16 * (k * rows * tw + SKEW)
+    per_thread = 8 * (tw + 1) + 4 * width
+    src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
+
+    def transforms(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _input_transform(src, r0, nr, t * c // threads, (t + 1) * c // threads, c, h, width, v, tmp)
+        _dout_transform(dsrc, r0, nr, t * k // threads, (t + 1) * k // threads, k, h, width, m)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        beta = 0.0 if r0 == 0 else 1.0
+        run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
+        run_shares(lambda t, nr=nr, beta=beta: _weight_gemms(
+            m, v, du, t * 16 // threads, (t + 1) * 16 // threads, k, c, nr * tw, beta), threads)
+    run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)

@@ -30,6 +30,8 @@ SHAPES = [
     (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
     (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
+    (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted weight gradient (≥ 8 channels): stacked tiles, a partial tile
+    (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted weight gradient: one-image tiles read from dout in place
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -101,8 +103,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -250,13 +252,60 @@ def test_pointwise_on_4x4_planes_keeps_its_tiles():
     assert cpu.gemm_tile_images((32, 960, 4, 4), (320, 960, 1, 1), 1, 0, 1, "data", 2, 256) > 1
 
 
-def test_winograd_runs_on_the_tested_shape_and_not_for_the_weight_gradient():
+def test_winograd_runs_on_the_tested_shape_in_every_direction():
     # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd"
-    assert cpu.path(*shapes, "weight") == "gemm"  # 35 pixels: below the shifted path's 64
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == "winograd"
+    assert cpu.path(*shapes, "weight", conv_study.V10_PATHS) == "gemm"  # v10: 35 pixels, below the shifted path's 64
     assert cpu.path(*shapes, "forward", conv_study.V9_PATHS) == "gemm"  # v9 keeps its own path
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "expected"),
+    [
+        ((32, 64, 32, 32), (64, 64, 3, 3), "shifted"),  # 32x32: Winograd level with the shifted GEMMs
+        ((32, 128, 16, 16), (128, 128, 3, 3), "winograd"),
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd"),
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd"),
+        ((32, 3, 32, 32), (64, 3, 3, 3), "gemm"),  # the stem: im2col (SHIFTED_WEIGHT_MIN_CHANNELS)
+        ((32, 8, 32, 32), (64, 8, 3, 3), "shifted"),
+    ],
+)
+def test_weight_gradient_takes_the_path_the_figures_chose(x_shape, w_shape, expected):
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("target", [2, 512])
+def test_winograd_weight_gradient_blocks_and_thread_ranges_match_reference(threads, target):
+    # odd, non-square planes (the last tile's dout column / row past the edge is zero); one-row blocks
+    # that split images (dU accumulated over many blocks) up to one block for the batch; a 1-pixel-high plane
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3), (4, 9, 6, 5, 7)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        dw = np.full(w.shape, np.nan, np.float32)
+        rows = winograd.weight_block_rows(x.shape, c, k, target)
+        size = winograd.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        want, db = np.empty_like(w), np.empty(k, np.float32)
+        ref.conv2d_backward_weight(x, dout, want, db, *args)
+        np.testing.assert_allclose(dw, want, rtol=1e-5, atol=3e-5)
+
+
+def test_winograd_weight_gradient_bits_do_not_depend_on_the_thread_count():
+    # the blocks (and so the order of every sum) are fixed by the shape; threads only split the work
+    x, w, _, dout, _ = _case((6, 16, 6, 10, 12, 3, 1, 1, 1))
+    rows = winograd.weight_block_rows(x.shape, 16, 12, 8)
+    results = []
+    for threads in (1, 2, 3):
+        dw = np.empty_like(w)
+        size = winograd.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        results.append(dw)
+    assert rows < 6 * 3  # several blocks
+    assert all(np.array_equal(results[0], r) for r in results[1:])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -281,5 +330,10 @@ def test_winograd_blocks_and_thread_ranges_match_reference(threads, target):
 def test_shifted_path_runs_on_the_tested_shapes():
     # the reference tests above reach the shifted kernels only if these shapes pick them
     for i in (13, 14):
+        n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward") == "shifted"
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "gemm"  # < 8 channels
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study.V10_PATHS) == "shifted"
+    for i in (19, 20):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "shifted"
