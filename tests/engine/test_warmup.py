@@ -57,12 +57,13 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
     keys = [job.key for job in jobs]
     assert len(keys) == len(set(keys))
     conv = {job.key for job in jobs if job.conv is not None}
-    # ResNet-18: 3×3 stride 1 with ≥ 64 channels takes Winograd (forward, backward-data), its weight
-    # gradient on ≥ 8×8 planes and the 3-channel stem the shifted GEMMs, the rest (stride 2, 1×1, 4×4) im2col
+    # ResNet-18: 3×3 stride 1 with ≥ 64 channels takes Winograd (forward, backward-data, and the weight
+    # gradient on planes ≤ 16×16), the 64-channel 32×32 weight gradient the shifted GEMMs, the rest im2col
     gemm = {f"{op}/gemm/bias=False/v=None" for op in warmup.CONV_OPS.values()}
     # backward-data on the Winograd and shifted paths runs the forward kernel: no job of its own
     shifted = {f"conv2d_{d}/shifted/bias=False/v=None" for d in ("forward", "backward_weight")}
-    assert conv == gemm | shifted | {"conv2d_forward/winograd/bias=False/v=None"}
+    winograd = {f"conv2d_{d}/winograd/bias=False/v=None" for d in ("forward", "backward_weight")}
+    assert conv == gemm | shifted | winograd
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 
 
