@@ -12,9 +12,11 @@ call, so the two thread pools never compete). Special shapes take faster paths:
 - **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones), forward and
   backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on planes of ≤ 16×16
   (``WINOGRAD_MAX_PIXELS``): cache-blocked Winograd
-  F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10). Their weight gradient, and
-  narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels: no im2col; three shifted GEMMs
-  per tile over a row-expanded copy of the input (``conv_shifted.py``).
+  F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
+  gradient too. Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
+  (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
+  channels (the stems), which stays on im2col.
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
@@ -85,8 +87,9 @@ One thread, 16 images, thread CPU ms shifted / im2col (AMD Zen 4): 3→64 @32×3
 
 WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_MAX_PIXELS = 256
-"""3×3 stride-1 forward and backward-data with at least ``WINOGRAD_MIN_CHANNELS`` input and output
-channels on planes of at most ``WINOGRAD_MAX_PIXELS`` (16×16) take the Winograd path (v10).
+"""3×3 stride-1 forward and backward-data (v10) and weight gradient (v11) with at least
+``WINOGRAD_MIN_CHANNELS`` input and output channels on planes of at most ``WINOGRAD_MAX_PIXELS``
+(16×16) take the Winograd path; the weight gradient's figures are in ``conv_winograd``'s docstring.
 Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 128 @16×16 forward
 7.37 / 6.26, backward-data 7.47 / 6.55; 256 @8×8 8.84 / 5.96, 9.34 / 6.16; 512 @4×4 9.05 / 7.02,
 9.43 / 7.55; but 64 @32×32 7.63 / 7.97, 8.04 / 8.09 (on OpenBLAS it was 11.4 / 8.6: v9's GEMMs

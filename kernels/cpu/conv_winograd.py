@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study version 10.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 and 11.
 
 Why. Our 3×3 convolutions are GEMMs (im2col, or the shifted GEMMs of ``conv_shifted.py``) and
 run at OpenBLAS's sgemm rate, ~140 GFLOP/s per thread on these shapes; oneDNN's direct AVX-512
@@ -40,8 +40,7 @@ planes are ``SKEW`` floats apart beyond their size.
 Backward-data is the forward convolution of dout with w'[c, k] = w[k, c] flipped. Flipping g
 gives G·J·g·J·Gᵀ with J the reversal, and G·J = P·G with P the swap of rows 0 and 3, so
 U'[(i, j)] = U[(p(i), p(j))]ᵀ: the forward filter transform, read transposed by the GEMM at the
-swapped position. No second filter transform, no transposing copy. The weight gradient stays on
-the shifted GEMMs / im2col (Winograd for it needs transforms of both x and dout per tile).
+swapped position. No second filter transform, no transposing copy.
 
 Measured (batch 32, ResNet-18's four 3×3 stride-1 layers, C = K):
 
@@ -88,6 +87,22 @@ Tried and dropped:
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
 result differs from a direct sum by rounding only: max abs error against the float64 reference
 1.4–2.5e-6 on ResNet-18's layers (v9's: 1.1–2.3e-6; outputs of magnitude ~4).
+
+The weight gradient (v11, ``backward_weight``). dw[k, c] correlates the input with dout over every
+output pixel; split dout into the same 2×2 tiles, and each tile's share is F(3×3, 2×2) of the
+same 4×4 input tile: ``dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G``, the sum inside the transformed
+domain, so per ξ one GEMM ``dU[ξ] (K × C) += M[ξ] (K × Tb) @ V[ξ]ᵀ (Tb × C)`` per block. V is the
+forward's input transform (``_input_transform``, here over a thread's channel range), M the
+2×2 → 4×4 transform of dout (``_dout_transform``), and ``Gᵀ dU G`` (``_filter_backward``) gives
+the 3×3 result once at the end. The blocks (``WEIGHT_TARGET_TILES`` = 512 tiles, V and M within
+``WEIGHT_BUDGET_ELEMENTS``) do not depend on the thread count, and within a block the threads split
+the transforms by channel and the GEMMs by ξ: every sum runs in the same order at any thread count
+(same bits at 1, 2, 3 threads: tested). Used on planes ≤ 16×16 with ≥ 64 channels
+(``conv.path``); at 64 @32×32 it was level with the shifted GEMMs (best 13.87 vs 13.98 ms).
+Batch 32, two threads, wall ms, median of 9, shifted GEMMs / v11 / torch alternating (AMD Zen 4):
+128 @16×16 15.4 / 13.2 / 14.0; 256 @8×8 17.6 / 13.5 / 16.0; 512 @4×4 24.9 / 11.2 / 14.9. One thread
+at 512 @4×4: transforms 2.3 ms, GEMMs 7.0 ms (~77 GFLOP/s), filter back-transform 2.2 ms. Blocks of
+512–4096 tiles and budgets of 4–32 MiB were within noise of each other.
 """
 
 from __future__ import annotations
