@@ -280,7 +280,8 @@ def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch, kept_only
                     _upsample(src, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, margin, buf)
                     _flat_filter(buf, margin, length + 2 * margin, pw, length, width, dst, base)
                 else:
-                    _flat_filter(src, base, src.size, pw, length, width, buf, 0)
+                    # np.int64(0), here and below: a literal 0 would compile a second signature of the callee
+                    _flat_filter(src, base, src.size, pw, length, width, buf, np.int64(0))
                     _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
 
 
@@ -339,6 +340,7 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
     share = scratch.size // threads
     src, grad, result = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
     reach = width + 1
+    zero = np.int64(0)  # not a literal 0: that would compile a second signature of each callee
     for t in prange(threads):
         mine = scratch[t * share : (t + 1) * share]
         acc = mine[: 9 * chunk * plane]
@@ -362,16 +364,16 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
                         # dout of the four images spread over the full-resolution grid, side by side
                         for k in range(4):
                             small = ((i + k) * c + c0) * small_plane
-                            _upsample(grad, small, out_h, out_w, channels, height, width, 0, buf[k * length :])
+                            _upsample(grad, small, out_h, out_w, channels, height, width, zero, buf[k * length :])
                         _flat_accumulate_fast4(
-                            src, base, b1, b2, last, buf, 0, length, 2 * length, 3 * length, acc, length, width
+                            src, base, b1, b2, last, buf, zero, length, 2 * length, 3 * length, acc, length, width
                         )
                     i += 4
                     continue
                 if stride == 1:
                     g, g0 = grad, base
                 else:
-                    _upsample(grad, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, 0, buf)
+                    _upsample(grad, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, zero, buf)
                     g, g0 = buf, 0
                 if base >= reach and base + length + reach <= src.size:
                     _flat_accumulate_fast(src, base, g, g0, acc, length, width)

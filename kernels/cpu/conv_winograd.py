@@ -366,7 +366,8 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
         nr = min(rows, last - r0)
         cols = nr * tw
         if parts & 1:
-            _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, tmp)
+            # np.int64(0), not 0: a literal argument makes Numba compile a second signature (2 s cold)
+            _input_transform(src, r0, nr, np.int64(0), c_in, c_in, height, width, v, tmp)
         if parts & 2:
             for xi in range(16):
                 at = xi

@@ -42,6 +42,10 @@ def test_a_training_step_after_the_models_jobs_compiles_nothing(model, optimizer
     jobs = warmup.model_jobs(net.graph, optimizer)
     for job in jobs:
         warmup.run_job(job)
+    # one signature per kernel: a second one (a literal argument from a jitted caller, Literal[int](0)
+    # instead of int64) is a second compile of the same code, 2 s of the first run for Winograd's
+    # input transform
+    assert {name: count for name, count in _signatures().items() if count > 1} == {}
     opt = make_optimizer(optimizer, net, backend, 0.01, manager=net.mgr)
     trainer = Trainer(net, opt, data, batch_size=2, steps=1, evaluate_at_end=True)
     before = _signatures()
@@ -116,3 +120,32 @@ def test_tiny_args_cover_every_non_conv_table_op():
     table_ops = {op for op in TABLE if not op.startswith("conv2d")}
     assert table_ops - set(warmup.TINY_ARGS) == set()
     assert all(ops and set(ops) <= table_ops for ops in warmup.LAYER_OPS.values() if ops)
+
+
+def test_jitted_callers_pass_no_literal_numbers_to_compiled_kernels():
+    # A number literal from a jitted caller types as Literal[int](0), not int64: Numba compiles the
+    # callee a second time for it (Winograd's input transform: +2 s of the first run, depthwise's
+    # flat filter and upsample likewise). The check above sees it only on a cold cache, when the
+    # caller is compiled rather than loaded; this one reads the sources. Inlined callees compile into
+    # their caller and are exempt.
+    import ast
+
+    import kernels.cpu as package
+
+    found = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"kernels.cpu.{info.name}")
+        kernels = {n: v for n, v in vars(module).items() if isinstance(v, Dispatcher)}
+        compiled = {n for n, v in kernels.items() if v.targetoptions.get("inline", "never") != "always"}
+        with open(module.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for fn in ast.walk(tree):
+            if not (isinstance(fn, ast.FunctionDef) and fn.name in kernels):
+                continue
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in compiled:
+                    for arg in call.args:
+                        value = arg.operand if isinstance(arg, ast.UnaryOp) else arg
+                        if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)):
+                            found.append(f"{info.name}.{fn.name} line {call.lineno}: {call.func.id}({value.value})")
+    assert found == []
