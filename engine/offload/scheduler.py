@@ -210,6 +210,8 @@ class _Unit:
     vacated_event: list[Any] = field(default_factory=lambda: [None, None])
     created: int = 0  # tensors created so far this step
     event: Any = None  # device event: data complete (after forward) or loaded (before backward)
+    saved: bool = False  # written this step while forwards still read it (saved early): SWAPPED at forward_end
+    readers_done: bool = False  # the executor passed the unit's last forward reader
 
     @property
     def spec(self) -> UnitSpec:
@@ -241,6 +243,7 @@ class OffloadScheduler:
         sample_page_cache: bool = False,
         verify: str = "full",
         recompute: bool = True,
+        early_save: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -259,6 +262,8 @@ class OffloadScheduler:
         self.sample_page_cache = sample_page_cache
         self.verify = verify
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
+        self.early_save = early_save  # save a unit after its creator's forward, not after its last forward reader
+        self._by_created: dict[int, list[_Unit]] = {}
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
@@ -490,9 +495,12 @@ class OffloadScheduler:
                 region = self._regions[key] = UnitRegion(unit_plan.spec.label)
             self._units[key] = _Unit(unit_plan, region)
         self._by_forward_end = {}
+        self._by_created = {}
         self._by_backward_end = {}
         for unit in self._units.values():
             self._by_forward_end.setdefault(unit.spec.forward_end, []).append(unit)
+            if unit.plan.offloaded and self.early_save and unit.spec.forward_end > unit.spec.created:
+                self._by_created.setdefault(unit.spec.created, []).append(unit)
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
         self._load_order = [self._units[u.key] for u in plan.load_order]
@@ -587,10 +595,24 @@ class OffloadScheduler:
     def after_forward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
+        for unit in self._by_created.get(step, ()):  # its bytes are final: save now, while they are in cache
+            if unit.state is LayerState.READY_FOR_EXEC:
+                unit.event = self._transfer.ready_event()
+                with self._cond:
+                    self._set_state(unit, LayerState.WAIT_FOR_OFF)  # being saved; later forwards still read it
+                    self._saves_pending += 1
+                self._save_queue.put((self._generation, unit))
         for unit in self._by_forward_end.get(step, ()):
+            if unit.state is LayerState.WAIT_FOR_OFF:  # saved early: its last forward reader is done
+                with self._cond:
+                    unit.readers_done = True
+                    if unit.saved:
+                        self._swapped(unit)
+                continue
             if unit.state is not LayerState.READY_FOR_EXEC:
                 continue
             if unit.plan.offloaded:
+                unit.readers_done = True
                 unit.event = self._transfer.ready_event()
                 with self._cond:
                     self._set_state(unit, LayerState.WAIT_FOR_OFF)
@@ -775,6 +797,12 @@ class OffloadScheduler:
             unit.vacated[occupation] = True
             self._wake()
 
+    def _swapped(self, unit: _Unit) -> None:
+        """The unit is on disk and no forward reads it any more: its bytes are free (caller holds the condition)."""
+        unit.region.close()
+        self._set_state(unit, LayerState.SWAPPED)
+        unit.vacated[0] = True
+
     def _room_free(self, unit: _Unit, occupation: int) -> bool:
         for key, index in self._plan.predecessors[(unit.spec.key, occupation)]:
             if not self._units[key].vacated[index]:
@@ -886,9 +914,9 @@ class OffloadScheduler:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
                         if generation == self._generation:
-                            unit.region.close()
-                            self._set_state(unit, LayerState.SWAPPED)
-                            unit.vacated[0] = True
+                            unit.saved = True
+                            if unit.readers_done:  # else the executor swaps it after its last forward reader
+                                self._swapped(unit)
             except BaseException as exc:  # handed to the executor at its next wait
                 with self._cond:
                     self._error = exc
