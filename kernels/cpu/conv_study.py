@@ -49,25 +49,32 @@ from numba import get_num_threads, njit, prange, uint64
 
 from kernels.cpu import conv, conv_shifted
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False,
+    narrow_weight_im2col=False, pointwise_weight_in_place=False,
 )
-V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False)
-V9_PATHS = conv.Paths(winograd=False, winograd_weight=False, narrow_weight_im2col=False)
-V8_PATHS = conv.Paths(pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False)
+V11_PATHS = conv.Paths(pointwise_weight_in_place=False)
+V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False, pointwise_weight_in_place=False)
+V9_PATHS = conv.Paths(
+    winograd=False, winograd_weight=False, narrow_weight_im2col=False, pointwise_weight_in_place=False
+)
+V8_PATHS = conv.Paths(
+    pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False,
+    pointwise_weight_in_place=False,
+)
 V7_PATHS = conv.Paths(
-    pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False
+    pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
+    narrow_weight_im2col=False, pointwise_weight_in_place=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False,
+    narrow_weight_im2col=False, pointwise_weight_in_place=False,
 )
 
 
@@ -446,7 +453,9 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 
 def _paths(version: int) -> conv.Paths:
-    paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS}
+    paths = {
+        4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS, 11: V11_PATHS
+    }
     return paths.get(version, conv.EXPORTED)
 
 

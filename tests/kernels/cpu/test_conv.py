@@ -252,6 +252,38 @@ def test_pointwise_on_4x4_planes_keeps_its_tiles():
     assert cpu.gemm_tile_images((32, 960, 4, 4), (320, 960, 1, 1), 1, 0, 1, "data", 2, 256) > 1
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "in_place"), [
+    ((32, 144, 16, 16), (32, 144, 1, 1), True),  # 16x16: tiles of 4 images before v12
+    ((32, 384, 8, 8), (64, 384, 1, 1), True),
+    ((32, 24, 32, 32), (144, 24, 1, 1), True),  # one-image tiles already: beta = 1 instead of a partial add
+    ((32, 960, 4, 4), (160, 960, 1, 1), False),  # 4x4: 16-deep GEMMs per image lost, tiles stay
+    ((32, 64, 32, 32), (128, 64, 1, 1), False),  # stride 2 (the call passes stride 2): im2col tiles
+])
+def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(x_shape, w_shape, in_place):
+    """v12: the 1x1 stride-1 weight gradient on planes of >= 64 pixels is one beta = 1 GEMM per image,
+    with no column tile and no dw-sized partial per thread (the scratch shows it)."""
+    stride = 2 if x_shape[1] == 64 else 1
+    args = (x_shape, w_shape, stride, 0, 1)
+    if in_place:
+        assert cpu.gemm_tile_images(*args, "weight", 2, 1024, weight_in_place=True) == 1
+    new = cpu.workspace_size(*args, "weight")
+    old = cpu.workspace_size(*args, "weight", conv_study.V11_PATHS)
+    extra_threads_slots = (cpu.get_num_threads() - 1) * int(np.prod(w_shape))
+    if in_place:
+        assert new == extra_threads_slots < old
+    else:
+        assert new == old
+
+
+def test_pointwise_weight_in_place_is_reached_by_the_tested_shapes():
+    """The reference tests reach v12's in-place weight gradient through SHAPES[16] and [17] (8x8 1x1)."""
+    for index in (16, 17):
+        n, c, h, wd, k, r, stride, pad, groups = SHAPES[index]
+        args = ((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", 1, 1024)
+        assert cpu.gemm_tile_images(*args, weight_in_place=True) == 1
+        assert cpu.gemm_tile_images(*args) > 1
+
+
 def test_winograd_runs_on_the_tested_shape_in_every_direction():
     # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
