@@ -655,13 +655,19 @@ def _backward_weight_images(
 
 @njit(cache=True, nogil=True)
 def add_partials(total, partials, count, lo, hi):
-    """total[i] += partials[0·L + i] + partials[1·L + i] + … (``count`` slots of len(total)), i in [lo, hi)."""
-    length = total.size
-    for i in range(lo, hi):
-        value = total[i]
-        for t in range(count):
-            value += partials[t * length + i]
-        total[i] = value
+    """total[i] = (…((total[i] + partials[0·L + i]) + partials[1·L + i]) + …) (``count`` slots of
+    len(total)), i in [lo, hi): slot after slot, each a flat vector loop on unsigned offsets.
+
+    Written first as one pass over i with the slots summed in an inner loop (the same additions in
+    the same order, so the same bits): its signed slot offsets kept it scalar, 0.72–0.82 ms for
+    MobileNetV2's 320→1280 dw (410k floats, one slot) at one or two threads, a quarter of that
+    weight gradient's call."""
+    length = uint64(total.size)
+    end = uint64(hi)
+    for t in range(count):
+        base = uint64(t) * length
+        for i in range(uint64(lo), end):
+            total[i] += partials[base + i]
 
 
 def gemm_backward_weight(

@@ -411,3 +411,17 @@ def test_depthwise_chunk_follows_the_l1_data_cache(tmp_path):
     assert dwc.l1d_bytes(str(tmp_path)) == 48 * 1024
     assert dwc.l1d_bytes(str(tmp_path / "missing")) == dwc.L1D_FALLBACK_BYTES == 32 * 1024
     assert dwc.CHUNK_ELEMENTS == dwc.chunk_elements(dwc.l1d_bytes())
+
+
+def test_add_partials_adds_slot_after_slot_in_order_within_its_range():
+    """The weight gradients' per-thread partials: total + slot 0 + slot 1 + ... in that order (the
+    same bits as NumPy's adds in that order), only inside [lo, hi)."""
+    rng = np.random.default_rng(3)
+    total = rng.standard_normal(1001).astype(np.float32)
+    partials = (rng.standard_normal(3 * 1001) * 1e3).astype(np.float32)
+    got = total.copy()
+    cpu.add_partials(got, partials, 3, 7, 990)
+    expected = total.copy()
+    for t in range(3):
+        expected[7:990] = expected[7:990] + partials[t * 1001 + 7 : t * 1001 + 990]
+    assert got.tobytes() == expected.tobytes()
