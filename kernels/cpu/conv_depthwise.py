@@ -33,6 +33,16 @@ behind oneDNN (0.17 ms at 576 ch @8×8 on a quiet machine, one thread): its nine
 arrays are read for every output, 36 bytes per output, where a channel-blocked layout keeps
 the weights in registers; that layout is the next step.
 
+Tried and dropped (v12 session): the stride-2 weight gradient on the input's four polyphase planes
+(x[2y + a, 2x + b] copied per image into four planes at the output's resolution; then tap (r, s)
+is dout times one phase plane shifted by 0, −1, −OW or −OW−1, nine multiply-adds per *kept*
+output instead of per full-resolution position, a quarter of the arithmetic). Correct (max error
+against the reference 1e-5 to 1e-4), but not faster: batch 32, two threads, median of 7 rounds of
+best-of-5, ms, full-resolution run / polyphase one image a pass / four images a pass: 144 ch
+@32×32 3.44 / 3.61 / 4.78, 192 ch @16×16 0.94 / 0.84 / 1.31, 576 ch @8×8 0.73 / 0.83 / 1.66. The
+stride-2 gather that builds the phase planes (a scalar loop) costs what the saved multiply-adds
+gave back, and four images' phase planes (16 of them beside nine accumulators) no longer fit L1.
+
 Threads: thread ``t`` owns channel chunks ``[t·chunks/T, (t+1)·chunks/T)`` and a fixed slice of the
 caller's scratch, so every output and every weight-gradient sum is computed by one thread in one
 fixed order: the same bits on every call with the same thread count.
