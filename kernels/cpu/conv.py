@@ -20,7 +20,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
-  the image already *is* its column matrix.
+  the image already *is* its column matrix. Its weight gradient on planes of ≥ 64 pixels is one
+  β = 1 GEMM per image straight into dw (v12, ``_pointwise_weight_in_place``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
