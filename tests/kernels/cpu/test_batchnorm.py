@@ -7,7 +7,7 @@ from kernels.reference import batchnorm as reference
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-SHAPES = [(1, 3, 5, 5), (4, 2, 3, 7), (8, 5, 1, 1), (2, 16, 8, 8)]
+SHAPES = [(1, 3, 5, 5), (4, 2, 3, 7), (8, 5, 1, 1), (2, 16, 8, 8), (3, 4, 17, 19)]  # 17·19: vector body + tail
 
 
 def inputs(rng, shape):
@@ -90,6 +90,42 @@ def test_batchnorm_is_deterministic_for_any_thread_count(rng):
         numba.set_num_threads(threads)
     for a, b, c in zip(first, second, single):
         assert a.tobytes() == b.tobytes() == c.tobytes()
+
+
+def misaligned(a: np.ndarray, floats: int) -> np.ndarray:
+    """A copy of ``a`` starting ``floats`` float32s past a 64-byte boundary."""
+    buffer = np.empty(a.size + 16, np.float32)
+    start = (-(buffer.ctypes.data // 4)) % 16 + floats
+    view = buffer[start : start + a.size].reshape(a.shape)
+    view[...] = a
+    assert view.ctypes.data % 64 == 4 * floats
+    return view
+
+
+@pytest.mark.parametrize("floats", [1, 3, 8])
+def test_batchnorm_bits_do_not_depend_on_the_arrays_alignment(floats, rng):
+    """The channel sums are split into vector lanes (``reassoc``); the split must depend on the plane's
+    length only, never on where the arrays start (offload moves them): same bits at any offset."""
+    x, gamma, beta, running_mean, running_var, dout = inputs(rng, (8, 4, 13, 11))
+    aligned = train_step(batchnorm, misaligned(x, 0), gamma, beta, running_mean.copy(), running_var.copy(),
+                         misaligned(dout, 0))  # fmt: skip
+    shifted = train_step(batchnorm, misaligned(x, floats), gamma, beta, running_mean.copy(), running_var.copy(),
+                         misaligned(dout, floats))  # fmt: skip
+    for a, b in zip(aligned, shifted):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_batchnorm_statistics_are_accurate_on_large_offset_channels(rng):
+    """Mean 1000, spread 1 over 32·1024 values a channel: the float64 two-pass statistics keep the
+    variance (E[x²] − E[x]² in float32 would lose it) and agree with NumPy's float64 figures."""
+    x = (1000 + rng.standard_normal((32, 3, 32, 32))).astype(np.float32)
+    C = x.shape[1]
+    out, mean, invstd = np.empty_like(x), np.empty(C, np.float32), np.empty(C, np.float32)
+    ones, zeros = np.ones(C, np.float32), np.zeros(C, np.float32)
+    batchnorm.batchnorm_forward_train(x, ones, zeros, zeros.copy(), ones.copy(), out, mean, invstd, 0.1, 1e-5)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(axis=(0, 2, 3)), rtol=1e-7)
+    np.testing.assert_allclose(invstd, 1 / np.sqrt(x64.var(axis=(0, 2, 3)) + 1e-5), rtol=1e-6)
 
 
 def test_batchnorm_refuses_one_value_per_channel():

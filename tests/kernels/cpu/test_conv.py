@@ -21,12 +21,12 @@ SHAPES = [
     (1, 3, 5, 5, 4, 3, 1, 1, 1),
     (37, 8, 4, 4, 8, 3, 1, 1, 1),
     (40, 6, 2, 2, 4, 1, 1, 0, 2),
-    (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: two channel chunks, checked runs at the ends, four-image runs
-    (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), two chunks, four-image runs
+    (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: several channel chunks, checked runs at the ends, four-image runs
+    (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), several chunks, four-image runs
     (3, 2, 7, 3, 3, 5, 1, 2, 1),  # 5×5 "same" on a plane narrower than the kernel: flat im2col rows, two zeroed columns
     (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3×3 shifted GEMMs: stacked tiles (separator rows), a thread with a partial tile
     (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 3×3 shifted GEMMs: one-image tiles written straight into out / read from dout
-    (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, three chunks
+    (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, several chunks
     (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
     (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
@@ -252,6 +252,38 @@ def test_pointwise_on_4x4_planes_keeps_its_tiles():
     assert cpu.gemm_tile_images((32, 960, 4, 4), (320, 960, 1, 1), 1, 0, 1, "data", 2, 256) > 1
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "in_place"), [
+    ((32, 144, 16, 16), (32, 144, 1, 1), True),  # 16x16: tiles of 4 images before v12
+    ((32, 384, 8, 8), (64, 384, 1, 1), True),
+    ((32, 24, 32, 32), (144, 24, 1, 1), True),  # one-image tiles already: beta = 1 instead of a partial add
+    ((32, 960, 4, 4), (160, 960, 1, 1), False),  # 4x4: 16-deep GEMMs per image lost, tiles stay
+    ((32, 64, 32, 32), (128, 64, 1, 1), False),  # stride 2 (the call passes stride 2): im2col tiles
+])
+def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(x_shape, w_shape, in_place):
+    """v12: the 1x1 stride-1 weight gradient on planes of >= 64 pixels is one beta = 1 GEMM per image,
+    with no column tile and no dw-sized partial per thread (the scratch shows it)."""
+    stride = 2 if x_shape[1] == 64 else 1
+    args = (x_shape, w_shape, stride, 0, 1)
+    if in_place:
+        assert cpu.gemm_tile_images(*args, "weight", 2, 1024, weight_in_place=True) == 1
+    new = cpu.workspace_size(*args, "weight")
+    old = cpu.workspace_size(*args, "weight", conv_study.V11_PATHS)
+    extra_threads_slots = (cpu.get_num_threads() - 1) * int(np.prod(w_shape))
+    if in_place:
+        assert new == extra_threads_slots < old
+    else:
+        assert new == old
+
+
+def test_pointwise_weight_in_place_is_reached_by_the_tested_shapes():
+    """The reference tests reach v12's in-place weight gradient through SHAPES[16] and [17] (8x8 1x1)."""
+    for index in (16, 17):
+        n, c, h, wd, k, r, stride, pad, groups = SHAPES[index]
+        args = ((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", 1, 1024)
+        assert cpu.gemm_tile_images(*args, weight_in_place=True) == 1
+        assert cpu.gemm_tile_images(*args) > 1
+
+
 def test_winograd_runs_on_the_tested_shape_in_every_direction():
     # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
@@ -337,3 +369,59 @@ def test_shifted_path_runs_on_the_tested_shapes():
     for i in (19, 20):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "shifted"
+
+
+DEPTHWISE_SHAPES = [  # flat depthwise shapes of more than one chunk at 1024 floats a chunk
+    s for s in SHAPES if s[8] > 1 and s[8] == s[1] == s[4] and s[5] == 3 and s[7] == 1 and s[1] * s[2] * s[3] > 1024
+]
+
+
+@pytest.mark.parametrize("elements", [256, 1024])
+@pytest.mark.parametrize("shape", DEPTHWISE_SHAPES, ids=["x".join(map(str, s)) for s in DEPTHWISE_SHAPES])
+def test_depthwise_flat_matches_reference_at_every_chunk_size_the_rule_picks(shape, elements, monkeypatch):
+    """The chunk size follows the machine's L1 (``conv_depthwise.chunk_elements``): each size it can
+    pick must give the reference's results, chunk borders included."""
+    from kernels.cpu import conv_depthwise
+
+    monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", elements)
+    x, w, b, dout, args = _case(shape)
+    assert cpu.path(x.shape, w.shape, args[0], args[1], args[2], "forward") == "depthwise-flat"
+    assert conv_depthwise.channels_per_chunk(x.shape) < x.shape[1]  # several chunks
+    out, dx, dw, db = _run_cpu(x, w, b, dout, args)
+    expected = [np.empty_like(a) for a in (out, dx, dw, db)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    for got, want in zip((out, dx, dw, db), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_chunk_follows_the_l1_data_cache(tmp_path):
+    """512 floats a chunk on a 32 KiB L1d (nine position-weights of 1024 would not fit), 1024 from
+    48 KiB, read from sysfs, and the 32 KiB answer where the OS says nothing."""
+    from kernels.cpu import conv_depthwise as dwc
+
+    assert [dwc.chunk_elements(k * 1024) for k in (16, 32, 48, 64, 1024)] == [256, 512, 1024, 1024, 1024]
+    caches = [("1", "Instruction", "64K"), ("1", "Data", "48K"), ("2", "Unified", "1024K")]
+    for index, (level, kind, size) in enumerate(caches):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(value + "\n")
+    assert dwc.l1d_bytes(str(tmp_path)) == 48 * 1024
+    assert dwc.l1d_bytes(str(tmp_path / "missing")) == dwc.L1D_FALLBACK_BYTES == 32 * 1024
+    assert dwc.CHUNK_ELEMENTS == dwc.chunk_elements(dwc.l1d_bytes())
+
+
+def test_add_partials_adds_slot_after_slot_in_order_within_its_range():
+    """The weight gradients' per-thread partials: total + slot 0 + slot 1 + ... in that order (the
+    same bits as NumPy's adds in that order), only inside [lo, hi)."""
+    rng = np.random.default_rng(3)
+    total = rng.standard_normal(1001).astype(np.float32)
+    partials = (rng.standard_normal(3 * 1001) * 1e3).astype(np.float32)
+    got = total.copy()
+    cpu.add_partials(got, partials, 3, 7, 990)
+    expected = total.copy()
+    for t in range(3):
+        expected[7:990] = expected[7:990] + partials[t * 1001 + 7 : t * 1001 + 990]
+    assert got.tobytes() == expected.tobytes()
