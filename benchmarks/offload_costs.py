@@ -13,8 +13,9 @@ saved tensors. It first prints the bytes the N=4 plan writes per step by *role* 
 Configurations (all N=4 except ``none``, which always runs):
 
 * ``n4``: the scheduler as it is.
-* ``keep:ROLE``: the units of that role never written (the plan keeps them resident, so the arena
-  grows): the most that removing their IO could buy, an upper bound for any recompute of them.
+* ``keep:ROLE``: the units of that role (in ``--blocks``, if given) never written (the plan keeps
+  them resident, so the arena grows): the most that removing their IO could buy, an upper bound for
+  any recompute of them.
 * ``recompute:expand-bn``: ``keep:expand-bn`` plus the work a recompute would do, where it would do
   it: before the backward of the depthwise conv that reads the expand ReLU6's output, the expand 1×1
   conv's forward (on a tensor of the block input's shape) and a batch-norm pass over its output. Its
@@ -77,11 +78,13 @@ def role(graph: Any, index: int) -> str:
 
 _KEEP: list[str | None] = [None]  # the role whose units the patched plan keeps (set while a plan is built)
 _ROLES: dict[str, str] = {}  # unit name -> role
+_BLOCKS: list[str | None] = [None]  # --blocks: keep (and recompute) only in these blocks
 _plain_occupations = plan_module.occupations_for
 
 
 def _occupations(unit: Any, window: int, needed_from: int | None = None) -> Any:
-    if _KEEP[0] and unit.backward_start is not None and _ROLES.get(unit.name) == _KEEP[0]:
+    if (_KEEP[0] and unit.backward_start is not None and _ROLES.get(unit.name) == _KEEP[0]
+            and (_BLOCKS[0] is None or re.search(rf"\.({_BLOCKS[0]})\.", unit.name))):
         return (plan_module.Occupation(unit.key, 0, unit.created, unit.backward_end),), False
     return _plain_occupations(unit, window, needed_from)
 
@@ -178,7 +181,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--configs", default="n4,keep:expand-bn,recompute:expand-bn,verify-off,eager")
-    parser.add_argument("--blocks", default=None, help="recompute:expand-bn only in these blocks (regex on the index)")
+    parser.add_argument("--blocks", default=None,
+                        help="keep: and recompute: only in these blocks (a regex on the block index, e.g. '2|3|4')")
     parser.add_argument("--layers", action="store_true", help="also time each layer and the scheduler's hooks")
     args = parser.parse_args()
 
@@ -196,6 +200,7 @@ def main() -> None:
     y = rng.integers(0, 10, batch).astype(np.int64)
     roles = {node.name: role(graph, node.index) for node in graph.nodes}
     _ROLES.update(roles)
+    _BLOCKS[0] = args.blocks
 
     runs: list[dict[str, Any]] = []
     for config in ["none", *args.configs.split(",")]:

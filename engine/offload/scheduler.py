@@ -54,6 +54,21 @@ out of the caches (the kernels slow down by about 12%).
   switches;
 - the interpreter, ~20 ms. Most of that was ``np.prod`` in the plan's byte counts, now cached
   (``plan.TensorSpec.nbytes``).
+Measured again on fccf69d with ``benchmarks/offload_costs.py --layers`` (same machine, under the
+CPU lock, batch 32): step 370 -> 467 ms (1.26x); the layers 375 -> 420 ms; the scheduler's hooks
+40.5 ms on the executor: before_backward 31.8 (rebuilds 13.3, stall 14.8 in that run, 4-15 over
+runs), create 4.4, after_forward 2.4, after_backward 1.6. The saver's CPU 73 µs and the loader's
+89 µs per MiB (15 and 18 ms per step); ``--offload-verify off`` takes both to ~40 µs per MiB and the
+step to 1.19x (batch 128: 1.13 -> 1.10x), so XXH3 over bytes that are no longer in cache is about
+half of the IO threads' CPU. What would not pay, measured before building it (same runs):
+- recomputing the expand batch norms' outputs from the block input (``plan.recompute_candidates``);
+- saving a unit right after its creator's forward, while its bytes are in cache, not after its
+  last forward reader: the saver's CPU per MiB did not move (62-69 -> 66-71 µs, two runs);
+- starting every load as soon as its planned bytes are free (``eager`` in offload_costs.py): the
+  stall falls (batch 32 9-15 -> 2-5 ms, batch 128 17-21 -> 2-6 ms) and batch 128 gains 10-47 ms
+  in 5 of 5 runs, but batch 32 loses 22-28 ms in 2 of 2 (the loads then compete with the saves and
+  the forward's kernels; starting them at the backward's first step instead: -14 and +18 ms), so
+  the loader still starts N steps ahead.
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
