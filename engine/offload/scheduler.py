@@ -28,12 +28,21 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
-With ``"auto"`` the loader also predicts each unit's load time from the read bandwidth it measured
-(bytes read / loader busy time, averaged over steps) and the unit's bytes, and starts the load that
-many timeline steps ahead (timed by the executor in the previous step), N at least (Capuchin's
-feedback: a load still in flight when needed moves earlier). Loading earlier than the plan's window
-is safe: a load waits until every earlier occupant of its bytes has left (``_room_free``); it only
-holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
+With a fixed N as with ``"auto"`` (``predict_leads``, on by default) the loader predicts each unit's
+load time from the read bandwidth it measured (bytes read / loader busy time, averaged over steps)
+and the unit's bytes, and starts the load that many timeline steps ahead (timed by the executor in
+the previous step), N at least (Capuchin's feedback: a load still in flight when needed moves
+earlier); with ``"auto"`` no further than the largest useful window, with a fixed N no further back
+than the length of the backward. Loading earlier than the plan's window is safe: a load waits until
+every earlier occupant of its bytes has left (``_room_free``), so the resident bytes stay inside the
+plan's arena; it only holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
+Why for a fixed N too (it was ``auto``'s only): the loads of MobileNetV2's 12-18 MiB units arrive
+late at N=4 (``/tmp``'s disk reads ~0.9 GiB/s here while the backward runs). Steps alternating in
+one process (no offload, N=4 as before, N=4 predicting), two runs each, under the CPU lock: stall
+per step at batch 32 8.0 -> 5.5 and 13.7 -> 2.9 ms, step 1.204 -> 1.206x and 1.319 -> 1.309x; at
+batch 128 13.0 -> 5.1 and 15.3 -> 4.7 ms, 1.116 -> 1.109x and 1.167 -> 1.162x; the resident peak
+of saved tensors unchanged (63 / 57 and 228 MiB). Loading everything as soon as its bytes are free
+(no prediction) stalled less still but cost batch 32 22-28 ms per step (below).
 
 Where the time goes (AMD EPYC Zen 4, 2 cores, MobileNetV2 batch 32, N=4, offload on and off
 alternating their steps in one process as ``engine bench`` does). Each layer was timed with a pair
@@ -68,7 +77,7 @@ half of the IO threads' CPU. What would not pay, measured before building it (sa
   stall falls (batch 32 9-15 -> 2-5 ms, batch 128 17-21 -> 2-6 ms) and batch 128 gains 10-47 ms
   in 5 of 5 runs, but batch 32 loses 22-28 ms in 2 of 2 (the loads then compete with the saves and
   the forward's kernels; starting them at the backward's first step instead: -14 and +18 ms), so
-  the loader still starts N steps ahead.
+  the loader starts a load only as early as its predicted load time needs (``predict_leads``).
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
@@ -256,6 +265,7 @@ class OffloadScheduler:
         sample_page_cache: bool = False,
         verify: str = "full",
         recompute: bool = True,
+        predict_leads: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -265,6 +275,7 @@ class OffloadScheduler:
             raise ValueError("offload needs a window (--offload-n N|auto) or a byte budget (--offload-budget)")
         self.backend = backend
         self.adaptive = window == "auto"
+        self.predict_leads = bool(predict_leads)  # start a load as early as its predicted time needs (docstring)
         self.requested_window = window
         self.budget_bytes = budget_bytes
         self.directory = directory
@@ -701,6 +712,7 @@ class OffloadScheduler:
                  format_bytes(stats.bytes_written), format_bytes(stats.bytes_read))
         if self.adaptive:
             self._adapt(stats)
+        if self.predict_leads:
             self._predict_leads(stats)
 
     def _predict_leads(self, stats: StepStats) -> None:
@@ -716,7 +728,7 @@ class OffloadScheduler:
         if self._bandwidth is None or self._batch_size is None:
             return
         plan = self.plan_for(self._batch_size)
-        ceiling = max(self.window, self.max_window or self.window)
+        ceiling = max(self.window, self.max_window or self.window) if self.adaptive else self._steps // 2
         leads = {}
         for unit in plan.load_order:
             needed = unit.nbytes / self._bandwidth
@@ -775,7 +787,7 @@ class OffloadScheduler:
 
     def _advance(self, step: int) -> None:
         now = time.perf_counter()
-        if self.adaptive and self._t >= 0:
+        if self.predict_leads and self._t >= 0:
             self._step_times[self._t] = now - self._last_advance
         self._last_advance = now
         with self._cond:
