@@ -42,7 +42,11 @@ one process (no offload, N=4 as before, N=4 predicting), two runs each, under th
 per step at batch 32 8.0 -> 5.5 and 13.7 -> 2.9 ms, step 1.204 -> 1.206x and 1.319 -> 1.309x; at
 batch 128 13.0 -> 5.1 and 15.3 -> 4.7 ms, 1.116 -> 1.109x and 1.167 -> 1.162x; the resident peak
 of saved tensors unchanged (63 / 57 and 228 MiB). Loading everything as soon as its bytes are free
-(no prediction) stalled less still but cost batch 32 22-28 ms per step (below).
+(no prediction) stalled less still but cost batch 32 22-28 ms per step (below). ``engine bench
+--model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, fccf69d and this code alternating,
+two runs each: MobileNetV2 b32 1.190 / 1.189 -> 1.185 / 1.223x (stall 4.8 / 10.0 -> 3.2 / 8.9 ms),
+b128 1.193 / 1.178 -> 1.149 / 1.159x (stall 24.0 / 20.1 -> 13.3 / 6.9 ms); ResNet-18 b32 1.113 /
+1.004 -> 1.085 / 1.020x, b128 1.034 / 1.047 -> 0.989 / 1.028x (its loads were on time already).
 
 Where the time goes (AMD EPYC Zen 4, 2 cores, MobileNetV2 batch 32, N=4, offload on and off
 alternating their steps in one process as ``engine bench`` does). Each layer was timed with a pair
@@ -69,7 +73,12 @@ CPU lock, batch 32): step 370 -> 467 ms (1.26x); the layers 375 -> 420 ms; the s
 runs), create 4.4, after_forward 2.4, after_backward 1.6. The saver's CPU 73 µs and the loader's
 89 µs per MiB (15 and 18 ms per step); ``--offload-verify off`` takes both to ~40 µs per MiB and the
 step to 1.19x (batch 128: 1.13 -> 1.10x), so XXH3 over bytes that are no longer in cache is about
-half of the IO threads' CPU. What would not pay, measured before building it (same runs):
+half of the IO threads' CPU. The conv kernels' share on their pool thread
+(``kernels.cpu.threads.run_shares``) comes back later while the IO threads run: the executor's
+``future.result()`` waits took 8.8 ms per step without offload and 17.8 with (cProfile, 5 steps), the
+"core taken from a kernel split evenly" above; shares handed out dynamically (more, smaller shares
+taken by whichever thread is free) would address that, in the kernels, not here. What would not pay,
+measured before building it (same runs):
 - recomputing the expand batch norms' outputs from the block input (``plan.recompute_candidates``);
 - saving a unit right after its creator's forward, while its bytes are in cache, not after its
   last forward reader: the saver's CPU per MiB did not move (62-69 -> 66-71 µs, two runs);
