@@ -517,6 +517,20 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     one or two elementwise passes over bytes in memory anyway, with the same bits. Capuchin decides
     per tensor between swap and recompute by their costs; here the choice is structural, because a
     ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
+
+    Why no convolution is recomputed (Capuchin's other choice, measured before building it): in
+    MobileNetV2 at N=4 the plan writes 206 MiB per step at batch 32, 47% of it the expand batch
+    norms' outputs (97 MiB), 39% the depthwise ones' (80 MiB). Rebuilding an expand output means the
+    1×1 conv's forward from the block input plus a batch-norm pass. ``benchmarks/offload_costs.py``
+    (AMD EPYC, 2 cores, steps of all configurations alternating in one process, under the CPU lock)
+    measured that work at its place in the backward: 33 ms per step at batch 32 and 139 ms at batch
+    128, against an IO-removal upper bound (those units kept resident, nothing written) of 24-36 ms
+    and 87 ms. Step with offload / without: batch 32 1.260x as is, 1.164x kept, 1.289x with the
+    recompute's work; batch 128 1.130x, 1.072x, 1.175x. Only blocks 2-4 (the cheapest per byte:
+    16-24 input channels, 48 MiB): 10.6-10.8 ms of work, and two runs within their noise (+31 and
+    -13 ms against N=4). On two cores that the kernels keep busy the conv costs what the IO it saves
+    costs, so the choice stays structural: ReLU and Add outputs only. The depthwise outputs would
+    need the depthwise conv (18-20 ms per step at batch 32) for at most 18-26 ms.
     """
     nodes = program.graph.nodes
     saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}

@@ -28,12 +28,25 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
-With ``"auto"`` the loader also predicts each unit's load time from the read bandwidth it measured
-(bytes read / loader busy time, averaged over steps) and the unit's bytes, and starts the load that
-many timeline steps ahead (timed by the executor in the previous step), N at least (Capuchin's
-feedback: a load still in flight when needed moves earlier). Loading earlier than the plan's window
-is safe: a load waits until every earlier occupant of its bytes has left (``_room_free``); it only
-holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
+With a fixed N as with ``"auto"`` (``predict_leads``, on by default) the loader predicts each unit's
+load time from the read bandwidth it measured (bytes read / loader busy time, averaged over steps)
+and the unit's bytes, and starts the load that many timeline steps ahead (timed by the executor in
+the previous step), N at least (Capuchin's feedback: a load still in flight when needed moves
+earlier); with ``"auto"`` no further than the largest useful window, with a fixed N no further back
+than the length of the backward. Loading earlier than the plan's window is safe: a load waits until
+every earlier occupant of its bytes has left (``_room_free``), so the resident bytes stay inside the
+plan's arena; it only holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
+Why for a fixed N too (it was ``auto``'s only): the loads of MobileNetV2's 12-18 MiB units arrive
+late at N=4 (``/tmp``'s disk reads ~0.9 GiB/s here while the backward runs). Steps alternating in
+one process (no offload, N=4 as before, N=4 predicting), two runs each, under the CPU lock: stall
+per step at batch 32 8.0 -> 5.5 and 13.7 -> 2.9 ms, step 1.204 -> 1.206x and 1.319 -> 1.309x; at
+batch 128 13.0 -> 5.1 and 15.3 -> 4.7 ms, 1.116 -> 1.109x and 1.167 -> 1.162x; the resident peak
+of saved tensors unchanged (63 / 57 and 228 MiB). Loading everything as soon as its bytes are free
+(no prediction) stalled less still but cost batch 32 22-28 ms per step (below). ``engine bench
+--model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, fccf69d and this code alternating,
+two runs each: MobileNetV2 b32 1.190 / 1.189 -> 1.185 / 1.223x (stall 4.8 / 10.0 -> 3.2 / 8.9 ms),
+b128 1.193 / 1.178 -> 1.149 / 1.159x (stall 24.0 / 20.1 -> 13.3 / 6.9 ms); ResNet-18 b32 1.113 /
+1.004 -> 1.085 / 1.020x, b128 1.034 / 1.047 -> 0.989 / 1.028x (its loads were on time already).
 
 Where the time goes (AMD EPYC Zen 4, 2 cores, MobileNetV2 batch 32, N=4, offload on and off
 alternating their steps in one process as ``engine bench`` does). Each layer was timed with a pair
@@ -54,6 +67,26 @@ out of the caches (the kernels slow down by about 12%).
   switches;
 - the interpreter, ~20 ms. Most of that was ``np.prod`` in the plan's byte counts, now cached
   (``plan.TensorSpec.nbytes``).
+Measured again on fccf69d with ``benchmarks/offload_costs.py --layers`` (same machine, under the
+CPU lock, batch 32): step 370 -> 467 ms (1.26x); the layers 375 -> 420 ms; the scheduler's hooks
+40.5 ms on the executor: before_backward 31.8 (rebuilds 13.3, stall 14.8 in that run, 4-15 over
+runs), create 4.4, after_forward 2.4, after_backward 1.6. The saver's CPU 73 µs and the loader's
+89 µs per MiB (15 and 18 ms per step); ``--offload-verify off`` takes both to ~40 µs per MiB and the
+step to 1.19x (batch 128: 1.13 -> 1.10x), so XXH3 over bytes that are no longer in cache is about
+half of the IO threads' CPU. The conv kernels' share on their pool thread
+(``kernels.cpu.threads.run_shares``) comes back later while the IO threads run: the executor's
+``future.result()`` waits took 8.8 ms per step without offload and 17.8 with (cProfile, 5 steps), the
+"core taken from a kernel split evenly" above; shares handed out dynamically (more, smaller shares
+taken by whichever thread is free) would address that, in the kernels, not here. What would not pay,
+measured before building it (same runs):
+- recomputing the expand batch norms' outputs from the block input (``plan.recompute_candidates``);
+- saving a unit right after its creator's forward, while its bytes are in cache, not after its
+  last forward reader: the saver's CPU per MiB did not move (62-69 -> 66-71 µs, two runs);
+- starting every load as soon as its planned bytes are free (``eager`` in offload_costs.py): the
+  stall falls (batch 32 9-15 -> 2-5 ms, batch 128 17-21 -> 2-6 ms) and batch 128 gains 10-47 ms
+  in 5 of 5 runs, but batch 32 loses 22-28 ms in 2 of 2 (the loads then compete with the saves and
+  the forward's kernels; starting them at the backward's first step instead: -14 and +18 ms), so
+  the loader starts a load only as early as its predicted load time needs (``predict_leads``).
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
@@ -210,8 +243,6 @@ class _Unit:
     vacated_event: list[Any] = field(default_factory=lambda: [None, None])
     created: int = 0  # tensors created so far this step
     event: Any = None  # device event: data complete (after forward) or loaded (before backward)
-    saved: bool = False  # written this step while forwards still read it (saved early): SWAPPED at forward_end
-    readers_done: bool = False  # the executor passed the unit's last forward reader
 
     @property
     def spec(self) -> UnitSpec:
@@ -243,7 +274,7 @@ class OffloadScheduler:
         sample_page_cache: bool = False,
         verify: str = "full",
         recompute: bool = True,
-        early_save: bool = True,
+        predict_leads: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -253,6 +284,7 @@ class OffloadScheduler:
             raise ValueError("offload needs a window (--offload-n N|auto) or a byte budget (--offload-budget)")
         self.backend = backend
         self.adaptive = window == "auto"
+        self.predict_leads = bool(predict_leads)  # start a load as early as its predicted time needs (docstring)
         self.requested_window = window
         self.budget_bytes = budget_bytes
         self.directory = directory
@@ -262,8 +294,6 @@ class OffloadScheduler:
         self.sample_page_cache = sample_page_cache
         self.verify = verify
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
-        self.early_save = early_save  # save a unit after its creator's forward, not after its last forward reader
-        self._by_created: dict[int, list[_Unit]] = {}
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
@@ -495,12 +525,9 @@ class OffloadScheduler:
                 region = self._regions[key] = UnitRegion(unit_plan.spec.label)
             self._units[key] = _Unit(unit_plan, region)
         self._by_forward_end = {}
-        self._by_created = {}
         self._by_backward_end = {}
         for unit in self._units.values():
             self._by_forward_end.setdefault(unit.spec.forward_end, []).append(unit)
-            if unit.plan.offloaded and self.early_save and unit.spec.forward_end > unit.spec.created:
-                self._by_created.setdefault(unit.spec.created, []).append(unit)
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
         self._load_order = [self._units[u.key] for u in plan.load_order]
@@ -595,24 +622,10 @@ class OffloadScheduler:
     def after_forward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
-        for unit in self._by_created.get(step, ()):  # its bytes are final: save now, while they are in cache
-            if unit.state is LayerState.READY_FOR_EXEC:
-                unit.event = self._transfer.ready_event()
-                with self._cond:
-                    self._set_state(unit, LayerState.WAIT_FOR_OFF)  # being saved; later forwards still read it
-                    self._saves_pending += 1
-                self._save_queue.put((self._generation, unit))
         for unit in self._by_forward_end.get(step, ()):
-            if unit.state is LayerState.WAIT_FOR_OFF:  # saved early: its last forward reader is done
-                with self._cond:
-                    unit.readers_done = True
-                    if unit.saved:
-                        self._swapped(unit)
-                continue
             if unit.state is not LayerState.READY_FOR_EXEC:
                 continue
             if unit.plan.offloaded:
-                unit.readers_done = True
                 unit.event = self._transfer.ready_event()
                 with self._cond:
                     self._set_state(unit, LayerState.WAIT_FOR_OFF)
@@ -708,6 +721,7 @@ class OffloadScheduler:
                  format_bytes(stats.bytes_written), format_bytes(stats.bytes_read))
         if self.adaptive:
             self._adapt(stats)
+        if self.predict_leads:
             self._predict_leads(stats)
 
     def _predict_leads(self, stats: StepStats) -> None:
@@ -723,7 +737,7 @@ class OffloadScheduler:
         if self._bandwidth is None or self._batch_size is None:
             return
         plan = self.plan_for(self._batch_size)
-        ceiling = max(self.window, self.max_window or self.window)
+        ceiling = max(self.window, self.max_window or self.window) if self.adaptive else self._steps // 2
         leads = {}
         for unit in plan.load_order:
             needed = unit.nbytes / self._bandwidth
@@ -782,7 +796,7 @@ class OffloadScheduler:
 
     def _advance(self, step: int) -> None:
         now = time.perf_counter()
-        if self.adaptive and self._t >= 0:
+        if self.predict_leads and self._t >= 0:
             self._step_times[self._t] = now - self._last_advance
         self._last_advance = now
         with self._cond:
@@ -796,12 +810,6 @@ class OffloadScheduler:
             unit.vacated_event[occupation] = event
             unit.vacated[occupation] = True
             self._wake()
-
-    def _swapped(self, unit: _Unit) -> None:
-        """The unit is on disk and no forward reads it any more: its bytes are free (caller holds the condition)."""
-        unit.region.close()
-        self._set_state(unit, LayerState.SWAPPED)
-        unit.vacated[0] = True
 
     def _room_free(self, unit: _Unit, occupation: int) -> bool:
         for key, index in self._plan.predecessors[(unit.spec.key, occupation)]:
@@ -914,9 +922,9 @@ class OffloadScheduler:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
                         if generation == self._generation:
-                            unit.saved = True
-                            if unit.readers_done:  # else the executor swaps it after its last forward reader
-                                self._swapped(unit)
+                            unit.region.close()
+                            self._set_state(unit, LayerState.SWAPPED)
+                            unit.vacated[0] = True
             except BaseException as exc:  # handed to the executor at its next wait
                 with self._cond:
                     self._error = exc
