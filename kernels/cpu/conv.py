@@ -443,14 +443,14 @@ def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
                         dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
     """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
     for row in range(cols.shape[0]):
         im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
     for job in range(channels * images):
         col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
