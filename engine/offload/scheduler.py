@@ -28,7 +28,7 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
-With a fixed N as with ``"auto"`` (``predict_leads``, on by default) the loader predicts each unit's
+With ``"auto"`` (``predict_leads``; a fixed N keeps exactly its window unless asked) the loader predicts each unit's
 load time from the read bandwidth it measured (bytes read / loader busy time, averaged over steps)
 and the unit's bytes, and starts the load that many timeline steps ahead (timed by the executor in
 the previous step), N at least (Capuchin's feedback: a load still in flight when needed moves
@@ -36,7 +36,10 @@ earlier); with ``"auto"`` no further than the largest useful window, with a fixe
 than the length of the backward. Loading earlier than the plan's window is safe: a load waits until
 every earlier occupant of its bytes has left (``_room_free``), so the resident bytes stay inside the
 plan's arena; it only holds memory sooner. ``StepStats.lead_steps`` reports the longest lead used.
-Why for a fixed N too (it was ``auto``'s only): the loads of MobileNetV2's 12-18 MiB units arrive
+Why not for a fixed N by default: DESIGN.md promises a fixed window of N layers (plus one loading
+and one saving, N+2 at most), and a prediction can start more loads than that; the bytes would stay
+inside the arena, but the user asked for N. What it would buy, measured (``predict_leads=True``
+with a fixed N): the loads of MobileNetV2's 12-18 MiB units arrive
 late at N=4 (``/tmp``'s disk reads ~0.9 GiB/s here while the backward runs). Steps alternating in
 one process (no offload, N=4 as before, N=4 predicting), two runs each, under the CPU lock: stall
 per step at batch 32 8.0 -> 5.5 and 13.7 -> 2.9 ms, step 1.204 -> 1.206x and 1.319 -> 1.309x; at
@@ -274,7 +277,7 @@ class OffloadScheduler:
         sample_page_cache: bool = False,
         verify: str = "full",
         recompute: bool = True,
-        predict_leads: bool = True,
+        predict_leads: bool | None = None,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -284,7 +287,8 @@ class OffloadScheduler:
             raise ValueError("offload needs a window (--offload-n N|auto) or a byte budget (--offload-budget)")
         self.backend = backend
         self.adaptive = window == "auto"
-        self.predict_leads = bool(predict_leads)  # start a load as early as its predicted time needs (docstring)
+        # start a load as early as its predicted time needs (docstring): auto's, a fixed N's only if asked
+        self.predict_leads = self.adaptive if predict_leads is None else bool(predict_leads)
         self.requested_window = window
         self.budget_bytes = budget_bytes
         self.directory = directory

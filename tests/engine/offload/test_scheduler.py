@@ -138,23 +138,24 @@ def test_auto_predicts_load_times_and_starts_loads_that_far_ahead(cpu, tmp_path)
     assert_bounded(stats)
 
 
-def test_a_fixed_window_also_starts_slow_loads_earlier_than_n(cpu, tmp_path):
-    """With a fixed N the loader predicts load times too (Capuchin's feedback): on a slow disk some load
-    starts more than N steps ahead, the window itself stays N, memory stays in the plan's arena and the
-    weights keep their bits; with ``predict_leads=False`` every load starts exactly N steps ahead."""
+def test_a_fixed_window_predicts_load_times_only_when_asked(cpu, tmp_path):
+    """With a fixed N and ``predict_leads=True`` the loader predicts load times (Capuchin's feedback): on
+    a slow disk some load starts more than N steps ahead, the window itself stays N, memory stays in the
+    plan's arena and the weights keep their bits; by default (DESIGN.md's N+2 at most) every load starts
+    exactly N steps ahead."""
     def slow(operation, nbytes):
         if operation == "read":
             time.sleep(0.02 + nbytes / 20e6)
 
     reference, _, _ = train(cpu, "mlp", None, 4, 2, MLP, tmp_path, (3, 8, 8))
-    weights, stats, scheduler = train(cpu, "mlp", 1, 4, 2, MLP, tmp_path, (3, 8, 8), delay=slow)
+    weights, stats, scheduler = train(cpu, "mlp", 1, 4, 2, MLP, tmp_path, (3, 8, 8), delay=slow, predict_leads=True)
     for key in reference:
         assert np.array_equal(reference[key], weights[key]), key
     assert [s.window for s in stats] == [1, 1, 1, 1]
     assert stats[0].lead_steps == 1  # nothing measured yet
     assert any(s.lead_steps > 1 for s in stats[1:])
     assert_bounded(stats)
-    _, plain, _ = train(cpu, "mlp", 1, 4, 2, MLP, tmp_path, (3, 8, 8), delay=slow, predict_leads=False)
+    _, plain, _ = train(cpu, "mlp", 1, 4, 2, MLP, tmp_path, (3, 8, 8), delay=slow)
     assert [s.lead_steps for s in plain] == [1, 1, 1, 1]
     assert sum(s.stall_s for s in stats[1:]) < sum(s.stall_s for s in plain[1:])
 
