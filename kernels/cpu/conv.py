@@ -11,9 +11,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
 
 - **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones), forward and
   backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on planes of ≤ 16×16
-  (``WINOGRAD_MAX_PIXELS``): cache-blocked Winograd
+  (``WINOGRAD_MAX_PIXELS``; ≤ 32×32 when the sgemm is OpenBLAS, v12: ``winograd_max_pixels``):
+  cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
-  gradient too. Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  gradient too (≤ 16×16). Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
   channels (the stems), which stays on im2col.
@@ -45,7 +46,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import conv_depthwise, conv_shifted, conv_winograd
+from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd
 from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
@@ -96,6 +97,18 @@ Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 12
 gained more from MKL than the transforms allow Winograd to), so 32×32 and larger planes (not
 measured) keep the shifted GEMMs, as do narrower layers (ResNet's 3-channel stem)."""
 
+WINOGRAD_MAX_PIXELS_OPENBLAS = 1024
+"""v12: forward and backward-data take Winograd up to 32×32 planes when the kernels' sgemm is OpenBLAS
+(``blas.select_sgemm``: ``ENGINE_BLAS=auto`` on AMD, or ``ENGINE_BLAS=openblas``). Whether Winograd
+wins at 32×32 is a question of how fast the shifted path's GEMMs run, i.e. of the BLAS, not of the
+CPU's vendor as such: on the Intel machine of earlier sessions v9 / v10 at 64 @32×32 was 11.41 /
+8.62 ms forward and 11.57 / 8.66 backward-data on OpenBLAS but 7.63 / 7.97 and 8.04 / 8.09 on MKL
+(kernels/README.md). On the AMD EPYC (Zen 4, OpenBLAS), two threads, batch 32, wall ms, median of
+7 rounds of best-of-5, shifted / Winograd / torch alternating (``quiesce`` before each block):
+forward 15.35 / **9.68** / 16.46, backward-data 15.35 / **9.56** / 16.93; the weight gradient
+15.24 / 15.16 / 18.95 (level: it keeps the shifted GEMMs, ``WINOGRAD_MAX_PIXELS``). Larger planes
+were not measured and keep the shifted GEMMs."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -111,6 +124,7 @@ class Paths:
     winograd: bool = True
     winograd_weight: bool = True
     narrow_weight_im2col: bool = True
+    winograd_32x32_openblas: bool = True
 
 
 EXPORTED = Paths()
@@ -153,7 +167,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
+        and x_shape[2] * x_shape[3] <= winograd_max_pixels(direction, paths)
     ):
         return "winograd"
     if (
@@ -164,6 +178,16 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "shifted"
     return "gemm"
+
+
+def winograd_max_pixels(direction: str, paths: Paths = EXPORTED, sgemm: str | None = None) -> int:
+    """The largest plane (pixels) a 3×3 stride-1 conv takes Winograd on: 32×32 for forward and
+    backward-data when the kernels' sgemm (``sgemm``, default the process's) is OpenBLAS
+    (``WINOGRAD_MAX_PIXELS_OPENBLAS``), else 16×16 (``WINOGRAD_MAX_PIXELS``)."""
+    if direction != "weight" and paths.winograd_32x32_openblas:
+        if (sgemm if sgemm is not None else blas.select_sgemm()) == blas.OPENBLAS:
+            return WINOGRAD_MAX_PIXELS_OPENBLAS
+    return WINOGRAD_MAX_PIXELS
 
 
 def gemm_tile_images(

@@ -1,8 +1,8 @@
 """Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
-reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v10`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v10); this module holds the code
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v12`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v12); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -32,7 +32,7 @@ kernels/README.md ("What each step bought").
   the general im2col / col2im, whose per-plane index work (zeroing, bounds, ``+=``) cost more than
   the GEMM on small planes: 960→160 @4×4 backward-data, one thread's 16 images, 1.74 → 0.64 ms
   (col2im alone 1.19 ms beside a 0.58 ms GEMM); two threads 2.05 → 0.84 ms (PyTorch 0.71).
-- v10 ``Winograd`` (exported): v9, but 3×3 stride-1 pad-1 forward and backward-data with ≥ 64
+- v10 ``Winograd``: v9, but 3×3 stride-1 pad-1 forward and backward-data with ≥ 64
   channels in and out on planes ≤ 16×16 run cache-blocked Winograd F(2×2, 3×3) (``conv_winograd.py``): 2.25× fewer
   multiplies, the transformed input of 128 tiles at a time kept in cache. Two threads, batch 32,
   wall ms v9 → v10 (torch): forward 64 @32×32 11.4 → 8.6 (13.6), 128 @16×16 9.9 → 7.9 (7.8),
@@ -40,6 +40,12 @@ kernels/README.md ("What each step bought").
   7.9 (7.9), 11.2 → 7.2 (7.2), 11.6 → 9.9 (6.6), on OpenBLAS. With MKL's sgemm v9 is level at
   32×32 (7.6 vs 8.0 ms), so v10 runs Winograd on planes ≤ 16×16 only. The weight gradient keeps
   v9's paths.
+- v11 ``Winograd weight gradient``: v10, plus the weight gradient by Winograd on planes ≤ 16×16
+  and the stems' weight gradient on im2col (``conv_winograd.backward_weight``, figures there).
+- v12 ``Winograd 32×32 on OpenBLAS`` (exported): v11, but forward and backward-data take Winograd
+  on planes up to 32×32 when the kernels' sgemm is OpenBLAS (``conv.winograd_max_pixels``): 64
+  @32×32, two threads, AMD EPYC, wall ms shifted → Winograd (torch): forward 15.35 → 9.68 (16.46),
+  backward-data 15.35 → 9.56 (16.93). With MKL's sgemm it is v11.
 """
 
 from __future__ import annotations
@@ -49,8 +55,8 @@ from numba import get_num_threads, njit, prange, uint64
 
 from kernels.cpu import conv, conv_shifted
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
@@ -58,7 +64,8 @@ NO_FAST_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False,
 )
-V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False)
+V11_PATHS = conv.Paths(winograd_32x32_openblas=False)
+V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False)
 V9_PATHS = conv.Paths(winograd=False, winograd_weight=False, narrow_weight_im2col=False)
 V8_PATHS = conv.Paths(pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False)
 V7_PATHS = conv.Paths(
@@ -446,7 +453,8 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 
 def _paths(version: int) -> conv.Paths:
-    paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS}
+    paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
+             11: V11_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -455,7 +463,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 10) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 12) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -561,7 +569,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-10), "data" or "weight" (2-10), with the table's signature.
+    """A numbered version's kernel for "forward" (1-12), "data" or "weight" (2-12), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

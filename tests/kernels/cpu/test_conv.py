@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from kernels.cpu import blas, conv_study
 from kernels.cpu import conv as cpu
-from kernels.cpu import conv_study
 from kernels.cpu import conv_winograd as winograd
 from kernels.reference import conv as ref
 
@@ -218,7 +218,6 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
-        ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "shifted"),  # 32x32: Winograd no faster with MKL's sgemm
         ((32, 128, 16, 16), (128, 128, 3, 3), 1, 1, 1, "winograd"),
         ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "winograd"),
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
@@ -232,6 +231,21 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 )
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
     assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
+
+
+@pytest.mark.parametrize("direction", ["forward", "data"])
+def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
+    # v12: on OpenBLAS Winograd beat the shifted GEMMs at 64 @32x32 (AMD 15.4 -> 9.7 ms, Intel 11.4 -> 8.6);
+    # with MKL's sgemm the two were level (Intel 7.6 vs 8.0), so 32x32 keeps the shifted GEMMs there
+    shapes = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, direction)
+    assert cpu.winograd_max_pixels(direction, sgemm=blas.OPENBLAS) == 32 * 32
+    assert cpu.winograd_max_pixels(direction, sgemm="MKL 2026.2 (sequential, reproducible mode)") == 16 * 16
+    assert cpu.winograd_max_pixels("weight", sgemm=blas.OPENBLAS) == 16 * 16  # level at 32x32: shifted
+    expected = "winograd" if blas.select_sgemm() == blas.OPENBLAS else "shifted"
+    assert cpu.path(*shapes) == expected
+    assert cpu.path(*shapes, conv_study.V11_PATHS) == "shifted"
+    assert cpu.path((32, 64, 64, 64), (64, 64, 3, 3), 1, 1, 1, direction) == "shifted"  # not measured: shifted
+    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight") == "shifted"
 
 
 @pytest.mark.parametrize(("index", "direction", "per_image"), [
