@@ -125,6 +125,7 @@ class Paths:
     winograd_weight: bool = True
     narrow_weight_im2col: bool = True
     winograd_32x32_openblas: bool = True
+    winograd_data_transposed: bool = True
 
 
 EXPORTED = Paths()
@@ -930,7 +931,7 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
-            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch)
+            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch, transposed=paths.winograd_data_transposed)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(

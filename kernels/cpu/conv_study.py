@@ -1,8 +1,8 @@
 """Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
-reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v12`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v12); this module holds the code
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v13`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v13); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -42,10 +42,16 @@ kernels/README.md ("What each step bought").
   v9's paths.
 - v11 ``Winograd weight gradient``: v10, plus the weight gradient by Winograd on planes ≤ 16×16
   and the stems' weight gradient on im2col (``conv_winograd.backward_weight``, figures there).
-- v12 ``Winograd 32×32 on OpenBLAS`` (exported): v11, but forward and backward-data take Winograd
+- v12 ``Winograd 32×32 on OpenBLAS``: v11, but forward and backward-data take Winograd
   on planes up to 32×32 when the kernels' sgemm is OpenBLAS (``conv.winograd_max_pixels``): 64
   @32×32, two threads, AMD EPYC, wall ms shifted → Winograd (torch): forward 15.35 → 9.68 (16.46),
   backward-data 15.35 → 9.56 (16.93). With MKL's sgemm it is v11.
+- v13 ``Winograd backward-data on a transposed filter`` (exported): v12, but backward-data
+  transforms the flipped filter straight into the transposed layout its GEMMs read
+  (``conv_winograd._filter_transform_flipped``) instead of reading the forward's U transposed
+  (``sgemm`` with transA): the same GEMMs as the forward. Two threads, batch 32, AMD EPYC, wall ms,
+  median of 7 rounds of best-of-5, v12 → v13 (forward for scale): 512 @4×4 12.83 → 12.11 (11.29),
+  256 @8×8 11.04 → 10.45 (10.63), 128 @16×16 10.41 → 10.10 (10.04), 64 @32×32 10.51 → 10.57 (10.61).
 """
 
 from __future__ import annotations
@@ -54,9 +60,14 @@ import numpy as np
 from numba import get_num_threads, njit, prange, uint64
 
 from kernels.cpu import conv, conv_shifted
+from kernels.cpu.conv_winograd import SKEW as WSKEW
+from kernels.cpu.conv_winograd import _filter_transform as _wfilter
+from kernels.cpu.conv_winograd import _input_transform as _winput
+from kernels.cpu.conv_winograd import _output_transform as _woutput
+from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13), "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
@@ -64,8 +75,11 @@ NO_FAST_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False,
 )
-V11_PATHS = conv.Paths(winograd_32x32_openblas=False)
-V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False)
+V12_PATHS = conv.Paths(winograd_data_transposed=False)
+V11_PATHS = conv.Paths(winograd_32x32_openblas=False, winograd_data_transposed=False)
+V10_PATHS = conv.Paths(
+    winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False
+)
 V9_PATHS = conv.Paths(winograd=False, winograd_weight=False, narrow_weight_im2col=False)
 V8_PATHS = conv.Paths(pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False)
 V7_PATHS = conv.Paths(
@@ -441,6 +455,90 @@ def nine_backward_weight(x, dout, dw, threads, tile, scratch):
 
 
 # ----------------------------------------------------------------------------------------------
+# Winograd with the threads splitting the output channels, not the tiles (tried, dropped)
+# ----------------------------------------------------------------------------------------------
+
+
+def channel_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int, budget: int) -> int:
+    """Tile rows per block when every thread works on every block (``forward_by_channels``):
+    ``target_tiles`` tiles within ``budget`` floats of V and M, ≤ the batch."""
+    n, _, h, w = x_shape
+    tw = (w + 1) // 2
+    total = n * ((h + 1) // 2)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (16 * (c_in + c_out) * tw))
+    return max(1, min(total, wanted, fits))
+
+
+def channel_workspace_size(x_shape, w_shape, direction: str, threads: int, rows: int) -> int:
+    """Scratch of ``forward_by_channels``: U, one block's V and M (shared), per thread a row buffer."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    tw = (x_shape[3] + 1) // 2
+    return (16 * (k * c + WSKEW) + 16 * ((c_in + c_out) * rows * tw + 2 * WSKEW)
+            + threads * (8 * (tw + 1) + 4 * x_shape[3]))
+
+
+@njit(cache=True, nogil=True)
+def _channel_gemms(u, v, m, flipped, k_lo, k_hi, c_in, c_out, cols):
+    """m[ξ][k_lo:k_hi] = U[ξ][k_lo:k_hi] (or U'[ξ]) @ v[ξ] for the 16 ξ: one thread's output channels."""
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + WSKEW
+    for xi in range(16):
+        at = xi
+        if flipped:  # U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3: rows k of U' are columns of U
+            i, j = xi // 4, xi % 4
+            at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+        conv_shifted.sgemm(flipped, False, k_hi - k_lo, cols, c_in,
+                           u[at * plane + (k_lo if flipped else k_lo * c_in):], c_out if flipped else c_in,
+                           v[xi * (c_in * cols + WSKEW):], cols, 0.0,
+                           m[xi * (c_out * cols + WSKEW) + k_lo * cols:], cols, scalars)
+
+
+def forward_by_channels(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
+    """``conv_winograd.forward``, but every thread works on every block: the threads split the input
+    transform by input channel, then the 16 GEMMs and the output transform by output channel. The idea:
+    a thread's GEMMs read only its share of U and have all the block's tiles as columns, where the
+    production path gives each thread all of U and its share of the tiles (at 512 @4×4: 64 tiles
+    against 16 MiB of transformed filter per thread). Single-threaded OpenBLAS, 16 GEMMs, GFLOP/s
+    (AMD EPYC): K × C @ C × Tb = 512 × 512 @ 512 × 64: 74; 256 × 512 @ 512 × 128: 81. But the whole
+    conv did not follow. Two threads, batch 32, wall ms, median of 5 rounds of best-of-5, production
+    → this (its best block size): 512 @4×4 forward 12.90 → 13.23, backward-data 15.01 → 14.29; 256
+    @8×8 10.52 → 12.52, 11.53 → 13.54; 128 @16×16 9.78 → 11.95, 10.05 → 12.03; 64 @32×32 10.08 →
+    15.53, 10.85 → 15.46 (V crosses from one core's cache to the other's, and each block is two
+    hand-overs). Dropped; kept here with a reference test."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    tw = (width + 1) // 2
+    total = n * ((height + 1) // 2)
+    k = w.shape[0]
+    u = scratch[: 16 * (c_in * c_out + WSKEW)]
+    at = 16 * (c_in * c_out + WSKEW)
+    v = scratch[at : at + 16 * (c_in * rows * tw + WSKEW)]
+    at += 16 * (c_in * rows * tw + WSKEW)
+    m = scratch[at : at + 16 * (c_out * rows * tw + WSKEW)]
+    at += 16 * (c_out * rows * tw + WSKEW)
+    per_thread = 8 * (tw + 1) + 4 * width
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    run_shares(lambda t: _wfilter(w, t * k // threads, (t + 1) * k // threads, u), threads)
+
+    def transform_in(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _winput(src, r0, nr, t * c_in // threads, (t + 1) * c_in // threads, c_in, height, width, v, tmp)
+
+    def multiply_out(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        k_lo, k_hi = t * c_out // threads, (t + 1) * c_out // threads
+        _channel_gemms(u, v, m, flipped, k_lo, k_hi, c_in, c_out, nr * tw)
+        _woutput(m, r0, nr, c_out, height, width, dst, tmp, k_lo, k_hi)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        run_shares(lambda t, r0=r0, nr=nr: transform_in(t, r0, nr), threads)
+        run_shares(lambda t, r0=r0, nr=nr: multiply_out(t, r0, nr), threads)
+
+
+# ----------------------------------------------------------------------------------------------
 # The versions behind one signature
 # ----------------------------------------------------------------------------------------------
 
@@ -454,7 +552,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
-             11: V11_PATHS}
+             11: V11_PATHS, 12: V12_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -463,7 +561,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 12) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 13) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -569,7 +667,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-12), "data" or "weight" (2-12), with the table's signature.
+    """A numbered version's kernel for "forward" (1-13), "data" or "weight" (2-13), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

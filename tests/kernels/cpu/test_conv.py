@@ -329,16 +329,41 @@ def test_winograd_blocks_and_thread_ranges_match_reference(threads, target):
     for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3)):
         x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
         out, dx = np.full(dout.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+        dx_t = np.full(x.shape, np.nan, np.float32)  # v13: the flipped filter transformed into U' itself
         with cpu.blas_on_calling_thread:
-            for direction, src, dst, c_in, c_out in (("forward", x, out, c, k), ("data", dout, dx, k, c)):
+            for direction, src, dst, c_in, c_out, transposed in (
+                ("forward", x, out, c, k, False), ("data", dout, dx, k, c, False), ("data", dout, dx_t, k, c, True)
+            ):
                 rows = winograd.block_rows(x.shape, c_in, c_out, threads, target)
                 size = winograd.workspace_size(x.shape, w.shape, direction, threads, target)
-                winograd.forward(src, w, dst, direction == "data", threads, rows, np.full(size, np.nan, np.float32))
+                winograd.forward(src, w, dst, direction == "data", threads, rows, np.full(size, np.nan, np.float32),
+                                 transposed=transposed)
         want_out, want_dx = np.empty_like(out), np.empty_like(dx)
         ref.conv2d_forward(x, w, None, want_out, *args)
         ref.conv2d_backward_data(dout, w, want_dx, *args)
         np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-5)
         np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(dx_t, want_dx, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_winograd_split_by_output_channel_matches_reference(threads):
+    # the dropped variant kept in the study (conv_study.forward_by_channels): channel ranges that
+    # split unevenly, one-row blocks and one block for the batch
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty_like(x)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        for target in (2, 512):
+            for direction, src, want, c_in, c_out in (("forward", x, want_out, c, k), ("data", dout, want_dx, k, c)):
+                rows = conv_study.channel_block_rows(x.shape, c_in, c_out, target, 1 << 20)
+                size = conv_study.channel_workspace_size(x.shape, w.shape, direction, threads, rows)
+                got = np.full(want.shape, np.nan, np.float32)
+                with cpu.blas_on_calling_thread:
+                    conv_study.forward_by_channels(src, w, got, direction == "data", threads, rows,
+                                                   np.full(size, np.nan, np.float32))
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
 
 
 def test_shifted_path_runs_on_the_tested_shapes():
