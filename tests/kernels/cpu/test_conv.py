@@ -366,6 +366,25 @@ def test_winograd_split_by_output_channel_matches_reference(threads):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("flipped", [False, True])
+def test_chunked_filter_transform_gives_the_same_bits(flipped):
+    # the dropped vectorized filter transform (conv_study._filter_transform_chunks): partial chunks,
+    # more lanes than one chunk, and ranges split in two
+    for k, c in ((5, 7), (130, 3), (3, 300)):
+        w = np.random.default_rng(1).standard_normal((k, c, 3, 3), dtype=np.float32)
+        size = 16 * (k * c + winograd.SKEW)
+        want, got = np.full(size, np.nan, np.float32), np.full(size, np.nan, np.float32)
+        n = c if flipped else k
+        if flipped:
+            winograd._filter_transform_flipped(w, 0, c, want)
+        else:
+            winograd._filter_transform(w, 0, k, want)
+        tmp = np.empty(15 * conv_study.FILTER_CHUNK, np.float32)
+        conv_study._filter_transform_chunks(w, 0, n // 2, got, flipped, tmp)
+        conv_study._filter_transform_chunks(w, n // 2, n, got, flipped, tmp)
+        np.testing.assert_array_equal(got, want)  # NaN in the same places (the skew) counts as equal
+
+
 def test_shifted_path_runs_on_the_tested_shapes():
     # the reference tests above reach the shifted kernels only if these shapes pick them
     for i in (13, 14):
