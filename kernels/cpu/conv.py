@@ -14,7 +14,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   (``WINOGRAD_MAX_PIXELS``; ≤ 32×32 when the sgemm is OpenBLAS, v12: ``winograd_max_pixels``):
   cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
-  gradient too (≤ 16×16). Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  gradient too (≤ 16×16). Since v14, with OpenBLAS, 64–256 channels on 16×16 to 32×32 planes
+  take Winograd F(4×4, 3×3) instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger
+  planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
   channels (the stems), which stays on im2col.
@@ -46,7 +48,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd
+from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd, conv_winograd4
 from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
@@ -109,6 +111,18 @@ forward 15.35 / **9.68** / 16.46, backward-data 15.35 / **9.56** / 16.93; the we
 15.24 / 15.16 / 18.95 (level: it keeps the shifted GEMMs, ``WINOGRAD_MAX_PIXELS``). Larger planes
 were not measured and keep the shifted GEMMs."""
 
+WINOGRAD4_MIN_PIXELS = 256
+WINOGRAD4_MAX_CHANNELS = 256
+"""v14: forward and backward-data of 3×3 stride-1 convs with 64–256 channels in and out on planes of
+16×16 to 32×32 run Winograd F(4×4, 3×3) (``conv_winograd4.py``: 2.25 multiplies per output instead
+of F(2×2)'s 4) when the sgemm is OpenBLAS (measured there only). Two threads, batch 32, AMD EPYC,
+wall ms, median of 5 rounds of best-of-5, F(2×2) v13 → F(4×4): 64 @32×32 forward 10.19 → 7.67,
+backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84; but 256 @8×8 9.57 → 9.04,
+9.62 → 9.29 (within this machine's noise: stays F(2×2)) and 512 @4×4 10.76 → 14.74, 11.44 → 14.94
+(36 GEMMs against a 36 MiB U). Its rounding error is larger: max abs error against the float64
+reference, batch 2, outputs of magnitude ~5: 2.9e-5 / 3.7e-5 at 64 @32×32 / 128 @16×16, against
+F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noise)."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -126,6 +140,7 @@ class Paths:
     narrow_weight_im2col: bool = True
     winograd_32x32_openblas: bool = True
     winograd_data_transposed: bool = True
+    winograd4: bool = True
 
 
 EXPORTED = Paths()
@@ -159,11 +174,22 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
-    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd", "shifted" or "gemm" (im2col)."""
+    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd4", "winograd", "shifted" or
+    "gemm" (im2col)."""
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
             return "depthwise-flat"
         return "depthwise-direct"
+    if (
+        direction != "weight"
+        and paths.winograd4
+        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
+        and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
+        and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
+        and WINOGRAD4_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
+        and blas.select_sgemm() == blas.OPENBLAS
+    ):
+        return "winograd4"
     if (
         (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
@@ -277,6 +303,10 @@ def workspace_size(
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
     if kind == "winograd":
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd4":
+        c_in, c_out = (w_shape[0], w_shape[1]) if direction == "data" else (w_shape[1], w_shape[0])
+        rows = conv_winograd4.block_rows(x_shape, c_in, c_out, threads)
+        return conv_winograd4.workspace_size(x_shape, w_shape, direction, threads, rows)
     if kind == "shifted":
         return conv_shifted.workspace_size(x_shape, w_shape, direction, threads)
     tile = gemm_tile_images(
@@ -894,6 +924,10 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd4.forward(x, w, out, False, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -928,6 +962,10 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
+            conv_winograd4.forward(dout, w, dx, True, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
