@@ -14,9 +14,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   (``WINOGRAD_MAX_PIXELS``; ≤ 32×32 when the sgemm is OpenBLAS, v12: ``winograd_max_pixels``):
   cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
-  gradient too (≤ 16×16). Since v14, with OpenBLAS, 64–256 channels on 16×16 to 32×32 planes
-  take Winograd F(4×4, 3×3) instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger
-  planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
+  channels on 16×16 to 32×32 planes take Winograd F(4×4, 3×3) instead (``conv_winograd4.py``,
+  ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
   channels (the stems), which stays on im2col.
@@ -121,7 +121,9 @@ backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84; but 256 
 9.62 → 9.29 (within this machine's noise: stays F(2×2)) and 512 @4×4 10.76 → 14.74, 11.44 → 14.94
 (36 GEMMs against a 36 MiB U). Its rounding error is larger: max abs error against the float64
 reference, batch 2, outputs of magnitude ~5: 2.9e-5 / 3.7e-5 at 64 @32×32 / 128 @16×16, against
-F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noise)."""
+F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noise).
+v15: the weight gradient of the same layers too (``conv_winograd4.backward_weight``): 64 @32×32
+15.51 → 11.25 ms (it was on the shifted GEMMs), 128 @16×16 10.56 → 9.09 (F(2×2))."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class Paths:
     winograd_32x32_openblas: bool = True
     winograd_data_transposed: bool = True
     winograd4: bool = True
+    winograd4_weight: bool = True
 
 
 EXPORTED = Paths()
@@ -181,8 +184,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
             return "depthwise-flat"
         return "depthwise-direct"
     if (
-        direction != "weight"
-        and paths.winograd4
+        (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
         and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
         and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
@@ -303,6 +305,9 @@ def workspace_size(
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
     if kind == "winograd":
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd4" and direction == "weight":
+        rows = conv_winograd4.weight_block_rows(x_shape, w_shape[1], w_shape[0])
+        return conv_winograd4.weight_workspace_size(x_shape, w_shape, threads, rows)
     if kind == "winograd4":
         c_in, c_out = (w_shape[0], w_shape[1]) if direction == "data" else (w_shape[1], w_shape[0])
         rows = conv_winograd4.block_rows(x_shape, c_in, c_out, threads)
@@ -1000,6 +1005,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
+            conv_winograd4.backward_weight(x, dout, dw, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -1,8 +1,8 @@
 """Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
-reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v14`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v14); this module holds the code
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v15`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v15); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -52,11 +52,14 @@ kernels/README.md ("What each step bought").
   (``sgemm`` with transA): the same GEMMs as the forward. Two threads, batch 32, AMD EPYC, wall ms,
   median of 7 rounds of best-of-5, v12 → v13 (forward for scale): 512 @4×4 12.83 → 12.11 (11.29),
   256 @8×8 11.04 → 10.45 (10.63), 128 @16×16 10.41 → 10.10 (10.04), 64 @32×32 10.51 → 10.57 (10.61).
-- v14 ``Winograd F(4×4, 3×3)`` (exported): v13, but with OpenBLAS forward and backward-data of
+- v14 ``Winograd F(4×4, 3×3)``: v13, but with OpenBLAS forward and backward-data of
   64–256 channels on 16×16 to 32×32 planes run F(4×4, 3×3) (``conv_winograd4.py``): 2.25
   multiplies per output instead of 4. Two threads, batch 32, AMD EPYC, wall ms, v13 → v14: 64
   @32×32 forward 10.19 → 7.67, backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84
   (``conv.WINOGRAD4_MIN_PIXELS``: 8×8 and 4×4 stay F(2×2)).
+- v15 ``Winograd F(4×4) weight gradient`` (exported): v14, plus the weight gradient of the same
+  layers by F(4×4) (``conv_winograd4.backward_weight``): 64 @32×32 15.51 → 11.25 ms (shifted
+  GEMMs before), 128 @16×16 10.56 → 9.09 (F(2×2) before).
 """
 
 from __future__ import annotations
@@ -71,35 +74,41 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, winograd4=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
 )
-V13_PATHS = conv.Paths(winograd4=False)
-V12_PATHS = conv.Paths(winograd_data_transposed=False, winograd4=False)
-V11_PATHS = conv.Paths(winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False)
+V14_PATHS = conv.Paths(winograd4_weight=False)
+V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False)
+V12_PATHS = conv.Paths(winograd_data_transposed=False, winograd4=False, winograd4_weight=False)
+V11_PATHS = conv.Paths(
+    winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False
+)
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
-    winograd4=False,
+    winograd4=False, winograd4_weight=False,
 )
-V9_PATHS = conv.Paths(winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False)
+V9_PATHS = conv.Paths(
+    winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False
+)
 V8_PATHS = conv.Paths(
-    pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False
+    pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
+    winograd4_weight=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, winograd4=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, winograd4=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
 )
 
 
@@ -629,7 +638,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
-             11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS}
+             11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -638,7 +647,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 14) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 15) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -744,7 +753,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-14), "data" or "weight" (2-14), with the table's signature.
+    """A numbered version's kernel for "forward" (1-15), "data" or "weight" (2-15), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): a study version, not in the table.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14 and 15.
 
 Why. F(2×2, 3×3) (``conv_winograd.py``) does 16 multiplies per 2×2 output tile and input/output
 channel pair: 4 per output against the direct 9. F(4×4, 3×3) does 36 per 4×4 tile: 2.25 per output,
@@ -25,6 +25,15 @@ no row-swap symmetry to reuse the forward's U.
 The input transform splits each padded input row into its four column phases (x + 1 ≡ q mod 4),
 so that Bᵀ down the six rows is one contiguous loop per output row, and B across a tile's six
 columns reads phases 0–3 at the tile and 0–1 at the next: contiguous streams over the tiles.
+
+The weight gradient (v15, ``backward_weight``) is ``conv_winograd.backward_weight``'s scheme with
+these transforms: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G (A = (Aᵀ)ᵀ, 6 × 4), per block 36 GEMMs
+dU[ξ] += M[ξ] V[ξ]ᵀ split by ξ over the threads, blocks fixed by the shape: the same bits at any
+thread count. Two threads, batch 32, wall ms (AMD EPYC, OpenBLAS), the table before → F(4×4):
+64 @32×32 15.51 (shifted GEMMs) → 11.25; 128 @16×16 10.56 (F(2×2)) → 9.09; 256 @8×8 10.30 → 9.23.
+Its rounding: max abs error against float64, batch 2, weights of magnitude up to 197 / 96 / 53:
+1.4e-3 / 4.4e-4 / 2.2e-4 (~7e-6 of the largest; the shifted and F(2×2) paths: 8.5e-5 / 6.3e-5 /
+1.7e-5).
 """
 
 from __future__ import annotations
@@ -104,8 +113,9 @@ def _filter_transform(w, lo, hi, u, flipped):
 
 
 @njit(cache=True, nogil=True)
-def _input_transform(src, r0, nr, channels, height, width, v, buf):
-    """v[ξ][c][j] = (Bᵀ d B)[ξ] for every channel and the tiles j of tile rows [r0, r0 + nr)."""
+def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=-1):
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) (all by default) and the tiles j of tile
+    rows [r0, r0 + nr)."""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
     ph = tw + 1  # phase length: positions 4m + q, m ≤ tw
@@ -116,7 +126,7 @@ def _input_transform(src, r0, nr, channels, height, width, v, buf):
     step = channels * cols + SKEW
     zero = np.float32(0.0)
     four, five, two = np.float32(4.0), np.float32(5.0), np.float32(2.0)
-    for c in range(channels):
+    for c in range(c_lo, channels if c_hi < 0 else c_hi):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
             s0 = (n * channels + c) * plane
@@ -267,3 +277,180 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
         _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine)
 
     run_shares(work, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# The weight gradient: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G
+# ----------------------------------------------------------------------------------------------
+
+WEIGHT_TARGET_TILES = 256
+"""Tiles per block of the weight gradient. Two threads, batch 32, wall ms, median of 5 rounds of
+best-of-5 (AMD EPYC, OpenBLAS), blocks of 128 / 256 / 512 / 1024 tiles: 64 @32×32 11.96 / 11.25 /
+11.12 / 12.41; 128 @16×16 9.02 / 9.09 / 9.95 (the last two the same block)."""
+
+WEIGHT_BUDGET_ELEMENTS = 1 << 22
+"""At most this many float32 (16 MiB) in the weight gradient's block V and M together."""
+
+
+def weight_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int = WEIGHT_TARGET_TILES,
+                      budget: int = WEIGHT_BUDGET_ELEMENTS) -> int:
+    """Tile rows per block of the weight gradient, independent of the thread count (the blocks fix the
+    order of every sum: the same bits at any thread count)."""
+    n, _, h, w = x_shape
+    tw = (w + 3) // 4
+    total = n * ((h + 3) // 4)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (36 * (c_in + c_out) * tw))
+    return max(1, min(total, wanted, fits))
+
+
+def _weight_buffer(width: int) -> int:
+    tw = (width + 3) // 4
+    return 12 * 4 * (tw + 1) + 40 * tw
+
+
+def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
+    """Scratch of the weight gradient: dU (36·K·C), one block's V and M, per thread a row buffer."""
+    k, c = w_shape[0], w_shape[1]
+    tw = (x_shape[3] + 3) // 4
+    return 36 * (k * c + SKEW) + 36 * ((c + k) * rows * tw + 2 * SKEW) + threads * _weight_buffer(x_shape[3])
+
+
+@njit(cache=True, nogil=True)
+def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
+    """m[ξ][k][j] = (A dY Aᵀ)[ξ] for the channels [k_lo, k_hi) and the tiles j of tile rows
+    [r0, r0 + nr) of dY (flat NCHW, the output plane = the input plane); zeros past the edges.
+
+    A dY has rows y0, y0 + y1 + y2 + y3, y0 − y1 + y2 − y3, y0 + 2y1 + 4y2 + 8y3, y0 − 2y1 + 4y2 − 8y3,
+    y3 (the tile's four rows); the same across the columns, which are split into their four phases
+    (x mod 4) so both passes are contiguous loops over the tiles."""
+    th, tw = (height + 3) // 4, (width + 3) // 4
+    cols = nr * tw
+    step = channels * cols + SKEW
+    plane = height * width
+    row = 4 * tw
+    p = buf[: 4 * row]  # p[a][q][tx] = dY(4ty + a, 4tx + q)
+    t = buf[4 * row : 10 * row]  # A p
+    zero = np.float32(0.0)
+    two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    for k in range(k_lo, k_hi):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            s0 = (n * channels + k) * plane
+            for a in range(4):
+                y = 4 * ty + a
+                pa = p[a * row : (a + 1) * row]
+                if y < height:
+                    b = s0 + y * width
+                    for q in range(4):
+                        for tx in range(tw):
+                            x = 4 * tx + q
+                            pa[q * tw + tx] = src[b + x] if x < width else zero
+                else:
+                    for e in range(row):
+                        pa[e] = zero
+            y0, y1, y2, y3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
+            t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+            t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+            for e in range(row):
+                t0[e] = y0[e]
+            for e in range(row):
+                t1[e] = y0[e] + y1[e] + y2[e] + y3[e]
+            for e in range(row):
+                t2[e] = y0[e] - y1[e] + y2[e] - y3[e]
+            for e in range(row):
+                t3[e] = y0[e] + two * y1[e] + four * y2[e] + eight * y3[e]
+            for e in range(row):
+                t4[e] = y0[e] - two * y1[e] + four * y2[e] - eight * y3[e]
+            for e in range(row):
+                t5[e] = y3[e]
+            j0 = r * tw
+            for i in range(6):
+                ti = t[i * row : (i + 1) * row]
+                e0, e1, e2, e3 = ti[0:tw], ti[tw : 2 * tw], ti[2 * tw : 3 * tw], ti[3 * tw : 4 * tw]
+                b = 6 * i * step + k * cols + j0
+                o0, o1, o2 = m[b : b + tw], m[b + step : b + step + tw], m[b + 2 * step : b + 2 * step + tw]
+                o3, o4 = m[b + 3 * step : b + 3 * step + tw], m[b + 4 * step : b + 4 * step + tw]
+                o5 = m[b + 5 * step : b + 5 * step + tw]
+                for tx in range(tw):
+                    o0[tx] = e0[tx]
+                for tx in range(tw):
+                    o1[tx] = e0[tx] + e1[tx] + e2[tx] + e3[tx]
+                for tx in range(tw):
+                    o2[tx] = e0[tx] - e1[tx] + e2[tx] - e3[tx]
+                for tx in range(tw):
+                    o3[tx] = e0[tx] + two * e1[tx] + four * e2[tx] + eight * e3[tx]
+                for tx in range(tw):
+                    o4[tx] = e0[tx] - two * e1[tx] + four * e2[tx] - eight * e3[tx]
+                for tx in range(tw):
+                    o5[tx] = e3[tx]
+
+
+@njit(cache=True, nogil=True)
+def _weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
+    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi)."""
+    scalars = np.empty(2, np.float32)
+    plane = c_out * c_in + SKEW
+    for xi in range(xi_lo, xi_hi):
+        sgemm(False, True, c_out, c_in, cols, m[xi * (c_out * cols + SKEW):], cols,
+              v[xi * (c_in * cols + SKEW):], cols, beta, du[xi * plane:], c_in, scalars)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gt3(x0, x1, x2, x3, x4, x5):
+    """Gᵀ applied to six values: three."""
+    s, t = np.float32(1.0 / 6.0), np.float32(1.0 / 24.0)
+    a, b = x1 + x2, x3 + x4
+    return np.float32(0.25) * x0 - s * a + t * b, s * (x2 - x1) + np.float32(1.0 / 12.0) * (x3 - x4), s * (b - a) + x5
+
+
+@njit(cache=True, nogil=True)
+def _filter_backward(du, dw, k_lo, k_hi):
+    """dw[k, c] = Gᵀ du[·][k, c] G for k in [k_lo, k_hi): 36 read streams, 9 floats out."""
+    k, c = dw.shape[0], dw.shape[1]
+    plane = k * c + SKEW
+    out = dw.reshape(dw.size)
+    cols = np.empty((3, 6), np.float32)
+    for kk in range(k_lo, k_hi):
+        for cc in range(c):
+            at = kk * c + cc
+            for j in range(6):  # Gᵀ down each column j: rows i of dU are the planes 6i + j
+                r = _gt3(du[j * plane + at], du[(6 + j) * plane + at], du[(12 + j) * plane + at],
+                         du[(18 + j) * plane + at], du[(24 + j) * plane + at], du[(30 + j) * plane + at])
+                cols[0, j], cols[1, j], cols[2, j] = r[0], r[1], r[2]
+            o = 9 * at
+            for a in range(3):  # then G across each of the three rows
+                r = _gt3(cols[a, 0], cols[a, 1], cols[a, 2], cols[a, 3], cols[a, 4], cols[a, 5])
+                out[o + 3 * a], out[o + 3 * a + 1], out[o + 3 * a + 2] = r[0], r[1], r[2]
+
+
+def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
+    """dw = ∂L/∂w of a 3×3 stride-1 pad-1 convolution by Winograd F(4×4, 3×3): per block of ``rows``
+    tile rows the threads transform x (by channel) and dout (by output channel), then run the 36 GEMMs
+    dU[ξ] += M[ξ] V[ξ]ᵀ (by ξ); last, dw = Gᵀ dU G (by k). The blocks do not depend on the thread
+    count, so every sum runs in the same order at any thread count (``conv_winograd.backward_weight``)."""
+    n, c, h, width = x.shape
+    k = dw.shape[0]
+    tw = (width + 3) // 4
+    total = n * ((h + 3) // 4)
+    du = scratch[: 36 * (k * c + SKEW)]
+    at = 36 * (k * c + SKEW)
+    v = scratch[at : at + 36 * (c * rows * tw + SKEW)]
+    at += 36 * (c * rows * tw + SKEW)
+    m = scratch[at : at + 36 * (k * rows * tw + SKEW)]
+    at += 36 * (k * rows * tw + SKEW)
+    per_thread = _weight_buffer(width)
+    src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
+
+    def transforms(t: int, r0: int, nr: int) -> None:
+        buf = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _input_transform(src, r0, nr, c, h, width, v, buf, t * c // threads, (t + 1) * c // threads)
+        _dout_transform(dsrc, r0, nr, t * k // threads, (t + 1) * k // threads, k, h, width, m, buf)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        beta = 0.0 if r0 == 0 else 1.0
+        run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
+        run_shares(lambda t, nr=nr, beta=beta: _weight_gemms(
+            m, v, du, t * 36 // threads, (t + 1) * 36 // threads, k, c, nr * tw, beta), threads)
+    run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)

@@ -258,9 +258,10 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
 def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl, direction):
     expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
     assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
-    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") != "winograd4"  # the weight gradient stays F(2x2)/shifted
+    assert (cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == "winograd4") == (expected == "winograd4")  # v15
     if expected == "winograd4":
         assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V13_PATHS) == "winograd"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) != "winograd4"
 
 
 def test_winograd4_runs_on_the_tested_shape():
@@ -268,7 +269,38 @@ def test_winograd4_runs_on_the_tested_shape():
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[21]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
     expected = "winograd4" if blas.select_sgemm() == blas.OPENBLAS else "winograd"
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == expected
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("target", [1, 256])
+def test_winograd4_weight_gradient_blocks_and_thread_ranges_match_reference(threads, target):
+    # odd, non-square planes (dout past the edge is zero), one-row blocks that split images (dU summed
+    # over many blocks) up to one block for the batch, a plane one pixel high
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3), (3, 7, 13, 6, 5)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        dw = np.full(w.shape, np.nan, np.float32)
+        rows = winograd4.weight_block_rows(x.shape, c, k, target)
+        size = winograd4.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd4.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        want, db = np.empty_like(w), np.empty(k, np.float32)
+        ref.conv2d_backward_weight(x, dout, want, db, *args)
+        np.testing.assert_allclose(dw, want, rtol=1e-5, atol=2e-5 * float(np.abs(want).max()))
+
+
+def test_winograd4_weight_gradient_bits_do_not_depend_on_the_thread_count():
+    x, w, _, dout, _ = _case((6, 16, 9, 10, 12, 3, 1, 1, 1))
+    rows = winograd4.weight_block_rows(x.shape, 16, 12, 6)
+    results = []
+    for threads in (1, 2, 3):
+        dw = np.empty_like(w)
+        size = winograd4.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd4.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        results.append(dw)
+    assert rows < 6 * 3  # several blocks
+    assert all(np.array_equal(results[0], r) for r in results[1:])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -302,7 +334,8 @@ def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
     assert cpu.path(*shapes, conv_study.V13_PATHS) == ("winograd" if openblas else "shifted")
     assert cpu.path(*shapes, conv_study.V11_PATHS) == "shifted"
     assert cpu.path((32, 64, 64, 64), (64, 64, 3, 3), 1, 1, 1, direction) == "shifted"  # not measured: shifted
-    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight") == "shifted"
+    # F(2x2) was level with the shifted GEMMs on the weight gradient at 32x32; F(4x4) is not (v15)
+    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight", conv_study.V14_PATHS) == "shifted"
 
 
 @pytest.mark.parametrize(("index", "direction", "per_image"), [
@@ -344,7 +377,8 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
     ],
 )
 def test_weight_gradient_takes_the_path_the_figures_chose(x_shape, w_shape, expected):
-    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == expected
+    # v14's rules (with OpenBLAS, v15 moves the first two to F(4x4): test_winograd4_takes_the_planes_...)
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) == expected
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
