@@ -15,8 +15,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
   gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
-  channels on 16×16 to 32×32 planes take Winograd F(4×4, 3×3) instead (``conv_winograd4.py``,
-  ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  channels on 16×16 to 32×32 planes (the weight gradient from 8×8) take Winograd F(4×4, 3×3)
+  instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
+  on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
   channels (the stems), which stays on im2col.
@@ -125,6 +126,11 @@ F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noi
 v15: the weight gradient of the same layers too (``conv_winograd4.backward_weight``): 64 @32×32
 15.51 → 11.25 ms (it was on the shifted GEMMs), 128 @16×16 10.56 → 9.09 (F(2×2))."""
 
+WINOGRAD4_WEIGHT_MIN_PIXELS = 64
+"""The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
+two threads, wall ms, F(2×2) → F(4×4) (torch), two runs: 10.30 → 9.23, 10.21 → 8.93 (11.64); forward
+9.57 → 9.04 and 10.14 → 10.43 (9.64), backward-data 9.62 → 9.29 and 11.37 → 13.33 (10.53)."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -188,7 +194,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
         and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
         and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
-        and WINOGRAD4_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
+        and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD4_MIN_PIXELS)
+        <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd4"

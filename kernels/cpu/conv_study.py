@@ -58,8 +58,8 @@ kernels/README.md ("What each step bought").
   @32×32 forward 10.19 → 7.67, backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84
   (``conv.WINOGRAD4_MIN_PIXELS``: 8×8 and 4×4 stay F(2×2)).
 - v15 ``Winograd F(4×4) weight gradient`` (exported): v14, plus the weight gradient of the same
-  layers by F(4×4) (``conv_winograd4.backward_weight``): 64 @32×32 15.51 → 11.25 ms (shifted
-  GEMMs before), 128 @16×16 10.56 → 9.09 (F(2×2) before).
+  layers by F(4×4) (``conv_winograd4.backward_weight``), and on 8×8 planes too: 64 @32×32 15.51 →
+  11.25 ms (shifted GEMMs before), 128 @16×16 10.56 → 9.09, 256 @8×8 10.30 → 9.23 (F(2×2) before).
 """
 
 from __future__ import annotations
