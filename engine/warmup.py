@@ -93,8 +93,9 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
-SHARED_FORWARD_KERNEL = ("winograd", "shifted", "depthwise-flat")
-"""Paths whose backward-data calls the forward kernel (``conv_winograd.forward(..., flipped=True)``,
+SHARED_FORWARD_KERNEL = ("winograd4", "winograd", "shifted", "depthwise-flat")
+"""Paths whose backward-data calls the forward kernel (``conv_winograd4.forward(..., flipped=True)``,
+``conv_winograd.forward(..., flipped=True)``,
 ``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``)
 with the same argument types."""
 
@@ -152,6 +153,7 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1
         ((BATCH, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise, flat
         ((BATCH, 4, 32, 32), (4, 1, 3, 3), 2, 1, 4),  # depthwise stride 2 on 32×32: direct forward
+        ((BATCH, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels, 16×16: F(4×4) with OpenBLAS
     ]
     jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
     if versions:

@@ -11,9 +11,13 @@ call, so the two thread pools never compete). Special shapes take faster paths:
 
 - **3×3, stride 1, pad 1, groups 1** (ResNet-18's 3×3 layers but the stride-2 ones), forward and
   backward-data with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on planes of ≤ 16×16
-  (``WINOGRAD_MAX_PIXELS``): cache-blocked Winograd
+  (``WINOGRAD_MAX_PIXELS``; ≤ 32×32 when the sgemm is OpenBLAS, v12: ``winograd_max_pixels``):
+  cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
-  gradient too. Larger planes and narrower layers, on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
+  gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
+  channels on 16×16 to 32×32 planes (the weight gradient from 8×8) take Winograd F(4×4, 3×3)
+  instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
+  on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
   channels (the stems), which stays on im2col.
@@ -21,7 +25,7 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
   the image already *is* its column matrix. Its weight gradient on planes of ≥ 64 pixels is one
-  β = 1 GEMM per image straight into dw (v12, ``_pointwise_weight_in_place``).
+  β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -46,7 +50,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import conv_depthwise, conv_shifted, conv_winograd
+from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd, conv_winograd4
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import run_shares
 from kernels.reference.conv import check_conv2d_shapes
@@ -98,6 +102,37 @@ Two threads, batch 32, wall ms v9 / v10 with MKL's sgemm (kernels/README.md): 12
 gained more from MKL than the transforms allow Winograd to), so 32×32 and larger planes (not
 measured) keep the shifted GEMMs, as do narrower layers (ResNet's 3-channel stem)."""
 
+WINOGRAD_MAX_PIXELS_OPENBLAS = 1024
+"""v12: forward and backward-data take Winograd up to 32×32 planes when the kernels' sgemm is OpenBLAS
+(``blas.select_sgemm``: ``ENGINE_BLAS=auto`` on AMD, or ``ENGINE_BLAS=openblas``). Whether Winograd
+wins at 32×32 is a question of how fast the shifted path's GEMMs run, i.e. of the BLAS, not of the
+CPU's vendor as such: on the Intel machine of earlier sessions v9 / v10 at 64 @32×32 was 11.41 /
+8.62 ms forward and 11.57 / 8.66 backward-data on OpenBLAS but 7.63 / 7.97 and 8.04 / 8.09 on MKL
+(kernels/README.md). On the AMD EPYC (Zen 4, OpenBLAS), two threads, batch 32, wall ms, median of
+7 rounds of best-of-5, shifted / Winograd / torch alternating (``quiesce`` before each block):
+forward 15.35 / **9.68** / 16.46, backward-data 15.35 / **9.56** / 16.93; the weight gradient
+15.24 / 15.16 / 18.95 (level: it keeps the shifted GEMMs, ``WINOGRAD_MAX_PIXELS``). Larger planes
+were not measured and keep the shifted GEMMs."""
+
+WINOGRAD4_MIN_PIXELS = 256
+WINOGRAD4_MAX_CHANNELS = 256
+"""v14: forward and backward-data of 3×3 stride-1 convs with 64–256 channels in and out on planes of
+16×16 to 32×32 run Winograd F(4×4, 3×3) (``conv_winograd4.py``: 2.25 multiplies per output instead
+of F(2×2)'s 4) when the sgemm is OpenBLAS (measured there only). Two threads, batch 32, AMD EPYC,
+wall ms, median of 5 rounds of best-of-5, F(2×2) v13 → F(4×4): 64 @32×32 forward 10.19 → 7.67,
+backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84; but 256 @8×8 9.57 → 9.04,
+9.62 → 9.29 (within this machine's noise: stays F(2×2)) and 512 @4×4 10.76 → 14.74, 11.44 → 14.94
+(36 GEMMs against a 36 MiB U). Its rounding error is larger: max abs error against the float64
+reference, batch 2, outputs of magnitude ~5: 2.9e-5 / 3.7e-5 at 64 @32×32 / 128 @16×16, against
+F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noise).
+v15: the weight gradient of the same layers too (``conv_winograd4.backward_weight``): 64 @32×32
+15.51 → 11.25 ms (it was on the shifted GEMMs), 128 @16×16 10.56 → 9.09 (F(2×2))."""
+
+WINOGRAD4_WEIGHT_MIN_PIXELS = 64
+"""The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
+two threads, wall ms, F(2×2) → F(4×4) (torch), two runs: 10.30 → 9.23, 10.21 → 8.93 (11.64); forward
+9.57 → 9.04 and 10.14 → 10.43 (9.64), backward-data 9.62 → 9.29 and 11.37 → 13.33 (10.53)."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -113,6 +148,10 @@ class Paths:
     winograd: bool = True
     winograd_weight: bool = True
     narrow_weight_im2col: bool = True
+    winograd_32x32_openblas: bool = True
+    winograd_data_transposed: bool = True
+    winograd4: bool = True
+    winograd4_weight: bool = True
     pointwise_weight_in_place: bool = True
 
 
@@ -147,16 +186,27 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
-    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd", "shifted" or "gemm" (im2col)."""
+    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd4", "winograd", "shifted" or
+    "gemm" (im2col)."""
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
             return "depthwise-flat"
         return "depthwise-direct"
     if (
+        (paths.winograd4_weight if direction == "weight" else paths.winograd4)
+        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
+        and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
+        and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
+        and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD4_MIN_PIXELS)
+        <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
+        and blas.select_sgemm() == blas.OPENBLAS
+    ):
+        return "winograd4"
+    if (
         (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS
+        and x_shape[2] * x_shape[3] <= winograd_max_pixels(direction, paths)
     ):
         return "winograd"
     if (
@@ -167,6 +217,16 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "shifted"
     return "gemm"
+
+
+def winograd_max_pixels(direction: str, paths: Paths = EXPORTED, sgemm: str | None = None) -> int:
+    """The largest plane (pixels) a 3×3 stride-1 conv takes Winograd on: 32×32 for forward and
+    backward-data when the kernels' sgemm (``sgemm``, default the process's) is OpenBLAS
+    (``WINOGRAD_MAX_PIXELS_OPENBLAS``), else 16×16 (``WINOGRAD_MAX_PIXELS``)."""
+    if direction != "weight" and paths.winograd_32x32_openblas:
+        if (sgemm if sgemm is not None else blas.select_sgemm()) == blas.OPENBLAS:
+            return WINOGRAD_MAX_PIXELS_OPENBLAS
+    return WINOGRAD_MAX_PIXELS
 
 
 def gemm_tile_images(
@@ -218,7 +278,7 @@ def _pointwise_per_image(x_shape, w_shape, stride, pad, groups, direction: str) 
 
 def _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups) -> bool:
     """The weight gradient of a 1×1 stride-1 conv on planes of ≥ 64 pixels as one GEMM per image,
-    ``dW += dout_n @ x_nᵀ`` (β = 1, ``conv_shifted.sgemm``) read in place from NCHW (v12).
+    ``dW += dout_n @ x_nᵀ`` (β = 1, ``conv_shifted.sgemm``) read in place from NCHW (v16).
 
     Why. The tiles (v5–v11) gathered x and dout into [C, 1024-column] tiles (a copy of both inputs)
     and added each tile's GEMM result into dW from a partial (np.dot has no β); per image, BLAS
@@ -276,6 +336,13 @@ def workspace_size(
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
     if kind == "winograd":
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd4" and direction == "weight":
+        rows = conv_winograd4.weight_block_rows(x_shape, w_shape[1], w_shape[0])
+        return conv_winograd4.weight_workspace_size(x_shape, w_shape, threads, rows)
+    if kind == "winograd4":
+        c_in, c_out = (w_shape[0], w_shape[1]) if direction == "data" else (w_shape[1], w_shape[0])
+        rows = conv_winograd4.block_rows(x_shape, c_in, c_out, threads)
+        return conv_winograd4.workspace_size(x_shape, w_shape, direction, threads, rows)
     if kind == "shifted":
         return conv_shifted.workspace_size(x_shape, w_shape, direction, threads)
     tile = gemm_tile_images(
@@ -604,7 +671,7 @@ def _backward_weight_images(
 ):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order.
 
-    in_place (v12): a 1×1 stride-1 one-image tile is one GEMM with β = 1 straight into acc."""
+    in_place (v16): a 1×1 stride-1 one-image tile is one GEMM with β = 1 straight into acc."""
     k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
     pixels = out_h * out_w
@@ -621,7 +688,7 @@ def _backward_weight_images(
         images = min(tile_images, last - n0)
         columns = images * pixels
         for g in range(groups):
-            if in_place and plain_1x1 and images == 1:  # v12: dW_g += dout_n @ x_nᵀ, β = 1 in BLAS
+            if in_place and plain_1x1 and images == 1:  # v16: dW_g += dout_n @ x_nᵀ, β = 1 in BLAS
                 sgemm(
                     False, True, k_group, c_group, pixels,
                     d_flat[(n0 * k_total + g * k_group) * pixels :], pixels,
@@ -918,6 +985,10 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd4.forward(x, w, out, False, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -952,10 +1023,14 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
+            conv_winograd4.forward(dout, w, dx, True, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
-            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch)
+            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch, transposed=paths.winograd_data_transposed)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(
@@ -986,6 +1061,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "winograd4":
+        with blas_on_calling_thread:
+            rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
+            conv_winograd4.backward_weight(x, dout, dw, threads, rows, scratch)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

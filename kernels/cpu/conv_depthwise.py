@@ -33,7 +33,7 @@ behind oneDNN (0.17 ms at 576 ch @8×8 on a quiet machine, one thread): its nine
 arrays are read for every output, 36 bytes per output, where a channel-blocked layout keeps
 the weights in registers; that layout is the next step.
 
-Tried and dropped (v12 session): the stride-2 weight gradient on the input's four polyphase planes
+Tried and dropped (the v16 session): the stride-2 weight gradient on the input's four polyphase planes
 (x[2y + a, 2x + b] copied per image into four planes at the output's resolution; then tap (r, s)
 is dout times one phase plane shifted by 0, −1, −OW or −OW−1, nine multiply-adds per *kept*
 output instead of per full-resolution position, a quarter of the arithmetic). Correct (max error

@@ -1,8 +1,8 @@
 """Convolution on the CPU, the study versions: every step from the textbook loops to the table's kernel.
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
-reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v10`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v10); this module holds the code
+reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v15`` rows), so the table
+shows what each idea bought. The production path is ``conv.py`` (v15); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -32,7 +32,7 @@ kernels/README.md ("What each step bought").
   the general im2col / col2im, whose per-plane index work (zeroing, bounds, ``+=``) cost more than
   the GEMM on small planes: 960→160 @4×4 backward-data, one thread's 16 images, 1.74 → 0.64 ms
   (col2im alone 1.19 ms beside a 0.58 ms GEMM); two threads 2.05 → 0.84 ms (PyTorch 0.71).
-- v10 ``Winograd`` (exported): v9, but 3×3 stride-1 pad-1 forward and backward-data with ≥ 64
+- v10 ``Winograd``: v9, but 3×3 stride-1 pad-1 forward and backward-data with ≥ 64
   channels in and out on planes ≤ 16×16 run cache-blocked Winograd F(2×2, 3×3) (``conv_winograd.py``): 2.25× fewer
   multiplies, the transformed input of 128 tiles at a time kept in cache. Two threads, batch 32,
   wall ms v9 → v10 (torch): forward 64 @32×32 11.4 → 8.6 (13.6), 128 @16×16 9.9 → 7.9 (7.8),
@@ -40,11 +40,29 @@ kernels/README.md ("What each step bought").
   7.9 (7.9), 11.2 → 7.2 (7.2), 11.6 → 9.9 (6.6), on OpenBLAS. With MKL's sgemm v9 is level at
   32×32 (7.6 vs 8.0 ms), so v10 runs Winograd on planes ≤ 16×16 only. The weight gradient keeps
   v9's paths.
-- v11 ``Winograd weight gradient``: v10 plus the 3×3 weight gradient by Winograd, and the stems'
-  weight gradient on im2col (kernels/README.md).
-- v12 ``pointwise weight in place`` (exported): v11, but the 1×1 stride-1 weight gradient on planes
+- v11 ``Winograd weight gradient``: v10, plus the weight gradient by Winograd on planes ≤ 16×16
+  and the stems' weight gradient on im2col (``conv_winograd.backward_weight``, figures there).
+- v12 ``Winograd 32×32 on OpenBLAS``: v11, but forward and backward-data take Winograd
+  on planes up to 32×32 when the kernels' sgemm is OpenBLAS (``conv.winograd_max_pixels``): 64
+  @32×32, two threads, AMD EPYC, wall ms shifted → Winograd (torch): forward 15.35 → 9.68 (16.46),
+  backward-data 15.35 → 9.56 (16.93). With MKL's sgemm it is v11.
+- v13 ``Winograd backward-data on a transposed filter``: v12, but backward-data
+  transforms the flipped filter straight into the transposed layout its GEMMs read
+  (``conv_winograd._filter_transform_flipped``) instead of reading the forward's U transposed
+  (``sgemm`` with transA): the same GEMMs as the forward. Two threads, batch 32, AMD EPYC, wall ms,
+  median of 7 rounds of best-of-5, v12 → v13 (forward for scale): 512 @4×4 12.83 → 12.11 (11.29),
+  256 @8×8 11.04 → 10.45 (10.63), 128 @16×16 10.41 → 10.10 (10.04), 64 @32×32 10.51 → 10.57 (10.61).
+- v14 ``Winograd F(4×4, 3×3)``: v13, but with OpenBLAS forward and backward-data of
+  64–256 channels on 16×16 to 32×32 planes run F(4×4, 3×3) (``conv_winograd4.py``): 2.25
+  multiplies per output instead of 4. Two threads, batch 32, AMD EPYC, wall ms, v13 → v14: 64
+  @32×32 forward 10.19 → 7.67, backward-data 10.49 → 7.79; 128 @16×16 9.86 → 7.95, 9.33 → 7.84
+  (``conv.WINOGRAD4_MIN_PIXELS``: 8×8 and 4×4 stay F(2×2)).
+- v15 ``Winograd F(4×4) weight gradient``: v14, plus the weight gradient of the same
+  layers by F(4×4) (``conv_winograd4.backward_weight``), and on 8×8 planes too: 64 @32×32 15.51 →
+  11.25 ms (shifted GEMMs before), 128 @16×16 10.56 → 9.09, 256 @8×8 10.30 → 9.23 (F(2×2) before).
+- v16 ``pointwise weight in place`` (exported): v15, but the 1×1 stride-1 weight gradient on planes
   of ≥ 64 pixels runs one β = 1 sgemm per image in place on NCHW (``conv._pointwise_weight_in_place``),
-  not gathered tiles plus a partial add per tile. Two threads, batch 32, ms v11 → v12: 144→32
+  not gathered tiles plus a partial add per tile. Two threads, batch 32, ms v15 → v16: 144→32
   @16×16 1.05 → 0.71, 192→32 1.35 → 0.90, 384→64 @8×8 1.00 → 0.80, 576→96 1.80 → 1.49.
 """
 
@@ -54,33 +72,52 @@ import numpy as np
 from numba import get_num_threads, njit, prange, uint64
 
 from kernels.cpu import conv, conv_shifted
+from kernels.cpu.conv_winograd import SKEW as WSKEW
+from kernels.cpu.conv_winograd import _filter_transform as _wfilter
+from kernels.cpu.conv_winograd import _input_transform as _winput
+from kernels.cpu.conv_winograd import _output_transform as _woutput
+from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, pointwise_weight_in_place=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
 )
-V11_PATHS = conv.Paths(pointwise_weight_in_place=False)
-V10_PATHS = conv.Paths(winograd_weight=False, narrow_weight_im2col=False, pointwise_weight_in_place=False)
+V15_PATHS = conv.Paths(pointwise_weight_in_place=False)
+V14_PATHS = conv.Paths(winograd4_weight=False, pointwise_weight_in_place=False)
+V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False)
+V12_PATHS = conv.Paths(
+    winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False
+)
+V11_PATHS = conv.Paths(
+    winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
+    pointwise_weight_in_place=False,
+)
+V10_PATHS = conv.Paths(
+    winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+)
 V9_PATHS = conv.Paths(
-    winograd=False, winograd_weight=False, narrow_weight_im2col=False, pointwise_weight_in_place=False
+    winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
+    pointwise_weight_in_place=False,
 )
 V8_PATHS = conv.Paths(
-    pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False,
-    pointwise_weight_in_place=False,
+    pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
+    winograd4_weight=False, pointwise_weight_in_place=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, pointwise_weight_in_place=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
-    narrow_weight_im2col=False, pointwise_weight_in_place=False,
+    narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
 )
 
 
@@ -447,6 +484,156 @@ def nine_backward_weight(x, dout, dw, threads, tile, scratch):
 
 
 # ----------------------------------------------------------------------------------------------
+# Winograd with the threads splitting the output channels, not the tiles (tried, dropped)
+# ----------------------------------------------------------------------------------------------
+
+
+def channel_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int, budget: int) -> int:
+    """Tile rows per block when every thread works on every block (``forward_by_channels``):
+    ``target_tiles`` tiles within ``budget`` floats of V and M, ≤ the batch."""
+    n, _, h, w = x_shape
+    tw = (w + 1) // 2
+    total = n * ((h + 1) // 2)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (16 * (c_in + c_out) * tw))
+    return max(1, min(total, wanted, fits))
+
+
+def channel_workspace_size(x_shape, w_shape, direction: str, threads: int, rows: int) -> int:
+    """Scratch of ``forward_by_channels``: U, one block's V and M (shared), per thread a row buffer."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    tw = (x_shape[3] + 1) // 2
+    return (16 * (k * c + WSKEW) + 16 * ((c_in + c_out) * rows * tw + 2 * WSKEW)
+            + threads * (8 * (tw + 1) + 4 * x_shape[3]))
+
+
+@njit(cache=True, nogil=True)
+def _channel_gemms(u, v, m, flipped, k_lo, k_hi, c_in, c_out, cols):
+    """m[ξ][k_lo:k_hi] = U[ξ][k_lo:k_hi] (or U'[ξ]) @ v[ξ] for the 16 ξ: one thread's output channels."""
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + WSKEW
+    for xi in range(16):
+        at = xi
+        if flipped:  # U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3: rows k of U' are columns of U
+            i, j = xi // 4, xi % 4
+            at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+        conv_shifted.sgemm(flipped, False, k_hi - k_lo, cols, c_in,
+                           u[at * plane + (k_lo if flipped else k_lo * c_in):], c_out if flipped else c_in,
+                           v[xi * (c_in * cols + WSKEW):], cols, 0.0,
+                           m[xi * (c_out * cols + WSKEW) + k_lo * cols:], cols, scalars)
+
+
+def forward_by_channels(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
+    """``conv_winograd.forward``, but every thread works on every block: the threads split the input
+    transform by input channel, then the 16 GEMMs and the output transform by output channel. The idea:
+    a thread's GEMMs read only its share of U and have all the block's tiles as columns, where the
+    production path gives each thread all of U and its share of the tiles (at 512 @4×4: 64 tiles
+    against 16 MiB of transformed filter per thread). Single-threaded OpenBLAS, 16 GEMMs, GFLOP/s
+    (AMD EPYC): K × C @ C × Tb = 512 × 512 @ 512 × 64: 74; 256 × 512 @ 512 × 128: 81. But the whole
+    conv did not follow. Two threads, batch 32, wall ms, median of 5 rounds of best-of-5, production
+    → this (its best block size): 512 @4×4 forward 12.90 → 13.23, backward-data 15.01 → 14.29; 256
+    @8×8 10.52 → 12.52, 11.53 → 13.54; 128 @16×16 9.78 → 11.95, 10.05 → 12.03; 64 @32×32 10.08 →
+    15.53, 10.85 → 15.46 (V crosses from one core's cache to the other's, and each block is two
+    hand-overs). Dropped; kept here with a reference test."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    tw = (width + 1) // 2
+    total = n * ((height + 1) // 2)
+    k = w.shape[0]
+    u = scratch[: 16 * (c_in * c_out + WSKEW)]
+    at = 16 * (c_in * c_out + WSKEW)
+    v = scratch[at : at + 16 * (c_in * rows * tw + WSKEW)]
+    at += 16 * (c_in * rows * tw + WSKEW)
+    m = scratch[at : at + 16 * (c_out * rows * tw + WSKEW)]
+    at += 16 * (c_out * rows * tw + WSKEW)
+    per_thread = 8 * (tw + 1) + 4 * width
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    run_shares(lambda t: _wfilter(w, t * k // threads, (t + 1) * k // threads, u), threads)
+
+    def transform_in(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _winput(src, r0, nr, t * c_in // threads, (t + 1) * c_in // threads, c_in, height, width, v, tmp)
+
+    def multiply_out(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        k_lo, k_hi = t * c_out // threads, (t + 1) * c_out // threads
+        _channel_gemms(u, v, m, flipped, k_lo, k_hi, c_in, c_out, nr * tw)
+        _woutput(m, r0, nr, c_out, height, width, dst, tmp, k_lo, k_hi)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        run_shares(lambda t, r0=r0, nr=nr: transform_in(t, r0, nr), threads)
+        run_shares(lambda t, r0=r0, nr=nr: multiply_out(t, r0, nr), threads)
+
+
+FILTER_CHUNK = 128
+"""Filters per chunk of ``_filter_transform_chunks`` (its 27 short loops run over this many lanes)."""
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _g_store(dst, x0, x1, x2, n, j, half):
+    """dst[:n] = column j of (row x) Gᵀ: x0, ½(x0 + x1 + x2), ½(x0 − x1 + x2) or x2 (one store stream)."""
+    if j == 0:
+        for lane in range(n):
+            dst[lane] = x0[lane]
+    elif j == 1:
+        for lane in range(n):
+            dst[lane] = half * (x0[lane] + x1[lane] + x2[lane])
+    elif j == 2:
+        for lane in range(n):
+            dst[lane] = half * (x0[lane] - x1[lane] + x2[lane])
+    else:
+        for lane in range(n):
+            dst[lane] = x2[lane]
+
+
+@njit(cache=True, nogil=True)
+def _filter_transform_chunks(w, lo, hi, u, flipped, tmp):
+    """``conv_winograd._filter_transform`` (flipped: ``_filter_transform_flipped``) over k (c) in [lo, hi), the same
+    bits, in chunks of ``FILTER_CHUNK`` filters: the nine taps gathered into rows of ``tmp`` (15 ×
+    FILTER_CHUNK floats), the rows of G g computed from them, then each of the 16 planes written by a
+    loop of its own (one store stream: the one-loop transforms' 16 streams keep LLVM from
+    vectorizing them). Tried and dropped: the transform is bound by writing U, not by its scalar
+    arithmetic. Two threads, wall ms, median of 7 rounds of best-of-5 (AMD EPYC), one-loop → chunks,
+    forward / flipped: 512 ch 1.37 → 2.03 / 1.76 → 4.01; 256 ch 0.57 → 0.60 / 0.59 → 0.85; 128 ch
+    0.16 → 0.17 / 0.16 → 0.20."""
+    k, c = w.shape[0], w.shape[1]
+    plane = k * c + WSKEW
+    g = w.reshape(w.size)
+    half = np.float32(0.5)
+    inner = k if flipped else c
+    ch = FILTER_CHUNK
+    for outer in range(lo, hi):
+        for i0 in range(0, inner, ch):
+            n = min(ch, inner - i0)
+            if flipped:  # outer = c, lanes = k: filter (i0 + lane, outer); U' is C × K
+                base, stride, at0 = 9 * (i0 * c + outer), 9 * c, outer * k + i0
+            else:  # outer = k, lanes = c
+                base, stride, at0 = 9 * (outer * c + i0), 9, outer * c + i0
+            for r in range(9):
+                t = tmp[r * ch : r * ch + n]
+                for lane in range(n):
+                    t[lane] = g[base + lane * stride + r]
+            for j in range(3):  # rows 1 and 2 of G g: ½(g0 + g1 + g2), ½(g0 − g1 + g2), column j
+                w0, w1, w2 = tmp[j * ch :], tmp[(3 + j) * ch :], tmp[(6 + j) * ch :]
+                b, d = tmp[(9 + j) * ch : (9 + j) * ch + n], tmp[(12 + j) * ch : (12 + j) * ch + n]
+                for lane in range(n):
+                    b[lane] = half * (w0[lane] + w1[lane] + w2[lane])
+                for lane in range(n):
+                    d[lane] = half * (w0[lane] - w1[lane] + w2[lane])
+            for i in range(4):
+                row = (0, 9, 12, 6)[i]  # where row i of G g starts in tmp: g0, b, d, g2
+                x0, x1, x2 = tmp[row * ch :], tmp[(row + 1) * ch :], tmp[(row + 2) * ch :]
+                for j in range(4):
+                    xi = 4 * i + j
+                    if flipped:
+                        xi = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+                    _g_store(u[xi * plane + at0 : xi * plane + at0 + n], x0, x1, x2, n, j, half)
+
+
+
+# ----------------------------------------------------------------------------------------------
 # The versions behind one signature
 # ----------------------------------------------------------------------------------------------
 
@@ -459,9 +646,8 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 
 def _paths(version: int) -> conv.Paths:
-    paths = {
-        4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS, 11: V11_PATHS
-    }
+    paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
+             11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -470,7 +656,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 10) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 15) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -576,7 +762,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-10), "data" or "weight" (2-10), with the table's signature.
+    """A numbered version's kernel for "forward" (1-15), "data" or "weight" (2-15), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

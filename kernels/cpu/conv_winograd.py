@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 and 11.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 to 13.
 
 Why. Our 3×3 convolutions are GEMMs (im2col, or the shifted GEMMs of ``conv_shifted.py``) and
 run at OpenBLAS's sgemm rate, ~140 GFLOP/s per thread on these shapes; oneDNN's direct AVX-512
@@ -40,7 +40,14 @@ planes are ``SKEW`` floats apart beyond their size.
 Backward-data is the forward convolution of dout with w'[c, k] = w[k, c] flipped. Flipping g
 gives G·J·g·J·Gᵀ with J the reversal, and G·J = P·G with P the swap of rows 0 and 3, so
 U'[(i, j)] = U[(p(i), p(j))]ᵀ: the forward filter transform, read transposed by the GEMM at the
-swapped position. No second filter transform, no transposing copy.
+swapped position. No second filter transform, no transposing copy. Since v13 the table's
+backward-data writes that transposed U' directly (``_filter_transform_flipped``, the same scalar
+transform with transposed, p-swapped stores; the transform is redone every call anyway) and runs the
+forward's GEMMs on it, because sgemm reading A transposed was slower on the deep layers: two
+threads, batch 32, AMD EPYC, wall ms, median of 7 rounds of best-of-5, read transposed → written
+transposed (the forward for scale): 512 @4×4 12.83 → 12.11 (11.29), 256 @8×8 11.04 → 10.45
+(10.63), 128 @16×16 10.41 → 10.10 (10.04), 64 @32×32 10.51 → 10.57 (10.61). The two differ by
+GEMM rounding only (max 2.5e-5 on outputs of ~10).
 
 Measured (batch 32, ResNet-18's four 3×3 stride-1 layers, C = K):
 
@@ -197,6 +204,38 @@ def _filter_transform(w, k_lo, k_hi, u):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _g_row_swapped(u, at, plane, x0, x1, x2, half):
+    """``_g_row`` with the four planes in p order (p swapping 0 and 3)."""
+    u[3 * plane + at] = x0
+    u[plane + at] = half * (x0 + x1 + x2)
+    u[2 * plane + at] = half * (x0 - x1 + x2)
+    u[at] = x2
+
+
+@njit(cache=True, nogil=True)
+def _filter_transform_flipped(w, c_lo, c_hi, u):
+    """u[ξ][c, k] = U'[ξ] = U[(p(i), p(j))]ᵀ for c in [c_lo, c_hi): the backward-data filter transform
+    written out transposed (16 planes of C × K), so its GEMMs read it as the forward reads U (v13)."""
+    k, c = w.shape[0], w.shape[1]
+    plane = k * c + SKEW
+    g = w.reshape(w.size)
+    half = np.float32(0.5)
+    for cc in range(c_lo, c_hi):
+        for kk in range(k):
+            at = cc * k + kk
+            s = 9 * (kk * c + cc)
+            w00, w01, w02 = g[s], g[s + 1], g[s + 2]
+            w10, w11, w12 = g[s + 3], g[s + 4], g[s + 5]
+            w20, w21, w22 = g[s + 6], g[s + 7], g[s + 8]
+            b0, b1, b2 = half * (w00 + w10 + w20), half * (w01 + w11 + w21), half * (w02 + w12 + w22)
+            c0, c1, c2 = half * (w00 - w10 + w20), half * (w01 - w11 + w21), half * (w02 - w12 + w22)
+            _g_row_swapped(u, 12 * plane + at, plane, w00, w01, w02, half)  # row 0 of U goes to row p(0) = 3
+            _g_row_swapped(u, 4 * plane + at, plane, b0, b1, b2, half)
+            _g_row_swapped(u, 8 * plane + at, plane, c0, c1, c2, half)
+            _g_row_swapped(u, at, plane, w20, w21, w22, half)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
     """Bᵀ down four rows of src starting at a0 … a3 (t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1,
     t3 = d1 − d3), columns apart: ``ev[i·half + q] = t_i[x = 2q − 1]``, ``od[i·half + q] = t_i[x = 2q]``,
@@ -296,8 +335,9 @@ def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
 
 
 @njit(cache=True, nogil=True)
-def _output_transform(m, r0, nr, channels, height, width, dst, tmp):
-    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr).
+def _output_transform(m, r0, nr, channels, height, width, dst, tmp, k_lo=0, k_hi=-1):
+    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (and the
+    channels [k_lo, k_hi), all by default).
 
     Per (channel, tile row): 16 contiguous read streams of M give the four outputs of each tile
     into four short rows (``y[a][b][tx]``), then an interleaving copy puts them into ``dst``'s two
@@ -308,7 +348,7 @@ def _output_transform(m, r0, nr, channels, height, width, dst, tmp):
     plane = height * width
     y00, y01, y10, y11 = tmp[:tw], tmp[tw : 2 * tw], tmp[2 * tw : 3 * tw], tmp[3 * tw : 4 * tw]
     full = width // 2
-    for k in range(channels):
+    for k in range(k_lo, channels if k_hi < 0 else k_hi):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
             b = k * cols + r * tw
@@ -393,14 +433,23 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
             _output_transform(m, r0, nr, c_out, height, width, dst, tmp)
 
 
-def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7) -> None:
-    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(2×2, 3×3) (flipped: backward-data, x = dout)."""
+def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7,
+            transposed: bool = False) -> None:
+    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(2×2, 3×3) (flipped: backward-data, x = dout).
+
+    ``transposed`` (backward-data only, v13): write the flipped filter's transform out transposed
+    (``_filter_transform_flipped``) and run the forward's GEMMs on it, instead of reading U transposed."""
     n, c_in, height, _ = x.shape
     c_out = out.shape[1]
     total = n * ((height + 1) // 2)
     u = scratch[: 16 * (c_in * c_out + SKEW)]
     k = w.shape[0]
-    if parts & 2:
+    if flipped and transposed:
+        c = w.shape[1]
+        if parts & 2:
+            run_shares(lambda t: _filter_transform_flipped(w, t * c // threads, (t + 1) * c // threads, u), threads)
+        flipped = False
+    elif parts & 2:
         run_shares(lambda t: _filter_transform(w, t * k // threads, (t + 1) * k // threads, u), threads)
     per_thread = _per_thread(c_in, c_out, x.shape[3], rows)
     start = 16 * (c_in * c_out + SKEW)

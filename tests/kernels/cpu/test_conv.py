@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
+from kernels.cpu import blas, conv_study
 from kernels.cpu import conv as cpu
-from kernels.cpu import conv_study
 from kernels.cpu import conv_winograd as winograd
+from kernels.cpu import conv_winograd4 as winograd4
 from kernels.reference import conv as ref
 
 # (N, C, H, W, K, kernel, stride, pad, groups): odd sizes, stride 2, pad 0/1, groups 2 and = C,
@@ -32,6 +33,7 @@ SHAPES = [
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
     (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted weight gradient (≥ 8 channels): stacked tiles, a partial tile
     (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted weight gradient: one-image tiles read from dout in place
+    (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -72,8 +74,17 @@ def test_cpu_conv_matches_reference(shape):
     ref.conv2d_forward(x, w, b, expected[0], *args)
     ref.conv2d_backward_data(dout, w, expected[1], *args)
     ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
-    for got, want in zip((out, dx, dw, db), expected):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for got, want, direction in zip((out, dx, dw, db), expected, ("forward", "data", "weight", "weight")):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_atol(x.shape, w.shape, args, direction, want))
+
+
+def _atol(x_shape, w_shape, args, direction, want) -> float:
+    """1e-4, but on the F(4×4) Winograd path an error that scales with the outputs: its transforms'
+    coefficients (up to 8 and 1/24) round at ~5e-6 of the largest output (the unscaled weights here
+    make outputs of ~100 and errors of up to 5e-4, where F(2×2) stays under 1e-4)."""
+    if cpu.path(x_shape, w_shape, *args, direction) == "winograd4":
+        return max(1e-4, 2e-5 * float(np.abs(want).max()))
+    return 1e-4
 
 
 @pytest.mark.parametrize("shape", SHAPES[:6], ids=IDS[:6])
@@ -103,8 +114,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -218,8 +229,6 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
-        ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "shifted"),  # 32x32: Winograd no faster with MKL's sgemm
-        ((32, 128, 16, 16), (128, 128, 3, 3), 1, 1, 1, "winograd"),
         ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "winograd"),
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "shifted"),  # the stem: too few channels for Winograd
@@ -232,6 +241,117 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 )
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
     assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "openblas", "mkl"),
+    [
+        ((32, 64, 32, 32), (64, 64, 3, 3), "winograd4", "shifted"),  # F(4x4): 10.2 -> 7.7 ms (AMD, OpenBLAS)
+        ((32, 128, 16, 16), (128, 128, 3, 3), "winograd4", "winograd"),  # 9.9 -> 8.0
+        ((32, 256, 16, 16), (256, 256, 3, 3), "winograd4", "winograd"),  # ≤ 256 channels
+        ((32, 512, 16, 16), (512, 512, 3, 3), "winograd", "winograd"),  # 36·K·C of U: F(2x2)
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd", "winograd"),  # 8x8: within noise, F(2x2)
+        ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
+    ],
+)
+@pytest.mark.parametrize("direction", ["forward", "data"])
+def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl, direction):
+    expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
+    if expected == "winograd4":
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V13_PATHS) == "winograd"
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "openblas", "mkl"),
+    [
+        ((32, 64, 32, 32), (64, 64, 3, 3), "winograd4", "shifted"),  # v15: 15.5 -> 11.3 ms (AMD, OpenBLAS)
+        ((32, 128, 16, 16), (128, 128, 3, 3), "winograd4", "winograd"),  # 10.6 -> 9.1
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4", "winograd"),  # 10.3 -> 9.2 (forward: no)
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd", "winograd"),
+        ((32, 256, 4, 4), (256, 256, 3, 3), "winograd", "winograd"),  # below 8x8: not measured
+        ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
+    ],
+)
+def test_winograd4_weight_gradient_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl):
+    expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == expected
+    if expected == "winograd4":
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) != "winograd4"
+
+
+def test_winograd4_runs_on_the_tested_shape():
+    # the reference and determinism tests reach conv_winograd4 through the table only with OpenBLAS
+    n, c, h, wd, k, r, stride, pad, groups = SHAPES[21]
+    shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
+    expected = "winograd4" if blas.select_sgemm() == blas.OPENBLAS else "winograd"
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("target", [1, 256])
+def test_winograd4_weight_gradient_blocks_and_thread_ranges_match_reference(threads, target):
+    # odd, non-square planes (dout past the edge is zero), one-row blocks that split images (dU summed
+    # over many blocks) up to one block for the batch, a plane one pixel high
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3), (3, 7, 13, 6, 5)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        dw = np.full(w.shape, np.nan, np.float32)
+        rows = winograd4.weight_block_rows(x.shape, c, k, target)
+        size = winograd4.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd4.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        want, db = np.empty_like(w), np.empty(k, np.float32)
+        ref.conv2d_backward_weight(x, dout, want, db, *args)
+        np.testing.assert_allclose(dw, want, rtol=1e-5, atol=2e-5 * float(np.abs(want).max()))
+
+
+def test_winograd4_weight_gradient_bits_do_not_depend_on_the_thread_count():
+    x, w, _, dout, _ = _case((6, 16, 9, 10, 12, 3, 1, 1, 1))
+    rows = winograd4.weight_block_rows(x.shape, 16, 12, 6)
+    results = []
+    for threads in (1, 2, 3):
+        dw = np.empty_like(w)
+        size = winograd4.weight_workspace_size(x.shape, w.shape, threads, rows)
+        with cpu.blas_on_calling_thread:
+            winograd4.backward_weight(x, dout, dw, threads, rows, np.full(size, np.nan, np.float32))
+        results.append(dw)
+    assert rows < 6 * 3  # several blocks
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("target", [1, 128])
+def test_winograd4_blocks_and_thread_ranges_match_reference(threads, target):
+    # odd, non-square planes (partial last tiles in both directions), planes smaller than a tile, blocks
+    # of one tile row up to whole images, ranges that split images; forward and backward-data
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3), (3, 7, 13, 6, 5)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty_like(x)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        for direction, src, want, c_in, c_out in (("forward", x, want_out, c, k), ("data", dout, want_dx, k, c)):
+            rows = winograd4.block_rows(x.shape, c_in, c_out, threads, target)
+            size = winograd4.workspace_size(x.shape, w.shape, direction, threads, rows)
+            got = np.full(want.shape, np.nan, np.float32)
+            with cpu.blas_on_calling_thread:
+                winograd4.forward(src, w, got, direction == "data", threads, rows, np.full(size, np.nan, np.float32))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("direction", ["forward", "data"])
+def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
+    # v12: on OpenBLAS Winograd beat the shifted GEMMs at 64 @32x32 (AMD 15.4 -> 9.7 ms, Intel 11.4 -> 8.6);
+    # with MKL's sgemm the two were level (Intel 7.6 vs 8.0), so 32x32 keeps the shifted GEMMs there
+    shapes = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, direction)
+    assert cpu.winograd_max_pixels(direction, sgemm=blas.OPENBLAS) == 32 * 32
+    assert cpu.winograd_max_pixels(direction, sgemm="MKL 2026.2 (sequential, reproducible mode)") == 16 * 16
+    assert cpu.winograd_max_pixels("weight", sgemm=blas.OPENBLAS) == 16 * 16  # level at 32x32: shifted
+    openblas = blas.select_sgemm() == blas.OPENBLAS
+    assert cpu.path(*shapes, conv_study.V13_PATHS) == ("winograd" if openblas else "shifted")
+    assert cpu.path(*shapes, conv_study.V11_PATHS) == "shifted"
+    assert cpu.path((32, 64, 64, 64), (64, 64, 3, 3), 1, 1, 1, direction) == "shifted"  # not measured: shifted
+    # F(2x2) was level with the shifted GEMMs on the weight gradient at 32x32; F(4x4) is not (v15)
+    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight", conv_study.V14_PATHS) == "shifted"
 
 
 @pytest.mark.parametrize(("index", "direction", "per_image"), [
@@ -253,21 +373,21 @@ def test_pointwise_on_4x4_planes_keeps_its_tiles():
 
 
 @pytest.mark.parametrize(("x_shape", "w_shape", "in_place"), [
-    ((32, 144, 16, 16), (32, 144, 1, 1), True),  # 16x16: tiles of 4 images before v12
+    ((32, 144, 16, 16), (32, 144, 1, 1), True),  # 16x16: tiles of 4 images before v16
     ((32, 384, 8, 8), (64, 384, 1, 1), True),
     ((32, 24, 32, 32), (144, 24, 1, 1), True),  # one-image tiles already: beta = 1 instead of a partial add
     ((32, 960, 4, 4), (160, 960, 1, 1), False),  # 4x4: 16-deep GEMMs per image lost, tiles stay
     ((32, 64, 32, 32), (128, 64, 1, 1), False),  # stride 2 (the call passes stride 2): im2col tiles
 ])
 def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(x_shape, w_shape, in_place):
-    """v12: the 1x1 stride-1 weight gradient on planes of >= 64 pixels is one beta = 1 GEMM per image,
+    """v16: the 1x1 stride-1 weight gradient on planes of >= 64 pixels is one beta = 1 GEMM per image,
     with no column tile and no dw-sized partial per thread (the scratch shows it)."""
     stride = 2 if x_shape[1] == 64 else 1
     args = (x_shape, w_shape, stride, 0, 1)
     if in_place:
         assert cpu.gemm_tile_images(*args, "weight", 2, 1024, weight_in_place=True) == 1
     new = cpu.workspace_size(*args, "weight")
-    old = cpu.workspace_size(*args, "weight", conv_study.V11_PATHS)
+    old = cpu.workspace_size(*args, "weight", conv_study.V15_PATHS)
     extra_threads_slots = (cpu.get_num_threads() - 1) * int(np.prod(w_shape))
     if in_place:
         assert new == extra_threads_slots < old
@@ -276,7 +396,7 @@ def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(
 
 
 def test_pointwise_weight_in_place_is_reached_by_the_tested_shapes():
-    """The reference tests reach v12's in-place weight gradient through SHAPES[16] and [17] (8x8 1x1)."""
+    """The reference tests reach v16's in-place weight gradient through SHAPES[16] and [17] (8x8 1x1)."""
     for index in (16, 17):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[index]
         args = ((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", 1, 1024)
@@ -305,7 +425,8 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
     ],
 )
 def test_weight_gradient_takes_the_path_the_figures_chose(x_shape, w_shape, expected):
-    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == expected
+    # v14's rules (with OpenBLAS, v15 moves the first two to F(4x4): test_winograd4_takes_the_planes_...)
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) == expected
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -347,16 +468,60 @@ def test_winograd_blocks_and_thread_ranges_match_reference(threads, target):
     for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3)):
         x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
         out, dx = np.full(dout.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+        dx_t = np.full(x.shape, np.nan, np.float32)  # v13: the flipped filter transformed into U' itself
         with cpu.blas_on_calling_thread:
-            for direction, src, dst, c_in, c_out in (("forward", x, out, c, k), ("data", dout, dx, k, c)):
+            for direction, src, dst, c_in, c_out, transposed in (
+                ("forward", x, out, c, k, False), ("data", dout, dx, k, c, False), ("data", dout, dx_t, k, c, True)
+            ):
                 rows = winograd.block_rows(x.shape, c_in, c_out, threads, target)
                 size = winograd.workspace_size(x.shape, w.shape, direction, threads, target)
-                winograd.forward(src, w, dst, direction == "data", threads, rows, np.full(size, np.nan, np.float32))
+                winograd.forward(src, w, dst, direction == "data", threads, rows, np.full(size, np.nan, np.float32),
+                                 transposed=transposed)
         want_out, want_dx = np.empty_like(out), np.empty_like(dx)
         ref.conv2d_forward(x, w, None, want_out, *args)
         ref.conv2d_backward_data(dout, w, want_dx, *args)
         np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-5)
         np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(dx_t, want_dx, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_winograd_split_by_output_channel_matches_reference(threads):
+    # the dropped variant kept in the study (conv_study.forward_by_channels): channel ranges that
+    # split unevenly, one-row blocks and one block for the batch
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty_like(x)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        for target in (2, 512):
+            for direction, src, want, c_in, c_out in (("forward", x, want_out, c, k), ("data", dout, want_dx, k, c)):
+                rows = conv_study.channel_block_rows(x.shape, c_in, c_out, target, 1 << 20)
+                size = conv_study.channel_workspace_size(x.shape, w.shape, direction, threads, rows)
+                got = np.full(want.shape, np.nan, np.float32)
+                with cpu.blas_on_calling_thread:
+                    conv_study.forward_by_channels(src, w, got, direction == "data", threads, rows,
+                                                   np.full(size, np.nan, np.float32))
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("flipped", [False, True])
+def test_chunked_filter_transform_gives_the_same_bits(flipped):
+    # the dropped vectorized filter transform (conv_study._filter_transform_chunks): partial chunks,
+    # more lanes than one chunk, and ranges split in two
+    for k, c in ((5, 7), (130, 3), (3, 300)):
+        w = np.random.default_rng(1).standard_normal((k, c, 3, 3), dtype=np.float32)
+        size = 16 * (k * c + winograd.SKEW)
+        want, got = np.full(size, np.nan, np.float32), np.full(size, np.nan, np.float32)
+        n = c if flipped else k
+        if flipped:
+            winograd._filter_transform_flipped(w, 0, c, want)
+        else:
+            winograd._filter_transform(w, 0, k, want)
+        tmp = np.empty(15 * conv_study.FILTER_CHUNK, np.float32)
+        conv_study._filter_transform_chunks(w, 0, n // 2, got, flipped, tmp)
+        conv_study._filter_transform_chunks(w, n // 2, n, got, flipped, tmp)
+        np.testing.assert_array_equal(got, want)  # NaN in the same places (the skew) counts as equal
 
 
 def test_shifted_path_runs_on_the_tested_shapes():

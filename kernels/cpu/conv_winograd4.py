@@ -1,0 +1,456 @@
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14 and 15.
+
+Why. F(2×2, 3×3) (``conv_winograd.py``) does 16 multiplies per 2×2 output tile and input/output
+channel pair: 4 per output against the direct 9. F(4×4, 3×3) does 36 per 4×4 tile: 2.25 per output,
+1.78× fewer GEMM flops again, and its transformed input V holds 36 values per 16 outputs (2.25 per
+output, not 4), so the transforms move less data too. The price: larger transform coefficients
+(up to 8 in Aᵀ, 5 in Bᵀ, 1/24 in G), so more rounding, and 36 GEMMs per block instead of 16.
+
+The algorithm (Lavin & Gray 2015), per 4×4 output tile and its 6×6 input tile ``d`` (rows and
+columns 4·t − 1 … 4·t + 4, zero outside the plane)::
+
+    U = G g Gᵀ   G  = [[1/4, 0, 0], [−1/6, −1/6, −1/6], [−1/6, 1/6, −1/6],
+                       [1/24, 1/12, 1/6], [1/24, −1/12, 1/6], [0, 0, 1]]
+    V = Bᵀ d B   Bᵀ = [[4, 0, −5, 0, 1, 0], [0, −4, −4, 1, 1, 0], [0, 4, −4, −1, 1, 0],
+                       [0, −2, −1, 2, 1, 0], [0, 2, −1, −2, 1, 0], [0, 4, 0, −5, 0, 1]]
+    M[ξ] = U[ξ] @ V[ξ] for the 36 positions ξ: (K × C) @ (C × tiles) GEMMs
+    Y = Aᵀ M A   Aᵀ = [[1, 1, 1, 1, 1, 0], [0, 1, −1, 2, −2, 0], [0, 1, 1, 4, 4, 0], [0, 1, −1, 8, −8, 1]]
+
+Layout and blocking as ``conv_winograd`` (tiles in raster order over (image, tile row, tile
+column), thread t owns a fixed range of tile rows, blocks of ``rows`` tile rows, V and M per block,
+planes ``SKEW`` floats apart). Backward-data is the forward convolution of dout with the flipped,
+transposed filter, transformed as such (``_filter_transform(..., flipped=True)``): F(4×4)'s G has
+no row-swap symmetry to reuse the forward's U.
+
+The input transform splits each padded input row into its four column phases (x + 1 ≡ q mod 4),
+so that Bᵀ down the six rows is one contiguous loop per output row, and B across a tile's six
+columns reads phases 0–3 at the tile and 0–1 at the next: contiguous streams over the tiles.
+
+The weight gradient (v15, ``backward_weight``) is ``conv_winograd.backward_weight``'s scheme with
+these transforms: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G (A = (Aᵀ)ᵀ, 6 × 4), per block 36 GEMMs
+dU[ξ] += M[ξ] V[ξ]ᵀ split by ξ over the threads, blocks fixed by the shape: the same bits at any
+thread count. Two threads, batch 32, wall ms (AMD EPYC, OpenBLAS), the table before → F(4×4):
+64 @32×32 15.51 (shifted GEMMs) → 11.25; 128 @16×16 10.56 (F(2×2)) → 9.09; 256 @8×8 10.30 → 9.23.
+Its rounding: max abs error against float64, batch 2, weights of magnitude up to 197 / 96 / 53:
+1.4e-3 / 4.4e-4 / 2.2e-4 (~7e-6 of the largest; the shifted and F(2×2) paths: 8.5e-5 / 6.3e-5 /
+1.7e-5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.threads import run_shares
+
+SKEW = 16
+"""Floats between consecutive ξ planes beyond their size (4 KiB set aliasing: ``conv_winograd.SKEW``)."""
+
+
+def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
+    return groups == 1 and w_shape[2] == 3 and w_shape[3] == 3 and stride == 1 and pad == 1
+
+
+def block_rows(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = 128,
+               budget: int = 1 << 20) -> int:
+    """Tile rows per block: ``target_tiles`` tiles, V and M within ``budget`` floats, ≤ a thread's share."""
+    n, _, h, w = x_shape
+    tw = (w + 3) // 4
+    share = -(-n * ((h + 3) // 4) // threads)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (36 * (c_in + c_out) * tw))
+    return max(1, min(share, wanted, fits))
+
+
+def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
+    tw = (width + 3) // 4
+    return 36 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 12 * 4 * (tw + 1) + 24 * tw
+
+
+def workspace_size(x_shape, w_shape, direction: str, threads: int, rows: int) -> int:
+    """Scratch (float32 elements): U (36·K·C), and per thread a block's V and M and row buffers."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    return 36 * (k * c + SKEW) + threads * _per_thread(c_in, c_out, x_shape[3], rows)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _g6(x0, x1, x2):
+    """G applied to three values: six."""
+    q, s, t = np.float32(0.25), np.float32(1.0 / 6.0), np.float32(1.0 / 24.0)
+    a = x0 + x2
+    b = t * x0 + s * x2
+    h = np.float32(1.0 / 12.0) * x1
+    return q * x0, -s * (a + x1), -s * (a - x1), b + h, b - h, x2
+
+
+@njit(cache=True, nogil=True)
+def _filter_transform(w, lo, hi, u, flipped):
+    """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [lo, hi) (36 planes of K × C); flipped (backward-data):
+    u[ξ][c, k] = (G w[k, c, ::-1, ::-1] Gᵀ)[ξ] for c in [lo, hi) (planes of C × K)."""
+    k, c = w.shape[0], w.shape[1]
+    plane = k * c + SKEW
+    g = w.reshape(w.size)
+    rows = np.empty((6, 3), np.float32)
+    for outer in range(lo, hi):
+        for inner in range(c if not flipped else k):
+            kk, cc = (outer, inner) if not flipped else (inner, outer)
+            s = 9 * (kk * c + cc)
+            at = kk * c + cc if not flipped else cc * k + kk
+            for j in range(3):  # G down each column j of g
+                if flipped:
+                    x0, x1, x2 = g[s + 8 - j], g[s + 5 - j], g[s + 2 - j]
+                else:
+                    x0, x1, x2 = g[s + j], g[s + 3 + j], g[s + 6 + j]
+                y = _g6(x0, x1, x2)
+                for i in range(6):
+                    rows[i, j] = y[i]
+            for i in range(6):  # then G across each row
+                y = _g6(rows[i, 0], rows[i, 1], rows[i, 2])
+                for j in range(6):
+                    u[(6 * i + j) * plane + at] = y[j]
+
+
+@njit(cache=True, nogil=True)
+def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=-1):
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) (all by default) and the tiles j of tile
+    rows [r0, r0 + nr)."""
+    th, tw = (height + 3) // 4, (width + 3) // 4
+    cols = nr * tw
+    ph = tw + 1  # phase length: positions 4m + q, m ≤ tw
+    row = 4 * ph
+    p = buf[: 6 * row]  # the six input rows, phase-split: p[i][q][m] = d(y_i, x = 4m + q − 1)
+    t = buf[6 * row : 12 * row]  # Bᵀ p
+    plane = height * width
+    step = channels * cols + SKEW
+    zero = np.float32(0.0)
+    four, five, two = np.float32(4.0), np.float32(5.0), np.float32(2.0)
+    for c in range(c_lo, channels if c_hi < 0 else c_hi):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            s0 = (n * channels + c) * plane
+            for i in range(6):
+                y = 4 * ty - 1 + i
+                pi = p[i * row : (i + 1) * row]
+                if 0 <= y < height:
+                    a = s0 + y * width
+                    for q in range(4):
+                        for m in range(ph):
+                            x = 4 * m + q - 1
+                            pi[q * ph + m] = src[a + x] if 0 <= x < width else zero
+                else:
+                    for e in range(row):
+                        pi[e] = zero
+            d0, d1, d2 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row]
+            d3, d4, d5 = p[3 * row : 4 * row], p[4 * row : 5 * row], p[5 * row : 6 * row]
+            t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+            t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+            for e in range(row):
+                t0[e] = four * d0[e] - five * d2[e] + d4[e]
+            for e in range(row):
+                t1[e] = d3[e] + d4[e] - four * (d1[e] + d2[e])
+            for e in range(row):
+                t2[e] = four * (d1[e] - d2[e]) - d3[e] + d4[e]
+            for e in range(row):
+                t3[e] = two * (d3[e] - d1[e]) - d2[e] + d4[e]
+            for e in range(row):
+                t4[e] = two * (d1[e] - d3[e]) - d2[e] + d4[e]
+            for e in range(row):
+                t5[e] = four * d1[e] - five * d3[e] + d5[e]
+            j0 = r * tw
+            for i in range(6):
+                ti = t[i * row : (i + 1) * row]
+                e0, e1, e2, e3 = ti[0:ph], ti[ph : 2 * ph], ti[2 * ph : 3 * ph], ti[3 * ph : 4 * ph]
+                b = 6 * i * step + c * cols + j0
+                o0, o1, o2 = v[b : b + tw], v[b + step : b + step + tw], v[b + 2 * step : b + 2 * step + tw]
+                o3, o4 = v[b + 3 * step : b + 3 * step + tw], v[b + 4 * step : b + 4 * step + tw]
+                o5 = v[b + 5 * step : b + 5 * step + tw]
+                # the tile's six columns: e0[tx], e1[tx], e2[tx], e3[tx], e0[tx + 1], e1[tx + 1]
+                for tx in range(tw):
+                    o0[tx] = four * e0[tx] - five * e2[tx] + e0[tx + 1]
+                for tx in range(tw):
+                    o1[tx] = e3[tx] + e0[tx + 1] - four * (e1[tx] + e2[tx])
+                for tx in range(tw):
+                    o2[tx] = four * (e1[tx] - e2[tx]) - e3[tx] + e0[tx + 1]
+                for tx in range(tw):
+                    o3[tx] = two * (e3[tx] - e1[tx]) - e2[tx] + e0[tx + 1]
+                for tx in range(tw):
+                    o4[tx] = two * (e1[tx] - e3[tx]) - e2[tx] + e0[tx + 1]
+                for tx in range(tw):
+                    o5[tx] = four * e1[tx] - five * e3[tx] + e1[tx + 1]
+
+
+@njit(cache=True, nogil=True)
+def _output_transform(m, r0, nr, channels, height, width, dst, buf):
+    """dst[n, k, 4ty + a, 4tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr)."""
+    th, tw = (height + 3) // 4, (width + 3) // 4
+    cols = nr * tw
+    stride = channels * cols + SKEW
+    plane = height * width
+    s = buf[: 24 * tw]  # s[a][j][tx] = Σ_i Aᵀ[a, i] M[(i, j)]
+    two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    for k in range(channels):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            b = k * cols + r * tw
+            for j in range(6):
+                m0, m1 = m[b + j * stride :], m[b + (6 + j) * stride :]
+                m2, m3 = m[b + (12 + j) * stride :], m[b + (18 + j) * stride :]
+                m4, m5 = m[b + (24 + j) * stride :], m[b + (30 + j) * stride :]
+                s0, s1 = s[j * tw : (j + 1) * tw], s[(6 + j) * tw : (7 + j) * tw]
+                s2, s3 = s[(12 + j) * tw : (13 + j) * tw], s[(18 + j) * tw : (19 + j) * tw]
+                for tx in range(tw):
+                    s0[tx] = m0[tx] + m1[tx] + m2[tx] + m3[tx] + m4[tx]
+                for tx in range(tw):
+                    s1[tx] = m1[tx] - m2[tx] + two * (m3[tx] - m4[tx])
+                for tx in range(tw):
+                    s2[tx] = m1[tx] + m2[tx] + four * (m3[tx] + m4[tx])
+                for tx in range(tw):
+                    s3[tx] = m1[tx] - m2[tx] + eight * (m3[tx] - m4[tx]) + m5[tx]
+            o = (n * channels + k) * plane
+            for a in range(4):
+                y = 4 * ty + a
+                if y >= height:
+                    break
+                sa = s[6 * a * tw : 6 * (a + 1) * tw]
+                out = dst[o + y * width : o + (y + 1) * width]
+                for tx in range(tw):
+                    v0, v1, v2 = sa[tx], sa[tw + tx], sa[2 * tw + tx]
+                    v3, v4, v5 = sa[3 * tw + tx], sa[4 * tw + tx], sa[5 * tw + tx]
+                    x = 4 * tx
+                    y0 = v0 + v1 + v2 + v3 + v4
+                    y1 = v1 - v2 + two * (v3 - v4)
+                    y2 = v1 + v2 + four * (v3 + v4)
+                    y3 = v1 - v2 + eight * (v3 - v4) + v5
+                    if x + 3 < width:
+                        out[x] = y0
+                        out[x + 1] = y1
+                        out[x + 2] = y2
+                        out[x + 3] = y3
+                    else:
+                        out[x] = y0
+                        if x + 1 < width:
+                            out[x + 1] = y1
+                        if x + 2 < width:
+                            out[x + 2] = y2
+
+
+@njit(cache=True, nogil=True)
+def _rows(x, u, out, first, last, rows, mine):
+    """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 36 GEMMs, transform."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    c_out = out.shape[1]
+    tw = (width + 3) // 4
+    tb = rows * tw
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+    vsize = 36 * (c_in * tb + SKEW)
+    msize = 36 * (c_out * tb + SKEW)
+    v = mine[:vsize]
+    m = mine[vsize : vsize + msize]
+    buf = mine[vsize + msize :]
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + SKEW
+    for r0 in range(first, last, rows):
+        nr = min(rows, last - r0)
+        cols = nr * tw
+        _input_transform(src, r0, nr, c_in, height, width, v, buf)
+        for xi in range(36):
+            sgemm(False, False, c_out, cols, c_in, u[xi * plane :], c_in, v[xi * (c_in * cols + SKEW) :], cols,
+                  0.0, m[xi * (c_out * cols + SKEW) :], cols, scalars)
+        _output_transform(m, r0, nr, c_out, height, width, dst, buf)
+
+
+def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
+    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(4×4, 3×3) (flipped: backward-data, x = dout)."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    total = n * ((height + 3) // 4)
+    u = scratch[: 36 * (c_in * c_out + SKEW)]
+    outer = w.shape[1] if flipped else w.shape[0]
+    run_shares(lambda t: _filter_transform(w, t * outer // threads, (t + 1) * outer // threads, u, flipped), threads)
+    per_thread = _per_thread(c_in, c_out, width, rows)
+    start = 36 * (c_in * c_out + SKEW)
+
+    def work(t: int) -> None:
+        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+        _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine)
+
+    run_shares(work, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# The weight gradient: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G
+# ----------------------------------------------------------------------------------------------
+
+WEIGHT_TARGET_TILES = 256
+"""Tiles per block of the weight gradient. Two threads, batch 32, wall ms, median of 5 rounds of
+best-of-5 (AMD EPYC, OpenBLAS), blocks of 128 / 256 / 512 / 1024 tiles: 64 @32×32 11.96 / 11.25 /
+11.12 / 12.41; 128 @16×16 9.02 / 9.09 / 9.95 (the last two the same block)."""
+
+WEIGHT_BUDGET_ELEMENTS = 1 << 22
+"""At most this many float32 (16 MiB) in the weight gradient's block V and M together."""
+
+
+def weight_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int = WEIGHT_TARGET_TILES,
+                      budget: int = WEIGHT_BUDGET_ELEMENTS) -> int:
+    """Tile rows per block of the weight gradient, independent of the thread count (the blocks fix the
+    order of every sum: the same bits at any thread count)."""
+    n, _, h, w = x_shape
+    tw = (w + 3) // 4
+    total = n * ((h + 3) // 4)
+    wanted = -(-target_tiles // tw)
+    fits = max(1, budget // (36 * (c_in + c_out) * tw))
+    return max(1, min(total, wanted, fits))
+
+
+def _weight_buffer(width: int) -> int:
+    tw = (width + 3) // 4
+    return 12 * 4 * (tw + 1) + 40 * tw
+
+
+def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
+    """Scratch of the weight gradient: dU (36·K·C), one block's V and M, per thread a row buffer."""
+    k, c = w_shape[0], w_shape[1]
+    tw = (x_shape[3] + 3) // 4
+    return 36 * (k * c + SKEW) + 36 * ((c + k) * rows * tw + 2 * SKEW) + threads * _weight_buffer(x_shape[3])
+
+
+@njit(cache=True, nogil=True)
+def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
+    """m[ξ][k][j] = (A dY Aᵀ)[ξ] for the channels [k_lo, k_hi) and the tiles j of tile rows
+    [r0, r0 + nr) of dY (flat NCHW, the output plane = the input plane); zeros past the edges.
+
+    A dY has rows y0, y0 + y1 + y2 + y3, y0 − y1 + y2 − y3, y0 + 2y1 + 4y2 + 8y3, y0 − 2y1 + 4y2 − 8y3,
+    y3 (the tile's four rows); the same across the columns, which are split into their four phases
+    (x mod 4) so both passes are contiguous loops over the tiles."""
+    th, tw = (height + 3) // 4, (width + 3) // 4
+    cols = nr * tw
+    step = channels * cols + SKEW
+    plane = height * width
+    row = 4 * tw
+    p = buf[: 4 * row]  # p[a][q][tx] = dY(4ty + a, 4tx + q)
+    t = buf[4 * row : 10 * row]  # A p
+    zero = np.float32(0.0)
+    two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    for k in range(k_lo, k_hi):
+        for r in range(nr):
+            n, ty = (r0 + r) // th, (r0 + r) % th
+            s0 = (n * channels + k) * plane
+            for a in range(4):
+                y = 4 * ty + a
+                pa = p[a * row : (a + 1) * row]
+                if y < height:
+                    b = s0 + y * width
+                    for q in range(4):
+                        for tx in range(tw):
+                            x = 4 * tx + q
+                            pa[q * tw + tx] = src[b + x] if x < width else zero
+                else:
+                    for e in range(row):
+                        pa[e] = zero
+            y0, y1, y2, y3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
+            t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+            t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+            for e in range(row):
+                t0[e] = y0[e]
+            for e in range(row):
+                t1[e] = y0[e] + y1[e] + y2[e] + y3[e]
+            for e in range(row):
+                t2[e] = y0[e] - y1[e] + y2[e] - y3[e]
+            for e in range(row):
+                t3[e] = y0[e] + two * y1[e] + four * y2[e] + eight * y3[e]
+            for e in range(row):
+                t4[e] = y0[e] - two * y1[e] + four * y2[e] - eight * y3[e]
+            for e in range(row):
+                t5[e] = y3[e]
+            j0 = r * tw
+            for i in range(6):
+                ti = t[i * row : (i + 1) * row]
+                e0, e1, e2, e3 = ti[0:tw], ti[tw : 2 * tw], ti[2 * tw : 3 * tw], ti[3 * tw : 4 * tw]
+                b = 6 * i * step + k * cols + j0
+                o0, o1, o2 = m[b : b + tw], m[b + step : b + step + tw], m[b + 2 * step : b + 2 * step + tw]
+                o3, o4 = m[b + 3 * step : b + 3 * step + tw], m[b + 4 * step : b + 4 * step + tw]
+                o5 = m[b + 5 * step : b + 5 * step + tw]
+                for tx in range(tw):
+                    o0[tx] = e0[tx]
+                for tx in range(tw):
+                    o1[tx] = e0[tx] + e1[tx] + e2[tx] + e3[tx]
+                for tx in range(tw):
+                    o2[tx] = e0[tx] - e1[tx] + e2[tx] - e3[tx]
+                for tx in range(tw):
+                    o3[tx] = e0[tx] + two * e1[tx] + four * e2[tx] + eight * e3[tx]
+                for tx in range(tw):
+                    o4[tx] = e0[tx] - two * e1[tx] + four * e2[tx] - eight * e3[tx]
+                for tx in range(tw):
+                    o5[tx] = e3[tx]
+
+
+@njit(cache=True, nogil=True)
+def _weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
+    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi)."""
+    scalars = np.empty(2, np.float32)
+    plane = c_out * c_in + SKEW
+    for xi in range(xi_lo, xi_hi):
+        sgemm(False, True, c_out, c_in, cols, m[xi * (c_out * cols + SKEW):], cols,
+              v[xi * (c_in * cols + SKEW):], cols, beta, du[xi * plane:], c_in, scalars)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gt3(x0, x1, x2, x3, x4, x5):
+    """Gᵀ applied to six values: three."""
+    s, t = np.float32(1.0 / 6.0), np.float32(1.0 / 24.0)
+    a, b = x1 + x2, x3 + x4
+    return np.float32(0.25) * x0 - s * a + t * b, s * (x2 - x1) + np.float32(1.0 / 12.0) * (x3 - x4), s * (b - a) + x5
+
+
+@njit(cache=True, nogil=True)
+def _filter_backward(du, dw, k_lo, k_hi):
+    """dw[k, c] = Gᵀ du[·][k, c] G for k in [k_lo, k_hi): 36 read streams, 9 floats out."""
+    k, c = dw.shape[0], dw.shape[1]
+    plane = k * c + SKEW
+    out = dw.reshape(dw.size)
+    cols = np.empty((3, 6), np.float32)
+    for kk in range(k_lo, k_hi):
+        for cc in range(c):
+            at = kk * c + cc
+            for j in range(6):  # Gᵀ down each column j: rows i of dU are the planes 6i + j
+                r = _gt3(du[j * plane + at], du[(6 + j) * plane + at], du[(12 + j) * plane + at],
+                         du[(18 + j) * plane + at], du[(24 + j) * plane + at], du[(30 + j) * plane + at])
+                cols[0, j], cols[1, j], cols[2, j] = r[0], r[1], r[2]
+            o = 9 * at
+            for a in range(3):  # then G across each of the three rows
+                r = _gt3(cols[a, 0], cols[a, 1], cols[a, 2], cols[a, 3], cols[a, 4], cols[a, 5])
+                out[o + 3 * a], out[o + 3 * a + 1], out[o + 3 * a + 2] = r[0], r[1], r[2]
+
+
+def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
+    """dw = ∂L/∂w of a 3×3 stride-1 pad-1 convolution by Winograd F(4×4, 3×3): per block of ``rows``
+    tile rows the threads transform x (by channel) and dout (by output channel), then run the 36 GEMMs
+    dU[ξ] += M[ξ] V[ξ]ᵀ (by ξ); last, dw = Gᵀ dU G (by k). The blocks do not depend on the thread
+    count, so every sum runs in the same order at any thread count (``conv_winograd.backward_weight``)."""
+    n, c, h, width = x.shape
+    k = dw.shape[0]
+    tw = (width + 3) // 4
+    total = n * ((h + 3) // 4)
+    du = scratch[: 36 * (k * c + SKEW)]
+    at = 36 * (k * c + SKEW)
+    v = scratch[at : at + 36 * (c * rows * tw + SKEW)]
+    at += 36 * (c * rows * tw + SKEW)
+    m = scratch[at : at + 36 * (k * rows * tw + SKEW)]
+    at += 36 * (k * rows * tw + SKEW)
+    per_thread = _weight_buffer(width)
+    src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
+
+    def transforms(t: int, r0: int, nr: int) -> None:
+        buf = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _input_transform(src, r0, nr, c, h, width, v, buf, t * c // threads, (t + 1) * c // threads)
+        _dout_transform(dsrc, r0, nr, t * k // threads, (t + 1) * k // threads, k, h, width, m, buf)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        beta = 0.0 if r0 == 0 else 1.0
+        run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
+        run_shares(lambda t, nr=nr, beta=beta: _weight_gemms(
+            m, v, du, t * 36 // threads, (t + 1) * 36 // threads, k, c, nr * tw, beta), threads)
+    run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)
