@@ -97,7 +97,8 @@ SHARED_FORWARD_KERNEL = ("winograd4", "winograd", "shifted", "depthwise-flat")
 """Paths whose backward-data calls the forward kernel (``conv_winograd4.forward(..., flipped=True)``,
 ``conv_winograd.forward(..., flipped=True)``,
 ``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``)
-with the same argument types."""
+with the same argument types: their backward-data shares the forward's job, which makes both calls
+(``run_job``), so the two workers never compile the same kernel at once."""
 
 
 def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list[Job]:
@@ -275,7 +276,7 @@ TINY_ARGS: dict[str, Callable[[], tuple]] = {
 """Tiny arguments for every non-conv table op, of the dtypes and ranks the layers pass."""
 
 
-def _conv_args(job: Job) -> tuple:
+def _conv_args(job: Job, direction: str | None = None) -> tuple:
     from kernels.cpu import TABLE
 
     x_shape, w_shape, stride, pad, groups, bias = job.conv
@@ -283,9 +284,9 @@ def _conv_args(job: Job) -> tuple:
     oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
     ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
     out_shape = (x_shape[0], k, oh, ow)
-    direction = next(d for d, op in CONV_OPS.items() if op == job.op)
+    direction = direction or next(d for d, op in CONV_OPS.items() if op == job.op)
     if job.version is None:
-        size = TABLE[job.op + "_workspace_size"](x_shape, w_shape, stride, pad, groups)
+        size = TABLE[CONV_OPS[direction] + "_workspace_size"](x_shape, w_shape, stride, pad, groups)
     else:
         from kernels.cpu import conv_study
 
@@ -309,6 +310,14 @@ def run_job(job: Job) -> float:
         TABLE[job.op](*TINY_ARGS[job.op]())
     elif job.version is None:
         TABLE[job.op](*_conv_args(job))
+        if job.op == CONV_OPS["forward"] and job.path in SHARED_FORWARD_KERNEL:
+            # backward-data's own pieces on these paths (Winograd's flipped filter transform since v13),
+            # in the same worker as the forward kernel they share
+            from kernels.cpu import conv as cpu_conv
+
+            x_shape, w_shape, stride, pad, groups, _ = job.conv
+            if cpu_conv.path(x_shape, w_shape, stride, pad, groups, "data") == job.path:
+                TABLE[CONV_OPS["data"]](*_conv_args(job, "data"))
     else:
         from kernels.cpu import conv_study
 

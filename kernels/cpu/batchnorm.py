@@ -97,9 +97,12 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
     N, C, area = x.shape
     count = N * area
     for c in prange(C):
-        mean = _channel_sum(x, c) / count
+        # np.int64(c): Numba types c as int64 before the parfor pass and uint64 inside its gufunc, and
+        # would compile each sum helper for both (tests/engine/test_warmup.py: one signature per kernel)
+        ch = np.int64(c)
+        mean = _channel_sum(x, ch) / count
         # second pass over centred values: no cancellation, unlike E[x^2] - E[x]^2
-        squares = _channel_squares(x, c, mean)
+        squares = _channel_squares(x, ch, mean)
         var = squares / count  # biased: what the batch is normalized with
         invstd = 1.0 / math.sqrt(var + eps)
         scale = _safe_gamma(gamma[c]) * invstd
@@ -130,11 +133,12 @@ def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
     N, C, area = y.shape
     count = N * area
     for c in prange(C):
+        ch = np.int64(c)  # one signature of _channel_gradient_sums (see _forward_train)
         g = np.float64(_safe_gamma(gamma[c]))
         inv_g = 1.0 / g
         b = np.float64(beta[c])
         invstd = np.float64(save_invstd[c])
-        sum_dout, sum_dout_xhat = _channel_gradient_sums(y, dout, c, b, inv_g)
+        sum_dout, sum_dout_xhat = _channel_gradient_sums(y, dout, ch, b, inv_g)
         dbeta[c] = sum_dout
         dgamma[c] = sum_dout_xhat
         k = g * invstd

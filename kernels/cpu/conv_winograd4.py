@@ -254,7 +254,8 @@ def _rows(x, u, out, first, last, rows, mine):
     for r0 in range(first, last, rows):
         nr = min(rows, last - r0)
         cols = nr * tw
-        _input_transform(src, r0, nr, c_in, height, width, v, buf)
+        # every argument given, typed: omitted defaults (or a literal 0) compile a second signature
+        _input_transform(src, r0, nr, c_in, height, width, v, buf, np.int64(0), c_in)
         for xi in range(36):
             sgemm(False, False, c_out, cols, c_in, u[xi * plane :], c_in, v[xi * (c_in * cols + SKEW) :], cols,
                   0.0, m[xi * (c_out * cols + SKEW) :], cols, scalars)
