@@ -19,8 +19,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
-  (``conv_shifted.py``), except the weight gradient of < ``SHIFTED_WEIGHT_MIN_CHANNELS`` input
-  channels (the stems), which stays on im2col.
+  (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
+  stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
@@ -84,12 +84,18 @@ SHIFTED_MIN_PIXELS = 64
 path. On 4×4 planes its zero separator rows waste a quarter of the GEMM and im2col stayed faster
 (512 ch @4×4, one thread, CPU ms: forward 28.4 vs 24.4, backward-data 32.2 vs 28.4)."""
 
-SHIFTED_WEIGHT_MIN_CHANNELS = 8
-"""The weight gradient of a 3×3 conv with fewer input channels (ResNet-18's and MobileNetV2's 3-channel
-stems) runs on im2col (v11): the shifted path's three GEMMs ``dW_dy (K × 3C) += D @ P3ᵀ`` are 9
-columns wide there and read ``dout`` three times, where im2col reads it once for a K × 27 result.
-One thread, 16 images, thread CPU ms shifted / im2col (AMD Zen 4): 3→64 @32×32 3.14 / 1.83,
-3→32 1.55 / 0.95, 8→64 2.28 / 2.15, 16→64 3.72 / 4.19, 32→64 6.88 / 7.72."""
+SHIFTED_MIN_CHANNELS = 8
+"""A 3×3 conv with fewer input channels (ResNet-18's and MobileNetV2's 3-channel stems) runs on
+im2col. The weight gradient since v11: the shifted path's three GEMMs ``dW_dy (K × 3C) += D @ P3ᵀ``
+are 9 columns wide there and read ``dout`` three times, where im2col reads it once for a K × 27
+result. One thread, 16 images, thread CPU ms shifted / im2col (AMD Zen 4): 3→64 @32×32 3.14 / 1.83,
+3→32 1.55 / 0.95, 8→64 2.28 / 2.15, 16→64 3.72 / 4.19, 32→64 6.88 / 7.72.
+
+Forward and backward-data since v17, for the first run rather than the step: once F(4×4) took the
+64-channel 32×32 layers (v14, v15), the stem's forward was the only call of ResNet-18 and MobileNetV2
+on the shifted path, and its warm-up job cost 1.7 s of compile CPU of a cold start, for a layer
+that runs 0.94 ms on it against 1.27 ms on im2col (3→64 @32×32, batch 32, two threads, median of
+25; a stem needs no backward-data). 0.3 ms a step is 15 ms over the README's one-epoch command."""
 
 WINOGRAD_MIN_CHANNELS = 64
 WINOGRAD_MAX_PIXELS = 256
@@ -153,6 +159,7 @@ class Paths:
     winograd4: bool = True
     winograd4_weight: bool = True
     pointwise_weight_in_place: bool = True
+    narrow_im2col: bool = True
 
 
 EXPORTED = Paths()
@@ -213,7 +220,10 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         paths.shifted
         and conv_shifted.supported(x_shape, w_shape, stride, pad, groups)
         and x_shape[2] * x_shape[3] >= SHIFTED_MIN_PIXELS
-        and (direction != "weight" or not paths.narrow_weight_im2col or x_shape[1] >= SHIFTED_WEIGHT_MIN_CHANNELS)
+        and (
+            x_shape[1] >= SHIFTED_MIN_CHANNELS
+            or not (paths.narrow_weight_im2col if direction == "weight" else paths.narrow_im2col)
+        )
     ):
         return "shifted"
     return "gemm"

@@ -60,10 +60,14 @@ kernels/README.md ("What each step bought").
 - v15 ``Winograd F(4×4) weight gradient``: v14, plus the weight gradient of the same
   layers by F(4×4) (``conv_winograd4.backward_weight``), and on 8×8 planes too: 64 @32×32 15.51 →
   11.25 ms (shifted GEMMs before), 128 @16×16 10.56 → 9.09, 256 @8×8 10.30 → 9.23 (F(2×2) before).
-- v16 ``pointwise weight in place`` (exported): v15, but the 1×1 stride-1 weight gradient on planes
+- v16 ``pointwise weight in place``: v15, but the 1×1 stride-1 weight gradient on planes
   of ≥ 64 pixels runs one β = 1 sgemm per image in place on NCHW (``conv._pointwise_weight_in_place``),
   not gathered tiles plus a partial add per tile. Two threads, batch 32, ms v15 → v16: 144→32
   @16×16 1.05 → 0.71, 192→32 1.35 → 0.90, 384→64 @8×8 1.00 → 0.80, 576→96 1.80 → 1.49.
+- v17 ``stems on im2col`` (exported): v16, but convolutions of < 8 input channels (the stems) run
+  forward and backward-data on im2col too, not the shifted GEMMs: with v14/v15 the stem was the
+  shifted path's last caller in ResNet-18 and MobileNetV2, and its compile cost a cold start 1.7 s
+  of CPU for 0.3 ms a step (``conv.SHIFTED_MIN_CHANNELS``).
 """
 
 from __future__ import annotations
@@ -78,46 +82,51 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+    narrow_im2col=False,
 )
-V15_PATHS = conv.Paths(pointwise_weight_in_place=False)
-V14_PATHS = conv.Paths(winograd4_weight=False, pointwise_weight_in_place=False)
-V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False)
+V16_PATHS = conv.Paths(narrow_im2col=False)
+V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False)
+V14_PATHS = conv.Paths(winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
+V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
 V12_PATHS = conv.Paths(
-    winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False
+    winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+    narrow_im2col=False,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False,
+    pointwise_weight_in_place=False, narrow_im2col=False,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
-    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False,
+    pointwise_weight_in_place=False, narrow_im2col=False,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
-    winograd4_weight=False, pointwise_weight_in_place=False,
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+    narrow_im2col=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
+    narrow_im2col=False,
 )
 
 
@@ -647,7 +656,8 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
-             11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS}
+             11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
+             16: V16_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 

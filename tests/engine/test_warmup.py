@@ -65,13 +65,14 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
     shifted = {f"conv2d_{d}/shifted/bias=False/v=None" for d in ("forward", "backward_weight")}
     winograd = {f"conv2d_{d}/winograd/bias=False/v=None" for d in ("forward", "backward_weight")}
     # with OpenBLAS, the 64- to 256-channel layers on 16×16 and 32×32 take F(4×4) in every direction,
-    # and the shifted GEMMs keep only the stem's forward
+    # and the stem is on im2col (v17): nothing is left on the shifted GEMMs, whose job a cold start
+    # then does not compile
     from kernels.cpu import blas
 
     winograd4 = set()
     if blas.select_sgemm() == blas.OPENBLAS:
         winograd4 = {f"conv2d_{d}/winograd4/bias=False/v=None" for d in ("forward", "backward_weight")}
-        shifted = {"conv2d_forward/shifted/bias=False/v=None"}
+        shifted = set()
     assert conv == gemm | shifted | winograd | winograd4
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 

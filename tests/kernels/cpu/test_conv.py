@@ -420,7 +420,7 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
         ((32, 128, 16, 16), (128, 128, 3, 3), "winograd"),
         ((32, 256, 8, 8), (256, 256, 3, 3), "winograd"),
         ((32, 512, 4, 4), (512, 512, 3, 3), "winograd"),
-        ((32, 3, 32, 32), (64, 3, 3, 3), "gemm"),  # the stem: im2col (SHIFTED_WEIGHT_MIN_CHANNELS)
+        ((32, 3, 32, 32), (64, 3, 3, 3), "gemm"),  # the stem: im2col (SHIFTED_MIN_CHANNELS)
         ((32, 8, 32, 32), (64, 8, 3, 3), "shifted"),
     ],
 )
@@ -590,3 +590,14 @@ def test_add_partials_adds_slot_after_slot_in_order_within_its_range():
     for t in range(3):
         expected[7:990] = expected[7:990] + partials[t * 1001 + 7 : t * 1001 + 990]
     assert got.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("direction", ["forward", "data", "weight"])
+def test_stems_run_on_im2col_in_every_direction(direction):
+    # v17: a conv of < SHIFTED_MIN_CHANNELS input channels takes im2col; v16 kept its forward and
+    # backward-data on the shifted GEMMs (the first run's reason is in SHIFTED_MIN_CHANNELS' docstring)
+    stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
+    assert cpu.path(*stem, 1, 1, 1, direction) == "gemm"
+    assert cpu.path(*wide, 1, 1, 1, direction, conv_study.V13_PATHS) == "shifted"
+    if direction != "weight":
+        assert cpu.path(*stem, 1, 1, 1, direction, conv_study.V16_PATHS) == "shifted"
