@@ -25,14 +25,14 @@ SHAPES = [
     (9, 50, 6, 6, 50, 3, 1, 1, 50),  # depthwise v2: several channel chunks, checked runs at the ends, four-image runs
     (6, 40, 7, 7, 40, 3, 2, 1, 40),  # depthwise v2 at stride 2 (odd plane), several chunks, four-image runs
     (3, 2, 7, 3, 3, 5, 1, 2, 1),  # 5×5 "same" on a plane narrower than the kernel: flat im2col rows, two zeroed columns
-    (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3×3 shifted GEMMs: stacked tiles (separator rows), a thread with a partial tile
-    (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 3×3 shifted GEMMs: one-image tiles written straight into out / read from dout
+    (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3 channels: im2col since v17 (the study's v16: shifted GEMMs, stacked tiles)
+    (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 2 channels: im2col since v17 (v16: shifted, one-image tiles in place)
     (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, several chunks
     (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
     (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
-    (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted weight gradient (≥ 8 channels): stacked tiles, a partial tile
-    (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted weight gradient: one-image tiles read from dout in place
+    (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted GEMMs (≥ 8 channels), every direction: stacked tiles, a partial tile
+    (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted GEMMs, every direction: one-image tiles in place
     (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
@@ -231,7 +231,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
     [
         ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "winograd"),
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
-        ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "shifted"),  # the stem: too few channels for Winograd
+        ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-flat"),
@@ -525,15 +525,19 @@ def test_chunked_filter_transform_gives_the_same_bits(flipped):
 
 
 def test_shifted_path_runs_on_the_tested_shapes():
-    # the reference tests above reach the shifted kernels only if these shapes pick them
+    # the reference tests above reach the shifted kernels only if these shapes pick them: since v17
+    # the < 8-channel shapes 13 and 14 take im2col in every direction (the study's v16 still runs them
+    # on the shifted GEMMs), and 19 and 20 (8 channels) cover the shifted forward and weight gradient
     for i in (13, 14):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
-        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward") == "shifted"
-        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "gemm"  # < 8 channels
+        for direction in ("forward", "weight"):
+            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "gemm"  # < 8 channels
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward", conv_study.V16_PATHS) == "shifted"
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study.V10_PATHS) == "shifted"
     for i in (19, 20):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
-        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight") == "shifted"
+        for direction in ("forward", "data", "weight"):
+            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "shifted"
 
 
 DEPTHWISE_SHAPES = [  # flat depthwise shapes of more than one chunk at 1024 floats a chunk
