@@ -94,7 +94,7 @@ def test_batchnorm_is_deterministic_for_any_thread_count(rng):
 
 def misaligned(a: np.ndarray, floats: int) -> np.ndarray:
     """A copy of ``a`` starting ``floats`` float32s past a 64-byte boundary."""
-    buffer = np.empty(a.size + 16, np.float32)
+    buffer = np.empty(a.size + 32, np.float32)  # up to 15 floats to the boundary, then up to 15 past it
     start = (-(buffer.ctypes.data // 4)) % 16 + floats
     view = buffer[start : start + a.size].reshape(a.shape)
     view[...] = a
