@@ -528,8 +528,9 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m):
 
 
 @njit(cache=True, nogil=True)
-def _weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
-    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi)."""
+def weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
+    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi): the weight
+    gradient's GEMMs of F(2×2) (16 planes) and F(4×4) (36, ``conv_winograd4``), planes ``SKEW`` apart."""
     scalars = np.empty(2, np.float32)
     plane = c_out * c_in + SKEW
     for xi in range(xi_lo, xi_hi):
@@ -592,6 +593,6 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
         nr = min(rows, total - r0)
         beta = 0.0 if r0 == 0 else 1.0
         run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
-        run_shares(lambda t, nr=nr, beta=beta: _weight_gemms(
+        run_shares(lambda t, nr=nr, beta=beta: weight_gemms(
             m, v, du, t * 16 // threads, (t + 1) * 16 // threads, k, c, nr * tw, beta), threads)
     run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)

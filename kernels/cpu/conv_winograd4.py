@@ -42,10 +42,11 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_winograd import SKEW, weight_gemms
 from kernels.cpu.threads import run_shares
 
-SKEW = 16
-"""Floats between consecutive ξ planes beyond their size (4 KiB set aliasing: ``conv_winograd.SKEW``)."""
+# SKEW: floats between consecutive ξ planes beyond their size (4 KiB set aliasing), conv_winograd's, so
+# the two paths share weight_gemms
 
 
 def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
@@ -387,16 +388,6 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
                     o5[tx] = e3[tx]
 
 
-@njit(cache=True, nogil=True)
-def _weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
-    """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi)."""
-    scalars = np.empty(2, np.float32)
-    plane = c_out * c_in + SKEW
-    for xi in range(xi_lo, xi_hi):
-        sgemm(False, True, c_out, c_in, cols, m[xi * (c_out * cols + SKEW):], cols,
-              v[xi * (c_in * cols + SKEW):], cols, beta, du[xi * plane:], c_in, scalars)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _gt3(x0, x1, x2, x3, x4, x5):
     """Gᵀ applied to six values: three."""
@@ -452,6 +443,6 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
         nr = min(rows, total - r0)
         beta = 0.0 if r0 == 0 else 1.0
         run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
-        run_shares(lambda t, nr=nr, beta=beta: _weight_gemms(
+        run_shares(lambda t, nr=nr, beta=beta: weight_gemms(
             m, v, du, t * 36 // threads, (t + 1) * 36 // threads, k, c, nr * tw, beta), threads)
     run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)
