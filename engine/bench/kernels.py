@@ -4,7 +4,7 @@ One row per (op, shape): milliseconds, GFLOP/s (GB/s for memory-bound ops), the 
 NumPy's float32 GEMM throughput measured in the same run (the ceiling for any fp32 kernel on this
 machine), the largest absolute difference from the NumPy reference, and with ``--compare torch``
 torch's time for the same op on the same arrays. Convolution also shows its numbered versions
-(rows with version ``v1`` … ``v10``, from ``kernels/cpu/conv_study.py``; ``table`` is the kernel the
+(rows with version ``v1`` onwards, ``conv_study.VERSIONS`` in ``kernels/cpu/conv_study.py``; ``table`` is the kernel the
 layers call), so the table says what each optimization bought.
 
 Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
