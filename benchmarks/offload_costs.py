@@ -26,7 +26,7 @@ Configurations (all N=4 except ``none``, which always runs):
 
 ``--layers`` also times every layer (a pair of hooks around the scheduler's, so a layer's time leaves
 out the scheduler's) and the scheduler's own hooks, with and without offload, summed by role.
-Timings are worthless unless nothing else runs (on the shared machine: under ``flock /tmp/cpu.lock``).
+Timings are worthless unless nothing else runs on the machine.
 """
 
 from __future__ import annotations

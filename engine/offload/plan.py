@@ -522,7 +522,7 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     MobileNetV2 at N=4 the plan writes 206 MiB per step at batch 32, 47% of it the expand batch
     norms' outputs (97 MiB), 39% the depthwise ones' (80 MiB). Rebuilding an expand output means the
     1×1 conv's forward from the block input plus a batch-norm pass. ``benchmarks/offload_costs.py``
-    (AMD EPYC, 2 cores, steps of all configurations alternating in one process, under the CPU lock)
+    (AMD EPYC, 2 cores, steps of all configurations alternating in one process, nothing else running)
     measured that work at its place in the backward: 33 ms per step at batch 32 and 139 ms at batch
     128, against an IO-removal upper bound (those units kept resident, nothing written) of 24-36 ms
     and 87 ms. Step with offload / without: batch 32 1.260x as is, 1.164x kept, 1.289x with the

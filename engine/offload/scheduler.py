@@ -41,7 +41,7 @@ and one saving, N+2 at most), and a prediction can start more loads than that; t
 inside the arena, but the user asked for N. What it would buy, measured (``predict_leads=True``
 with a fixed N): the loads of MobileNetV2's 12-18 MiB units arrive
 late at N=4 (``/tmp``'s disk reads ~0.9 GiB/s here while the backward runs). Steps alternating in
-one process (no offload, N=4 as before, N=4 predicting), two runs each, under the CPU lock: stall
+one process (no offload, N=4 as before, N=4 predicting), two runs each, nothing else running: stall
 per step at batch 32 8.0 -> 5.5 and 13.7 -> 2.9 ms, step 1.204 -> 1.206x and 1.319 -> 1.309x; at
 batch 128 13.0 -> 5.1 and 15.3 -> 4.7 ms, 1.116 -> 1.109x and 1.167 -> 1.162x; the resident peak
 of saved tensors unchanged (63 / 57 and 228 MiB). Loading everything as soon as its bytes are free
@@ -70,8 +70,8 @@ out of the caches (the kernels slow down by about 12%).
   switches;
 - the interpreter, ~20 ms. Most of that was ``np.prod`` in the plan's byte counts, now cached
   (``plan.TensorSpec.nbytes``).
-Measured again on fccf69d with ``benchmarks/offload_costs.py --layers`` (same machine, under the
-CPU lock, batch 32): step 370 -> 467 ms (1.26x); the layers 375 -> 420 ms; the scheduler's hooks
+Measured again on fccf69d with ``benchmarks/offload_costs.py --layers`` (same machine,
+nothing else running, batch 32): step 370 -> 467 ms (1.26x); the layers 375 -> 420 ms; the scheduler's hooks
 40.5 ms on the executor: before_backward 31.8 (rebuilds 13.3, stall 14.8 in that run, 4-15 over
 runs), create 4.4, after_forward 2.4, after_backward 1.6. The saver's CPU 73 µs and the loader's
 89 µs per MiB (15 and 18 ms per step); ``--offload-verify off`` takes both to ~40 µs per MiB and the

@@ -157,7 +157,8 @@ def test_a_fixed_window_predicts_load_times_only_when_asked(cpu, tmp_path):
     assert_bounded(stats)
     _, plain, _ = train(cpu, "mlp", 1, 4, 2, MLP, tmp_path, (3, 8, 8), delay=slow)
     assert [s.lead_steps for s in plain] == [1, 1, 1, 1]
-    assert sum(s.stall_s for s in stats[1:]) < sum(s.stall_s for s in plain[1:])
+    # what the earlier loads buy (less stall) is a timing, measured in engine bench and
+    # benchmarks/offload_costs.py, not asserted here
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a RAM-backed directory for instant storage")
