@@ -126,9 +126,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     if unknown:
         fail(f"--models: unknown {', '.join(unknown)}; choose from resnet18, mobilenetv2")
     if compare == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # not imported here: torch is timed in its own process
             fail("--compare torch needs PyTorch: pip install -e '.[test]'")
     select_backend(backend)
     from engine.bench import kernels as kernel_bench
@@ -138,7 +138,11 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     if not cases:
         fail(f"no kernels match --ops {ops!r} on backend {backend}")
     sgemm = kernel_bench.sgemm_gflops(repeat)
-    records = kernel_bench.measure(cases, backend, repeat, compare == "torch", sgemm)
+    if compare == "torch":
+        with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat) as torch_process:
+            records = kernel_bench.measure(cases, backend, repeat, True, sgemm, torch_process=torch_process)
+    else:
+        records = kernel_bench.measure(cases, backend, repeat, False, sgemm)
     dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
     if output:
         from engine.validate import write_output

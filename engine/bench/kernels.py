@@ -436,17 +436,106 @@ def load_tables(backend: str) -> tuple[dict, dict]:
     return dict(table), dict(reference)
 
 
-def measure(
-    cases: list[Case], backend: str, repeat: int, compare_torch: bool, sgemm: float, progress=None
-) -> list[Record]:
-    if compare_torch:
-        import torch
+class TorchProcess:
+    """torch's side of ``--compare torch``, timed in a process of its own, one case at a time.
 
-        torch.set_num_threads(2 if _cpu_count() >= 2 else 1)
+    Why not in this process: GNU OpenMP is loaded once per process, by soname, and reads its
+    settings when it loads; torch ships its own ``libgomp.so.1``, Numba's pool links the system's.
+    Whichever comes first serves both, so one of the two always ran on the other's runtime:
+    - torch imported first (what ``engine kernels`` did): Numba's ``prange`` kernels ran on
+      torch's runtime with its default spin-waiting workers, not the sleeping ones the engine
+      starts (``kernels.cpu.threads.start_numba_pool``): dense 1024→1024 with bias 0.74 → 7.9 ms, and
+      every depthwise, batch-norm and element-wise row slower than it is in training;
+    - Numba first: torch ran on the system runtime with passive waits, slower than in a torch
+      program (depthwise 192 s2 @16×16 forward 0.25–0.39 → 0.47 ms, 1×1 64→384 @8×8 0.56–0.60 →
+      0.72–0.75).
+    So each side runs as it does in its own program: this process never imports torch; the child
+    (``_TORCH_WORKER``) imports it before anything else, builds the
+    same cases from the same arguments (the same order, checked by key), and times case ``i`` when
+    asked, right after this process timed its own: the two still alternate, row by row, and never
+    overlap.
+    """
+
+    def __init__(self, ops: list[str] | None, batch: int, versions: bool, models, repeat: int) -> None:
+        import json
+        import subprocess
+        import sys
+
+        spec = {"ops": ops, "batch": batch, "versions": versions, "models": list(models), "repeat": repeat}
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", _TORCH_WORKER, json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
+        self.pid = self._child.pid
+        self._read("ready")
+
+    def _read(self, expect: str) -> str:
+        line = self._child.stdout.readline() if self._child.stdout else ""
+        if not line.startswith(expect):
+            self.close()
+            raise RuntimeError(f"the torch timing process stopped ({line.strip() or 'no output'}): see its error above")
+        return line[len(expect) :].strip()
+
+    def time_ms(self, index: int, case: Case) -> float:
+        """torch's best-of-``repeat`` milliseconds for case ``index`` (the same case in the child)."""
+        assert self._child.stdin is not None
+        self._child.stdin.write(f"{index}\t{case.op}\t{case.version}\t{case.shape}\n")
+        return float(self._read("ms"))
+
+    def close(self) -> None:
+        if self._child.poll() is None:
+            if self._child.stdin:
+                self._child.stdin.close()
+            self._child.wait(timeout=30)
+
+    def __enter__(self) -> TorchProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_TORCH_WORKER = "import torch, sys; from engine.bench.kernels import _torch_worker; _torch_worker(sys.argv[1])"
+"""The child's program: torch imported before anything that could start Numba's OpenMP pool."""
+
+
+def _torch_worker(spec_json: str) -> None:
+    """The child of ``TorchProcess``: torch first, then the cases; one line in, one line out."""
+    import json
+    import os
+    import sys
+
+    import torch  # already imported by _TORCH_WORKER, before Numba's pool: torch's own OpenMP runtime
+
+    torch.set_num_threads(2 if _cpu_count() >= 2 else 1)
+    spec = json.loads(spec_json)
+    cases, _ = build_cases("cpu", spec["ops"], spec["batch"], spec["versions"], tuple(spec["models"]))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        index, op, version, shape = line.rstrip("\n").split("\t")
+        case = cases[int(index)] if 0 <= int(index) < len(cases) else None
+        if case is None or (case.op, case.version, case.shape) != (op, version, shape) or case.torch_run is None:
+            mine = "missing" if case is None else f"{case.op} {case.version} {case.shape}"
+            print(f"error: case {index} is {mine} here, not {op} {version} {shape}", flush=True)
+            return
+        run = case.torch_run()
+        quiesce(other_pids=(os.getppid(),))
+        print(f"ms {best_ms(run, spec['repeat'])!r}", flush=True)
+
+
+def measure(
+    cases: list[Case], backend: str, repeat: int, compare_torch: bool, sgemm: float, progress=None,
+    torch_process: TorchProcess | None = None,
+) -> list[Record]:
+    """Time every case; with ``compare_torch``, torch's time for it too, from ``torch_process`` (built
+    from the same arguments as ``cases``; see ``TorchProcess``)."""
+    if compare_torch and torch_process is None:
+        raise ValueError("compare_torch needs the TorchProcess built from the same build_cases arguments")
     records = []
-    for case in cases:
+    others = (torch_process.pid,) if torch_process is not None else ()
+    for index, case in enumerate(cases):
         try:
-            quiesce()
+            quiesce(other_pids=others)
             ms = best_ms(case.run, repeat)
             err = case.check()
         except Exception as exc:  # a broken kernel gets a row that says so, the rest still run
@@ -469,24 +558,28 @@ def measure(
         gbps = case.bytes_moved / ms / 1e6 if case.bytes_moved else None
         pct = 100.0 * gflops / sgemm if gflops else None
         torch_ms = None
-        if compare_torch and case.torch_run is not None:
-            run_torch = case.torch_run()
-            quiesce()
-            torch_ms = best_ms(run_torch, repeat)
+        if compare_torch and case.torch_run is not None and torch_process is not None:
+            torch_ms = torch_process.time_ms(index, case)
         records.append(Record(case.op, backend, case.version, case.shape, ms, gflops, gbps, pct, err, torch_ms))
         if progress:
             progress(records[-1])
     return records
 
 
-def quiesce(quiet_ns: int = 1_000_000, interval_s: float = 0.01, limit_s: float = 1.0) -> float:
-    """Wait until the process's other threads are idle; returns the seconds waited.
+def quiesce(
+    quiet_ns: int = 1_000_000, interval_s: float = 0.01, limit_s: float = 1.0, other_pids: tuple[int, ...] = ()
+) -> float:
+    """Wait until the process's other threads (and every thread of ``other_pids``) are idle; returns
+    the seconds waited.
 
     OpenBLAS's worker threads spin for ~0.1 s after each multithreaded call (measured here: 120 ms
     after a 2000² NumPy matmul), and GNU OpenMP's (torch's) after each parallel region. A kernel
     timed in that window shares its cores with them: MobileNetV2's 1×1 backward-data 960→320 @4×4
     read 4.0-5.0 ms right after the NumPy reference check of the previous case and 2.4-2.7 ms
-    alone, which made `engine kernels` disagree with itself by up to 2× from run to run. This polls
+    alone, which made `engine kernels` disagree with itself by up to 2× from run to run. The same
+    holds across processes: torch's timing process (``TorchProcess``) and this one each wait for
+    the other's workers too (dense 1024→1024 read 1.49 ms ours and 7.02 ms torch's without that,
+    0.74 and 0.56 alone). This polls
     the other threads' run time (``/proc/self/task/*/schedstat``, nanoseconds) until they used less
     than ``quiet_ns`` in an ``interval_s``; where that file does not exist it just sleeps once.
     """
@@ -495,18 +588,21 @@ def quiesce(quiet_ns: int = 1_000_000, interval_s: float = 0.01, limit_s: float 
 
     def others_ns() -> int | None:
         me, total = str(threading.get_native_id()), 0
-        try:
-            tasks = os.listdir("/proc/self/task")
-        except OSError:
-            return None
-        for tid in tasks:
-            if tid == me:
-                continue
+        for pid in ("self", *map(str, other_pids)):
             try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # a thread that ended, or no schedstat
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                if pid == "self":
+                    return None
+                continue  # a process that ended
+            for tid in tasks:
+                if pid == "self" and tid == me:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue  # a thread that ended, or no schedstat
         return total
 
     started = time.perf_counter()
@@ -581,3 +677,4 @@ def warm_up(parallel: bool = False, progress=None) -> tuple[float, int]:
             if progress:
                 progress(done, len(jobs))
     return time.perf_counter() - start, len(jobs)
+

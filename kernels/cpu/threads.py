@@ -42,8 +42,13 @@ def start_numba_pool() -> None:
     OpenMP reads the variable once, when Numba's pool loads it, so this must run before anything
     else calls into Numba's threading (``numba.set_num_threads``, a ``prange`` kernel): both
     ``kernels.cpu`` (at import) and ``engine.threads`` call it first. The variable is set only for
-    that moment and restored after, so a PyTorch loaded later in the process keeps its own default;
-    a value the user set is left alone. Idempotent; does nothing once the pool runs.
+    that moment and restored after (a value the user set is left alone), but the runtime it
+    configured is the process's only one: a PyTorch imported later in the same process loads no
+    ``libgomp.so.1`` of its own (the soname is already loaded) and runs on this passive one, and a
+    PyTorch imported *before* this call makes Numba's pool run on torch's spinning runtime. So
+    ``engine kernels --compare torch`` times torch in a process of its own
+    (``engine.bench.kernels.TorchProcess``, with the figures). Idempotent; does nothing once the
+    pool runs.
     """
     global _numba_pool_started
     if _numba_pool_started:

@@ -73,6 +73,42 @@ def test_json_output_has_the_documented_fields():
     assert records[0]["torch_ms"] > 0
 
 
+def test_torch_is_timed_in_its_own_process_and_never_imported_here(tmp_path):
+    """torch and Numba's pool share one OpenMP runtime per process (by soname) and whichever loads
+    first sets its wait policy for both: dense 1024->1024 with bias read 7.9 ms instead of 0.74 with
+    torch imported first. ``engine kernels --compare torch`` must time torch in a child process and
+    never import it in the process that times the engine's kernels."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    program = (
+        "import runpy, sys\n"
+        "sys.argv = ['cli', 'kernels', '--ops', 'relu_forward,dense_forward', '--batch-size', '2',"
+        " '--repeat', '1', '--compare', 'torch', '--format', 'json']\n"
+        "try:\n    runpy.run_module('cli', run_name='__main__')\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported in the measuring process'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(done.stdout)
+    assert [r["op"] for r in records] == ["dense_forward"] * 3 + ["relu_forward"]
+    assert all(r["torch_ms"] > 0 for r in records)
+
+
+def test_torch_process_refuses_a_case_list_that_differs():
+    """The child builds its cases from the same arguments and checks each request's key: a parent
+    asking for a case the child does not have at that index gets an error, not a wrong pairing."""
+    pytest.importorskip("torch")
+    cases, _ = kernel_bench.build_cases("cpu", ["relu_forward"], 2, False)
+    with kernel_bench.TorchProcess(["relu_forward"], 2, False, ("resnet18",), 1) as process:
+        assert process.time_ms(0, cases[0]) > 0
+        wrong = kernel_bench.Case("relu_forward", "table", "1x1x1x1", cases[0].run, cases[0].check)
+        with pytest.raises(RuntimeError, match="torch timing process stopped.*case 0 is relu_forward table 2x64"):
+            process.time_ms(0, wrong)
+
+
 def test_table_output_and_bad_options():
     runner = CliRunner()
     result = runner.invoke(main, ["kernels", "--ops", "relu_forward", "--batch-size", "1", "--repeat", "1"])
