@@ -79,8 +79,9 @@ step to 1.19x (batch 128: 1.13 -> 1.10x), so XXH3 over bytes that are no longer 
 half of the IO threads' CPU. The conv kernels' share on their pool thread
 (``kernels.cpu.threads.run_shares``) comes back later while the IO threads run: the executor's
 ``future.result()`` waits took 8.8 ms per step without offload and 17.8 with (cProfile, 5 steps), the
-"core taken from a kernel split evenly" above; shares handed out dynamically (more, smaller shares
-taken by whichever thread is free) would address that, in the kernels, not here. What would not pay,
+"core taken from a kernel split evenly" above. The conv drivers now hand out their work in chunks
+taken by whichever thread is free (``kernels.cpu.threads.run_chunks``, figures there: N=4 step −4%,
+the executor's load waits 14 -> 9 ms, no offload unchanged). What would not pay,
 measured before building it (same runs):
 - recomputing the expand batch norms' outputs from the block input (``plan.recompute_candidates``);
 - saving a unit right after its creator's forward, while its bytes are in cache, not after its
@@ -90,6 +91,16 @@ measured before building it (same runs):
   in 5 of 5 runs, but batch 32 loses 22-28 ms in 2 of 2 (the loads then compete with the saves and
   the forward's kernels; starting them at the backward's first step instead: -14 and +18 ms), so
   the loader starts a load only as early as its predicted load time needs (``predict_leads``).
+Tried and dropped (``benchmarks/offload_threads.py``, MobileNetV2 batch 32, N=4, 16 steps alternating
+in one process, median): rebuilding recomputed units on the loader, right after it loaded and hashed
+their source (the bytes in cache; Numba's thread count set to 1 on the loader thread, the same
+elementwise kernel, the same bits), instead of on the executor. Every rebuild on the loader: the
+executor's rebuilds 13 -> 0 ms, but the loader's serial rebuilds took 17-19 ms per step for the
+181 MiB, its next loads started later (load waits 13-16 -> 16-23 ms), and the step went 418.7 ->
+425.2, 414.1 -> 405.0, 389.0 -> 411.2 and 396.6 -> 429.4 ms in four runs; only while the loader would
+otherwise wait for its next load (106 of the 181 MiB): 389.0 -> 393.1 and 396.6 -> 435.8 ms. On two
+busy cores the pass costs what it costs wherever it runs, and the loader is on the critical path of
+the backward's loads. The executor keeps the rebuilds.
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no

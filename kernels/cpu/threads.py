@@ -29,6 +29,14 @@ The old fixed shares against dynamic shares, no offload, two runs: 301.5 / 283.4
 The weight gradient keeps one share per thread (taken dynamically): finer chunks would need a
 dw-sized partial sum per chunk, added in chunk order.
 
+Tried and dropped: batch norm's training kernels (``batchnorm.py``, ``prange`` over channels on
+Numba's pool, whose halves are fixed) as serial kernels over a range of channels, taken in chunks
+here (the same bits: each channel's sums stay in one thread). MobileNetV2 batch 32, 20 steps
+alternating with the ``prange`` kernels in one process, three runs: no offload 344.6 -> 321.7,
+323.4 -> 315.6, 335.3 -> 342.2 ms; N=4 441.1 -> 416.8, 422.8 -> 437.5, 477.1 -> 481.7 ms. No
+consistent gain, so batch norm keeps ``prange`` (it would drop two parfor compilations from a cold
+start: not measured).
+
 **Numba's own pool sleeps when idle** (``start_numba_pool``). The other parallel kernels (batch
 norm, element-wise, pooling, depthwise) still use ``prange`` on Numba's OpenMP pool, whose workers
 spin after every parallel loop (GNU OpenMP: ~300,000 spins, about 5 ms here). On two cores that
