@@ -567,8 +567,10 @@ class OffloadScheduler:
 
         ``_room_free`` was a loop over every earlier occupant of the bytes, run on the executor at
         each unit it creates and, while the loader waits, at every state change (the loader's
-        condition): MobileNetV2 batch 32, ~230 loops over tens of predecessors per step. Counting
-        them down as each leaves (``_vacate``) makes the check one comparison.
+        condition): MobileNetV2 batch 32, N=4, ~230 checks per step over 23 predecessors on average
+        (up to 176), ~3 ms of the executor's Python per step under cProfile. Counting them down as
+        each leaves (``_vacate``: 5,628 decrements per step in all) makes the check one comparison.
+        The step time did not move beyond this machine's noise (a few ms in ~400).
         """
         links = self._links.get(id(plan))
         if links is None or links[0] is not plan:
