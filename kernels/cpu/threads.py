@@ -26,6 +26,9 @@ one process, median of 24 steps, two runs; "shares" = dynamic shares only, the o
 offload 334.8 / 326.4 ms (shares) → 337.9 / 319.2 ms (4 chunks per thread), within noise; offload
 N=4 480.5 / 423.8 → 462.3 / 406.2 ms (−4%), the executor's load waits 14.3 / 14.9 → 9.2 / 9.7 ms.
 The old fixed shares against dynamic shares, no offload, two runs: 301.5 / 283.4 → 293.1 / 281.1 ms.
+Batch 128 (8 steps, one run): no offload 1227.6 → 1230.0 ms, N=4 1506.9 → 1513.5 ms (old → 4
+chunks per thread): no change; its calls are long enough that a late or interrupted share costs
+little of them.
 The weight gradient keeps one share per thread (taken dynamically): finer chunks would need a
 dw-sized partial sum per chunk, added in chunk order.
 
