@@ -79,8 +79,9 @@ step to 1.19x (batch 128: 1.13 -> 1.10x), so XXH3 over bytes that are no longer 
 half of the IO threads' CPU. The conv kernels' share on their pool thread
 (``kernels.cpu.threads.run_shares``) comes back later while the IO threads run: the executor's
 ``future.result()`` waits took 8.8 ms per step without offload and 17.8 with (cProfile, 5 steps), the
-"core taken from a kernel split evenly" above; shares handed out dynamically (more, smaller shares
-taken by whichever thread is free) would address that, in the kernels, not here. What would not pay,
+"core taken from a kernel split evenly" above. The conv drivers now hand out their work in chunks
+taken by whichever thread is free (``kernels.cpu.threads.run_chunks``, figures there: N=4 step −4%,
+the executor's load waits 14 -> 9 ms, no offload unchanged). What would not pay,
 measured before building it (same runs):
 - recomputing the expand batch norms' outputs from the block input (``plan.recompute_candidates``);
 - saving a unit right after its creator's forward, while its bytes are in cache, not after its
@@ -90,6 +91,16 @@ measured before building it (same runs):
   in 5 of 5 runs, but batch 32 loses 22-28 ms in 2 of 2 (the loads then compete with the saves and
   the forward's kernels; starting them at the backward's first step instead: -14 and +18 ms), so
   the loader starts a load only as early as its predicted load time needs (``predict_leads``).
+Tried and dropped (``benchmarks/offload_threads.py``, MobileNetV2 batch 32, N=4, 16 steps alternating
+in one process, median): rebuilding recomputed units on the loader, right after it loaded and hashed
+their source (the bytes in cache; Numba's thread count set to 1 on the loader thread, the same
+elementwise kernel, the same bits), instead of on the executor. Every rebuild on the loader: the
+executor's rebuilds 13 -> 0 ms, but the loader's serial rebuilds took 17-19 ms per step for the
+181 MiB, its next loads started later (load waits 13-16 -> 16-23 ms), and the step went 418.7 ->
+425.2, 414.1 -> 405.0, 389.0 -> 411.2 and 396.6 -> 429.4 ms in four runs; only while the loader would
+otherwise wait for its next load (106 of the 181 MiB): 389.0 -> 393.1 and 396.6 -> 435.8 ms. On two
+busy cores the pass costs what it costs wherever it runs, and the loader is on the critical path of
+the backward's loads. The executor keeps the rebuilds.
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
@@ -245,6 +256,8 @@ class _Unit:
     # were queued to read them (None on the cpu backend, and for bytes a save vacated: its copy synced)
     vacated_event: list[Any] = field(default_factory=lambda: [None, None])
     created: int = 0  # tensors created so far this step
+    # per occupation: earlier occupants of its bytes not yet vacated (0: it may move in; ``_room_free``)
+    blocked: list[int] = field(default_factory=lambda: [0, 0])
     event: Any = None  # device event: data complete (after forward) or loaded (before backward)
 
     @property
@@ -330,6 +343,9 @@ class OffloadScheduler:
         self._by_forward_end: dict[int, list[_Unit]] = {}
         self._by_backward_end: dict[int, list[_Unit]] = {}
         self._regions: dict[tuple[int, str], UnitRegion] = {}
+        # per plan: who waits on whom (``_blockers``); the current plan's successors
+        self._links: dict[int, tuple[OffloadPlan, dict, dict]] = {}
+        self._successors: dict[tuple[tuple[int, str], int], list[tuple[tuple[int, str], int]]] = {}
         self._arena: Any = None
         self._arena_map: mmap.mmap | None = None
         self._arena_capacity = 0
@@ -534,6 +550,9 @@ class OffloadScheduler:
             self._by_forward_end.setdefault(unit.spec.forward_end, []).append(unit)
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
+        counts, self._successors = self._blockers(plan)
+        for key, unit in self._units.items():
+            unit.blocked = [counts.get((key, 0), 0), counts.get((key, 1), 0)]
         self._load_order = [self._units[u.key] for u in plan.load_order]
         self._recompute_order = [self._units[u.key] for u in plan.recomputed]
         if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
@@ -541,6 +560,28 @@ class OffloadScheduler:
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
                 self._arena_map.madvise(mmap.MADV_DONTNEED, start, self._arena_capacity - start)
         self._arena_touched = plan.arena_bytes
+
+    def _blockers(self, plan: OffloadPlan) -> tuple[dict, dict]:
+        """Per occupation, how many earlier occupants of its bytes there are, and per occupation,
+        the later ones waiting for it to leave (the plan's ``predecessors``, inverted; cached).
+
+        ``_room_free`` was a loop over every earlier occupant of the bytes, run on the executor at
+        each unit it creates and, while the loader waits, at every state change (the loader's
+        condition): MobileNetV2 batch 32, N=4, ~230 checks per step over 23 predecessors on average
+        (up to 176), ~3 ms of the executor's Python per step under cProfile. Counting them down as
+        each leaves (``_vacate``: 5,628 decrements per step in all) makes the check one comparison.
+        The step time did not move beyond this machine's noise (a few ms in ~400).
+        """
+        links = self._links.get(id(plan))
+        if links is None or links[0] is not plan:
+            counts: dict[tuple[tuple[int, str], int], int] = {}
+            successors: dict[tuple[tuple[int, str], int], list[tuple[tuple[int, str], int]]] = {}
+            for span, earlier in plan.predecessors.items():
+                counts[span] = len(earlier)
+                for before in earlier:
+                    successors.setdefault(before, []).append(span)
+            links = self._links[id(plan)] = (plan, counts, successors)
+        return links[1], links[2]
 
     # -- the provider ----------------------------------------------------------------------------
 
@@ -812,14 +853,21 @@ class OffloadScheduler:
             unit.region.close()
             self._set_state(unit, LayerState.RELEASED)
             unit.vacated_event[occupation] = event
-            unit.vacated[occupation] = True
+            self._vacate(unit, occupation)
             self._wake()
 
+    def _vacate(self, unit: _Unit, occupation: int) -> None:
+        """The unit left these bytes (caller holds the condition): the later occupants wait on one fewer."""
+        if unit.vacated[occupation]:
+            return
+        unit.vacated[occupation] = True
+        units = self._units
+        for key, index in self._successors.get((unit.spec.key, occupation), ()):
+            units[key].blocked[index] -= 1
+
     def _room_free(self, unit: _Unit, occupation: int) -> bool:
-        for key, index in self._plan.predecessors[(unit.spec.key, occupation)]:
-            if not self._units[key].vacated[index]:
-                return False
-        return True
+        """Every earlier occupant of the unit's bytes for this occupation has left them."""
+        return unit.blocked[occupation] == 0
 
     def _wait_for(self, predicate: Callable[[], bool]) -> float:
         """Wait (holding the condition) until ``predicate``; returns the seconds waited."""
@@ -928,7 +976,7 @@ class OffloadScheduler:
                         if generation == self._generation:
                             unit.region.close()
                             self._set_state(unit, LayerState.SWAPPED)
-                            unit.vacated[0] = True
+                            self._vacate(unit, 0)
             except BaseException as exc:  # handed to the executor at its next wait
                 with self._cond:
                     self._error = exc

@@ -52,7 +52,7 @@ from threadpoolctl import ThreadpoolController
 
 from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd, conv_winograd4
 from kernels.cpu.conv_shifted import sgemm
-from kernels.cpu.threads import run_shares
+from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
 TARGET_COLUMNS = 1024
@@ -621,15 +621,17 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
 
 
 def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch, gather: bool = True) -> None:
-    """Thread t: images [t·N/T, (t+1)·N/T) with scratch slice t (see ``threads.run_shares``)."""
+    """Chunk c: images [c·N/C, (c+1)·N/C), run by whichever thread is free, with that thread's scratch
+    slice (``threads.run_chunks``; C from ``threads.chunk_count``)."""
     n_images, share = x.shape[0], scratch.size // threads
+    chunks = chunk_count(n_images, tile_images, threads)
 
-    def work(t: int) -> None:
-        first, last = t * n_images // threads, (t + 1) * n_images // threads
-        mine = scratch[t * share : (t + 1) * share]
+    def work(c: int, slot: int) -> None:
+        first, last = c * n_images // chunks, (c + 1) * n_images // chunks
+        mine = scratch[slot * share : (slot + 1) * share]
         _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, mine, gather)
 
-    run_shares(work, threads)
+    run_chunks(work, chunks, threads)
 
 
 @njit(cache=True, nogil=True)
@@ -666,13 +668,14 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
 
 def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, scratch, gather: bool = True) -> None:
     n_images, share = dx.shape[0], scratch.size // threads
+    chunks = chunk_count(n_images, tile_images, threads)  # as gemm_forward: each chunk writes its own images
 
-    def work(t: int) -> None:
-        first, last = t * n_images // threads, (t + 1) * n_images // threads
-        mine = scratch[t * share : (t + 1) * share]
+    def work(c: int, slot: int) -> None:
+        first, last = c * n_images // chunks, (c + 1) * n_images // chunks
+        mine = scratch[slot * share : (slot + 1) * share]
         _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, mine, gather)
 
-    run_shares(work, threads)
+    run_chunks(work, chunks, threads)
 
 
 @njit(cache=True, nogil=True)

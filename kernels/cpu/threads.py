@@ -1,4 +1,4 @@
-"""One call per thread for the conv kernels: share 0 on the calling thread, the others on a small pool.
+"""Work for the conv kernels split over threads: the calling thread and a small pool take fixed chunks.
 
 Why not Numba's ``prange``. A ``parallel=True`` function costs 2.5–6 s of compilation on a cold
 cache (parfor passes), on top of the serial code it runs: in a cold ``engine train --model resnet18``
@@ -8,7 +8,37 @@ serial ``@njit(nogil=True)`` kernels; Python threads run them side by side (the 
 inside), so the drivers need no parfor at all. A call costs a few tens of microseconds of
 submission, against conv calls of milliseconds.
 
-Each share is a fixed slice of the work, so results do not depend on which thread finishes first.
+Each share (``run_shares``) or chunk (``run_chunks``) is a fixed slice of the work, so results do
+not depend on which thread runs it or finishes first; but which thread runs it is not fixed.
+
+**Chunks go to whichever thread is free** (``run_chunks``). The shares used to be fixed per thread:
+the caller ran share 0 and then waited for the pool's thread to run share 1. On two cores that
+thread is often late: waking it costs ~55–60 µs per call here (a no-op ``run_shares`` round trip,
+best of 5,000), and with offload on the IO threads (saver, loader: ~15 ms of CPU each per step for
+MobileNetV2 batch 32) take its core, or the caller's, in the middle of a share; the other thread
+then sat idle. Now both threads take chunks in order as they get free, the caller does not wait for
+a pool thread that found nothing left, and the im2col drivers (``conv.gemm_forward``,
+``gemm_backward_data``) cut the batch into up to ``CHUNKS_PER_THREAD`` chunks per thread
+(``chunk_count``: a chunk holds at least one column tile, so the GEMMs do not shrink). Each chunk
+writes its own images; a chunk uses the scratch slice of the thread that runs it. Measured
+(``benchmarks/offload_threads.py``: MobileNetV2 batch 32, configurations alternating their steps in
+one process, median of 24 steps, two runs; "shares" = dynamic shares only, the old split): no
+offload 334.8 / 326.4 ms (shares) → 337.9 / 319.2 ms (4 chunks per thread), within noise; offload
+N=4 480.5 / 423.8 → 462.3 / 406.2 ms (−4%), the executor's load waits 14.3 / 14.9 → 9.2 / 9.7 ms.
+The old fixed shares against dynamic shares, no offload, two runs: 301.5 / 283.4 → 293.1 / 281.1 ms.
+Batch 128 (8 steps, one run): no offload 1227.6 → 1230.0 ms, N=4 1506.9 → 1513.5 ms (old → 4
+chunks per thread): no change; its calls are long enough that a late or interrupted share costs
+little of them.
+The weight gradient keeps one share per thread (taken dynamically): finer chunks would need a
+dw-sized partial sum per chunk, added in chunk order.
+
+Tried and dropped: batch norm's training kernels (``batchnorm.py``, ``prange`` over channels on
+Numba's pool, whose halves are fixed) as serial kernels over a range of channels, taken in chunks
+here (the same bits: each channel's sums stay in one thread). MobileNetV2 batch 32, 20 steps
+alternating with the ``prange`` kernels in one process, three runs: no offload 344.6 -> 321.7,
+323.4 -> 315.6, 335.3 -> 342.2 ms; N=4 441.1 -> 416.8, 422.8 -> 437.5, 477.1 -> 481.7 ms. No
+consistent gain, so batch norm keeps ``prange`` (it would drop two parfor compilations from a cold
+start: not measured).
 
 **Numba's own pool sleeps when idle** (``start_numba_pool``). The other parallel kernels (batch
 norm, element-wise, pooling, depthwise) still use ``prange`` on Numba's OpenMP pool, whose workers
@@ -25,6 +55,7 @@ reads the variable again; so the pool is now started here, on purpose, with the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -82,17 +113,79 @@ def _get_pool(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def run_shares(work: Callable[[int], object], threads: int) -> None:
-    """``work(t)`` for every ``t`` in ``range(threads)`` at the same time; returns when all are done.
+CHUNKS_PER_THREAD = 4
+"""At most this many chunks per thread in a call split by ``chunk_count``."""
 
-    An exception in any share is raised here, after every share has finished."""
-    if threads <= 1:
-        work(0)
+
+def chunk_count(items: int, per_chunk: int, threads: int) -> int:
+    """How many fixed chunks to cut ``items`` into for ``run_chunks``: about ``per_chunk`` items each
+    (a conv's column tile: a smaller chunk would shrink its GEMMs), at least one per thread and at
+    most ``CHUNKS_PER_THREAD`` per thread; never more than ``items``. Depends on the shapes and the
+    thread count only, so a call's chunks, and its bits, are the same every time."""
+    wanted = -(-items // max(1, per_chunk))
+    return max(1, min(items, max(threads, min(wanted, CHUNKS_PER_THREAD * threads))))
+
+
+class _Chunks:
+    """One call's chunks: taken in order by whichever thread is free, counted as they finish."""
+
+    def __init__(self, work: Callable[[int, int], object], chunks: int) -> None:
+        self.work = work
+        self.chunks = chunks
+        self.take = itertools.count().__next__  # atomic under the GIL: each chunk is taken once
+        self.left = chunks
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self, slot: int) -> None:
+        while True:
+            chunk = self.take()
+            if chunk >= self.chunks:
+                return
+            try:
+                self.work(chunk, slot)
+            except BaseException as exc:  # raised by the caller once every chunk has finished
+                with self.lock:
+                    if self.error is None:
+                        self.error = exc
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    self.done.set()
+
+
+def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) -> None:
+    """``work(chunk, slot)`` for every ``chunk`` in ``range(chunks)``, on up to ``threads`` threads.
+
+    The calling thread (slot 0) and the pool's threads (slots 1 …) take chunks in order, each as
+    soon as it is free; ``slot`` says which thread runs a chunk, so a chunk uses that thread's
+    scratch. Which thread runs which chunk varies from call to call; what a chunk computes must
+    not (each writes its own outputs, or its own partial sum added later in chunk order), so the
+    results are the same bits whoever ran them. Returns when every chunk has finished, without
+    waiting for a pool thread that woke too late to find one. An exception in any chunk is raised
+    here, after every chunk has finished.
+    """
+    if threads <= 1 or chunks <= 1:
+        for chunk in range(chunks):
+            work(chunk, 0)
         return
+    job = _Chunks(work, chunks)
     pool = _get_pool(threads - 1)
-    futures = [pool.submit(work, t) for t in range(1, threads)]
-    try:
-        work(0)
-    finally:
-        for future in futures:
-            future.result()
+    for slot in range(1, min(threads, chunks)):
+        pool.submit(job.run, slot)
+    job.run(0)
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
+
+
+def run_shares(work: Callable[[int], object], threads: int) -> None:
+    """``work(t)`` for every ``t`` in ``range(threads)``; returns when all are done.
+
+    Share ``t`` is a fixed slice of the work with scratch slice ``t``, so any thread may run it:
+    the shares are taken in order by whichever thread is free (``run_chunks``), and a share the
+    pool's thread has not started yet (it is still waking up, or the IO threads hold its core)
+    runs on the calling thread instead of being waited for. An exception in any share is raised
+    here, after every share has finished."""
+    run_chunks(lambda share, slot: work(share), threads, threads)
