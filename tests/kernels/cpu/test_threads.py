@@ -37,3 +37,51 @@ def test_a_policy_the_user_set_is_kept():
     result = run(STARTS["engine.threads.set_threads"], OMP_WAIT_POLICY="active")
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in result.stderr
     assert "left in environ: active" in result.stdout
+
+
+needs_two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and two CPUs"
+)
+
+
+@needs_two_cpus
+def test_the_pool_threads_run_off_the_callers_cpu():
+    """A woken share must not queue behind the caller's own share on the caller's CPU (threads.py:
+    "Where a woken share runs"): the workers are kept off the CPU the caller handed out from."""
+    import threading
+
+    from kernels.cpu import threads
+
+    seen = {}
+
+    def work(t: int) -> None:
+        if t > 0:
+            seen[t] = (threading.get_native_id(), os.sched_getaffinity(0), threads._getcpu())
+
+    allowed = os.sched_getaffinity(0)
+    threads.run_shares(work, 2)  # a worker that starts during this call is pinned from the next one
+    for _ in range(20):
+        seen.clear()
+        threads.run_shares(work, 2)
+        tid, affinity, cpu = seen[1]
+        assert tid != threading.get_native_id()
+        assert threads._kept_off is not None
+        assert affinity == allowed - {threads._kept_off}
+        assert cpu != threads._kept_off
+
+
+@needs_two_cpus
+def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(monkeypatch):
+    from kernels.cpu import threads
+
+    def refuse(*args):
+        raise PermissionError("not allowed here")
+
+    threads.run_shares(lambda t: None, 3)  # the pool's two workers started
+    monkeypatch.setattr(threads, "_kept_off", None)
+    monkeypatch.setattr(threads, "_pinning", True)
+    monkeypatch.setattr(threads.os, "sched_setaffinity", refuse)
+    done = []
+    threads.run_shares(done.append, 3)
+    assert sorted(done) == [0, 1, 2]
+    assert threads._pinning is False
