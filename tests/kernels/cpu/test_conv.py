@@ -605,3 +605,41 @@ def test_stems_run_on_im2col_in_every_direction(direction):
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study.V13_PATHS) == "shifted"
     if direction != "weight":
         assert cpu.path(*stem, 1, 1, 1, direction, conv_study.V16_PATHS) == "shifted"
+
+
+DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pairs, full resolution, stride 1
+    (6, 40, 8, 8, 40, 3, 2, 1, 40),
+    (5, 24, 7, 7, 24, 3, 2, 1, 24),
+    (5, 48, 4, 4, 48, 3, 1, 1, 48),
+    (3, 12, 16, 16, 12, 3, 2, 1, 12),
+]
+
+
+@pytest.mark.parametrize("shape", DEPTHWISE_THREAD_SHAPES, ids=["x".join(map(str, s)) for s in DEPTHWISE_THREAD_SHAPES])
+def test_depthwise_flat_shares_match_reference_and_give_the_same_bits_at_any_thread_count(shape, monkeypatch):
+    """The flat depthwise kernels run one share per thread (``threads.run_shares``), several channel
+    chunks each (256 floats a chunk here), each chunk computed the same way whichever thread owns it:
+    the reference's results, and the same bits at any thread count."""
+    from numba import get_num_threads, set_num_threads
+
+    from kernels.cpu import conv_depthwise
+
+    monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", 256)
+    x, w, b, dout, args = _case(shape, seed=3)
+    assert cpu.path(x.shape, w.shape, args[0], args[1], args[2], "forward") == "depthwise-flat"
+    expected = [np.empty_like(a) for a in (dout, x, w, b)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted({1, 2, saved} & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            results.append(_run_cpu(x, w, b, dout, args))
+    finally:
+        set_num_threads(saved)
+    for got, want in zip(results[0], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            np.testing.assert_array_equal(a, b_)
