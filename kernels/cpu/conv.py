@@ -744,7 +744,8 @@ def _backward_weight_images(
                 continue
             if im2col_in_place and images == 1:  # v20: dW_g += dout_n @ cols_nᵀ, β = 1 in BLAS
                 cols = scratch[: rows * pixels].reshape(rows, pixels)
-                im2col_tile_serial(x, n0, 1, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                # images (== 1), not a literal 1: a Literal[int] compiles im2col_row a second time
+                im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
                 sgemm(
                     False, True, k_group, rows, pixels,
                     d_flat[(n0 * k_total + g * k_group) * pixels :], pixels, scratch, pixels,
