@@ -41,6 +41,15 @@ s2 @8×8 forward 1.17 → 0.67, backward-data 1.35 → 0.73, weight 1.38 → 0.7
 0.41, 0.68 → 0.42, 0.85 → 0.49; where prange was not displaced (960 ch @4×4) the shares cost
 ~0.015 ms more (0.276 → 0.289). The MobileNetV2 training step did not move (64 steps alternating
 in one process: 0.313 s → 0.314 s median).
+
+**So it is off by default** (``ENGINE_PIN_SHARES=1`` turns it on): in fresh processes the training
+step was slower with it. ``benchmarks/bench_train.py --models mobilenetv2 --batch-size 32 --steps 8
+--threads 2 --runs 3``, engine / torch median step: main 0.63, 0.75, 0.65; this tree pinned 0.70,
+0.82, 0.71 (engine 0.353, 0.393, 0.328 s), unpinned 0.66 (0.309 s); the in-process alternation above
+did not show it. Not found in the time left: why (one guess: in the step the caller moves between
+CPUs often, and each move costs a forced migration of the sleeping worker). So ``engine kernels``
+records, taken after NumPy and PyTorch calls, still see the displaced shares now and then; the
+training step runs as before.
 """
 
 from __future__ import annotations
@@ -57,7 +66,9 @@ _pool_size = 0
 _numba_pool_started = False
 _worker_ids: list[int] = []  # the pool's threads (native ids), as they start
 _kept_off: int | None = None  # the CPU the workers were last kept off (``_keep_workers_off_caller``)
-_pinning = hasattr(os, "sched_setaffinity")  # cleared for good at the first refusal
+# off unless ENGINE_PIN_SHARES=1 (module docstring: it cost MobileNetV2's training step ~7%); cleared for
+# good at the first refusal
+_pinning = hasattr(os, "sched_setaffinity") and os.environ.get("ENGINE_PIN_SHARES", "0").strip() == "1"
 
 
 def _load_getcpu() -> Callable[[], int] | None:
@@ -69,7 +80,7 @@ def _load_getcpu() -> Callable[[], int] | None:
     return getcpu
 
 
-_getcpu = _load_getcpu() if _pinning else None
+_getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
 
 
 def start_numba_pool() -> None:

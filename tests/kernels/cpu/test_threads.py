@@ -45,12 +45,16 @@ needs_two_cpus = pytest.mark.skipif(
 
 
 @needs_two_cpus
-def test_the_pool_threads_run_off_the_callers_cpu():
-    """A woken share must not queue behind the caller's own share on the caller's CPU (threads.py:
-    "Where a woken share runs"): the workers are kept off the CPU the caller handed out from."""
+def test_the_pool_threads_run_off_the_callers_cpu(monkeypatch):
+    """With ENGINE_PIN_SHARES=1, a woken share must not queue behind the caller's own share on the
+    caller's CPU (threads.py: "Where a woken share runs"): the workers are kept off the CPU the caller
+    handed out from."""
     import threading
 
     from kernels.cpu import threads
+
+    monkeypatch.setattr(threads, "_pinning", True)
+    monkeypatch.setattr(threads, "_kept_off", None)
 
     seen = {}
 
@@ -68,6 +72,8 @@ def test_the_pool_threads_run_off_the_callers_cpu():
         assert threads._kept_off is not None
         assert affinity == allowed - {threads._kept_off}
         assert cpu != threads._kept_off
+    for tid in threads._worker_ids:  # off again for the other tests: pinning is not the default
+        os.sched_setaffinity(tid, allowed)
 
 
 @needs_two_cpus
@@ -85,3 +91,13 @@ def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(
     threads.run_shares(done.append, 3)
     assert sorted(done) == [0, 1, 2]
     assert threads._pinning is False
+
+
+def test_pinning_is_off_unless_asked_for():
+    code = "from kernels.cpu import threads; print(threads._pinning)"
+    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_PIN_SHARES"}
+    off = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    on = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_PIN_SHARES": "1"},
+                        capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "False"
+    assert on.stdout.strip() == ("True" if hasattr(os, "sched_setaffinity") else "False")
