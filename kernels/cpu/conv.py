@@ -25,7 +25,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
   the image already *is* its column matrix. Its weight gradient on planes of ≥ 64 pixels is one
-  β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``).
+  β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``); so is every other
+  im2col weight gradient with output planes of ≥ 16×16 (v20, ``_im2col_weight_in_place``: the stems,
+  the stride-2 layers on 32×32 inputs), one image's columns at a time.
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -160,6 +162,7 @@ class Paths:
     winograd4_weight: bool = True
     pointwise_weight_in_place: bool = True
     narrow_im2col: bool = True
+    im2col_weight_in_place: bool = True
 
 
 EXPORTED = Paths()
@@ -241,12 +244,14 @@ def winograd_max_pixels(direction: str, paths: Paths = EXPORTED, sgemm: str | No
 
 def gemm_tile_images(
     x_shape, w_shape, stride, pad, groups, direction: str, threads: int, target: int, per_image: bool = True,
-    weight_in_place: bool = False,
+    weight_in_place: bool = False, im2col_in_place: bool = False,
 ) -> int:
     """Images per column tile of the im2col path for one thread's share of the batch."""
     if per_image and _pointwise_per_image(x_shape, w_shape, stride, pad, groups, direction):
         return 1
     if weight_in_place and direction == "weight" and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups):
+        return 1
+    if im2col_in_place and direction == "weight" and _im2col_weight_in_place(x_shape, w_shape, stride, pad, groups):
         return 1
     tile = images_per_tile(x_shape, w_shape, stride, pad, groups, target, threads)
     images_per_set = -(-x_shape[0] // threads)
@@ -301,8 +306,33 @@ def _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups) -> bool:
     return groups == 1 and _is_plain_1x1(w_shape, stride, pad) and x_shape[2] * x_shape[3] >= 64
 
 
+IM2COL_WEIGHT_IN_PLACE_MIN_PIXELS = 256
+"""v20: the im2col weight gradient (not a plain 1×1) with output planes of at least this many pixels."""
+
+
+def _im2col_weight_in_place(x_shape, w_shape, stride, pad, groups) -> bool:
+    """The weight gradient of an im2col conv (groups 1, not a plain 1×1) whose output plane has ≥ 256
+    pixels (16×16) as one image's im2col then one β = 1 sgemm into dW per image (v20), as v16 does
+    for plain 1×1: no gathered dout tile, no partial sum to add per tile.
+
+    Why. Tiles of several images (``WEIGHT_TARGET_COLUMNS``, 4096 columns) copied dout into the tile
+    and added each tile's K × C·R·S result from a partial; on the stems (27 columns of result) the
+    GEMM is small and those copies were most of the call. One thread, 16 images, median of 5 rounds of
+    best-of-7, ms, tiles → per image: 3→32 3×3 @32×32 0.86 → 0.34, 3→64 1.28 → 1.16, 64→128 1×1 s2
+    @32×32 1.31 → 1.13, 64→128 3×3 s2 @32×32 8.23 → 7.94; but on 8×8 outputs (64-deep GEMMs per
+    image) it lost: 128→256 1×1 s2 @16×16 0.88 → 0.90, 256→512 1×1 s2 @8×8 0.79 → 1.03, 128→256 3×3
+    s2 @16×16 7.45 → 8.06, 256→512 3×3 s2 @8×8 7.37 → 10.03, so those keep their tiles. Batch 32,
+    two threads, median of 7 alternating rounds of best-of-7, ms v17 → v20: 3→32 @32×32 1.24 → 0.67,
+    3→64 1.51 → 1.41, 64→128 1×1 s2 @32×32 1.30 → 1.22, 64→128 3×3 s2 @32×32 8.57 → 8.62 (level)."""
+    if groups != 1 or _is_plain_1x1(w_shape, stride, pad):
+        return False
+    oh, ow = check_conv2d_shapes(x_shape, w_shape, stride, pad, groups)
+    return oh * ow >= IM2COL_WEIGHT_IN_PLACE_MIN_PIXELS
+
+
 def gemm_workspace_size(
-    x_shape, w_shape, stride, pad, groups, direction: str, threads: int, tile: int, weight_in_place: bool = False
+    x_shape, w_shape, stride, pad, groups, direction: str, threads: int, tile: int, weight_in_place: bool = False,
+    im2col_in_place: bool = False,
 ) -> int:
     """Scratch of the im2col path: per thread a column tile, a K-side tile (when it holds several
     images) and, for the weight gradient, a partial dw when a thread has several tiles (none where
@@ -316,7 +346,10 @@ def gemm_workspace_size(
     size = cols + k_side
     if direction == "weight":
         images_per_set = -(-x_shape[0] // threads)
-        in_place = weight_in_place and tile == 1 and _is_plain_1x1(w_shape, stride, pad)
+        in_place = tile == 1 and (
+            (weight_in_place and _is_plain_1x1(w_shape, stride, pad))
+            or (im2col_in_place and _im2col_weight_in_place(x_shape, w_shape, stride, pad, groups))
+        )
         size += k_group * rows if tile < images_per_set and not in_place else 0
         return threads * size + (threads - 1) * int(np.prod(w_shape))
     return threads * size
@@ -357,10 +390,11 @@ def workspace_size(
         return conv_shifted.workspace_size(x_shape, w_shape, direction, threads)
     tile = gemm_tile_images(
         x_shape, w_shape, stride, pad, groups, direction, threads, _target(w_shape, direction, paths),
-        paths.pointwise_per_image, paths.pointwise_weight_in_place,
+        paths.pointwise_per_image, paths.pointwise_weight_in_place, paths.im2col_weight_in_place,
     )
     return gemm_workspace_size(
-        x_shape, w_shape, stride, pad, groups, direction, threads, tile, paths.pointwise_weight_in_place
+        x_shape, w_shape, stride, pad, groups, direction, threads, tile, paths.pointwise_weight_in_place,
+        paths.im2col_weight_in_place,
     )
 
 
@@ -680,11 +714,13 @@ def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, s
 
 @njit(cache=True, nogil=True)
 def _backward_weight_images(
-    x, dout, acc, stride, pad, groups, first, last, tile_images, scratch, gather=True, in_place=True
+    x, dout, acc, stride, pad, groups, first, last, tile_images, scratch, gather=True, in_place=True,
+    im2col_in_place=False,
 ):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order.
 
-    in_place (v16): a 1×1 stride-1 one-image tile is one GEMM with β = 1 straight into acc."""
+    in_place (v16): a 1×1 stride-1 one-image tile is one GEMM with β = 1 straight into acc;
+    im2col_in_place (v20): so is any other one-image tile, on its im2col columns."""
     k_total, c_group, kernel = acc.shape[0], acc.shape[1], acc.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
     pixels = out_h * out_w
@@ -706,6 +742,16 @@ def _backward_weight_images(
                     False, True, k_group, c_group, pixels,
                     d_flat[(n0 * k_total + g * k_group) * pixels :], pixels,
                     x_flat[(n0 * c_total + g * c_group) * pixels :], pixels,
+                    0.0 if n0 == first else 1.0, acc_flat[g * k_group * rows :], rows, scalars,
+                )  # fmt: skip
+                continue
+            if im2col_in_place and images == 1:  # v20: dW_g += dout_n @ cols_nᵀ, β = 1 in BLAS
+                cols = scratch[: rows * pixels].reshape(rows, pixels)
+                # images (== 1), not a literal 1: a Literal[int] compiles im2col_row a second time
+                im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
+                sgemm(
+                    False, True, k_group, rows, pixels,
+                    d_flat[(n0 * k_total + g * k_group) * pixels :], pixels, scratch, pixels,
                     0.0 if n0 == first else 1.0, acc_flat[g * k_group * rows :], rows, scalars,
                 )  # fmt: skip
                 continue
@@ -752,7 +798,8 @@ def add_partials(total, partials, count, lo, hi):
 
 
 def gemm_backward_weight(
-    x, dout, dw, stride, pad, groups, tile_images, threads, scratch, gather: bool = True, in_place: bool = True
+    x, dout, dw, stride, pad, groups, tile_images, threads, scratch, gather: bool = True, in_place: bool = True,
+    im2col_in_place: bool = False,
 ) -> None:
     """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are then added in
     thread order (each thread adds a fixed range of dw)."""
@@ -765,7 +812,9 @@ def gemm_backward_weight(
         first, last = t * n_images // threads, (t + 1) * n_images // threads
         mine = scratch[t * share : (t + 1) * share]
         acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-        _backward_weight_images(x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather, in_place)
+        _backward_weight_images(
+            x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather, in_place, im2col_in_place
+        )
 
     run_shares(work, threads)
     if threads > 1:
@@ -1090,12 +1139,16 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     else:
         tile = gemm_tile_images(
             x.shape, dw.shape, stride, pad, groups, "weight", threads, _target(dw.shape, "weight", paths),
-            weight_in_place=paths.pointwise_weight_in_place,
+            weight_in_place=paths.pointwise_weight_in_place, im2col_in_place=paths.im2col_weight_in_place,
+        )
+        im2col_in_place = (
+            paths.im2col_weight_in_place and tile == 1
+            and _im2col_weight_in_place(x.shape, dw.shape, stride, pad, groups)
         )
         with blas_on_calling_thread:
             gemm_backward_weight(
                 x, dout, dw, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather,
-                paths.pointwise_weight_in_place,
+                paths.pointwise_weight_in_place, im2col_in_place,
             )
     if dbias is not None:
         bias_gradient(dout, dbias)

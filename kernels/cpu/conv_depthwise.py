@@ -33,6 +33,19 @@ behind oneDNN (0.17 ms at 576 ch @8×8 on a quiet machine, one thread): its nine
 arrays are read for every output, 36 bytes per output, where a channel-blocked layout keeps
 the weights in registers; that layout is the next step.
 
+This session (issue 13): the stride-2 row-pair filter read ``x[2j + d]`` for its nine taps, which
+LLVM compiled to nine ``vgatherqps`` a vector (slow on Zen 4); the input of each chunk is now split
+into its even and odd elements first (``_deinterleave``: two vector loads and a shuffle), after which
+every tap is a contiguous run (``_flat_filter_s2``). And the position weights were built per chunk
+with the inside test per element (scalar): the tap masks are now built once per call and each chunk's
+weights selected from them in one vector loop (``_tap_masks``, ``_position_weights``). The same bits
+as before (checked at one and two threads on the shapes below). One thread, 16 images, median of 5
+rounds of best-of-7, ms, before → after, forward / backward-data: 192 ch s2 @16×16 0.66 → 0.40 /
+0.77 → 0.68; 576 ch s2 @8×8 0.68 → 0.30 / 0.83 → 0.48; 576 ch @8×8 0.63 → 0.43 / 0.65 → 0.43; 384
+ch @8×8 0.43 → 0.25 / 0.43 → 0.26; 960 ch @4×4 0.30 → 0.17 / 0.30 → 0.17; 144 ch s2 @32×32 2.04 →
+1.17 / 3.30 → 2.41; 32 ch @32×32 0.51 → 0.31 / 0.53 → 0.32. Left: the weight gradient (its stride-2
+form still spreads dout over the full-resolution grid, four times the kept positions).
+
 Tried and dropped (the v16 session): the stride-2 weight gradient on the input's four polyphase planes
 (x[2y + a, 2x + b] copied per image into four planes at the output's resolution; then tap (r, s)
 is dout times one phase plane shifted by 0, −1, −OW or −OW−1, nine multiply-adds per *kept*
@@ -44,7 +57,9 @@ stride-2 gather that builds the phase planes (a scalar loop) costs what the save
 gave back, and four images' phase planes (16 of them beside nine accumulators) no longer fit L1.
 
 Threads: thread ``t`` owns channel chunks ``[t·chunks/T, (t+1)·chunks/T)`` and a fixed slice of the
-caller's scratch, so every output and every weight-gradient sum is computed by one thread in one
+caller's scratch (one serial share each, run by ``threads.run_shares``: on ``prange`` the shares were
+often queued on one CPU, figures in ``threads``' docstring, and the two parfor drivers cost compile
+time), so every output and every weight-gradient sum is computed by one thread in one
 fixed order: the same bits on every call with the same thread count.
 """
 
@@ -53,7 +68,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import get_num_threads, njit, prange, uint64
+from numba import get_num_threads, njit, uint64
+
+from kernels.cpu.threads import run_shares
 
 L1D_FALLBACK_BYTES = 32 * 1024
 """The L1 data cache assumed where the OS does not say (the smallest of current x86 cores)."""
@@ -131,12 +148,14 @@ def channels_per_chunk(x_shape) -> int:
 
 
 def workspace_size(x_shape, stride: int) -> int:
-    """Per thread: nine position-weights (or accumulators) per chunk element; at stride 2 also
+    """Per thread: nine position-weights (or accumulators) per chunk element, nine tap masks per plane
+    position (``_tap_masks``); at stride 2 also
     full-resolution chunks to subsample from or upsample into (four for the weight gradient's
     four-image passes, plus a row of zeros either side for backward-data)."""
-    chunk = channels_per_chunk(x_shape) * x_shape[2] * x_shape[3]
+    plane = x_shape[2] * x_shape[3]
+    chunk = channels_per_chunk(x_shape) * plane
     full = 4 * chunk + 2 * (x_shape[3] + 1) if stride == 2 else 0
-    return get_num_threads() * (9 * chunk + full)
+    return get_num_threads() * (9 * chunk + 9 * plane + full)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -150,20 +169,50 @@ def _tap_inside(y, x, r, s, height, width, mirrored):
 
 
 @njit(cache=True, nogil=True)
-def _position_weights(weights, c0, channels, height, width, mirrored, pw):
-    """pw[k·L + q] = the weight position q applies to the input at offset d_k, 0 where that tap is
-    off the plane. Forward: tap k itself. Mirrored (backward-data): offset d_k = −d_(8−k), tap 8 − k."""
-    length = channels * height * width
+def _tap_masks(height, width, mirrored, pairs, mask):
+    """mask[k·P + q] = 1 where the weight slot k of plane position q is a tap inside the plane, else 0;
+    once per call, then ``_position_weights`` fills every chunk from it.
+
+    Slot k reads the input at offset d_k. Forward: tap k itself; mirrored (backward-data): tap 8 − k,
+    at d_k = −d_(8−k). ``pairs`` (stride-2 forward, kept outputs): positions are row pairs of the
+    input, q = y·2OW + x' with OW = W/2, and x' ≥ OW is unused (0)."""
+    out_h, out_w = height // 2, width // 2
+    q = 0
     for k in range(9):
         t = 8 - k if mirrored else k
         r, s = t // 3, t % 3
-        q = k * length
-        for c in range(channels):
-            weight = weights[(c0 + c) * 9 + t]
+        if pairs:
+            for y in range(out_h):
+                for x in range(width):
+                    inside = x < out_w and 0 <= 2 * y + r - 1 < height and 0 <= 2 * x + s - 1 < width
+                    mask[q] = 1.0 if inside else 0.0
+                    q += 1
+        else:
             for y in range(height):
                 for x in range(width):
-                    pw[q] = weight if _tap_inside(y, x, r, s, height, width, mirrored) else 0.0
+                    mask[q] = 1.0 if _tap_inside(y, x, r, s, height, width, mirrored) else 0.0
                     q += 1
+
+
+@njit(cache=True, nogil=True)
+def _position_weights(weights, c0, channels, positions, mirrored, mask, pw):
+    """pw[k·L + c·P + q] = the weight of channel c0 + c in slot k (``_tap_masks``) where mask says the
+    tap is inside, 0 where not (P = ``positions`` per plane, L = channels·P).
+
+    Built per chunk from the call's masks: one vector select per element. Written first per element
+    with the inside test inline (scalar, branchy), it cost as much as the filter itself on small
+    planes: 576 ch s2 @8×8, one thread, 16 images, 0.23 of 0.55 ms (192 ch @16×16: 0.11 of 0.50)."""
+    length = uint64(channels * positions)
+    per_plane = uint64(positions)
+    for k in range(9):
+        t = 8 - k if mirrored else k
+        m0 = uint64(k) * per_plane
+        for c in range(channels):
+            weight = weights[(c0 + c) * 9 + t]
+            q0 = uint64(k) * length + uint64(c) * per_plane
+            for qq in range(positions):
+                q = uint64(qq)
+                pw[q0 + q] = weight if mask[m0 + q] != 0.0 else np.float32(0.0)
 
 
 @njit(cache=True, nogil=True)
@@ -236,59 +285,47 @@ def _upsample(small, base, out_h, out_w, channels, height, width, margin, full):
 
 
 @njit(cache=True, nogil=True)
-def _position_weights_s2(weights, c0, channels, out_h, out_w, pw):
-    """Stride 2, kept outputs only: pw[k·L + j] for j = (c·OH + y)·2OW + x' (row pairs of the input),
-    the weight of tap k where x' < OW and the tap is inside the plane, else 0 (x' ≥ OW: unused)."""
-    length = channels * out_h * 2 * out_w
-    height, width = 2 * out_h, 2 * out_w
-    for k in range(9):
-        r, s = k // 3, k % 3
-        q = k * length
-        for c in range(channels):
-            weight = weights[(c0 + c) * 9 + k]
-            for y in range(out_h):
-                for x in range(2 * out_w):
-                    inside = x < out_w and 0 <= 2 * y + r - 1 < height and 0 <= 2 * x + s - 1 < width
-                    pw[q] = weight if inside else 0.0
-                    q += 1
+def _deinterleave(src, base, length, margin, eo):
+    """Even and odd elements of src[base : base + 2L] side by side, with ``margin`` zeros around each:
+    E[j] = eo[margin + j] = src[base + 2j], O[j] = eo[L + 3·margin + j] = src[base + 2j + 1].
 
-
-@njit(cache=True, nogil=True)
-def _flat_filter_s2(src, base, size, pw, length, width, dst):
-    """dst[j] = Σ_k pw[k·L + j] · src[base + 2j + d_k] for j < L: the stride-2 outputs of a run of
-    row pairs (input rows 2y and 2y+1 are contiguous, so output row pair j reads input 2j + d_k)."""
-    reach = width + 1
-    if base >= reach and base + 2 * length + reach <= size:
-        _flat_filter_s2_fast(src, base, pw, length, width, dst)
-        return
-    for q in range(length):
-        total = np.float32(0.0)
-        for k in range(9):
-            at = base + 2 * q + (k // 3 - 1) * width + (k % 3 - 1)
-            if 0 <= at < size and pw[k * length + q] != 0.0:
-                total += pw[k * length + q] * src[at]
-        dst[q] = total
-
-
-@njit(cache=True, nogil=True)
-def _flat_filter_s2_fast(src, start, pw, length, width, dst):
-    """The unchecked _flat_filter_s2, offsets spelled out as in _flat_filter_fast."""
-    L = uint64(length)
-    s0, s1, s2 = uint64(start - width - 1), uint64(start - width), uint64(start - width + 1)
-    s3, s4, s5 = uint64(start - 1), uint64(start), uint64(start + 1)
-    s6, s7, s8 = uint64(start + width - 1), uint64(start + width), uint64(start + width + 1)
+    One loop over both halves of each pair: LLVM loads two vectors and shuffles them apart."""
+    b, m, o = uint64(base), uint64(margin), uint64(length + 3 * margin)
+    for q in range(margin):
+        eo[q] = 0.0
+        eo[length + margin + q] = 0.0
+        eo[length + 2 * margin + q] = 0.0
+        eo[2 * length + 3 * margin + q] = 0.0
     for jj in range(length):
         j = uint64(jj)
-        j2 = j + j
-        total = pw[j] * src[s0 + j2]
-        total += pw[L + j] * src[s1 + j2]
-        total += pw[2 * L + j] * src[s2 + j2]
-        total += pw[3 * L + j] * src[s3 + j2]
-        total += pw[4 * L + j] * src[s4 + j2]
-        total += pw[5 * L + j] * src[s5 + j2]
-        total += pw[6 * L + j] * src[s6 + j2]
-        total += pw[7 * L + j] * src[s7 + j2]
-        total += pw[8 * L + j] * src[s8 + j2]
+        eo[m + j] = src[b + j + j]
+        eo[o + j] = src[b + j + j + uint64(1)]
+
+
+@njit(cache=True, nogil=True)
+def _flat_filter_s2(eo, pw, length, out_w, dst):
+    """dst[j] = Σ_k pw[k·L + j] · x[2j + d_k] for j < L, the stride-2 outputs of a run of row pairs,
+    reading the input's even and odd elements (``_deinterleave``): tap (r, s) of row pair j reads
+    E[j + (r − 1)·OW] at s = 1, O[j + (r − 1)·OW − 1] at s = 0 and O[j + (r − 1)·OW] at s = 2, so
+    every tap is a contiguous run (the strided reads of ``x[2j + d]`` were nine gathers).
+    The taps that would read past the run read the zero margins (their weights are 0 anyway)."""
+    L, m = uint64(length), out_w + 1
+    e, o = uint64(m), uint64(length + 3 * m)
+    w = uint64(out_w)
+    s0, s1, s2 = o - w - uint64(1), e - w, o - w
+    s3, s4, s5 = o - uint64(1), e, o
+    s6, s7, s8 = o + w - uint64(1), e + w, o + w
+    for jj in range(length):
+        j = uint64(jj)
+        total = pw[j] * eo[s0 + j]
+        total += pw[L + j] * eo[s1 + j]
+        total += pw[2 * L + j] * eo[s2 + j]
+        total += pw[3 * L + j] * eo[s3 + j]
+        total += pw[4 * L + j] * eo[s4 + j]
+        total += pw[5 * L + j] * eo[s5 + j]
+        total += pw[6 * L + j] * eo[s6 + j]
+        total += pw[7 * L + j] * eo[s7 + j]
+        total += pw[8 * L + j] * eo[s8 + j]
         dst[j] = total
 
 
@@ -302,9 +339,10 @@ def _keep_first_halves(buf, rows, out_w, dst, base):
             dst[dst0 + uint64(x)] = buf[src0 + uint64(x)]
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch, kept_only=True):
-    """out = depthwise 3×3 pad-1 conv of x; mirrored: dx from dout (the backward-data pass).
+@njit(cache=True, nogil=True)
+def flat_forward(x, w, out, mirrored, stride, t, threads, chunk, scratch, kept_only=True):
+    """Thread ``t``'s share of out = depthwise 3×3 pad-1 conv of x (its channel chunks, its slice of
+    scratch); mirrored: dx from dout (the backward-data pass). ``run_forward`` runs the shares.
 
     Stride 2 runs the stride-1 filter at full resolution: forward keeps every other output
     (subsample), backward-data spreads dout over the full-resolution grid first (upsample)."""
@@ -318,32 +356,36 @@ def flat_forward(x, w, out, mirrored, stride, threads, chunk, scratch, kept_only
     src, dst, weights = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
     margin = width + 1
     pairs = kept_only and stride == 2 and not mirrored and height == 2 * out_h and width == 2 * out_w
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
-        pw = mine[: 9 * chunk * plane]
-        buf = mine[9 * chunk * plane :]
-        for k in range(t * chunks // threads, (t + 1) * chunks // threads):
-            c0 = k * chunk
-            channels = min(chunk, c - c0)
-            length = channels * plane
-            if pairs:  # kept outputs only, on row pairs: half the work of the full-resolution run
-                _position_weights_s2(weights, c0, channels, out_h, out_w, pw)
-                for i in range(n):
-                    _flat_filter_s2(src, (i * c + c0) * plane, src.size, pw, length // 2, width, buf)
-                    _keep_first_halves(buf, channels * out_h, out_w, dst, (i * c + c0) * small_plane)
-                continue
-            _position_weights(weights, c0, channels, height, width, mirrored, pw)
+    mine = scratch[t * share : (t + 1) * share]
+    pw = mine[: 9 * chunk * plane]
+    mask = mine[9 * chunk * plane : 9 * (chunk + 1) * plane]
+    buf = mine[9 * (chunk + 1) * plane :]
+    _tap_masks(height, width, mirrored, pairs, mask)
+    positions = plane // 2 if pairs else plane
+    for k in range(t * chunks // threads, (t + 1) * chunks // threads):
+        c0 = k * chunk
+        channels = min(chunk, c - c0)
+        length = channels * plane
+        _position_weights(weights, c0, channels, positions, mirrored, mask, pw)
+        if pairs:  # kept outputs only, on row pairs: half the work of the full-resolution run
+            half = length // 2
+            eo = buf[half:]
             for i in range(n):
-                base = (i * c + c0) * plane
-                if stride == 1:
-                    _flat_filter(src, base, src.size, pw, length, width, dst, base)
-                elif mirrored:
-                    _upsample(src, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, margin, buf)
-                    _flat_filter(buf, margin, length + 2 * margin, pw, length, width, dst, base)
-                else:
-                    # np.int64(0), here and below: a literal 0 would compile a second signature of the callee
-                    _flat_filter(src, base, src.size, pw, length, width, buf, np.int64(0))
-                    _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
+                _deinterleave(src, (i * c + c0) * plane, half, out_w + 1, eo)
+                _flat_filter_s2(eo, pw, half, out_w, buf)
+                _keep_first_halves(buf, channels * out_h, out_w, dst, (i * c + c0) * small_plane)
+            continue
+        for i in range(n):
+            base = (i * c + c0) * plane
+            if stride == 1:
+                _flat_filter(src, base, src.size, pw, length, width, dst, base)
+            elif mirrored:
+                _upsample(src, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, margin, buf)
+                _flat_filter(buf, margin, length + 2 * margin, pw, length, width, dst, base)
+            else:
+                # np.int64(0), here and below: a literal 0 would compile a second signature of the callee
+                _flat_filter(src, base, src.size, pw, length, width, buf, np.int64(0))
+                _subsample(buf, channels, height, width, dst, (i * c + c0) * small_plane, out_h, out_w)
 
 
 @njit(cache=True, nogil=True)
@@ -389,9 +431,10 @@ def _flat_accumulate_fast4(src, b0, b1, b2, b3, grad, g0, g1, g2, g3, acc, lengt
             )
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
-    """dw[c, t] = Σ over the plane's positions where tap t is inside of Σ_n dout · x(shifted), in order.
+@njit(cache=True, nogil=True)
+def flat_backward_weight(x, dout, dw, stride, t, threads, chunk, scratch):
+    """Thread ``t``'s channel chunks of dw[c, tap] = Σ over the plane's positions where the tap is
+    inside of Σ_n dout · x(shifted), in order (``run_backward_weight`` runs the shares).
 
     Stride 2: dout is spread over the full-resolution grid first (zeros between), as in backward-data."""
     n, c, height, width = x.shape
@@ -402,57 +445,56 @@ def flat_backward_weight(x, dout, dw, stride, threads, chunk, scratch):
     src, grad, result = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
     reach = width + 1
     zero = np.int64(0)  # not a literal 0: that would compile a second signature of each callee
-    for t in prange(threads):
-        mine = scratch[t * share : (t + 1) * share]
-        acc = mine[: 9 * chunk * plane]
-        buf = mine[9 * chunk * plane :]
-        for k in range(t * chunks // threads, (t + 1) * chunks // threads):
-            c0 = k * chunk
-            channels = min(chunk, c - c0)
-            length = channels * plane
-            for q in range(9 * length):
-                acc[q] = 0.0
-            i = 0
-            while i < n:
-                base = (i * c + c0) * plane
-                last = ((i + 3) * c + c0) * plane
-                if i + 4 <= n and base >= reach and last + length + reach <= src.size:
-                    step = c * plane
-                    b1, b2 = base + step, base + 2 * step
-                    if stride == 1:
-                        _flat_accumulate_fast4(src, base, b1, b2, last, grad, base, b1, b2, last, acc, length, width)
-                    else:
-                        # dout of the four images spread over the full-resolution grid, side by side
-                        for k in range(4):
-                            small = ((i + k) * c + c0) * small_plane
-                            _upsample(grad, small, out_h, out_w, channels, height, width, zero, buf[k * length :])
-                        _flat_accumulate_fast4(
-                            src, base, b1, b2, last, buf, zero, length, 2 * length, 3 * length, acc, length, width
-                        )
-                    i += 4
-                    continue
+    mine = scratch[t * share : (t + 1) * share]
+    acc = mine[: 9 * chunk * plane]
+    buf = mine[9 * chunk * plane :]
+    for k in range(t * chunks // threads, (t + 1) * chunks // threads):
+        c0 = k * chunk
+        channels = min(chunk, c - c0)
+        length = channels * plane
+        for q in range(9 * length):
+            acc[q] = 0.0
+        i = 0
+        while i < n:
+            base = (i * c + c0) * plane
+            last = ((i + 3) * c + c0) * plane
+            if i + 4 <= n and base >= reach and last + length + reach <= src.size:
+                step = c * plane
+                b1, b2 = base + step, base + 2 * step
                 if stride == 1:
-                    g, g0 = grad, base
+                    _flat_accumulate_fast4(src, base, b1, b2, last, grad, base, b1, b2, last, acc, length, width)
                 else:
-                    _upsample(grad, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, zero, buf)
-                    g, g0 = buf, 0
-                if base >= reach and base + length + reach <= src.size:
-                    _flat_accumulate_fast(src, base, g, g0, acc, length, width)
-                else:
-                    _flat_accumulate(src, base, src.size, g, g0, acc, length, width)
-                i += 1
-            for cc in range(channels):
-                for tap in range(9):
-                    # the positions whose tap stays inside the plane: a rectangle of rows and columns
-                    r, s = tap // 3, tap % 3
-                    y_lo, y_hi = max(0, 1 - r), min(height, height + 1 - r)
-                    x_lo, x_hi = max(0, 1 - s), min(width, width + 1 - s)
-                    total = np.float32(0.0)
-                    for y in range(y_lo, y_hi):
-                        row = tap * length + cc * plane + y * width
-                        for x in range(x_lo, x_hi):
-                            total += acc[row + x]
-                    result[(c0 + cc) * 9 + tap] = total
+                    # dout of the four images spread over the full-resolution grid, side by side
+                    for k in range(4):
+                        small = ((i + k) * c + c0) * small_plane
+                        _upsample(grad, small, out_h, out_w, channels, height, width, zero, buf[k * length :])
+                    _flat_accumulate_fast4(
+                        src, base, b1, b2, last, buf, zero, length, 2 * length, 3 * length, acc, length, width
+                    )
+                i += 4
+                continue
+            if stride == 1:
+                g, g0 = grad, base
+            else:
+                _upsample(grad, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, zero, buf)
+                g, g0 = buf, 0
+            if base >= reach and base + length + reach <= src.size:
+                _flat_accumulate_fast(src, base, g, g0, acc, length, width)
+            else:
+                _flat_accumulate(src, base, src.size, g, g0, acc, length, width)
+            i += 1
+        for cc in range(channels):
+            for tap in range(9):
+                # the positions whose tap stays inside the plane: a rectangle of rows and columns
+                r, s = tap // 3, tap % 3
+                y_lo, y_hi = max(0, 1 - r), min(height, height + 1 - r)
+                x_lo, x_hi = max(0, 1 - s), min(width, width + 1 - s)
+                total = np.float32(0.0)
+                for y in range(y_lo, y_hi):
+                    row = tap * length + cc * plane + y * width
+                    for x in range(x_lo, x_hi):
+                        total += acc[row + x]
+                result[(c0 + cc) * 9 + tap] = total
 
 
 def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True) -> None:
@@ -460,18 +502,21 @@ def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True) -> None
     full-resolution run (the study's v5 passes False)."""
     threads = get_num_threads()
     size = workspace_size(x.shape, stride)
-    flat_forward(x, w, out, False, stride, threads, channels_per_chunk(x.shape), scratch[:size], kept_only)
+    chunk, mine = channels_per_chunk(x.shape), scratch[:size]
+    run_shares(lambda t: flat_forward(x, w, out, False, stride, t, threads, chunk, mine, kept_only), threads)
 
 
 def run_backward_data(dout, w, dx, stride: int, scratch) -> None:
     threads = get_num_threads()
     size = workspace_size(dx.shape, stride)
+    chunk, mine = channels_per_chunk(dx.shape), scratch[:size]
     # kept_only passed (not left to its default) so backward-data runs the very signature forward
     # compiled: an omitted argument is a different Numba type, and so a second compile
-    flat_forward(dout, w, dx, True, stride, threads, channels_per_chunk(dx.shape), scratch[:size], True)
+    run_shares(lambda t: flat_forward(dout, w, dx, True, stride, t, threads, chunk, mine, True), threads)
 
 
 def run_backward_weight(x, dout, dw, stride: int, scratch) -> None:
     threads = get_num_threads()
     size = workspace_size(x.shape, stride)
-    flat_backward_weight(x, dout, dw, stride, threads, channels_per_chunk(x.shape), scratch[:size])
+    chunk, mine = channels_per_chunk(x.shape), scratch[:size]
+    run_shares(lambda t: flat_backward_weight(x, dout, dw, stride, t, threads, chunk, mine), threads)

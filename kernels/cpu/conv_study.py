@@ -2,7 +2,7 @@
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
 reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v15`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v15); this module holds the code
+shows what each idea bought. The production path is ``conv.py`` (v20); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -64,10 +64,15 @@ kernels/README.md ("What each step bought").
   of ≥ 64 pixels runs one β = 1 sgemm per image in place on NCHW (``conv._pointwise_weight_in_place``),
   not gathered tiles plus a partial add per tile. Two threads, batch 32, ms v15 → v16: 144→32
   @16×16 1.05 → 0.71, 192→32 1.35 → 0.90, 384→64 @8×8 1.00 → 0.80, 576→96 1.80 → 1.49.
-- v17 ``stems on im2col`` (exported): v16, but convolutions of < 8 input channels (the stems) run
+- v17 ``stems on im2col``: v16, but convolutions of < 8 input channels (the stems) run
   forward and backward-data on im2col too, not the shifted GEMMs: with v14/v15 the stem was the
   shifted path's last caller in ResNet-18 and MobileNetV2, and its compile cost a cold start 1.7 s
   of CPU for 0.3 ms a step (``conv.SHIFTED_MIN_CHANNELS``).
+- v20 ``im2col weight gradient in place`` (exported; v18 and v19 are other branches' numbers): v17,
+  but the im2col weight gradient with output planes of ≥ 16×16 (the stems, the stride-2 convs on
+  32×32 inputs) runs one image's im2col and one β = 1 sgemm into dW per image instead of gathered
+  4096-column tiles and a partial sum per tile (``conv._im2col_weight_in_place``). One thread, 16
+  images, ms v17 → v20: 3→32 @32×32 0.86 → 0.34, 3→64 1.28 → 1.16, 64→128 1×1 s2 1.31 → 1.13.
 """
 
 from __future__ import annotations
@@ -82,51 +87,58 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, im2col_weight_in_place=False,
 )
-V16_PATHS = conv.Paths(narrow_im2col=False)
-V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False)
-V14_PATHS = conv.Paths(winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
-V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
+V17_PATHS = conv.Paths(im2col_weight_in_place=False)
+V16_PATHS = conv.Paths(narrow_im2col=False, im2col_weight_in_place=False)
+V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False)
+V14_PATHS = conv.Paths(
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False
+)
+V13_PATHS = conv.Paths(
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    im2col_weight_in_place=False,
+)
 V12_PATHS = conv.Paths(
     winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, im2col_weight_in_place=False,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    im2col_weight_in_place=False,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
-    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, im2col_weight_in_place=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, im2col_weight_in_place=False,
 )
 
 
@@ -657,7 +669,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS}
+             16: V16_PATHS, 17: V17_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 

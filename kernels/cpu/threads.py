@@ -1,4 +1,4 @@
-"""Work for the conv kernels split over threads: the calling thread and a small pool take fixed chunks.
+"""Work for the conv and depthwise kernels split over threads: the calling thread and a small pool take fixed chunks.
 
 Why not Numba's ``prange``. A ``parallel=True`` function costs 2.5–6 s of compilation on a cold
 cache (parfor passes), on top of the serial code it runs: in a cold ``engine train --model resnet18``
@@ -51,10 +51,40 @@ Python-thread drivers: the last all-``prange`` tree ran at 53–58 on the same d
 alone at 42–43. The setting used to sit in ``kernels/cpu/__init__.py`` as an environment default,
 but ``engine.threads.set_threads`` starts Numba's pool before that import, after which OpenMP never
 reads the variable again; so the pool is now started here, on purpose, with the variable set.
+
+**Where a woken share runs** (``_keep_workers_off_caller``). A pool thread sleeps between calls, and
+the kernel's wake-up places it; on this 2-vCPU KVM guest (Linux 6.18) it often placed it on the
+*caller's* CPU, where it queued behind share 0 while the other CPU idled, and stayed so for call
+after call: the two shares ran one after the other. It set in after anything that kept both CPUs
+busy for a moment (a NumPy 1024² sgemm, a PyTorch call: ``engine kernels`` does both between its
+records) and lasted until the load balancer happened to move a thread. 1×1 forward 64→384 @8×8,
+batch 32, two threads, 20 calls: 0.70 ms with the shares on two CPUs, 1.26 ms right after a NumPy
+sgemm with both shares on one CPU in 18 of the 20 calls (``sched_getcpu`` in each share); Numba's
+OpenMP pool did the same to the depthwise ``prange`` kernels (576 ch s2 @8×8 forward 0.67 → 1.20 ms).
+So before each hand-out the pool's threads are allowed every CPU of the caller's but the one the
+caller is on (one ``sched_setaffinity`` per worker, only when the caller has moved). Fresh / after
+an sgemm / 20 calls later, ms: 64→384 forward 0.76 / 1.25 / 1.28 → 0.75 / 0.76 / 0.74; the stem's
+weight gradient (3→32 @32×32) 2.13 / 1.78 / 1.51 → 1.06 / 1.04 / 1.02. That is also why the
+depthwise kernels run their shares here now, not on ``prange``: in ``engine kernels``' conditions
+(after a NumPy check and a torch call), median of 5 rounds of best-of-7, ms prange → shares: 576 ch
+s2 @8×8 forward 1.17 → 0.67, backward-data 1.35 → 0.73, weight 1.38 → 0.77; 384 ch @8×8 0.68 →
+0.41, 0.68 → 0.42, 0.85 → 0.49; where prange was not displaced (960 ch @4×4) the shares cost
+~0.015 ms more (0.276 → 0.289). The MobileNetV2 training step did not move (64 steps alternating
+in one process: 0.313 s → 0.314 s median).
+
+**So it is off by default** (``ENGINE_PIN_SHARES=1`` turns it on): in fresh processes the training
+step was slower with it. ``benchmarks/bench_train.py --models mobilenetv2 --batch-size 32 --steps 8
+--threads 2 --runs 3``, engine / torch median step: main 0.63, 0.75, 0.65; this tree pinned 0.70,
+0.82, 0.71 (engine 0.353, 0.393, 0.328 s), unpinned 0.66 (0.309 s); the in-process alternation above
+did not show it. Not found in the time left: why (one guess: in the step the caller moves between
+CPUs often, and each move costs a forced migration of the sleeping worker). So ``engine kernels``
+records, taken after NumPy and PyTorch calls, still see the displaced shares now and then; the
+training step runs as before.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import threading
@@ -65,6 +95,23 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _numba_pool_started = False
+_worker_ids: list[int] = []  # the pool's threads (native ids), as they start
+_kept_off: int | None = None  # the CPU the workers were last kept off (``_keep_workers_off_caller``)
+# off unless ENGINE_PIN_SHARES=1 (module docstring: it cost MobileNetV2's training step ~7%); cleared for
+# good at the first refusal
+_pinning = hasattr(os, "sched_setaffinity") and os.environ.get("ENGINE_PIN_SHARES", "0").strip() == "1"
+
+
+def _load_getcpu() -> Callable[[], int] | None:
+    try:
+        getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    getcpu.restype, getcpu.argtypes = ctypes.c_int, []
+    return getcpu
+
+
+_getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
 
 
 def start_numba_pool() -> None:
@@ -102,15 +149,49 @@ def start_numba_pool() -> None:
         _numba_pool_started = True
 
 
+def _register_worker() -> None:
+    global _kept_off
+    with _lock:
+        _worker_ids.append(threading.get_native_id())
+        _kept_off = None  # the next call pins this one too
+
+
 def _get_pool(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
+    global _pool, _pool_size, _kept_off
     with _lock:
         if _pool is None or _pool_size < workers:
             if _pool is not None:
                 _pool.shutdown(wait=True)
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="conv")
+                _worker_ids.clear()
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="conv", initializer=_register_worker)
             _pool_size = workers
+            _kept_off = None
         return _pool
+
+
+def _keep_workers_off_caller() -> None:
+    """Let the pool's threads run on any of the caller's CPUs but the one the caller runs on now.
+
+    Why (see the module docstring, "Where a woken share runs"): the wake-up would otherwise often
+    queue the share behind the caller's own. A system call only when the caller has moved since
+    the last call (or a worker started); a refusal (EPERM, a thread gone) turns this off for good.
+    """
+    global _kept_off, _pinning
+    if _getcpu is None:
+        return
+    cpu = _getcpu()
+    with _lock:
+        if cpu == _kept_off or cpu < 0:
+            return
+        try:
+            allowed = os.sched_getaffinity(0)
+            others = allowed - {cpu}
+            for tid in _worker_ids:
+                os.sched_setaffinity(tid, others or allowed)
+        except OSError:
+            _pinning = False
+            return
+        _kept_off = cpu
 
 
 CHUNKS_PER_THREAD = 4
@@ -172,6 +253,8 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
         return
     job = _Chunks(work, chunks)
     pool = _get_pool(threads - 1)
+    if _pinning:
+        _keep_workers_off_caller()
     for slot in range(1, min(threads, chunks)):
         pool.submit(job.run, slot)
     job.run(0)

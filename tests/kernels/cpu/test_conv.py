@@ -386,7 +386,7 @@ def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(
     args = (x_shape, w_shape, stride, 0, 1)
     if in_place:
         assert cpu.gemm_tile_images(*args, "weight", 2, 1024, weight_in_place=True) == 1
-    new = cpu.workspace_size(*args, "weight")
+    new = cpu.workspace_size(*args, "weight", conv_study.V17_PATHS)  # v16's rule alone (v20 takes the stride 2)
     old = cpu.workspace_size(*args, "weight", conv_study.V15_PATHS)
     extra_threads_slots = (cpu.get_num_threads() - 1) * int(np.prod(w_shape))
     if in_place:
@@ -605,3 +605,81 @@ def test_stems_run_on_im2col_in_every_direction(direction):
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study.V13_PATHS) == "shifted"
     if direction != "weight":
         assert cpu.path(*stem, 1, 1, 1, direction, conv_study.V16_PATHS) == "shifted"
+
+
+DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pairs, full resolution, stride 1
+    (6, 40, 8, 8, 40, 3, 2, 1, 40),
+    (5, 24, 7, 7, 24, 3, 2, 1, 24),
+    (5, 48, 4, 4, 48, 3, 1, 1, 48),
+    (3, 12, 16, 16, 12, 3, 2, 1, 12),
+]
+
+
+@pytest.mark.parametrize("shape", DEPTHWISE_THREAD_SHAPES, ids=["x".join(map(str, s)) for s in DEPTHWISE_THREAD_SHAPES])
+def test_depthwise_flat_shares_match_reference_and_give_the_same_bits_at_any_thread_count(shape, monkeypatch):
+    """The flat depthwise kernels run one share per thread (``threads.run_shares``), several channel
+    chunks each (256 floats a chunk here), each chunk computed the same way whichever thread owns it:
+    the reference's results, and the same bits at any thread count."""
+    from numba import get_num_threads, set_num_threads
+
+    from kernels.cpu import conv_depthwise
+
+    monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", 256)
+    x, w, b, dout, args = _case(shape, seed=3)
+    assert cpu.path(x.shape, w.shape, args[0], args[1], args[2], "forward") == "depthwise-flat"
+    expected = [np.empty_like(a) for a in (dout, x, w, b)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted({1, 2, saved} & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            results.append(_run_cpu(x, w, b, dout, args))
+    finally:
+        set_num_threads(saved)
+    for got, want in zip(results[0], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            np.testing.assert_array_equal(a, b_)
+
+
+IM2COL_IN_PLACE_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): im2col weight gradients with >= 16x16 outputs
+    (5, 3, 16, 16, 8, 3, 1, 1, 1),  # a stem
+    (7, 4, 32, 32, 6, 1, 2, 0, 1),  # 1x1 stride 2 on 32x32
+    (5, 5, 33, 32, 7, 3, 2, 1, 1),  # 3x3 stride 2, odd plane
+]
+
+
+@pytest.mark.parametrize("shape", IM2COL_IN_PLACE_SHAPES, ids=["x".join(map(str, s)) for s in IM2COL_IN_PLACE_SHAPES])
+def test_im2col_weight_gradient_in_place_matches_reference_at_one_and_two_threads(shape):
+    """v20: one image's im2col and one beta = 1 sgemm into dW per image, several images per thread
+    (the beta = 1 accumulation), no column tile of several images and no per-tile partial in scratch."""
+    from numba import get_num_threads, set_num_threads
+
+    x, w, b, dout, args = _case(shape, seed=5)
+    stride, pad, groups = args
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight") == "gemm"
+    assert cpu._im2col_weight_in_place(x.shape, w.shape, stride, pad, groups)
+    assert cpu.gemm_tile_images(x.shape, w.shape, *args, "weight", 2, 4096, im2col_in_place=True) == 1
+    assert cpu.gemm_tile_images(x.shape, w.shape, *args, "weight", 2, 4096) > 1  # v17 tiled them
+    oh, ow = ref.check_conv2d_shapes(x.shape, w.shape, *args)
+    threads = cpu.get_num_threads()
+    rows = w.shape[1] * w.shape[2] * w.shape[3]
+    assert cpu.workspace_size(x.shape, w.shape, *args, "weight") == (
+        threads * rows * oh * ow + (threads - 1) * w.size
+    )
+    want_dw, want_db = np.empty_like(w), np.empty_like(b)
+    ref.conv2d_backward_weight(x, dout, want_dw, want_db, *args)
+    saved = get_num_threads()
+    try:
+        for count in sorted({1, saved}):
+            set_num_threads(count)
+            dw, db = np.full(w.shape, np.nan, np.float32), np.full(b.shape, np.nan, np.float32)
+            scratch = _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
+            cpu.conv2d_backward_weight(x, dout, dw, db, *args, scratch)
+            np.testing.assert_allclose(dw, want_dw, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(db, want_db, rtol=1e-4, atol=1e-4)
+    finally:
+        set_num_threads(saved)

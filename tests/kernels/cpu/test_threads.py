@@ -30,10 +30,79 @@ def test_the_pool_starts_passive_and_the_environment_is_restored(code):
     result = run(code)
     # GNU OpenMP prints PASSIVE for its default too; the spin count tells them apart (default 300000)
     assert "GOMP_SPINCOUNT = '0'" in result.stderr
-    assert "left in environ: None" in result.stdout  # a torch loaded later keeps its own default
+    assert "left in environ: None" in result.stdout  # the variable does not outlive the pool's start
 
 
 def test_a_policy_the_user_set_is_kept():
     result = run(STARTS["engine.threads.set_threads"], OMP_WAIT_POLICY="active")
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in result.stderr
     assert "left in environ: active" in result.stdout
+
+
+needs_two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and two CPUs"
+)
+
+
+@needs_two_cpus
+def test_the_pool_threads_run_off_the_callers_cpu(monkeypatch):
+    """With ENGINE_PIN_SHARES=1, a woken share must not queue behind the caller's own share on the
+    caller's CPU (threads.py: "Where a woken share runs"): the workers are kept off the CPU the caller
+    handed out from."""
+    import threading
+    import time
+
+    from kernels.cpu import threads
+
+    monkeypatch.setattr(threads, "_pinning", True)
+    monkeypatch.setattr(threads, "_kept_off", None)
+
+    seen = {}
+    caller = threading.get_native_id()
+
+    def work(t: int) -> None:
+        time.sleep(0.005)  # long enough for the pool's thread to take a share (shares go to whoever is free)
+        if threading.get_native_id() != caller:
+            seen[t] = (os.sched_getaffinity(0), threads._getcpu())
+
+    allowed = os.sched_getaffinity(0)
+    threads.run_shares(work, 2)  # a worker that starts during this call is pinned from the next one
+    calls_with_a_worker = 0
+    for _ in range(20):
+        seen.clear()
+        threads.run_shares(work, 2)
+        assert threads._kept_off is not None
+        calls_with_a_worker += bool(seen)
+        for affinity, cpu in seen.values():
+            assert affinity == allowed - {threads._kept_off}
+            assert cpu != threads._kept_off
+    assert calls_with_a_worker >= 10  # the pool's thread did run shares, off the caller's CPU
+    for tid in threads._worker_ids:  # off again for the other tests: pinning is not the default
+        os.sched_setaffinity(tid, allowed)
+
+
+@needs_two_cpus
+def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(monkeypatch):
+    from kernels.cpu import threads
+
+    def refuse(*args):
+        raise PermissionError("not allowed here")
+
+    threads.run_shares(lambda t: None, 3)  # the pool's two workers started
+    monkeypatch.setattr(threads, "_kept_off", None)
+    monkeypatch.setattr(threads, "_pinning", True)
+    monkeypatch.setattr(threads.os, "sched_setaffinity", refuse)
+    done = []
+    threads.run_shares(done.append, 3)
+    assert sorted(done) == [0, 1, 2]
+    assert threads._pinning is False
+
+
+def test_pinning_is_off_unless_asked_for():
+    code = "from kernels.cpu import threads; print(threads._pinning)"
+    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_PIN_SHARES"}
+    off = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    on = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_PIN_SHARES": "1"},
+                        capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "False"
+    assert on.stdout.strip() == ("True" if hasattr(os, "sched_setaffinity") else "False")
