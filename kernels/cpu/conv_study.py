@@ -82,51 +82,57 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, winograd4_8x8=False,
 )
-V16_PATHS = conv.Paths(narrow_im2col=False)
-V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False)
-V14_PATHS = conv.Paths(winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
-V13_PATHS = conv.Paths(winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False)
+V17_PATHS = conv.Paths(winograd4_8x8=False)
+V16_PATHS = conv.Paths(narrow_im2col=False, winograd4_8x8=False)
+V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False)
+V14_PATHS = conv.Paths(
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
+)
+V13_PATHS = conv.Paths(
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    winograd4_8x8=False,
+)
 V12_PATHS = conv.Paths(
     winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, winograd4_8x8=False,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
-    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
-    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, winograd4_8x8=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False,
+    narrow_im2col=False, winograd4_8x8=False,
 )
 
 
@@ -657,7 +663,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS}
+             16: V16_PATHS, 17: V17_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 

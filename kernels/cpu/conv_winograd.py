@@ -132,6 +132,10 @@ WEIGHT_TARGET_TILES = 512
 WEIGHT_BUDGET_ELEMENTS = 1 << 22
 """At most this many float32 (16 MiB) in the weight gradient's block V and M together."""
 
+TW_VECTOR = 16
+"""Tile columns (⌈W/2⌉) from which the input transform's B runs as four one-stream loops over the tile
+row; narrower rows take one scalar loop (v18 figures in the module docstring)."""
+
 SKEW = 16
 """Floats (64 bytes) between consecutive ξ planes of U, V and M beyond their size. Planes of
 exactly K·C or C·Tb floats start at multiples of 4 KiB, so the 16 streams of a transform fall into
@@ -313,7 +317,7 @@ def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
             for i in range(4):
                 e = i * half
                 b = 4 * i * step + c * cols + j0
-                if tw >= 4:  # one store stream per loop, so LLVM vectorizes it (four need too many alias checks)
+                if tw >= TW_VECTOR:  # one store stream per loop: LLVM vectorizes it (four need too many alias checks)
                     e_, o_ = ev[e : e + half], od[e : e + half]
                     w0, w1 = v[b : b + tw], v[b + step : b + step + tw]
                     w2, w3 = v[b + 2 * step : b + 2 * step + tw], v[b + 3 * step : b + 3 * step + tw]
