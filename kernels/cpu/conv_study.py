@@ -2,7 +2,7 @@
 
 As in llm.c's ``dev/cuda``, the versions stay side by side, each checked against the NumPy
 reference and timed by ``engine kernels --ops conv2d`` (the ``v1`` … ``v15`` rows), so the table
-shows what each idea bought. The production path is ``conv.py`` (v15); this module holds the code
+shows what each idea bought. The production path is ``conv.py`` (v18); this module holds the code
 only the earlier versions run and calls into ``conv.py`` for the rest. Figures per version are in
 kernels/README.md ("What each step bought").
 
@@ -64,10 +64,16 @@ kernels/README.md ("What each step bought").
   of ≥ 64 pixels runs one β = 1 sgemm per image in place on NCHW (``conv._pointwise_weight_in_place``),
   not gathered tiles plus a partial add per tile. Two threads, batch 32, ms v15 → v16: 144→32
   @16×16 1.05 → 0.71, 192→32 1.35 → 0.90, 384→64 @8×8 1.00 → 0.80, 576→96 1.80 → 1.49.
-- v17 ``stems on im2col`` (exported): v16, but convolutions of < 8 input channels (the stems) run
+- v17 ``stems on im2col``: v16, but convolutions of < 8 input channels (the stems) run
   forward and backward-data on im2col too, not the shifted GEMMs: with v14/v15 the stem was the
   shifted path's last caller in ResNet-18 and MobileNetV2, and its compile cost a cold start 1.7 s
   of CPU for 0.3 ms a step (``conv.SHIFTED_MIN_CHANNELS``).
+- v18 ``F(4×4) on 8×8`` (exported): v17, but with OpenBLAS forward and backward-data take F(4×4) on
+  8×8 planes too (``conv.WINOGRAD4_MIN_PIXELS_8X8``, ``Paths.winograd4_8x8``): 256 @8×8 10.35 → 7.46
+  ms forward, 10.38 → 7.95 backward-data (two threads, batch 32, AMD EPYC). What made it win is not a
+  path flag but the kernel under every F(4×4) version: its input and output transforms now run over
+  the whole block of tiles (tiles column-major within a block, ``conv_winograd4._input_transform``),
+  not one tile row at a time, so v14–v17 got faster too (figures in ``conv_winograd4``'s docstring).
 """
 
 from __future__ import annotations
@@ -672,7 +678,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 15) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -778,7 +784,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-15), "data" or "weight" (2-15), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18), "data" or "weight" (2-18), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

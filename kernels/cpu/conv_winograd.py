@@ -90,6 +90,19 @@ Tried and dropped:
 - Bᵀ as eight one-stream loops, or the output transform as twelve: 1.4–7× slower (the loops are
   ⌈W/2⌉ long, and the split adds array slices per row); the four one-stream loops of B and
   the row loops without a per-column test stayed (input transform 3.4 → 2.3 ms at 64 @32×32).
+  On the AMD EPYC those four loops lose below 16 tile columns (``TW_VECTOR``, v18): one thread, 16
+  images, input transform ms, four loops → one scalar loop: 256 @8×8 2.57 → 1.87, 128 @16×16 3.23 →
+  3.05; 64 @32×32 (16 tile columns) stays on the four loops.
+- Each thread its own positions ξ (v18's first try, patch not kept): thread t transformed the input
+  for its 8 of the 16 ξ only (all channels, all of a block's tiles) and ran those 8 GEMMs with every
+  tile of the batch as columns, reading half of U; the output transform split by output channel.
+  Alone, with both threads running, 8 GEMMs of 512 × 512 @ 512 × 128 ran at 83–85 GFLOP/s per thread
+  against 72–77 for 16 of 512 × 512 @ 512 × 64 (6.3–6.4 against 7.0–7.4 ms). But whole convolutions
+  got slower (two threads, batch 32, wall ms, median of 5 rounds of best-of-5, table → by ξ): 512 @4×4
+  forward 10.96 → 11.40, backward-data 11.84 → 11.94; 256 @8×8 forward 13.22 → 14.04 (F(2×2)). The
+  input transform is bound by its per-(channel, tile row) overhead, not by its stores, and each thread
+  now walked every tile: 2.7–3.4 ms per thread at 512 @4×4 against 2.2 for the tile split. By ξ with
+  F(4×4) at 512 @4×4 (18 GEMMs of 32 columns per thread): 15.3 ms.
 
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
 result differs from a direct sum by rounding only: max abs error against the float64 reference

@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14 and 15.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14, 15 and 18.
 
 Why. F(2×2, 3×3) (``conv_winograd.py``) does 16 multiplies per 2×2 output tile and input/output
 channel pair: 4 per output against the direct 9. F(4×4, 3×3) does 36 per 4×4 tile: 2.25 per output,
@@ -25,6 +25,25 @@ no row-swap symmetry to reuse the forward's U.
 The input transform splits each padded input row into its four column phases (x + 1 ≡ q mod 4),
 so that Bᵀ down the six rows is one contiguous loop per output row, and B across a tile's six
 columns reads phases 0–3 at the tile and 0–1 at the next: contiguous streams over the tiles.
+
+Since v18 a block's tiles are numbered column-major, tile (r, tx) of the block's tile rows r at
+column j = tx·nr + r of V and M (the GEMMs do not care which column is which tile). The phase-split
+rows of all nr tile rows of a channel then sit side by side, p[i][q][m·nr + r], and "phase q at the
+next tile" is the same array shifted by nr: Bᵀ is six loops over the whole block (6·4·(tw + 1)·nr
+values each) and B 36 loops of tw·nr, where v14–v17 ran 48 loops of ⌈W/4⌉ (+ 1) iterations per
+tile row and channel (2–9 iterations: loop overhead and runtime alias checks, not arithmetic, were
+the cost, 360–560 ns per tile row and channel). The output transform does Aᵀ as 24 loops over the
+block, then A across each tile into the output rows; the weight gradient's dout transform writes M
+in the same order. One thread, 16 images, blocks as the forward's, input transform ms, v17 → v18:
+64 @32×32 4.58 → 2.09, 128 @16×16 4.12 → 1.26, 256 @8×8 3.36 → 0.89 (512 @4×4 2.95 → 0.76). Whole
+convolutions, two threads, batch 32, wall ms, median of 7 rounds of best-of-5, main and this tree
+in alternating processes, two rounds each: 64 @32×32 forward 8.17 / 7.92 → 6.33 / 6.90, backward-data
+12.50 / 7.83 → 6.28 / 6.82, weight 19.12 / 10.75 → 10.22 / 12.90 (noise both ways); 128 @16×16 forward
+17.55 / 9.41 → 6.04 / 6.33, backward-data 15.35 / 9.31 → 5.93 / 6.67, weight 8.68 / 9.70 → 7.29 /
+7.70; 256 @8×8 weight 8.88 / 9.58 → 7.08 / 7.46. With the cheaper transforms F(4×4) also wins
+forward and backward-data on 8×8 planes (``conv.WINOGRAD4_MIN_PIXELS_8X8``). The forward's bits do
+not change (each column of a GEMM is the same dot product wherever it sits); the weight gradient
+sums the tiles in the new order.
 
 The weight gradient (v15, ``backward_weight``) is ``conv_winograd.backward_weight``'s scheme with
 these transforms: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G (A = (Aᵀ)ᵀ, 6 × 4), per block 36 GEMMs
