@@ -81,7 +81,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange, uint64
 
-from kernels.cpu import conv, conv_shifted
+from kernels.cpu import conv, conv_shifted, conv_winograd
 from kernels.cpu.conv_winograd import SKEW as WSKEW
 from kernels.cpu.conv_winograd import _filter_transform as _wfilter
 from kernels.cpu.conv_winograd import _input_transform as _winput
@@ -526,7 +526,7 @@ def channel_workspace_size(x_shape, w_shape, direction: str, threads: int, rows:
     c_in, c_out = (k, c) if direction == "data" else (c, k)
     tw = (x_shape[3] + 1) // 2
     return (16 * (k * c + WSKEW) + 16 * ((c_in + c_out) * rows * tw + 2 * WSKEW)
-            + threads * (8 * (tw + 1) + 4 * x_shape[3]))
+            + threads * conv_winograd._buffer(x_shape[3], rows))
 
 
 @njit(cache=True, nogil=True)
@@ -568,7 +568,7 @@ def forward_by_channels(x, w, out, flipped: bool, threads: int, rows: int, scrat
     at += 16 * (c_in * rows * tw + WSKEW)
     m = scratch[at : at + 16 * (c_out * rows * tw + WSKEW)]
     at += 16 * (c_out * rows * tw + WSKEW)
-    per_thread = 8 * (tw + 1) + 4 * width
+    per_thread = conv_winograd._buffer(width, rows)
     src, dst = x.reshape(x.size), out.reshape(out.size)
     run_shares(lambda t: _wfilter(w, t * k // threads, (t + 1) * k // threads, u), threads)
 
