@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 to 13.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 to 13 (transforms: v18).
 
 Why. Our 3×3 convolutions are GEMMs (im2col, or the shifted GEMMs of ``conv_shifted.py``) and
 run at OpenBLAS's sgemm rate, ~140 GFLOP/s per thread on these shapes; oneDNN's direct AVX-512
@@ -26,9 +26,15 @@ R = N·⌈H/2⌉ in the batch (a fixed range: the same bits every call at a give
 walks them in blocks of ``rows`` tile rows (Tb = rows·⌈W/2⌉ tiles; a block crosses image borders,
 so the 4-tile planes of 4×4 layers batch many images into one block). Per block:
 
-1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block): per
-   channel and tile row, Bᵀ down four input rows (even and odd columns written apart), then B
-   across the columns, one loop per output stream so LLVM vectorizes it across the tiles.
+1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block; since v18
+   column-major, tile (r, tx) of the block at j = tx·nr + r): per channel, the block's input rows
+   copied with even and odd columns apart, then Bᵀ down the rows and B across the columns, each
+   one loop per output stream over the whole block (v10–v17 ran both per tile row: loops of
+   ⌈W/2⌉ + 1 iterations, whose overhead was most of the transform's time). One thread, 16 images,
+   input transform ms, v17 → v18: 512 @4×4 1.03 → 0.92, 256 @8×8 2.57 → 1.39, 128 @16×16 3.23 →
+   1.76, 64 @32×32 4.54 → 3.53; the output transform at 512 @4×4 (two threads, ``parts``) 1.28 →
+   0.65, the input 2.3 → 2.0, the forward 11.3 / 12.4 → 10.2 / 11.0 (two runs). The forward's bits
+   do not change (a GEMM column is the same dot product wherever it sits).
 2. 16 GEMMs ``M[ξ] (K × Tb) = U[ξ] (K × C) @ V[ξ] (C × Tb)`` through single-threaded BLAS
    (``conv_shifted.sgemm``: ``numba_xxgemm`` with leading dimensions).
 3. output transform ``Aᵀ M[·][k][j] A`` straight into ``out``.
