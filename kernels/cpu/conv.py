@@ -15,7 +15,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
   gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
-  channels on 16×16 to 32×32 planes (the weight gradient from 8×8) take Winograd F(4×4, 3×3)
+  channels on 16×16 to 32×32 planes (the weight gradient from 8×8, and since v18 forward and
+  backward-data too) take Winograd F(4×4, 3×3)
   instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
