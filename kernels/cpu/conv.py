@@ -15,7 +15,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   cache-blocked Winograd
   F(2×2, 3×3), 2.25× fewer multiplies (``conv_winograd.py``, v10), and since v11 their weight
   gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
-  channels on 16×16 to 32×32 planes (the weight gradient from 8×8) take Winograd F(4×4, 3×3)
+  channels on 16×16 to 32×32 planes (the weight gradient from 8×8, and since v18 forward and
+  backward-data too) take Winograd F(4×4, 3×3)
   instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
@@ -141,6 +142,15 @@ WINOGRAD4_WEIGHT_MIN_PIXELS = 64
 two threads, wall ms, F(2×2) → F(4×4) (torch), two runs: 10.30 → 9.23, 10.21 → 8.93 (11.64); forward
 9.57 → 9.04 and 10.14 → 10.43 (9.64), backward-data 9.62 → 9.29 and 11.37 → 13.33 (10.53)."""
 
+WINOGRAD4_MIN_PIXELS_8X8 = 64
+"""v18: forward and backward-data take F(4×4) on 8×8 planes too (``Paths.winograd4_8x8``), once its
+input and output transforms ran over a whole block of tiles instead of one tile row at a time
+(``conv_winograd4._input_transform``: the input transform, one thread, 16 images, 4.5 → 2.1 ms at
+64 @32×32, 4.1 → 1.3 at 128 @16×16, 3.4 → 0.9 at 256 @8×8). Two threads, batch 32, AMD EPYC
+(OpenBLAS), wall ms, median of 7 rounds of best-of-5, the table (F(2×2)) against F(4×4) alternating:
+256 @8×8 forward 10.35 → 7.46, backward-data 10.38 → 7.95; 512 @4×4 still F(2×2): 11.06 → 13.00 and
+12.15 → 13.58 (36 GEMMs of 16 columns per thread against a 36 MiB U)."""
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -162,6 +172,7 @@ class Paths:
     winograd4_weight: bool = True
     pointwise_weight_in_place: bool = True
     narrow_im2col: bool = True
+    winograd4_8x8: bool = True
     im2col_weight_in_place: bool = True
 
 
@@ -207,7 +218,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
         and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
         and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
-        and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD4_MIN_PIXELS)
+        and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight"
+             else WINOGRAD4_MIN_PIXELS_8X8 if paths.winograd4_8x8 else WINOGRAD4_MIN_PIXELS)
         <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
         and blas.select_sgemm() == blas.OPENBLAS
     ):

@@ -68,7 +68,13 @@ kernels/README.md ("What each step bought").
   forward and backward-data on im2col too, not the shifted GEMMs: with v14/v15 the stem was the
   shifted path's last caller in ResNet-18 and MobileNetV2, and its compile cost a cold start 1.7 s
   of CPU for 0.3 ms a step (``conv.SHIFTED_MIN_CHANNELS``).
-- v20 ``im2col weight gradient in place`` (exported; v18 and v19 are other branches' numbers): v17,
+- v18 ``F(4×4) on 8×8`` (exported): v17, but with OpenBLAS forward and backward-data take F(4×4) on
+  8×8 planes too (``conv.WINOGRAD4_MIN_PIXELS_8X8``, ``Paths.winograd4_8x8``): 256 @8×8 10.35 → 7.46
+  ms forward, 10.38 → 7.95 backward-data (two threads, batch 32, AMD EPYC). What made it win is not a
+  path flag but the kernel under every F(4×4) version: its input and output transforms now run over
+  the whole block of tiles (tiles column-major within a block, ``conv_winograd4._input_transform``),
+  not one tile row at a time, so v14–v17 got faster too (figures in ``conv_winograd4``'s docstring).
+- v20 ``im2col weight gradient in place`` (exported; v19 was not used): v18,
   but the im2col weight gradient with output planes of ≥ 16×16 (the stems, the stride-2 convs on
   32×32 inputs) runs one image's im2col and one β = 1 sgemm into dW per image instead of gathered
   4096-column tiles and a partial sum per tile (``conv._im2col_weight_in_place``). One thread, 16
@@ -80,65 +86,70 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange, uint64
 
-from kernels.cpu import conv, conv_shifted
+from kernels.cpu import conv, conv_shifted, conv_winograd
 from kernels.cpu.conv_winograd import SKEW as WSKEW
 from kernels.cpu.conv_winograd import _filter_transform as _wfilter
 from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
-V17_PATHS = conv.Paths(im2col_weight_in_place=False)
-V16_PATHS = conv.Paths(narrow_im2col=False, im2col_weight_in_place=False)
-V15_PATHS = conv.Paths(pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False)
+V18_PATHS = conv.Paths(im2col_weight_in_place=False)
+V17_PATHS = conv.Paths(winograd4_8x8=False, im2col_weight_in_place=False)
+V16_PATHS = conv.Paths(narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False)
+V15_PATHS = conv.Paths(
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False
+)
 V14_PATHS = conv.Paths(
-    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
+    im2col_weight_in_place=False,
 )
 V13_PATHS = conv.Paths(
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
-    im2col_weight_in_place=False,
+    winograd4_8x8=False, im2col_weight_in_place=False,
 )
 V12_PATHS = conv.Paths(
     winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
-    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
+    winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
     im2col_weight_in_place=False,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
-    pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
-    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, im2col_weight_in_place=False,
+    winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
+    im2col_weight_in_place=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
 )
 
 
@@ -526,7 +537,7 @@ def channel_workspace_size(x_shape, w_shape, direction: str, threads: int, rows:
     c_in, c_out = (k, c) if direction == "data" else (c, k)
     tw = (x_shape[3] + 1) // 2
     return (16 * (k * c + WSKEW) + 16 * ((c_in + c_out) * rows * tw + 2 * WSKEW)
-            + threads * (8 * (tw + 1) + 4 * x_shape[3]))
+            + threads * conv_winograd._buffer(x_shape[3], rows))
 
 
 @njit(cache=True, nogil=True)
@@ -568,7 +579,7 @@ def forward_by_channels(x, w, out, flipped: bool, threads: int, rows: int, scrat
     at += 16 * (c_in * rows * tw + WSKEW)
     m = scratch[at : at + 16 * (c_out * rows * tw + WSKEW)]
     at += 16 * (c_out * rows * tw + WSKEW)
-    per_thread = 8 * (tw + 1) + 4 * width
+    per_thread = conv_winograd._buffer(width, rows)
     src, dst = x.reshape(x.size), out.reshape(out.size)
     run_shares(lambda t: _wfilter(w, t * k // threads, (t + 1) * k // threads, u), threads)
 
@@ -669,7 +680,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS, 17: V17_PATHS}
+             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -678,7 +689,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 15) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -784,7 +795,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-15), "data" or "weight" (2-15), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18), "data" or "weight" (2-18), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

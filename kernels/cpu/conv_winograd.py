@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 to 13.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(2×2, 3×3): study versions 10 to 13 (transforms: v18).
 
 Why. Our 3×3 convolutions are GEMMs (im2col, or the shifted GEMMs of ``conv_shifted.py``) and
 run at OpenBLAS's sgemm rate, ~140 GFLOP/s per thread on these shapes; oneDNN's direct AVX-512
@@ -26,9 +26,15 @@ R = N·⌈H/2⌉ in the batch (a fixed range: the same bits every call at a give
 walks them in blocks of ``rows`` tile rows (Tb = rows·⌈W/2⌉ tiles; a block crosses image borders,
 so the 4-tile planes of 4×4 layers batch many images into one block). Per block:
 
-1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block): per
-   channel and tile row, Bᵀ down four input rows (even and odd columns written apart), then B
-   across the columns, one loop per output stream so LLVM vectorizes it across the tiles.
+1. input transform into ``V[ξ][c][j]`` (16 × C × Tb, ``j`` the tile within the block; since v18
+   column-major, tile (r, tx) of the block at j = tx·nr + r): per channel, the block's input rows
+   copied with even and odd columns apart, then Bᵀ down the rows and B across the columns, each
+   one loop per output stream over the whole block (v10–v17 ran both per tile row: loops of
+   ⌈W/2⌉ + 1 iterations, whose overhead was most of the transform's time). One thread, 16 images,
+   input transform ms, v17 → v18: 512 @4×4 1.03 → 0.92, 256 @8×8 2.57 → 1.39, 128 @16×16 3.23 →
+   1.76, 64 @32×32 4.54 → 3.53; the output transform at 512 @4×4 (two threads, ``parts``) 1.28 →
+   0.65, the input 2.3 → 2.0, the forward 11.3 / 12.4 → 10.2 / 11.0 (two runs). The forward's bits
+   do not change (a GEMM column is the same dot product wherever it sits).
 2. 16 GEMMs ``M[ξ] (K × Tb) = U[ξ] (K × C) @ V[ξ] (C × Tb)`` through single-threaded BLAS
    (``conv_shifted.sgemm``: ``numba_xxgemm`` with leading dimensions).
 3. output transform ``Aᵀ M[·][k][j] A`` straight into ``out``.
@@ -90,6 +96,19 @@ Tried and dropped:
 - Bᵀ as eight one-stream loops, or the output transform as twelve: 1.4–7× slower (the loops are
   ⌈W/2⌉ long, and the split adds array slices per row); the four one-stream loops of B and
   the row loops without a per-column test stayed (input transform 3.4 → 2.3 ms at 64 @32×32).
+  On the AMD EPYC those four loops lost below 16 tile columns to one scalar loop (one thread, 16
+  images, input transform ms: 256 @8×8 2.57 → 1.87, 128 @16×16 3.23 → 3.05), the first hint that loop
+  overhead was the cost; v18's block-wide loops (below) replaced both.
+- Each thread its own positions ξ (v18's first try, patch not kept): thread t transformed the input
+  for its 8 of the 16 ξ only (all channels, all of a block's tiles) and ran those 8 GEMMs with every
+  tile of the batch as columns, reading half of U; the output transform split by output channel.
+  Alone, with both threads running, 8 GEMMs of 512 × 512 @ 512 × 128 ran at 83–85 GFLOP/s per thread
+  against 72–77 for 16 of 512 × 512 @ 512 × 64 (6.3–6.4 against 7.0–7.4 ms). But whole convolutions
+  got slower (two threads, batch 32, wall ms, median of 5 rounds of best-of-5, table → by ξ): 512 @4×4
+  forward 10.96 → 11.40, backward-data 11.84 → 11.94; 256 @8×8 forward 13.22 → 14.04 (F(2×2)). The
+  input transform is bound by its per-(channel, tile row) overhead, not by its stores, and each thread
+  now walked every tile: 2.7–3.4 ms per thread at 512 @4×4 against 2.2 for the tile split. By ξ with
+  F(4×4) at 512 @4×4 (18 GEMMs of 32 columns per thread): 15.3 ms.
 
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
 result differs from a direct sum by rounding only: max abs error against the float64 reference
@@ -165,7 +184,13 @@ def workspace_size(x_shape, w_shape, direction: str, threads: int, target_tiles:
 def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
     """A thread's scratch: a block's V and M, and the transforms' row buffers."""
     tw = (width + 1) // 2
-    return 16 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 8 * (tw + 1) + 4 * width
+    return 16 * ((c_in + c_out) * rows * tw + 2 * SKEW) + _buffer(width, rows)
+
+
+def _buffer(width: int, rows: int) -> int:
+    """The transforms' buffer for blocks of ``rows`` tile rows: the input's phase-split rows and Bᵀ of
+    them (16·(tw + 1)·rows floats), more than the output transform's 8·tw·rows."""
+    return 16 * ((width + 1) // 2 + 1) * rows
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -235,155 +260,118 @@ def _filter_transform_flipped(w, c_lo, c_hi, u):
             _g_row_swapped(u, at, plane, w20, w21, w22, half)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _rows_bt(src, a0, a1, a2, a3, width, tw, ev, od, half):
-    """Bᵀ down four rows of src starting at a0 … a3 (t0 = d0 − d2, t1 = d1 + d2, t2 = d2 − d1,
-    t3 = d1 − d3), columns apart: ``ev[i·half + q] = t_i[x = 2q − 1]``, ``od[i·half + q] = t_i[x = 2q]``,
-    zero where x leaves the plane. The main loops read inside the plane only (no test per column:
-    0.64 → 0.49 ms of 1.5 on 256 ch @8×8, 16 images); the odd plane's last column and the zeros after."""
-    full = width // 2
-    for q in range(full):
-        x = 2 * q
-        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
-        od[q] = d0 - d2
-        od[half + q] = d1 + d2
-        od[2 * half + q] = d2 - d1
-        od[3 * half + q] = d1 - d3
-    for q in range(1, full + 1):
-        x = 2 * q - 1
-        d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
-        ev[q] = d0 - d2
-        ev[half + q] = d1 + d2
-        ev[2 * half + q] = d2 - d1
-        ev[3 * half + q] = d1 - d3
-    for q in range(full, half):  # x = 2q: the last column of an odd plane, then zeros
-        x = 2 * q
-        if x < width:
-            d0, d1, d2, d3 = src[a0 + x], src[a1 + x], src[a2 + x], src[a3 + x]
-        else:
-            d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-        od[q] = d0 - d2
-        od[half + q] = d1 + d2
-        od[2 * half + q] = d2 - d1
-        od[3 * half + q] = d1 - d3
-    for i in range(4):
-        ev[i * half] = 0.0
-        for q in range(full + 1, half):
-            ev[i * half + q] = 0.0
-
-
 @njit(cache=True, nogil=True)
 def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
-    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) and the tiles j of tile rows [r0, r0 + nr),
-    read from src (flat NCHW; the forward passes all channels, the weight gradient a thread's range).
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) and the tiles of tile rows [r0, r0 + nr),
+    read from src (flat NCHW; the forward passes all channels, the weight gradient a thread's range);
+    tile (r, tx) at column j = tx·nr + r (column-major within the block, v18).
 
-    Per (channel, tile row), two passes over short L1-resident rows: Bᵀ down the four input rows
-    with even and odd columns written apart (``_rows_bt``; the first and last tile rows of a plane
-    go through a zero-padded copy of their rows), then B across the columns, where tile tx needs
-    t[2tx − 1 … 2tx + 2] = ev[tx], od[tx], ev[tx + 1], od[tx + 1]: contiguous reads, 16
-    contiguous store streams."""
+    Per channel, the four input rows of each of the block's tile rows are copied split into their
+    even and odd columns, p[a][ev][m·nr + r] = d(2ty − 1 + a, 2m − 1), p[a][od][m·nr + r] = d(·, 2m)
+    (zero outside the plane); then Bᵀ down the rows is four loops over the whole block, and B across
+    the columns, where tile tx needs ev[tx], od[tx], ev[tx + 1], od[tx + 1], i.e. the same arrays at j
+    and j + nr, sixteen loops of tw·nr. Up to v17 both passes ran per tile row (loops of ⌈W/2⌉ + 1
+    iterations; ``_rows_bt``): their overhead, not the arithmetic, was the transform's cost."""
     th, tw = (height + 1) // 2, (width + 1) // 2
     cols = nr * tw
     half = tw + 1
+    span = half * nr  # one phase (even or odd columns) of one input row over the block
+    row = 2 * span
+    p = tmp[: 4 * row]
+    t = tmp[4 * row : 8 * row]  # Bᵀ p
     plane = height * width
-    ev = tmp[: 4 * half]
-    od = tmp[4 * half : 8 * half]
-    pad = tmp[8 * half : 8 * half + 4 * width]
     step = channels * cols + SKEW
+    zero = np.float32(0.0)
     for c in range(c_lo, c_hi):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
             s0 = (n * channels + c) * plane
-            y0 = 2 * ty - 1
-            if y0 >= 0 and y0 + 3 < height:
-                _rows_bt(src, s0 + y0 * width, s0 + (y0 + 1) * width, s0 + (y0 + 2) * width,
-                         s0 + (y0 + 3) * width, width, tw, ev, od, half)
-            else:
-                for i in range(4):
-                    y = y0 + i
-                    if 0 <= y < height:
-                        for x in range(width):
-                            pad[i * width + x] = src[s0 + y * width + x]
-                    else:
-                        for x in range(width):
-                            pad[i * width + x] = 0.0
-                _rows_bt(pad, 0, width, 2 * width, 3 * width, width, tw, ev, od, half)
-            # B, with t0…t3 the tile's four columns: t0 − t2, t1 + t2, t2 − t1, t1 − t3
-            j0 = r * tw
-            for i in range(4):
-                e = i * half
-                b = 4 * i * step + c * cols + j0
-                if tw >= 4:  # one store stream per loop, so LLVM vectorizes it (four need too many alias checks)
-                    e_, o_ = ev[e : e + half], od[e : e + half]
-                    w0, w1 = v[b : b + tw], v[b + step : b + step + tw]
-                    w2, w3 = v[b + 2 * step : b + 2 * step + tw], v[b + 3 * step : b + 3 * step + tw]
-                    for tx in range(tw):
-                        w0[tx] = e_[tx] - e_[tx + 1]
-                    for tx in range(tw):
-                        w1[tx] = o_[tx] + e_[tx + 1]
-                    for tx in range(tw):
-                        w2[tx] = e_[tx + 1] - o_[tx]
-                    for tx in range(tw):
-                        w3[tx] = o_[tx] - o_[tx + 1]
+            for a in range(4):
+                y = 2 * ty - 1 + a
+                pe, po = p[a * row + r :], p[a * row + span + r :]
+                if 0 <= y < height:
+                    b = s0 + y * width
+                    pe[0] = zero  # x = −1
+                    for m in range(1, half):
+                        x = 2 * m - 1
+                        pe[m * nr] = src[b + x] if x < width else zero
+                    for m in range(half):
+                        x = 2 * m
+                        po[m * nr] = src[b + x] if x < width else zero
                 else:
-                    for tx in range(tw):
-                        a0, a1, a2, a3 = ev[e + tx], od[e + tx], ev[e + tx + 1], od[e + tx + 1]
-                        v[b + tx] = a0 - a2
-                        v[b + step + tx] = a1 + a2
-                        v[b + 2 * step + tx] = a2 - a1
-                        v[b + 3 * step + tx] = a1 - a3
+                    for m in range(half):
+                        pe[m * nr] = zero
+                        po[m * nr] = zero
+        d0, d1, d2, d3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
+        t0, t1, t2, t3 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row], t[3 * row : 4 * row]
+        for e in range(row):
+            t0[e] = d0[e] - d2[e]
+        for e in range(row):
+            t1[e] = d1[e] + d2[e]
+        for e in range(row):
+            t2[e] = d2[e] - d1[e]
+        for e in range(row):
+            t3[e] = d1[e] - d3[e]
+        # B, with t0…t3 the tile's columns ev[tx], od[tx], ev[tx + 1], od[tx + 1]: t0 − t2, t1 + t2, t2 − t1, t1 − t3
+        for i in range(4):
+            ti = t[i * row : (i + 1) * row]
+            e0, o0 = ti[0:cols], ti[span : span + cols]
+            e1, o1 = ti[nr : nr + cols], ti[span + nr : span + nr + cols]
+            b = 4 * i * step + c * cols
+            w0, w1 = v[b : b + cols], v[b + step : b + step + cols]
+            w2, w3 = v[b + 2 * step : b + 2 * step + cols], v[b + 3 * step : b + 3 * step + cols]
+            for j in range(cols):
+                w0[j] = e0[j] - e1[j]
+            for j in range(cols):
+                w1[j] = o0[j] + e1[j]
+            for j in range(cols):
+                w2[j] = e1[j] - o0[j]
+            for j in range(cols):
+                w3[j] = o0[j] - o1[j]
 
 
 @njit(cache=True, nogil=True)
 def _output_transform(m, r0, nr, channels, height, width, dst, tmp, k_lo=0, k_hi=-1):
-    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (and the
-    channels [k_lo, k_hi), all by default).
+    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (tile (r, tx)
+    at column tx·nr + r of M, as ``_input_transform`` wrote V) and the channels [k_lo, k_hi), all by
+    default.
 
-    Per (channel, tile row): 16 contiguous read streams of M give the four outputs of each tile
-    into four short rows (``y[a][b][tx]``), then an interleaving copy puts them into ``dst``'s two
-    image rows (the last column and row dropped where the plane is odd)."""
+    Per channel: Aᵀ down each tile's four rows, eight loops over the whole block (s[a][j'] = row a of
+    Aᵀ M, column j'), then A across the columns of each tile into ``dst``'s two image rows (the last
+    column and row dropped where the plane is odd)."""
     th, tw = (height + 1) // 2, (width + 1) // 2
     cols = nr * tw
     stride = channels * cols + SKEW
     plane = height * width
-    y00, y01, y10, y11 = tmp[:tw], tmp[tw : 2 * tw], tmp[2 * tw : 3 * tw], tmp[3 * tw : 4 * tw]
+    s = tmp[: 8 * cols]
     full = width // 2
     for k in range(k_lo, channels if k_hi < 0 else k_hi):
+        b = k * cols
+        for jj in range(4):
+            at = b + jj * stride
+            m0, m1 = m[at : at + cols], m[at + 4 * stride : at + 4 * stride + cols]
+            m2, m3 = m[at + 8 * stride : at + 8 * stride + cols], m[at + 12 * stride : at + 12 * stride + cols]
+            s0, s1 = s[jj * cols : (jj + 1) * cols], s[(4 + jj) * cols : (5 + jj) * cols]
+            for e in range(cols):  # Aᵀ on rows: s0 = M0 + M1 + M2, s1 = M1 − M2 − M3
+                s0[e] = m0[e] + m1[e] + m2[e]
+            for e in range(cols):
+                s1[e] = m1[e] - m2[e] - m3[e]
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
-            b = k * cols + r * tw
-            m0, m1, m2, m3 = m[b : b + tw], m[b + stride : b + stride + tw], m[b + 2 * stride :], m[b + 3 * stride :]
-            m4, m5, m6, m7 = m[b + 4 * stride :], m[b + 5 * stride :], m[b + 6 * stride :], m[b + 7 * stride :]
-            m8, m9, m10, m11 = m[b + 8 * stride :], m[b + 9 * stride :], m[b + 10 * stride :], m[b + 11 * stride :]
-            m12, m13, m14, m15 = m[b + 12 * stride :], m[b + 13 * stride :], m[b + 14 * stride :], m[b + 15 * stride :]
-            for tx in range(tw):
-                # Aᵀ on rows: s0 = M0 + M1 + M2, s1 = M1 − M2 − M3; then A across columns
-                s00 = m0[tx] + m4[tx] + m8[tx]
-                s01 = m1[tx] + m5[tx] + m9[tx]
-                s02 = m2[tx] + m6[tx] + m10[tx]
-                s03 = m3[tx] + m7[tx] + m11[tx]
-                s10 = m4[tx] - m8[tx] - m12[tx]
-                s11 = m5[tx] - m9[tx] - m13[tx]
-                s12 = m6[tx] - m10[tx] - m14[tx]
-                s13 = m7[tx] - m11[tx] - m15[tx]
-                y00[tx] = s00 + s01 + s02
-                y01[tx] = s01 - s02 - s03
-                y10[tx] = s10 + s11 + s12
-                y11[tx] = s11 - s12 - s13
             o = (n * channels + k) * plane + 2 * ty * width
-            row = dst[o : o + width]
-            for tx in range(full):
-                row[2 * tx] = y00[tx]
-                row[2 * tx + 1] = y01[tx]
-            if full < tw:
-                row[width - 1] = y00[full]
-            if 2 * ty + 1 < height:
-                row = dst[o + width : o + 2 * width]
-                for tx in range(full):
-                    row[2 * tx] = y10[tx]
-                    row[2 * tx + 1] = y11[tx]
-                if full < tw:
-                    row[width - 1] = y10[full]
+            second = 2 * ty + 1 < height
+            for tx in range(tw):
+                at = tx * nr + r
+                s00, s01, s02, s03 = s[at], s[cols + at], s[2 * cols + at], s[3 * cols + at]
+                x = 2 * tx
+                dst[o + x] = s00 + s01 + s02
+                if tx < full:
+                    dst[o + x + 1] = s01 - s02 - s03
+                if second:
+                    s10, s11, s12, s13 = s[4 * cols + at], s[5 * cols + at], s[6 * cols + at], s[7 * cols + at]
+                    dst[o + width + x] = s10 + s11 + s12
+                    if tx < full:
+                        dst[o + width + x + 1] = s11 - s12 - s13
 
 
 @njit(cache=True, nogil=True)
@@ -399,7 +387,7 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
     src, dst = x.reshape(x.size), out.reshape(out.size)
     v = mine[: 16 * (c_in * tb + SKEW)]
     m = mine[16 * (c_in * tb + SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW)]
-    tmp = mine[16 * ((c_in + c_out) * tb + 2 * SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW) + 8 * (tw + 1) + 4 * width]
+    tmp = mine[16 * ((c_in + c_out) * tb + 2 * SKEW) :]
     scalars = np.empty(2, np.float32)
     plane = c_in * c_out + SKEW
     for r0 in range(first, last, rows):
@@ -482,7 +470,7 @@ def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
     """Scratch of the weight gradient: dU (16·K·C), one block's V and M, per thread a row buffer."""
     k, c = w_shape[0], w_shape[1]
     tw = (x_shape[3] + 1) // 2
-    return 16 * (k * c + SKEW) + 16 * ((c + k) * rows * tw + 2 * SKEW) + threads * (8 * (tw + 1) + 4 * x_shape[3])
+    return 16 * (k * c + SKEW) + 16 * ((c + k) * rows * tw + 2 * SKEW) + threads * _buffer(x_shape[3], rows)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -512,7 +500,7 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m):
             n, ty = (r0 + r) // th, (r0 + r) % th
             s = (n * channels + k) * plane + 2 * ty * width
             second = 2 * ty + 1 < height
-            b = k * cols + r * tw
+            b = k * cols + r  # tile (r, tx) at column tx·nr + r, as the input transform writes V
             for tx in range(tw):
                 x = 2 * tx
                 a0 = src[s + x]
@@ -521,10 +509,11 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m):
                 if second:
                     a1 = src[s + width + x]
                     b1 = src[s + width + x + 1] if tx < full else zero
-                _a_row(m, b + tx, step, a0, b0)
-                _a_row(m, b + tx + 4 * step, step, a0 + a1, b0 + b1)
-                _a_row(m, b + tx + 8 * step, step, a0 - a1, b0 - b1)
-                _a_row(m, b + tx + 12 * step, step, -a1, -b1)
+                at = b + tx * nr
+                _a_row(m, at, step, a0, b0)
+                _a_row(m, at + 4 * step, step, a0 + a1, b0 + b1)
+                _a_row(m, at + 8 * step, step, a0 - a1, b0 - b1)
+                _a_row(m, at + 12 * step, step, -a1, -b1)
 
 
 @njit(cache=True, nogil=True)
@@ -581,7 +570,7 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
     at += 16 * (c * rows * tw + SKEW)
     m = scratch[at : at + 16 * (k * rows * tw + SKEW)]
     at += 16 * (k * rows * tw + SKEW)
-    per_thread = 8 * (tw + 1) + 4 * width
+    per_thread = _buffer(width, rows)
     src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
 
     def transforms(t: int, r0: int, nr: int) -> None:

@@ -1,4 +1,4 @@
-"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14 and 15.
+"""3×3 stride-1 pad-1 convolution as cache-blocked Winograd F(4×4, 3×3): study versions 14, 15 and 18.
 
 Why. F(2×2, 3×3) (``conv_winograd.py``) does 16 multiplies per 2×2 output tile and input/output
 channel pair: 4 per output against the direct 9. F(4×4, 3×3) does 36 per 4×4 tile: 2.25 per output,
@@ -25,6 +25,25 @@ no row-swap symmetry to reuse the forward's U.
 The input transform splits each padded input row into its four column phases (x + 1 ≡ q mod 4),
 so that Bᵀ down the six rows is one contiguous loop per output row, and B across a tile's six
 columns reads phases 0–3 at the tile and 0–1 at the next: contiguous streams over the tiles.
+
+Since v18 a block's tiles are numbered column-major, tile (r, tx) of the block's tile rows r at
+column j = tx·nr + r of V and M (the GEMMs do not care which column is which tile). The phase-split
+rows of all nr tile rows of a channel then sit side by side, p[i][q][m·nr + r], and "phase q at the
+next tile" is the same array shifted by nr: Bᵀ is six loops over the whole block (6·4·(tw + 1)·nr
+values each) and B 36 loops of tw·nr, where v14–v17 ran 48 loops of ⌈W/4⌉ (+ 1) iterations per
+tile row and channel (2–9 iterations: loop overhead and runtime alias checks, not arithmetic, were
+the cost, 360–560 ns per tile row and channel). The output transform does Aᵀ as 24 loops over the
+block, then A across each tile into the output rows; the weight gradient's dout transform writes M
+in the same order. One thread, 16 images, blocks as the forward's, input transform ms, v17 → v18:
+64 @32×32 4.58 → 2.09, 128 @16×16 4.12 → 1.26, 256 @8×8 3.36 → 0.89 (512 @4×4 2.95 → 0.76). Whole
+convolutions, two threads, batch 32, wall ms, median of 7 rounds of best-of-5, main and this tree
+in alternating processes, two rounds each: 64 @32×32 forward 8.17 / 7.92 → 6.33 / 6.90, backward-data
+12.50 / 7.83 → 6.28 / 6.82, weight 19.12 / 10.75 → 10.22 / 12.90 (noise both ways); 128 @16×16 forward
+17.55 / 9.41 → 6.04 / 6.33, backward-data 15.35 / 9.31 → 5.93 / 6.67, weight 8.68 / 9.70 → 7.29 /
+7.70; 256 @8×8 weight 8.88 / 9.58 → 7.08 / 7.46. With the cheaper transforms F(4×4) also wins
+forward and backward-data on 8×8 planes (``conv.WINOGRAD4_MIN_PIXELS_8X8``). The forward's bits do
+not change (each column of a GEMM is the same dot product wherever it sits); the weight gradient
+sums the tiles in the new order.
 
 The weight gradient (v15, ``backward_weight``) is ``conv_winograd.backward_weight``'s scheme with
 these transforms: dw = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G (A = (Aᵀ)ᵀ, 6 × 4), per block 36 GEMMs
@@ -66,7 +85,13 @@ def block_rows(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int =
 
 def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
     tw = (width + 3) // 4
-    return 36 * ((c_in + c_out) * rows * tw + 2 * SKEW) + 12 * 4 * (tw + 1) + 24 * tw
+    return 36 * ((c_in + c_out) * rows * tw + 2 * SKEW) + _buffer(width, rows)
+
+
+def _buffer(width: int, rows: int) -> int:
+    """The transforms' row buffer for blocks of ``rows`` tile rows: the input transform's phase-split
+    rows and Bᵀ of them (48·(tw + 1)·rows), more than the output transform's 24·tw·rows."""
+    return 48 * ((width + 3) // 4 + 1) * rows
 
 
 def workspace_size(x_shape, w_shape, direction: str, threads: int, rows: int) -> int:
@@ -115,13 +140,21 @@ def _filter_transform(w, lo, hi, u, flipped):
 
 @njit(cache=True, nogil=True)
 def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=-1):
-    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) (all by default) and the tiles j of tile
-    rows [r0, r0 + nr)."""
+    """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) (all by default) and the tiles of tile
+    rows [r0, r0 + nr), tile (r, tx) at column j = tx·nr + r (column-major within the block, v18).
+
+    Per channel, the block's ``nr`` tile rows are first split into their six input rows and four
+    column phases, p[i][q][m·nr + r] = d(4ty − 1 + i, 4m + q − 1) (zero outside the plane); then
+    Bᵀ down the rows is six loops over the whole block (6·4·(tw + 1)·nr each), and B across a tile's
+    six columns, phases 0–3 at m = tx and 0–1 at m = tx + 1, i.e. at j and j + nr, is 36 loops of
+    tw·nr over the whole block. v14 did the same per tile row: 48 loops of ⌈W/4⌉ + 1 or ⌈W/4⌉
+    iterations each, whose loop overhead made the transform cost more than the GEMMs."""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
     ph = tw + 1  # phase length: positions 4m + q, m ≤ tw
-    row = 4 * ph
-    p = buf[: 6 * row]  # the six input rows, phase-split: p[i][q][m] = d(y_i, x = 4m + q − 1)
+    span = ph * nr  # one phase of one input row over the block's tile rows
+    row = 4 * span
+    p = buf[: 6 * row]
     t = buf[6 * row : 12 * row]  # Bᵀ p
     plane = height * width
     step = channels * cols + SKEW
@@ -133,92 +166,100 @@ def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=
             s0 = (n * channels + c) * plane
             for i in range(6):
                 y = 4 * ty - 1 + i
-                pi = p[i * row : (i + 1) * row]
                 if 0 <= y < height:
                     a = s0 + y * width
                     for q in range(4):
+                        pq = p[i * row + q * span + r :]
                         for m in range(ph):
                             x = 4 * m + q - 1
-                            pi[q * ph + m] = src[a + x] if 0 <= x < width else zero
+                            pq[m * nr] = src[a + x] if 0 <= x < width else zero
                 else:
-                    for e in range(row):
-                        pi[e] = zero
-            d0, d1, d2 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row]
-            d3, d4, d5 = p[3 * row : 4 * row], p[4 * row : 5 * row], p[5 * row : 6 * row]
-            t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
-            t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
-            for e in range(row):
-                t0[e] = four * d0[e] - five * d2[e] + d4[e]
-            for e in range(row):
-                t1[e] = d3[e] + d4[e] - four * (d1[e] + d2[e])
-            for e in range(row):
-                t2[e] = four * (d1[e] - d2[e]) - d3[e] + d4[e]
-            for e in range(row):
-                t3[e] = two * (d3[e] - d1[e]) - d2[e] + d4[e]
-            for e in range(row):
-                t4[e] = two * (d1[e] - d3[e]) - d2[e] + d4[e]
-            for e in range(row):
-                t5[e] = four * d1[e] - five * d3[e] + d5[e]
-            j0 = r * tw
-            for i in range(6):
-                ti = t[i * row : (i + 1) * row]
-                e0, e1, e2, e3 = ti[0:ph], ti[ph : 2 * ph], ti[2 * ph : 3 * ph], ti[3 * ph : 4 * ph]
-                b = 6 * i * step + c * cols + j0
-                o0, o1, o2 = v[b : b + tw], v[b + step : b + step + tw], v[b + 2 * step : b + 2 * step + tw]
-                o3, o4 = v[b + 3 * step : b + 3 * step + tw], v[b + 4 * step : b + 4 * step + tw]
-                o5 = v[b + 5 * step : b + 5 * step + tw]
-                # the tile's six columns: e0[tx], e1[tx], e2[tx], e3[tx], e0[tx + 1], e1[tx + 1]
-                for tx in range(tw):
-                    o0[tx] = four * e0[tx] - five * e2[tx] + e0[tx + 1]
-                for tx in range(tw):
-                    o1[tx] = e3[tx] + e0[tx + 1] - four * (e1[tx] + e2[tx])
-                for tx in range(tw):
-                    o2[tx] = four * (e1[tx] - e2[tx]) - e3[tx] + e0[tx + 1]
-                for tx in range(tw):
-                    o3[tx] = two * (e3[tx] - e1[tx]) - e2[tx] + e0[tx + 1]
-                for tx in range(tw):
-                    o4[tx] = two * (e1[tx] - e3[tx]) - e2[tx] + e0[tx + 1]
-                for tx in range(tw):
-                    o5[tx] = four * e1[tx] - five * e3[tx] + e1[tx + 1]
+                    for q in range(4):
+                        pq = p[i * row + q * span + r :]
+                        for m in range(ph):
+                            pq[m * nr] = zero
+        d0, d1, d2 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row]
+        d3, d4, d5 = p[3 * row : 4 * row], p[4 * row : 5 * row], p[5 * row : 6 * row]
+        t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+        t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+        for e in range(row):
+            t0[e] = four * d0[e] - five * d2[e] + d4[e]
+        for e in range(row):
+            t1[e] = d3[e] + d4[e] - four * (d1[e] + d2[e])
+        for e in range(row):
+            t2[e] = four * (d1[e] - d2[e]) - d3[e] + d4[e]
+        for e in range(row):
+            t3[e] = two * (d3[e] - d1[e]) - d2[e] + d4[e]
+        for e in range(row):
+            t4[e] = two * (d1[e] - d3[e]) - d2[e] + d4[e]
+        for e in range(row):
+            t5[e] = four * d1[e] - five * d3[e] + d5[e]
+        for i in range(6):
+            ti = t[i * row : (i + 1) * row]
+            # phase q at tile column tx: ti[q·span + tx·nr + r] = eq[j]; at tx + 1: eq[j + nr]
+            e0, e1 = ti[0 : span], ti[span : 2 * span]
+            e2, e3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
+            f0, f1 = ti[nr : nr + cols], ti[span + nr : span + nr + cols]
+            b = 6 * i * step + c * cols
+            o0, o1, o2 = v[b : b + cols], v[b + step : b + step + cols], v[b + 2 * step : b + 2 * step + cols]
+            o3, o4 = v[b + 3 * step : b + 3 * step + cols], v[b + 4 * step : b + 4 * step + cols]
+            o5 = v[b + 5 * step : b + 5 * step + cols]
+            # the tile's six columns: e0, e1, e2, e3 (phases 0-3 at tx), f0, f1 (phases 0-1 at tx + 1)
+            for j in range(cols):
+                o0[j] = four * e0[j] - five * e2[j] + f0[j]
+            for j in range(cols):
+                o1[j] = e3[j] + f0[j] - four * (e1[j] + e2[j])
+            for j in range(cols):
+                o2[j] = four * (e1[j] - e2[j]) - e3[j] + f0[j]
+            for j in range(cols):
+                o3[j] = two * (e3[j] - e1[j]) - e2[j] + f0[j]
+            for j in range(cols):
+                o4[j] = two * (e1[j] - e3[j]) - e2[j] + f0[j]
+            for j in range(cols):
+                o5[j] = four * e1[j] - five * e3[j] + f1[j]
 
 
 @njit(cache=True, nogil=True)
 def _output_transform(m, r0, nr, channels, height, width, dst, buf):
-    """dst[n, k, 4ty + a, 4tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr)."""
+    """dst[n, k, 4ty + a, 4tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (tile
+    (r, tx) at column j = tx·nr + r of M, as ``_input_transform`` wrote V): Aᵀ down the six rows of
+    every tile of the block in 24 loops over the block, then A across each tile's six columns into
+    the output rows."""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
     stride = channels * cols + SKEW
     plane = height * width
-    s = buf[: 24 * tw]  # s[a][j][tx] = Σ_i Aᵀ[a, i] M[(i, j)]
+    s = buf[: 24 * cols]  # s[a][j'][tile] = Σ_i Aᵀ[a, i] M[(i, j')][tile]
     two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
     for k in range(channels):
+        b = k * cols
+        for jj in range(6):
+            at = b + jj * stride
+            m0, m1, m2 = m[at : at + cols], m[at + 6 * stride :], m[at + 12 * stride :]
+            m3, m4, m5 = m[at + 18 * stride :], m[at + 24 * stride :], m[at + 30 * stride :]
+            s0, s1 = s[jj * cols : (jj + 1) * cols], s[(6 + jj) * cols : (7 + jj) * cols]
+            s2, s3 = s[(12 + jj) * cols : (13 + jj) * cols], s[(18 + jj) * cols : (19 + jj) * cols]
+            for e in range(cols):
+                s0[e] = m0[e] + m1[e] + m2[e] + m3[e] + m4[e]
+            for e in range(cols):
+                s1[e] = m1[e] - m2[e] + two * (m3[e] - m4[e])
+            for e in range(cols):
+                s2[e] = m1[e] + m2[e] + four * (m3[e] + m4[e])
+            for e in range(cols):
+                s3[e] = m1[e] - m2[e] + eight * (m3[e] - m4[e]) + m5[e]
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
-            b = k * cols + r * tw
-            for j in range(6):
-                m0, m1 = m[b + j * stride :], m[b + (6 + j) * stride :]
-                m2, m3 = m[b + (12 + j) * stride :], m[b + (18 + j) * stride :]
-                m4, m5 = m[b + (24 + j) * stride :], m[b + (30 + j) * stride :]
-                s0, s1 = s[j * tw : (j + 1) * tw], s[(6 + j) * tw : (7 + j) * tw]
-                s2, s3 = s[(12 + j) * tw : (13 + j) * tw], s[(18 + j) * tw : (19 + j) * tw]
-                for tx in range(tw):
-                    s0[tx] = m0[tx] + m1[tx] + m2[tx] + m3[tx] + m4[tx]
-                for tx in range(tw):
-                    s1[tx] = m1[tx] - m2[tx] + two * (m3[tx] - m4[tx])
-                for tx in range(tw):
-                    s2[tx] = m1[tx] + m2[tx] + four * (m3[tx] + m4[tx])
-                for tx in range(tw):
-                    s3[tx] = m1[tx] - m2[tx] + eight * (m3[tx] - m4[tx]) + m5[tx]
             o = (n * channels + k) * plane
             for a in range(4):
                 y = 4 * ty + a
                 if y >= height:
                     break
-                sa = s[6 * a * tw : 6 * (a + 1) * tw]
+                sa = s[6 * a * cols + r :]
                 out = dst[o + y * width : o + (y + 1) * width]
                 for tx in range(tw):
-                    v0, v1, v2 = sa[tx], sa[tw + tx], sa[2 * tw + tx]
-                    v3, v4, v5 = sa[3 * tw + tx], sa[4 * tw + tx], sa[5 * tw + tx]
+                    at = tx * nr
+                    v0, v1, v2 = sa[at], sa[cols + at], sa[2 * cols + at]
+                    v3, v4, v5 = sa[3 * cols + at], sa[4 * cols + at], sa[5 * cols + at]
                     x = 4 * tx
                     y0 = v0 + v1 + v2 + v3 + v4
                     y1 = v1 - v2 + two * (v3 - v4)
@@ -306,16 +347,16 @@ def weight_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int = WEIGHT
     return max(1, min(total, wanted, fits))
 
 
-def _weight_buffer(width: int) -> int:
+def _weight_buffer(width: int, rows: int) -> int:
     tw = (width + 3) // 4
-    return 12 * 4 * (tw + 1) + 40 * tw
+    return max(_buffer(width, rows), 40 * tw)
 
 
 def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
     """Scratch of the weight gradient: dU (36·K·C), one block's V and M, per thread a row buffer."""
     k, c = w_shape[0], w_shape[1]
     tw = (x_shape[3] + 3) // 4
-    return 36 * (k * c + SKEW) + 36 * ((c + k) * rows * tw + 2 * SKEW) + threads * _weight_buffer(x_shape[3])
+    return 36 * (k * c + SKEW) + 36 * ((c + k) * rows * tw + 2 * SKEW) + threads * _weight_buffer(x_shape[3], rows)
 
 
 @njit(cache=True, nogil=True)
@@ -366,26 +407,19 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
                 t4[e] = y0[e] - two * y1[e] + four * y2[e] - eight * y3[e]
             for e in range(row):
                 t5[e] = y3[e]
-            j0 = r * tw
-            for i in range(6):
+            for i in range(6):  # tile (r, tx) at column tx·nr + r, as the input transform writes V
                 ti = t[i * row : (i + 1) * row]
                 e0, e1, e2, e3 = ti[0:tw], ti[tw : 2 * tw], ti[2 * tw : 3 * tw], ti[3 * tw : 4 * tw]
-                b = 6 * i * step + k * cols + j0
-                o0, o1, o2 = m[b : b + tw], m[b + step : b + step + tw], m[b + 2 * step : b + 2 * step + tw]
-                o3, o4 = m[b + 3 * step : b + 3 * step + tw], m[b + 4 * step : b + 4 * step + tw]
-                o5 = m[b + 5 * step : b + 5 * step + tw]
+                b = 6 * i * step + k * cols + r
+                o0, o1, o2 = m[b:], m[b + step :], m[b + 2 * step :]
+                o3, o4, o5 = m[b + 3 * step :], m[b + 4 * step :], m[b + 5 * step :]
                 for tx in range(tw):
-                    o0[tx] = e0[tx]
-                for tx in range(tw):
-                    o1[tx] = e0[tx] + e1[tx] + e2[tx] + e3[tx]
-                for tx in range(tw):
-                    o2[tx] = e0[tx] - e1[tx] + e2[tx] - e3[tx]
-                for tx in range(tw):
-                    o3[tx] = e0[tx] + two * e1[tx] + four * e2[tx] + eight * e3[tx]
-                for tx in range(tw):
-                    o4[tx] = e0[tx] - two * e1[tx] + four * e2[tx] - eight * e3[tx]
-                for tx in range(tw):
-                    o5[tx] = e3[tx]
+                    o0[tx * nr] = e0[tx]
+                    o1[tx * nr] = e0[tx] + e1[tx] + e2[tx] + e3[tx]
+                    o2[tx * nr] = e0[tx] - e1[tx] + e2[tx] - e3[tx]
+                    o3[tx * nr] = e0[tx] + two * e1[tx] + four * e2[tx] + eight * e3[tx]
+                    o4[tx * nr] = e0[tx] - two * e1[tx] + four * e2[tx] - eight * e3[tx]
+                    o5[tx * nr] = e3[tx]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -431,7 +465,7 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
     at += 36 * (c * rows * tw + SKEW)
     m = scratch[at : at + 36 * (k * rows * tw + SKEW)]
     at += 36 * (k * rows * tw + SKEW)
-    per_thread = _weight_buffer(width)
+    per_thread = _weight_buffer(width, rows)
     src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
 
     def transforms(t: int, r0: int, nr: int) -> None:

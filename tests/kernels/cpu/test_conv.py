@@ -229,7 +229,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
-        ((32, 256, 8, 8), (256, 256, 3, 3), 1, 1, 1, "winograd"),
+        # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
@@ -250,7 +250,8 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
         ((32, 128, 16, 16), (128, 128, 3, 3), "winograd4", "winograd"),  # 9.9 -> 8.0
         ((32, 256, 16, 16), (256, 256, 3, 3), "winograd4", "winograd"),  # ≤ 256 channels
         ((32, 512, 16, 16), (512, 512, 3, 3), "winograd", "winograd"),  # 36·K·C of U: F(2x2)
-        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd", "winograd"),  # 8x8: within noise, F(2x2)
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4", "winograd"),  # v18: 10.4 -> 7.5 ms (v14-v17: F(2x2))
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd", "winograd"),  # v18: F(4x4) 11.1 -> 13.0 ms, F(2x2)
         ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
     ],
 )
@@ -260,6 +261,8 @@ def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas
     assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
     if expected == "winograd4":
         assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V13_PATHS) == "winograd"
+    if x_shape[2] * x_shape[3] < 256:  # 8x8 planes took F(2x2) until v18
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V17_PATHS) == "winograd"
 
 
 @pytest.mark.parametrize(
@@ -336,6 +339,40 @@ def test_winograd4_blocks_and_thread_ranges_match_reference(threads, target):
             with cpu.blas_on_calling_thread:
                 winograd4.forward(src, w, got, direction == "data", threads, rows, np.full(size, np.nan, np.float32))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def _winograd4_input_reference(x, r0, nr):
+    """(Bᵀ d B) in float64 for the tiles of tile rows [r0, r0 + nr), as v[ξ, c, tx·nr + r] (v18's order)."""
+    bt = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                   [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+    n, c, h, wd = x.shape
+    th, tw = (h + 3) // 4, (wd + 3) // 4
+    padded = np.zeros((n, c, 4 * th + 2, 4 * tw + 2))
+    padded[:, :, 1 : h + 1, 1 : wd + 1] = x
+    v = np.empty((36, c, nr * tw))
+    for r in range(nr):
+        image, ty = divmod(r0 + r, th)
+        for tx in range(tw):
+            d = padded[image, :, 4 * ty : 4 * ty + 6, 4 * tx : 4 * tx + 6]
+            v[:, :, tx * nr + r] = np.einsum("ia,cab,kb->ikc", bt, d, bt).reshape(36, c)
+    return v
+
+
+@pytest.mark.parametrize(("n", "c", "h", "wd", "r0", "nr"),
+                         [(2, 3, 8, 8, 0, 4), (3, 2, 7, 9, 1, 5), (2, 2, 4, 4, 0, 2), (1, 2, 13, 6, 2, 2),
+                          (2, 1, 1, 3, 0, 2), (2, 2, 16, 12, 3, 4)])
+def test_winograd4_input_transform_writes_tiles_column_major(n, c, h, wd, r0, nr):
+    # v18: the block's tiles go tile column by tile column (j = tx·nr + r), so that B across each tile's
+    # six columns is one loop over the whole block; V must hold Bᵀ d B of each tile at that column
+    x = np.random.default_rng(3).standard_normal((n, c, h, wd), dtype=np.float32)
+    tw = (wd + 3) // 4
+    skew = winograd4.SKEW
+    v = np.full(36 * (c * nr * tw + skew), np.nan, np.float32)
+    buf = np.full(winograd4._buffer(wd, nr), np.nan, np.float32)
+    winograd4._input_transform(x.reshape(-1), r0, nr, c, h, wd, v, buf, 0, c)
+    got = np.stack([v[xi * (c * nr * tw + skew) : xi * (c * nr * tw + skew) + c * nr * tw] for xi in range(36)])
+    want = _winograd4_input_reference(x.astype(np.float64), r0, nr)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("direction", ["forward", "data"])
