@@ -140,9 +140,9 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     sgemm = kernel_bench.sgemm_gflops(repeat)
     if compare == "torch":
         with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat) as torch_process:
-            records = kernel_bench.measure(cases, backend, repeat, True, sgemm, torch_process=torch_process)
+            records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process)
     else:
-        records = kernel_bench.measure(cases, backend, repeat, False, sgemm)
+        records = kernel_bench.measure(cases, backend, repeat, sgemm)
     dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
     if output:
         from engine.validate import write_output

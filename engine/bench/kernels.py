@@ -473,7 +473,10 @@ class TorchProcess:
         line = self._child.stdout.readline() if self._child.stdout else ""
         if not line.startswith(expect):
             self.close()
-            raise RuntimeError(f"the torch timing process stopped ({line.strip() or 'no output'}): see its error above")
+            raise RuntimeError(
+                f"the torch timing process stopped ({line.strip() or 'no output'}); its error is printed above:"
+                " fix that, or run without --compare torch"
+            )
         return line[len(expect) :].strip()
 
     def time_ms(self, index: int, case: Case) -> float:
@@ -524,13 +527,11 @@ def _torch_worker(spec_json: str) -> None:
 
 
 def measure(
-    cases: list[Case], backend: str, repeat: int, compare_torch: bool, sgemm: float, progress=None,
+    cases: list[Case], backend: str, repeat: int, sgemm: float, progress=None,
     torch_process: TorchProcess | None = None,
 ) -> list[Record]:
-    """Time every case; with ``compare_torch``, torch's time for it too, from ``torch_process`` (built
-    from the same arguments as ``cases``; see ``TorchProcess``)."""
-    if compare_torch and torch_process is None:
-        raise ValueError("compare_torch needs the TorchProcess built from the same build_cases arguments")
+    """Time every case; with a ``torch_process`` (built from the same arguments as ``cases``; see
+    ``TorchProcess``), torch's time for it too."""
     records = []
     others = (torch_process.pid,) if torch_process is not None else ()
     for index, case in enumerate(cases):
@@ -558,7 +559,7 @@ def measure(
         gbps = case.bytes_moved / ms / 1e6 if case.bytes_moved else None
         pct = 100.0 * gflops / sgemm if gflops else None
         torch_ms = None
-        if compare_torch and case.torch_run is not None and torch_process is not None:
+        if torch_process is not None and case.torch_run is not None:
             torch_ms = torch_process.time_ms(index, case)
         records.append(Record(case.op, backend, case.version, case.shape, ms, gflops, gbps, pct, err, torch_ms))
         if progress:
