@@ -174,6 +174,7 @@ class Paths:
     narrow_im2col: bool = True
     winograd4_8x8: bool = True
     im2col_weight_in_place: bool = True
+    depthwise_weight_groups: bool = True
 
 
 EXPORTED = Paths()
@@ -382,6 +383,8 @@ def workspace_size(
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     kind = path(x_shape, w_shape, stride, pad, groups, direction, paths)
     threads = get_num_threads()
+    if kind == "depthwise-flat" and direction == "weight" and paths.depthwise_weight_groups:
+        return conv_depthwise.weight_workspace_size(x_shape, stride)
     if kind == "depthwise-flat":
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind == "depthwise-direct":
@@ -1132,7 +1135,7 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")[:needed]
     threads = get_num_threads()
     if kind == "depthwise-flat":
-        conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch)
+        conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, paths.depthwise_weight_groups)
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
     elif kind == "winograd4":
