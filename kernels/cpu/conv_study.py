@@ -74,11 +74,17 @@ kernels/README.md ("What each step bought").
   path flag but the kernel under every F(4×4) version: its input and output transforms now run over
   the whole block of tiles (tiles column-major within a block, ``conv_winograd4._input_transform``),
   not one tile row at a time, so v14–v17 got faster too (figures in ``conv_winograd4``'s docstring).
-- v20 ``im2col weight gradient in place`` (exported; v19 was not used): v18,
+- v20 ``im2col weight gradient in place`` (v19 was not used): v18,
   but the im2col weight gradient with output planes of ≥ 16×16 (the stems, the stride-2 convs on
   32×32 inputs) runs one image's im2col and one β = 1 sgemm into dW per image instead of gathered
   4096-column tiles and a partial sum per tile (``conv._im2col_weight_in_place``). One thread, 16
   images, ms v17 → v20: 3→32 @32×32 0.86 → 0.34, 3→64 1.28 → 1.16, 64→128 1×1 s2 1.31 → 1.13.
+- v21 ``depthwise weight gradient by image groups`` (exported): v20, but the depthwise weight
+  gradient on planes of ≥ 8×8 sums each plane's nine taps in vector lanes, four images a pass, into one
+  partial dW per group of four images (summed in order: same bits at any thread count), streaming the
+  images in memory order; stride 2 reads only the kept outputs (even/odd input, dout on row pairs)
+  instead of spreading dout over the full-resolution grid (``conv_depthwise.weight_by_groups``,
+  ``Paths.depthwise_weight_groups``). Figures in ``conv_depthwise``'s docstring.
 """
 
 from __future__ import annotations
@@ -93,63 +99,68 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
-V18_PATHS = conv.Paths(im2col_weight_in_place=False)
-V17_PATHS = conv.Paths(winograd4_8x8=False, im2col_weight_in_place=False)
-V16_PATHS = conv.Paths(narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False)
+V20_PATHS = conv.Paths(depthwise_weight_groups=False)
+V18_PATHS = conv.Paths(im2col_weight_in_place=False, depthwise_weight_groups=False)
+V17_PATHS = conv.Paths(winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False)
+V16_PATHS = conv.Paths(
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False
+)
 V15_PATHS = conv.Paths(
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False
 )
 V14_PATHS = conv.Paths(
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False,
+    im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V13_PATHS = conv.Paths(
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
-    winograd4_8x8=False, im2col_weight_in_place=False,
+    winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V12_PATHS = conv.Paths(
     winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    depthwise_weight_groups=False,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False,
+    im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    depthwise_weight_groups=False,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False,
+    im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
 )
 
 
@@ -680,7 +691,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS}
+             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -689,7 +700,8 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21) and direction ("forward",
+    "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -795,7 +807,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18), "data" or "weight" (2-18), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21), "data" or "weight" (2-18, 20, 21), with the
+    table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

@@ -720,3 +720,74 @@ def test_im2col_weight_gradient_in_place_matches_reference_at_one_and_two_thread
             np.testing.assert_allclose(db, want_db, rtol=1e-4, atol=1e-4)
     finally:
         set_num_threads(saved)
+
+
+WEIGHT_GROUP_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise weight gradients by image groups
+    (9, 20, 8, 8, 20, 3, 1, 1, 20),  # two groups of four and one of one; the tensor's first and last planes
+    (10, 12, 10, 10, 12, 3, 2, 1, 12),  # stride 2, row pairs, groups of four and of two
+    (7, 40, 8, 8, 40, 3, 2, 1, 40),  # stride 2, several channel chunks (256 floats)
+    (5, 6, 16, 12, 6, 3, 1, 1, 6),  # a plane that is not square
+]
+
+
+@pytest.mark.parametrize("shape", WEIGHT_GROUP_SHAPES, ids=["x".join(map(str, s)) for s in WEIGHT_GROUP_SHAPES])
+def test_depthwise_weight_by_groups_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape, monkeypatch):
+    """v21: the weight gradient sums each plane's taps in lanes, four images a pass, into one partial
+    per image group, the groups added in order: the reference's dW, and the same bits at 1, 2 and 3
+    threads (3 where Numba's pool has them); the study's v20 (per-position accumulators) agrees."""
+    from numba import get_num_threads, set_num_threads
+
+    from kernels.cpu import conv_depthwise
+
+    monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", 256)
+    x, w, b, dout, args = _case(shape, seed=7)
+    stride, pad, groups = args
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight") == "depthwise-flat"
+    assert conv_depthwise.by_groups(x.shape, stride)
+    want = np.empty_like(w)
+    ref.conv2d_backward_weight(x, dout, want, None, *args)
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted({1, 2, 3, saved} & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            dw = np.full(w.shape, np.nan, np.float32)
+            scratch = _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
+            cpu.conv2d_backward_weight(x, dout, dw, None, *args, scratch)
+            results.append(dw)
+        old = np.full(w.shape, np.nan, np.float32)
+        size = conv_study.conv2d_version_workspace_size(20, "weight", x.shape, w.shape, *args)
+        conv_study.conv2d_version(20, "weight")(x, dout, old, None, *args, np.full(size, np.nan, np.float32))
+    finally:
+        set_num_threads(saved)
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(old, want, rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        assert other.tobytes() == results[0].tobytes()
+
+
+def test_depthwise_weight_by_groups_keeps_a_nan_in_its_own_channel():
+    """The taps off the plane read the neighbour plane's pixels; the masks select them away (not a
+    product with 0), so an inf or NaN in one channel's input reaches only that channel's dW."""
+    from kernels.cpu import conv_depthwise
+
+    for stride in (1, 2):
+        x, w, b, dout, args = _case((8, 6, 8, 8, 6, 3, stride, 1, 6), seed=2)
+        assert conv_depthwise.by_groups(x.shape, stride)
+        x[:, 2] = np.inf
+        x[3, 4, 0, 0] = np.nan
+        dw = np.empty_like(w)
+        scratch = _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
+        cpu.conv2d_backward_weight(x, dout, dw, None, *args, scratch)
+        finite = [c for c in range(6) if c not in (2, 4)]
+        assert np.isfinite(dw[finite]).all()
+        want = np.empty_like(w)
+        ref.conv2d_backward_weight(x, dout, want, None, *args)
+        np.testing.assert_allclose(dw[finite], want[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_weight_by_groups_from_8x8_planes_at_even_sizes():
+    from kernels.cpu import conv_depthwise
+
+    assert conv_depthwise.by_groups((32, 576, 8, 8), 2) and conv_depthwise.by_groups((32, 144, 32, 32), 1)
+    assert not conv_depthwise.by_groups((32, 960, 4, 4), 1)  # 4×4: the per-position accumulators (v20)
+    assert not conv_depthwise.by_groups((6, 40, 7, 7), 2)  # odd plane at stride 2: no row pairs
