@@ -175,6 +175,7 @@ class Paths:
     winograd4_8x8: bool = True
     im2col_weight_in_place: bool = True
     depthwise_weight_groups: bool = True
+    depthwise_planes: bool = True
 
 
 EXPORTED = Paths()
@@ -1059,7 +1060,7 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")[:needed]
     threads = get_num_threads()
     if kind == "depthwise-flat":
-        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only)
+        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, paths.depthwise_planes)
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
     elif kind == "winograd4":
@@ -1097,7 +1098,7 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")[:needed]
     threads = get_num_threads()
     if kind == "depthwise-flat":
-        conv_depthwise.run_backward_data(dout, w, dx, stride, scratch)
+        conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, paths.depthwise_planes)
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
     elif kind == "winograd4":

@@ -497,17 +497,50 @@ def flat_backward_weight(x, dout, dw, stride, t, threads, chunk, scratch):
                 result[(c0 + cc) * 9 + tap] = total
 
 
-def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True) -> None:
+PLANES_MIN_PIXELS = 256
+"""Forward and backward-data run plane by plane (``plane_forward``) on planes of this many pixels
+(16×16) and more at stride 1, and of ``PLANES_MIN_PIXELS_STRIDE2`` and more (even ones) at stride 2.
+
+Batch 32, two threads, median of 5 rounds of best-of-7, ms, chunk runs with position weights
+(``flat_forward``) → plane by plane, forward / backward-data: 32 ch @32×32 0.381 → 0.367 / 0.375 →
+0.366; 96 ch @32×32 1.445 → 1.242 / 1.404 → 1.214; 144 ch @32×32 2.291 → 1.843 / 2.293 → 1.940;
+192 ch @16×16 0.518 → 0.485 / 0.626 → 0.561; 144 ch s2 @32×32 1.681 → 1.402 / 2.603 → 2.513. Slower
+on the small planes, where each plane's loop is four vectors or one and its set-up counts: 192 ch s2
+@16×16 0.458 → 0.489 / 0.740 → 0.753; 384 ch @8×8 0.362 → 0.436 / 0.335 → 0.390; 576 ch @8×8 0.413
+→ 0.507 / 0.438 → 0.551; 576 ch s2 @8×8 0.392 → 0.552 / 0.622 → 0.717; 960 ch @4×4 0.258 → 0.509 /
+0.264 → 0.511."""
+
+PLANES_MIN_PIXELS_STRIDE2 = 1024
+
+
+def plane_by_plane(x_shape, stride: int) -> bool:
+    """Whether forward and backward-data run plane by plane (``plane_forward``; ``x_shape``: the
+    full-resolution side): see ``PLANES_MIN_PIXELS``."""
+    pixels = x_shape[2] * x_shape[3]
+    if stride == 1:
+        return pixels >= PLANES_MIN_PIXELS
+    return pixels >= PLANES_MIN_PIXELS_STRIDE2 and x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0
+
+
+def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True, planes: bool = True) -> None:
     """kept_only (stride 2, even planes): compute the kept outputs on row pairs instead of the
-    full-resolution run (the study's v5 passes False)."""
+    full-resolution run (the study's v5 passes False). planes: ``plane_forward``."""
     threads = get_num_threads()
+    if planes and plane_by_plane(x.shape, stride):
+        chunk, mine = channels_per_chunk(x.shape), scratch[: workspace_size(x.shape, stride)]
+        run_shares(lambda t: plane_forward(x, w, out, False, stride, t, threads, chunk, mine), threads)
+        return
     size = workspace_size(x.shape, stride)
     chunk, mine = channels_per_chunk(x.shape), scratch[:size]
     run_shares(lambda t: flat_forward(x, w, out, False, stride, t, threads, chunk, mine, kept_only), threads)
 
 
-def run_backward_data(dout, w, dx, stride: int, scratch) -> None:
+def run_backward_data(dout, w, dx, stride: int, scratch, planes: bool = True) -> None:
     threads = get_num_threads()
+    if planes and plane_by_plane(dx.shape, stride):
+        chunk, mine = channels_per_chunk(dx.shape), scratch[: workspace_size(dx.shape, stride)]
+        run_shares(lambda t: plane_forward(dout, w, dx, True, stride, t, threads, chunk, mine), threads)
+        return
     size = workspace_size(dx.shape, stride)
     chunk, mine = channels_per_chunk(dx.shape), scratch[:size]
     # kept_only passed (not left to its default) so backward-data runs the very signature forward
@@ -758,3 +791,118 @@ def _sum_partials(partials, groups, size, result):
         for g in range(groups):
             total += partials[g * size + j]
         result[j] = total
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward and backward-data plane by plane (v21): the channel's nine weights in registers
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _plane_filter(src, offsets, weights, w0, mirrored, positions, mask, dst, d0):
+    """dst[d0 + q] = Σ_k w_k · src[offsets[k] + q] where mask[k·P + q] ≠ 0, for q < P: one plane, its
+    nine weights broadcast (w_k = weights[w0 + k], or weights[w0 + 8 − k] mirrored), the tap masks
+    shared by every plane (``_tap_masks``) and applied as selects."""
+    P = uint64(positions)
+    o = uint64(d0)
+    zero = np.float32(0.0)
+    if mirrored:
+        k0, k1, k2 = weights[w0 + 8], weights[w0 + 7], weights[w0 + 6]
+        k3, k4, k5 = weights[w0 + 5], weights[w0 + 4], weights[w0 + 3]
+        k6, k7, k8 = weights[w0 + 2], weights[w0 + 1], weights[w0]
+    else:
+        k0, k1, k2 = weights[w0], weights[w0 + 1], weights[w0 + 2]
+        k3, k4, k5 = weights[w0 + 3], weights[w0 + 4], weights[w0 + 5]
+        k6, k7, k8 = weights[w0 + 6], weights[w0 + 7], weights[w0 + 8]
+    s0, s1, s2 = uint64(offsets[0]), uint64(offsets[1]), uint64(offsets[2])
+    s3, s4, s5 = uint64(offsets[3]), uint64(offsets[4]), uint64(offsets[5])
+    s6, s7, s8 = uint64(offsets[6]), uint64(offsets[7]), uint64(offsets[8])
+    for qq in range(positions):
+        q = uint64(qq)
+        total = k0 * src[s0 + q] if mask[q] != zero else zero
+        total += k1 * src[s1 + q] if mask[P + q] != zero else zero
+        total += k2 * src[s2 + q] if mask[2 * P + q] != zero else zero
+        total += k3 * src[s3 + q] if mask[3 * P + q] != zero else zero
+        total += k4 * src[s4 + q] if mask[4 * P + q] != zero else zero
+        total += k5 * src[s5 + q] if mask[5 * P + q] != zero else zero
+        total += k6 * src[s6 + q] if mask[6 * P + q] != zero else zero
+        total += k7 * src[s7 + q] if mask[7 * P + q] != zero else zero
+        total += k8 * src[s8 + q] if mask[8 * P + q] != zero else zero
+        dst[o + q] = total
+
+
+@njit(cache=True, nogil=True)
+def _plane_filter_checked(src, base, size, weights, w0, mirrored, positions, width, mask, dst, d0):
+    """_plane_filter at stride 1 for a plane at the tensor's ends: reads outside ``src`` are skipped."""
+    for q in range(positions):
+        total = np.float32(0.0)
+        for k in range(9):
+            at = base + q + (k // 3 - 1) * width + (k % 3 - 1)
+            if 0 <= at < size and mask[k * positions + q] != 0.0:
+                total += weights[w0 + (8 - k if mirrored else k)] * src[at]
+        dst[d0 + q] = total
+
+
+@njit(cache=True, nogil=True)
+def plane_forward(x, w, out, mirrored, stride, t, threads, chunk, scratch):
+    """Thread ``t``'s share of out = depthwise 3×3 pad-1 conv of x (mirrored: dx from dout), plane by
+    plane: the work is (image, channel chunk) pairs in memory order, split in contiguous ranges, and
+    each plane is one loop with its nine weights in registers (``_plane_filter``). Each output is
+    computed by one fixed expression whatever the split: the same bits at any thread count.
+
+    Stride 2 forward: the chunk's even and odd input elements (``_deinterleave``), the kept outputs on
+    row pairs (``_flat_filter_s2``'s taps), the kept halves copied out. Stride 2 backward-data: dout
+    spread over the full-resolution grid (``_upsample``), then the stride-1 loop."""
+    n, c = x.shape[0], x.shape[1]
+    full_shape = out.shape if mirrored else x.shape
+    small_shape = x.shape if mirrored else out.shape
+    height, width, out_h, out_w = full_shape[2], full_shape[3], small_shape[2], small_shape[3]
+    plane, small_plane = height * width, out_h * out_w
+    chunks = (c + chunk - 1) // chunk
+    share = scratch.size // threads
+    src, dst, weights = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
+    pairs = stride == 2 and not mirrored
+    positions = plane // 2 if pairs else plane
+    mine = scratch[t * share : (t + 1) * share]
+    mask = mine[: 9 * positions]
+    buf = mine[9 * positions :]
+    _tap_masks(height, width, mirrored, pairs, mask)
+    offsets = np.empty(9, np.int64)
+    items = n * chunks
+    reach = width + 1
+    for item in range(t * items // threads, (t + 1) * items // threads):
+        i, k = item // chunks, item % chunks
+        c0 = k * chunk
+        channels = min(chunk, c - c0)
+        base = (i * c + c0) * plane
+        if pairs:
+            margin = out_w + 1
+            half = channels * plane // 2
+            eo = buf[half:]
+            _deinterleave(src, base, half, margin, eo)
+            e, o, ww = margin, half + 3 * margin, out_w
+            for cc in range(channels):
+                at = cc * positions
+                offsets[0], offsets[1], offsets[2] = o - ww - 1 + at, e - ww + at, o - ww + at
+                offsets[3], offsets[4], offsets[5] = o - 1 + at, e + at, o + at
+                offsets[6], offsets[7], offsets[8] = o + ww - 1 + at, e + ww + at, o + ww + at
+                _plane_filter(eo, offsets, weights, (c0 + cc) * 9, False, positions, mask, buf, at)
+            _keep_first_halves(buf, channels * out_h, out_w, dst, (i * c + c0) * small_plane)
+            continue
+        if stride == 2:  # backward-data: dout upsampled, with margins of zeros at both ends
+            margin = width + 1
+            _upsample(src, (i * c + c0) * small_plane, out_h, out_w, channels, height, width, margin, buf)
+            for cc in range(channels):
+                at = margin + cc * plane
+                for kk in range(9):
+                    offsets[kk] = at + (kk // 3 - 1) * width + (kk % 3 - 1)
+                _plane_filter(buf, offsets, weights, (c0 + cc) * 9, True, plane, mask, dst, base + cc * plane)
+            continue
+        for cc in range(channels):
+            b = base + cc * plane
+            if b < reach or b + plane + reach > src.size:
+                _plane_filter_checked(src, b, src.size, weights, (c0 + cc) * 9, mirrored, plane, width, mask, dst, b)
+                continue
+            for kk in range(9):
+                offsets[kk] = b + (kk // 3 - 1) * width + (kk % 3 - 1)
+            _plane_filter(src, offsets, weights, (c0 + cc) * 9, mirrored, plane, mask, dst, b)

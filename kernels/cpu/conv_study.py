@@ -104,63 +104,66 @@ VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1
             "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
+BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False}
+"""What v21 added, off in every earlier version."""
+
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21,
 )
-V20_PATHS = conv.Paths(depthwise_weight_groups=False)
-V18_PATHS = conv.Paths(im2col_weight_in_place=False, depthwise_weight_groups=False)
-V17_PATHS = conv.Paths(winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False)
+V20_PATHS = conv.Paths(**BEFORE_V21)
+V18_PATHS = conv.Paths(im2col_weight_in_place=False, **BEFORE_V21)
+V17_PATHS = conv.Paths(winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21)
 V16_PATHS = conv.Paths(
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21
 )
 V15_PATHS = conv.Paths(
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False
 )
 V14_PATHS = conv.Paths(
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False, depthwise_weight_groups=False,
+    im2col_weight_in_place=False, **BEFORE_V21,
 )
 V13_PATHS = conv.Paths(
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False,
-    winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
+    winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21,
 )
 V12_PATHS = conv.Paths(
     winograd_data_transposed=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21,
 )
 V11_PATHS = conv.Paths(
     winograd_32x32_openblas=False, winograd_data_transposed=False, winograd4=False, winograd4_weight=False,
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
-    depthwise_weight_groups=False,
+    **BEFORE_V21,
 )
 V10_PATHS = conv.Paths(
     winograd_weight=False, narrow_weight_im2col=False, winograd_32x32_openblas=False, winograd_data_transposed=False,
     winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False, depthwise_weight_groups=False,
+    im2col_weight_in_place=False, **BEFORE_V21,
 )
 V9_PATHS = conv.Paths(
     winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False, winograd4_weight=False,
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
-    depthwise_weight_groups=False,
+    **BEFORE_V21,
 )
 V8_PATHS = conv.Paths(
     pointwise_gather=False, winograd=False, winograd_weight=False, narrow_weight_im2col=False, winograd4=False,
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
-    im2col_weight_in_place=False, depthwise_weight_groups=False,
+    im2col_weight_in_place=False, **BEFORE_V21,
 )
 V7_PATHS = conv.Paths(
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21,
 )
 V5_PATHS = conv.Paths(
     depthwise_flat=True, pointwise_tiles=True, shifted=False, depthwise_kept_only=False, small_tiles=False,
     pointwise_per_image=False, pointwise_gather=False, winograd=False, winograd_weight=False,
     narrow_weight_im2col=False, winograd4=False, winograd4_weight=False, pointwise_weight_in_place=False,
-    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, depthwise_weight_groups=False,
+    narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21,
 )
 
 

@@ -791,3 +791,53 @@ def test_depthwise_weight_by_groups_from_8x8_planes_at_even_sizes():
     assert conv_depthwise.by_groups((32, 576, 8, 8), 2) and conv_depthwise.by_groups((32, 144, 32, 32), 1)
     assert not conv_depthwise.by_groups((32, 960, 4, 4), 1)  # 4×4: the per-position accumulators (v20)
     assert not conv_depthwise.by_groups((6, 40, 7, 7), 2)  # odd plane at stride 2: no row pairs
+
+
+PLANE_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise forward and backward-data plane by plane
+    (3, 5, 16, 16, 5, 3, 1, 1, 5),  # two planes a chunk; the tensor's first and last planes (checked loop)
+    (3, 4, 17, 16, 4, 3, 1, 1, 4),  # odd rows
+    (2, 3, 32, 32, 3, 3, 2, 1, 3),  # stride 2: kept outputs on row pairs; backward-data upsampled
+]
+
+
+@pytest.mark.parametrize("shape", PLANE_SHAPES, ids=["x".join(map(str, s)) for s in PLANE_SHAPES])
+def test_depthwise_plane_by_plane_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape):
+    """v21: forward and backward-data on planes of ≥ 16×16 (≥ 32×32 at stride 2) run plane by plane
+    with the channel's weights in registers: the reference's results, the study's v20 (chunk runs
+    with position weights) agrees, and the same bits at 1, 2 and 3 threads."""
+    from numba import get_num_threads, set_num_threads
+
+    from kernels.cpu import conv_depthwise
+
+    x, w, b, dout, args = _case(shape, seed=11)
+    stride, pad, groups = args
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "forward") == "depthwise-flat"
+    assert conv_depthwise.plane_by_plane(x.shape, stride)
+    want_out, want_dx = np.empty_like(dout), np.empty_like(x)
+    ref.conv2d_forward(x, w, None, want_out, *args)
+    ref.conv2d_backward_data(dout, w, want_dx, *args)
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted({1, 2, 3, saved} & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            out, dx = np.full(dout.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+            cpu.conv2d_forward(x, w, None, out, *args, _scratch(cpu.conv2d_forward_workspace_size, x, w, args))
+            cpu.conv2d_backward_data(dout, w, dx, *args, _scratch(cpu.conv2d_backward_data_workspace_size, x, w, args))
+            results.append((out, dx))
+        olds = []
+        for direction, shape_ in (("forward", dout.shape), ("data", x.shape)):
+            got = np.full(shape_, np.nan, np.float32)
+            size = conv_study.conv2d_version_workspace_size(20, direction, x.shape, w.shape, *args)
+            if direction == "forward":
+                conv_study.conv2d_version(20, direction)(x, w, None, got, *args, np.full(size, np.nan, np.float32))
+            else:
+                conv_study.conv2d_version(20, direction)(dout, w, got, *args, np.full(size, np.nan, np.float32))
+            olds.append(got)
+    finally:
+        set_num_threads(saved)
+    for got, old, want in zip(results[0], olds, (want_out, want_dx)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(old, want, rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            assert a.tobytes() == b_.tobytes()
