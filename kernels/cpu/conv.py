@@ -22,8 +22,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
-- **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes
-  (``conv_depthwise.py``); other depthwise shapes: the direct loops below.
+- **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
+  planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
+  groups from 8×8 (v21; ``conv_depthwise.py``); other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
   the image already *is* its column matrix. Its weight gradient on planes of ≥ 64 pixels is one
   β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``); so is every other

@@ -56,6 +56,40 @@ best-of-5, ms, full-resolution run / polyphase one image a pass / four images a 
 stride-2 gather that builds the phase planes (a scalar loop) costs what the saved multiply-adds
 gave back, and four images' phase planes (16 of them beside nine accumulators) no longer fit L1.
 
+v21 (issue 13, item 2). **The weight gradient by image groups** (``weight_by_groups``): each plane's
+nine tap sums in one vector loop with nine lane accumulators (``fastmath={"reassoc"}`` in
+``_tap_sums``/``_tap_sums4`` only), four images a pass so one horizontal sum per tap serves four planes,
+the masks applied as selects (a NaN in one channel stays there, tested); at stride 2 only the kept
+outputs: the input chunk split into even and odd elements, dout laid on row pairs (``_to_row_pairs``),
+the taps of ``_flat_filter_s2``. Determinism: the unit of work is a group of four images, whatever
+the thread count, each group's partial dW (C·9) is written by one thread, and the partials are added
+in group order (``_sum_partials``). Batch 32, two threads, median of 5 rounds of best-of-7, ms, per-
+position accumulators (v20) → by groups, timed alternately in one process: 32 ch @32×32 0.723 →
+0.435, 96 ch @32×32 1.967 → 1.258, 144 ch @32×32 3.469 → 1.980, 144 ch s2 @32×32 3.231 → 1.581, 192
+ch @16×16 0.740 → 0.629, 192 ch s2 @16×16 0.918 → 0.478, 576 ch s2 @8×8 1.317 → 0.459 (quiet rounds
+0.76 / 0.73 → 0.44 / 0.45), 576 ch @8×8 quiet rounds 0.59 / 0.57 → 0.53 / 0.53, 384 ch @8×8 quiet
+rounds 0.50 / 0.49 → 0.37 / 0.37; 960 ch @4×4 0.265 → 0.335, so 4×4 keeps v20
+(``GROUPS_MIN_PIXELS``). The first form, one image a pass (nine horizontal sums per plane), lost on
+the small planes: 576 ch @8×8 0.602 → 0.765, 960 ch @4×4 0.315 → 0.610.
+
+**Forward and backward-data plane by plane on ≥ 16×16** (``plane_forward``, ``PLANES_MIN_PIXELS``
+has the figures): the channel's nine weights in registers and the call's tap masks as selects, no
+position-weights; the work is (image, chunk) items in memory order. 32×32 planes 4–20% faster, 16×16
+at stride 1 6–10%; slower on 8×8 and 4×4, which keep the chunk runs.
+
+Why the small planes are still behind (measured, for the next step): the nine-tap loops are bound by
+their loads, not by memory. Hot in L1, one thread, cycles at 3.7 GHz per 16 outputs:
+``_flat_filter_s2`` 37–46 (runs of 256 to 4096), ``_flat_filter_fast`` 31; a chunk of 8 channels
+@8×8 at stride 2 costs ~880 cycles (deinterleave 154, filter 591, keeping the halves 130). Each 16
+outputs load 18 zmm vectors (nine position-weights, nine taps, the taps misaligned so each splits
+two cache lines) and the adds are not fused (no ``contract``). Tried and dropped: software prefetch
+of the next image's chunk (``llvm.prefetch``; one thread, 576 ch s2 @8×8: 0.64 → 0.64 ms, so not
+memory latency); row pairs with the weights broadcast per plane and two masks instead of nine
+position-weights (9 + 2 loads an output; two threads: 576 ch s2 @8×8 0.445 → 0.536 ms, 192 ch s2
+@16×16 0.453 → 0.413: the per-plane loop of two vectors costs more than the loads it saves). The
+layout that would vectorize: channels in lanes ([position][16 channels], weights in registers,
+aligned loads), at the price of a transpose in and out.
+
 Threads: thread ``t`` owns channel chunks ``[t·chunks/T, (t+1)·chunks/T)`` and a fixed slice of the
 caller's scratch (one serial share each, run by ``threads.run_shares``: on ``prange`` the shares were
 often queued on one CPU, figures in ``threads``' docstring, and the two parfor drivers cost compile

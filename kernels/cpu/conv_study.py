@@ -79,12 +79,16 @@ kernels/README.md ("What each step bought").
   32×32 inputs) runs one image's im2col and one β = 1 sgemm into dW per image instead of gathered
   4096-column tiles and a partial sum per tile (``conv._im2col_weight_in_place``). One thread, 16
   images, ms v17 → v20: 3→32 @32×32 0.86 → 0.34, 3→64 1.28 → 1.16, 64→128 1×1 s2 1.31 → 1.13.
-- v21 ``depthwise weight gradient by image groups`` (exported): v20, but the depthwise weight
+- v21 ``depthwise by image groups and by planes`` (exported): v20, but the depthwise weight
   gradient on planes of ≥ 8×8 sums each plane's nine taps in vector lanes, four images a pass, into one
   partial dW per group of four images (summed in order: same bits at any thread count), streaming the
   images in memory order; stride 2 reads only the kept outputs (even/odd input, dout on row pairs)
   instead of spreading dout over the full-resolution grid (``conv_depthwise.weight_by_groups``,
-  ``Paths.depthwise_weight_groups``). Figures in ``conv_depthwise``'s docstring.
+  ``Paths.depthwise_weight_groups``). And forward and backward-data on planes of ≥ 16×16 (≥ 32×32 at
+  stride 2) run plane by plane with the channel's weights in registers instead of chunk runs with
+  position-weights (``conv_depthwise.plane_forward``, ``Paths.depthwise_planes``). Batch 32, two
+  threads, ms v20 → v21: weight 576 ch s2 @8×8 0.76 → 0.44, 192 ch s2 @16×16 0.92 → 0.48, 144 ch
+  @32×32 3.47 → 1.98; forward 144 ch @32×32 2.29 → 1.84. Every figure in ``conv_depthwise``.
 """
 
 from __future__ import annotations
