@@ -236,6 +236,10 @@ class StepStats:
     read_bandwidth_bps: float = 0.0  # bytes read / loader busy time this step
     recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
     recomputed_bytes: int = 0
+    # swapped bytes the executor checks itself (``_FusedCheck``): summed after the forward that reads
+    # them, verified by the rebuild that reads them back; the IO threads do not hash them
+    executor_checked_bytes: int = 0
+    executor_check_s: float = 0.0  # executor time summing them after the forward (the rebuild's: recompute_s)
     offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
     onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
@@ -263,6 +267,52 @@ class _Unit:
     @property
     def spec(self) -> UnitSpec:
         return self.plan.spec
+
+
+@dataclass(frozen=True)
+class _FusedCheck:
+    """A swapped tensor that the executor checks itself instead of the IO threads hashing it.
+
+    The source of a ReLU rebuild (a batch norm's output, ``plan.recompute_candidates``) is read by
+    the ReLU's forward and, once loaded back, by the rebuild before anything else reads it. Its bytes
+    are summed (``kernels.cpu.elementwise.word_checksum``) right after that forward, while they are
+    in cache, and summed again by the rebuild itself, in the same pass that writes the ReLU output
+    (``relu*_forward_checksum``: the same bits as the layer's kernel); a mismatch is the same error
+    as the storage's, naming the layer and the tensor. Full verify mode, cpu backend only.
+    """
+
+    rebuilt: tuple[int, str]  # the recomputed unit whose rebuild reads the source
+    source: tuple[int, str]  # the swapped unit holding the source tensor
+    tensor: TensorSpec  # the source tensor
+    forward_step: int  # the ReLU's forward: the sum is taken after it
+    rebuild: Callable[[np.ndarray, np.ndarray], tuple[int, int]]  # the fused ReLU + sum kernel
+
+
+def fused_checks(plan: OffloadPlan, layers: list[Any]) -> dict[tuple[int, str], _FusedCheck]:
+    """Per recomputed unit of ``plan``, the check the executor does for its source (``_FusedCheck``):
+    a one-node ReLU/ReLU6 rebuild from one float32 tensor of a swapped unit that no backward reads
+    before the rebuild, and that no other rebuild reads."""
+    from kernels.cpu.elementwise import relu6_forward_checksum, relu_forward_checksum
+
+    kernels = {"relu_forward": relu_forward_checksum, "relu6_forward": relu6_forward_checksum}
+    found: dict[tuple[int, str], _FusedCheck] = {}
+    readers: dict[tuple[int, str], int] = {}
+    for unit in plan.units.values():
+        for key in (unit.recompute.source_units if unit.recompute is not None else ()):
+            readers[key] = readers.get(key, 0) + 1
+    for unit in plan.units.values():
+        recompute = unit.recompute
+        if recompute is None or len(recompute.nodes) != 1 or len(recompute.sources) != 1:
+            continue
+        (source_key, tensor), = recompute.sources
+        source = plan.units.get(source_key)
+        kernel = kernels.get(getattr(layers[recompute.nodes[0]], "forward_op", None))
+        if (kernel is None or source is None or not source.offloaded or readers[source_key] != 1
+                or tensor.dtype != np.float32 or unit.load_at is None or source.spec.backward_start is None
+                or source.spec.backward_start < unit.load_at):
+            continue
+        found[unit.key] = _FusedCheck(unit.key, source_key, tensor, recompute.nodes[0], kernel)
+    return found
 
 
 def cpu_per_mib(cpu_s: float, nbytes: int) -> float:
@@ -319,6 +369,10 @@ class OffloadScheduler:
         self._lead: dict[tuple[int, str], int] = {}  # per unit: steps before load_at that its load starts
         self._last_advance = 0.0
         self._recompute_cursor = 0
+        self._fused: dict[tuple[int, str], _FusedCheck] = {}  # by rebuilt unit (the current plan's)
+        self._sum_after: dict[int, list[_FusedCheck]] = {}  # by the forward step after which the sum is taken
+        self._fused_for: dict[int, tuple[OffloadPlan, dict[tuple[int, str], _FusedCheck]]] = {}  # per plan
+        self._sums: dict[tuple[int, str], tuple[int, int]] = {}  # source unit -> its sum this step
 
         if self.adaptive:
             self.window = max(self.min_window, int(initial_window or self.min_window))
@@ -555,11 +609,28 @@ class OffloadScheduler:
             unit.blocked = [counts.get((key, 0), 0), counts.get((key, 1), 0)]
         self._load_order = [self._units[u.key] for u in plan.load_order]
         self._recompute_order = [self._units[u.key] for u in plan.recomputed]
+        self._use_fused_checks(plan)
         if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
             start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
                 self._arena_map.madvise(mmap.MADV_DONTNEED, start, self._arena_capacity - start)
         self._arena_touched = plan.arena_bytes
+
+    def _use_fused_checks(self, plan: OffloadPlan) -> None:
+        """The checks the executor does itself under ``plan`` (``_FusedCheck``), handed to the storage."""
+        fused: dict[tuple[int, str], _FusedCheck] = {}
+        if self.verify == "full" and getattr(self.backend, "name", None) == "cpu" and self.storage is not None:
+            cached = self._fused_for.get(id(plan))
+            if cached is None or cached[0] is not plan:
+                cached = self._fused_for[id(plan)] = (plan, fused_checks(plan, self._layers))
+            fused = cached[1]
+        self._fused = fused
+        self._sum_after = {}
+        for check in fused.values():
+            self._sum_after.setdefault(check.forward_step, []).append(check)
+        if self.storage is not None:
+            self.storage.check_elsewhere(frozenset(plan.units[c.source].file_offset + c.tensor.offset
+                                                   for c in fused.values()))
 
     def _blockers(self, plan: OffloadPlan) -> tuple[dict, dict]:
         """Per occupation, how many earlier occupants of its bytes there are, and per occupation,
@@ -654,6 +725,7 @@ class OffloadScheduler:
         self._load_cursor = 0
         self._recompute_cursor = 0
         self._created_by_owner: dict[int, int] = {}
+        self._sums = {}
         self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
         self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
         self._written0 = self.storage.bytes_written if self.storage else 0
@@ -667,6 +739,9 @@ class OffloadScheduler:
     def after_forward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
+        checks = self._sum_after.get(step)
+        if checks:  # before any save is queued: the bytes stay put while they are summed
+            self._sum_sources(checks)
         for unit in self._by_forward_end.get(step, ()):
             if unit.state is not LayerState.READY_FOR_EXEC:
                 continue
@@ -679,6 +754,17 @@ class OffloadScheduler:
             elif unit.spec.backward_start is None or unit.plan.recompute is not None:
                 # transient: nothing reads it again; recomputed: rebuilt before its backward
                 self._release(unit, 0, self._transfer.ready_event())
+
+    def _sum_sources(self, checks: list[_FusedCheck]) -> None:
+        """Sum the sources that the forward just read (in cache): what their rebuild will compare."""
+        from kernels.cpu.elementwise import word_checksum
+
+        started = time.perf_counter()
+        for check in checks:
+            source = self._units[check.source]
+            self._sums[check.source] = word_checksum(self._view(source, check.tensor))
+            self._current.executor_checked_bytes += check.tensor.nbytes
+        self._current.executor_check_s += time.perf_counter() - started
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
@@ -714,13 +800,38 @@ class OffloadScheduler:
             self._set_state(unit, LayerState.READY_FOR_EXEC)
             unit.region.open(self._generation)
         started = time.perf_counter()
-        inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
-        out = self._tensor(unit, recompute.tensor)
-        for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
-            self._layers[node].recompute_output(inputs, out)
-            inputs = [out]
+        check = self._fused.get(unit.spec.key)
+        if check is not None:
+            self._rebuild_and_check(unit, check)
+        else:
+            inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
+            out = self._tensor(unit, recompute.tensor)
+            for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
+                self._layers[node].recompute_output(inputs, out)
+                inputs = [out]
         self._current.recompute_s += time.perf_counter() - started
         self._current.recomputed_bytes += recompute.tensor.nbytes
+
+    def _rebuild_and_check(self, unit: _Unit, check: _FusedCheck) -> None:
+        """The ReLU rebuild that also sums its source, checked against the sum taken after the forward."""
+        source = self._units[check.source]
+        found = check.rebuild(self._view(source, check.tensor), self._view(unit, unit.plan.recompute.tensor))
+        expected = self._sums.pop(check.source, None)
+        if found != expected:
+            where = (f" at offset {source.plan.file_offset + check.tensor.offset} of {self.storage.file_path}"
+                     if self.storage is not None else "")
+            if expected is None:
+                raise OffloadError(f"layer {source.spec.name!r}, tensor {check.tensor.name!r}: read back before its "
+                                   f"checksum was taken after the forward (the offload schedule is out of order)")
+            raise OffloadDiskFault(
+                f"checksum mismatch reading layer {source.spec.name!r}, tensor {check.tensor.name!r} "
+                f"({check.tensor.nbytes} bytes{where}): the swap file was changed or the disk is failing; "
+                f"training cannot continue with these values"
+            )
+
+    def _view(self, unit: _Unit, tensor_spec: TensorSpec) -> np.ndarray:
+        start = unit.plan.arena_offset + tensor_spec.offset
+        return self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
 
     def _tensor(self, unit: _Unit, tensor_spec: TensorSpec) -> Tensor:
         start = unit.plan.arena_offset + tensor_spec.offset
