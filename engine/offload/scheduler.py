@@ -110,6 +110,7 @@ difference. Nice 10 and 19 earlier (README): no gain.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import mmap
 import queue
@@ -143,6 +144,7 @@ from engine.offload.storage import VERIFY_MODES, DelayHook, SwapRecord, SwapStor
 log = logging.getLogger("engine.offload")
 
 OFFLOADED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
+FUSED_OP = "relu_forward_checksum"  # what a closed tensor's error names when the fused forward gets one
 
 
 class LayerState(enum.Enum):
@@ -236,10 +238,9 @@ class StepStats:
     read_bandwidth_bps: float = 0.0  # bytes read / loader busy time this step
     recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
     recomputed_bytes: int = 0
-    # swapped bytes the executor checks itself (``_FusedCheck``): summed after the forward that reads
+    # swapped bytes the executor checks itself (``_FusedCheck``): summed by the forward that reads
     # them, verified by the rebuild that reads them back; the IO threads do not hash them
     executor_checked_bytes: int = 0
-    executor_check_s: float = 0.0  # executor time summing them after the forward (the rebuild's: recompute_s)
     offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
     onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
@@ -274,17 +275,18 @@ class _FusedCheck:
     """A swapped tensor that the executor checks itself instead of the IO threads hashing it.
 
     The source of a ReLU rebuild (a batch norm's output, ``plan.recompute_candidates``) is read by
-    the ReLU's forward and, once loaded back, by the rebuild before anything else reads it. Its bytes
-    are summed (``kernels.cpu.elementwise.word_checksum``) right after that forward, while they are
-    in cache, and summed again by the rebuild itself, in the same pass that writes the ReLU output
-    (``relu*_forward_checksum``: the same bits as the layer's kernel); a mismatch is the same error
-    as the storage's, naming the layer and the tensor. Full verify mode, cpu backend only.
+    the ReLU's forward and, once loaded back, by the rebuild before anything else reads it. Both
+    passes sum its 32-bit words as they read them (``kernels.cpu.elementwise.relu*_forward_checksum``:
+    the same bits as the layer's kernel, plus ``word_checksum`` of the input, at no extra cost: the
+    pass is memory bound); the forward's through the layer's ``forward_with_input_check``. A
+    mismatch is the same error as the storage's, naming the layer and the tensor. Full verify mode,
+    cpu backend only.
     """
 
     rebuilt: tuple[int, str]  # the recomputed unit whose rebuild reads the source
     source: tuple[int, str]  # the swapped unit holding the source tensor
     tensor: TensorSpec  # the source tensor
-    forward_step: int  # the ReLU's forward: the sum is taken after it
+    forward_step: int  # the ReLU's node (its forward takes the first sum)
     rebuild: Callable[[np.ndarray, np.ndarray], tuple[int, int]]  # the fused ReLU + sum kernel
 
 
@@ -306,8 +308,10 @@ def fused_checks(plan: OffloadPlan, layers: list[Any]) -> dict[tuple[int, str], 
             continue
         (source_key, tensor), = recompute.sources
         source = plan.units.get(source_key)
-        kernel = kernels.get(getattr(layers[recompute.nodes[0]], "forward_op", None))
-        if (kernel is None or source is None or not source.offloaded or readers[source_key] != 1
+        layer = layers[recompute.nodes[0]]
+        kernel = kernels.get(getattr(layer, "forward_op", None))
+        if (kernel is None or not hasattr(layer, "forward_with_input_check") or source is None
+                or not source.offloaded or readers[source_key] != 1
                 or tensor.dtype != np.float32 or unit.load_at is None or source.spec.backward_start is None
                 or source.spec.backward_start < unit.load_at):
             continue
@@ -370,7 +374,7 @@ class OffloadScheduler:
         self._last_advance = 0.0
         self._recompute_cursor = 0
         self._fused: dict[tuple[int, str], _FusedCheck] = {}  # by rebuilt unit (the current plan's)
-        self._sum_after: dict[int, list[_FusedCheck]] = {}  # by the forward step after which the sum is taken
+        self._summing_layers: list[Any] = []  # the ReLUs whose forward_with_input_check is ours
         self._fused_for: dict[int, tuple[OffloadPlan, dict[tuple[int, str], _FusedCheck]]] = {}  # per plan
         self._sums: dict[tuple[int, str], tuple[int, int]] = {}  # source unit -> its sum this step
 
@@ -465,6 +469,7 @@ class OffloadScheduler:
             for array_type in OFFLOADED_TYPES:
                 if self.mgr.provider_for(array_type) is self:
                     self.mgr.set_provider(array_type, None)
+        self._stop_summing()
         self.net = None
 
     def close(self) -> None:
@@ -625,12 +630,27 @@ class OffloadScheduler:
                 cached = self._fused_for[id(plan)] = (plan, fused_checks(plan, self._layers))
             fused = cached[1]
         self._fused = fused
-        self._sum_after = {}
+        self._stop_summing()
         for check in fused.values():
-            self._sum_after.setdefault(check.forward_step, []).append(check)
+            layer = self._layers[check.forward_step]
+            layer.forward_with_input_check = functools.partial(self._forward_and_sum, check)
+            self._summing_layers.append(layer)
         if self.storage is not None:
             self.storage.check_elsewhere(frozenset(plan.units[c.source].file_offset + c.tensor.offset
                                                    for c in fused.values()))
+
+    def _stop_summing(self) -> None:
+        for layer in self._summing_layers:
+            layer.forward_with_input_check = None
+        self._summing_layers = []
+
+    def _forward_and_sum(self, check: _FusedCheck, x: Tensor, out: Tensor) -> None:
+        """The ReLU's training forward (``forward_with_input_check``): its kernel fused with the sum of
+        its input, the swapped source the rebuild will check."""
+        sums = check.rebuild(x.kernel_array(FUSED_OP, "x"), out.kernel_array(FUSED_OP, "out"))
+        if self._in_iteration and not self._needs_plan:
+            self._sums[check.source] = sums
+            self._current.executor_checked_bytes += check.tensor.nbytes
 
     def _blockers(self, plan: OffloadPlan) -> tuple[dict, dict]:
         """Per occupation, how many earlier occupants of its bytes there are, and per occupation,
@@ -739,9 +759,6 @@ class OffloadScheduler:
     def after_forward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
-        checks = self._sum_after.get(step)
-        if checks:  # before any save is queued: the bytes stay put while they are summed
-            self._sum_sources(checks)
         for unit in self._by_forward_end.get(step, ()):
             if unit.state is not LayerState.READY_FOR_EXEC:
                 continue
@@ -754,17 +771,6 @@ class OffloadScheduler:
             elif unit.spec.backward_start is None or unit.plan.recompute is not None:
                 # transient: nothing reads it again; recomputed: rebuilt before its backward
                 self._release(unit, 0, self._transfer.ready_event())
-
-    def _sum_sources(self, checks: list[_FusedCheck]) -> None:
-        """Sum the sources that the forward just read (in cache): what their rebuild will compare."""
-        from kernels.cpu.elementwise import word_checksum
-
-        started = time.perf_counter()
-        for check in checks:
-            source = self._units[check.source]
-            self._sums[check.source] = word_checksum(self._view(source, check.tensor))
-            self._current.executor_checked_bytes += check.tensor.nbytes
-        self._current.executor_check_s += time.perf_counter() - started
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
