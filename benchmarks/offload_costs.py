@@ -23,6 +23,9 @@ Configurations (all N=4 except ``none``, which always runs):
   without building it (the bits are not checked: it times the work, it does not replace the data).
 * ``verify-off``: ``--offload-verify off``: what the full XXH3 check costs.
 * ``eager``: loads start as soon as their planned bytes are free instead of N steps ahead.
+* ``noio``: ``verify-off`` with no system call either (the swap file is neither written nor read: the
+  loaded bytes are stale, the arithmetic goes on with them): what the scheduler, its arena and its
+  threads' bookkeeping cost without the IO itself.
 
 ``--layers`` also times every layer (a pair of hooks around the scheduler's, so a layer's time leaves
 out the scheduler's) and the scheduler's own hooks, with and without offload, summed by role.
@@ -50,6 +53,20 @@ from engine.optim import SGD  # noqa: E402
 from kernels.cpu.batchnorm import batchnorm_forward_infer  # noqa: E402
 from kernels.cpu.conv import conv2d_forward, conv2d_forward_workspace_size  # noqa: E402
 from models import build_model  # noqa: E402
+
+
+def _skip_io(storage: Any) -> None:
+    """The storage keeps its byte counts but moves nothing (``noio``)."""
+
+    def moved(records: Any, buffer: Any, file_offset: int, step: int = 0, *, what: str) -> None:
+        nbytes = sum(r.nbytes for r in records)
+        if what == "write":
+            storage.bytes_written += nbytes
+        else:
+            storage.bytes_read += nbytes
+
+    storage.write = lambda *a, **k: moved(*a, **k, what="write")
+    storage.read = lambda *a, **k: moved(*a, **k, what="read")
 
 
 def role(graph: Any, index: int) -> str:
@@ -208,11 +225,13 @@ def main() -> None:
         run: dict[str, Any] = {"name": config, "net": net, "optimizer": optimizer, "times": [], "scheduler": None}
         if config != "none":
             kind, _, what = config.partition(":")
-            options = {"verify": "off"} if kind == "verify-off" else {}
+            options = {"verify": "off"} if kind in ("verify-off", "noio") else {}
             _KEEP[0] = what if kind in ("keep", "recompute") else None
             scheduler = OffloadScheduler(backend, args.window, **options)
             scheduler.attach(net, batch_size=batch)
             _KEEP[0] = None
+            if kind == "noio":
+                _skip_io(scheduler.storage)
             if kind == "eager":
                 scheduler._lead = {u.key: 10**6 for u in scheduler.plan_for(batch).load_order}
             if kind == "recompute":
