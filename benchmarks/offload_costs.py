@@ -22,6 +22,8 @@ Configurations (all N=4 except ``none``, which always runs):
   step against ``n4`` is what recomputing those outputs instead of swapping them would gain, measured
   without building it (the bits are not checked: it times the work, it does not replace the data).
 * ``verify-off``: ``--offload-verify off``: what the full XXH3 check costs.
+* ``io-hash``: every record hashed by the IO threads (XXH3), none checked by the executor (the
+  ReLU's forward and the rebuild summing the rebuilds' sources, ``scheduler._FusedCheck``).
 * ``eager``: loads start as soon as their planned bytes are free instead of N steps ahead.
 * ``noio``: ``verify-off`` with no system call either (the swap file is neither written nor read: the
   loaded bytes are stale, the arithmetic goes on with them): what the scheduler, its arena and its
@@ -225,7 +227,9 @@ def main() -> None:
         run: dict[str, Any] = {"name": config, "net": net, "optimizer": optimizer, "times": [], "scheduler": None}
         if config != "none":
             kind, _, what = config.partition(":")
-            options = {"verify": "off"} if kind in ("verify-off", "noio") else {}
+            options: dict[str, Any] = {"verify": "off"} if kind in ("verify-off", "noio") else {}
+            if kind == "io-hash":
+                options["executor_checks"] = False
             _KEEP[0] = what if kind in ("keep", "recompute") else None
             scheduler = OffloadScheduler(backend, args.window, **options)
             scheduler.attach(net, batch_size=batch)

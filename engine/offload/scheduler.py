@@ -345,6 +345,7 @@ class OffloadScheduler:
         verify: str = "full",
         recompute: bool = True,
         predict_leads: bool | None = None,
+        executor_checks: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -365,6 +366,8 @@ class OffloadScheduler:
         self.sample_page_cache = sample_page_cache
         self.verify = verify
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
+        # check the sources of ReLU rebuilds in the ReLU's forward and the rebuild (_FusedCheck), not the IO threads
+        self.executor_checks = executor_checks
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
@@ -624,7 +627,8 @@ class OffloadScheduler:
     def _use_fused_checks(self, plan: OffloadPlan) -> None:
         """The checks the executor does itself under ``plan`` (``_FusedCheck``), handed to the storage."""
         fused: dict[tuple[int, str], _FusedCheck] = {}
-        if self.verify == "full" and getattr(self.backend, "name", None) == "cpu" and self.storage is not None:
+        if (self.executor_checks and self.verify == "full" and getattr(self.backend, "name", None) == "cpu"
+                and self.storage is not None):
             cached = self._fused_for.get(id(plan))
             if cached is None or cached[0] is not plan:
                 cached = self._fused_for[id(plan)] = (plan, fused_checks(plan, self._layers))
