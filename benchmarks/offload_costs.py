@@ -172,7 +172,8 @@ class _Stop:
         self.seconds[node.name, "backward"] += time.perf_counter() - self.start.t0
 
 
-HOOKS = ("create", "before_forward", "after_forward", "before_backward", "after_backward")
+HOOKS = ("on_iteration_start", "create", "before_forward", "after_forward", "before_backward", "after_backward",
+         "on_iteration_end")
 
 
 def _time_scheduler_hooks(scheduler: OffloadScheduler) -> dict[str, float]:
