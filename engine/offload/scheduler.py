@@ -105,6 +105,54 @@ Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle co
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
 difference. Nice 10 and 19 earlier (README): no gain.
+
+Checks where the bytes are read anyway (``_FusedCheck``). With ``--offload-verify full`` the IO
+threads hashed every record with XXH3, after the bytes had left the caches (saves run N steps after
+the last forward reader; loads arrive by DMA): ~33 µs per MiB each way, about half of their CPU. But
+88% of MobileNetV2's written bytes (181 of 206 MiB at batch 32) and 46% of ResNet-18's (38 of 82)
+are the sources of ReLU rebuilds (batch-norm outputs), and two elementwise passes read exactly those
+bytes already: the ReLU's forward, and the rebuild before the backward. Both now sum the source's
+32-bit words as they read them (``kernels.cpu.elementwise.relu*_forward_checksum``: the ReLU's
+exact bits plus (Σ w, Σ (i+1)·w) mod 2⁶⁴, which any changed byte changes); the storage still checks
+those records' length, step and names, not their bytes (``SwapStorage.check_elsewhere``), and a
+mismatch stops the run naming the layer and the tensor, as before. The fused pass costs nothing
+measurable: 12 MiB, median of 7, caches flushed: ReLU6 alone 1.07 ms, fused 0.98; XXH3 on the same
+bytes 0.53 ms from memory, 0.31 ms right after the ReLU read them. A first version summed on the
+executor after the ReLU's forward (a second pass, in cache): after_forward went 3.2 -> 9.4 ms per
+step; passing the fused kernel to the layer (``ReLU.forward_with_input_check``) took it back to
+3.7. Measured with ``benchmarks/offload_costs.py --configs n4,io-hash`` (``io-hash``: every record
+hashed by the IO threads, as before; steps alternating in one process, nothing else timed):
+MobileNetV2 batch 32, 14 steps: 390.9 against 397.7 ms (1.330 / 1.353x; a first run with the
+machine disturbed: 499.0 / 580.9), the IO threads' CPU 20.0 against 30.4 ms per step (47-50 against
+70-78 µs per MiB); batch 128, 8 steps: 1436.5 / 1468.8 and 1411.4 / 1454.2 ms (1.117 / 1.142x and
+1.120 / 1.154x), IO CPU 35.7 / 89.5 and 35.0 / 97.7 ms (20-23 against 51-59 µs per MiB); ResNet-18
+batch 32, 12 steps: 518.1 / 504.9 and 486.9 / 484.1 ms (noise; IO CPU 12.2 / 12.4 and 9.5 / 11.2
+ms). ``engine bench --model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, main (9a2375e)
+and this code alternating, two runs each, ratio main -> this: ResNet-18 b32 1.060 / 1.034 -> 1.026 /
+1.093, b128 1.082 / 1.063 -> 0.971 / 1.025; MobileNetV2 b32 1.335 / 1.336 -> 1.319 / 1.347, b128
+1.217 / 1.180 -> 1.157 / 1.161; IO threads' CPU per step 12.6 / 12.1 -> 10.9 / 10.1, 38.7 / 35.8 ->
+28.2 / 25.6, 32.0 / 36.5 -> 20.0 / 19.1 and 96.6 / 97.2 -> 35.4 / 37.8 ms. The rebuilds of an Add
+then a ReLU (two sources, ResNet's second blocks) still leave their check to the IO threads: 36 MiB
+of ResNet-18's 82, ~2 ms of IO CPU per step at batch 32.
+
+Where MobileNetV2's batch-32 step goes after that (``offload_costs.py --configs n4,noio --layers``;
+``noio``: the scheduler with verify off and no system call, the loaded bytes stale): no offload
+331.9, noio 350.4 (1.056x; 1.125x in another run), n4 441.5 ms (1.330x). The layers take 349 / 338
+/ 406 ms: without the IO they run as fast as with no offload, with it 57-68 ms slower; the hooks
+28.5 ms without IO (rebuilds 15, create 3.6, after_forward 4.3, after_backward 2.5) and 44.5 with it
+(the stall, 15, and room waits in create). So the IO costs the step 2-3x its threads' CPU (24 ms),
+through the kernels it delays. Tried and dropped this session:
+- fewer, larger IO calls (coalescing units): a stand-alone test (200 MiB written and read back at
+  ~700 MiB/s by a thread while two-thread ReLU6 passes and a 512² sgemm run; medians of 3) gave the
+  work 219.9 ms without IO and 234.6 / 237.8 / 240.3 ms with 1 / 4 / 16 MiB per call: the
+  disturbance is per byte, not per call, so nothing was built;
+- ``sys.setswitchinterval`` 0.2 ms instead of 5 (the executor waits less for the GIL an IO thread
+  holds): 1.255 / 1.254x at 5 ms against 1.270 / 1.264x at 0.2 ms, alternating processes: no gain;
+- keeping more units resident with the headroom the memory goal leaves (0.30x; today 0.16x), an
+  upper bound measured without building it (``keep:ROLE --blocks '1|2|3'``): the depthwise batch
+  norms' outputs of blocks 1-3 kept, 206 -> 127 MiB written, 63 -> 86 MiB resident, 360.2 -> 349.0 ms
+  (1.297 -> 1.256x); the expand ones, 176 MiB written, 93 MiB resident, 354.3 ms. Not built: a fixed
+  N promises N layers resident (DESIGN.md), and 4% is what 80 MiB of memory buys.
 """
 
 from __future__ import annotations
