@@ -341,12 +341,16 @@ class _FusedCheck:
 def fused_checks(plan: OffloadPlan, layers: list[Any]) -> dict[tuple[int, str], _FusedCheck]:
     """Per recomputed unit of ``plan``, the check the executor does for its source (``_FusedCheck``):
     a one-node ReLU/ReLU6 rebuild from one float32 tensor of a swapped unit that no backward reads
-    before the rebuild, and that no other rebuild reads."""
+    before the rebuild, and that no other rebuild reads, by a layer object that runs at that node only
+    (its forward stores the sum for this source)."""
     from kernels.cpu.elementwise import relu6_forward_checksum, relu_forward_checksum
 
     kernels = {"relu_forward": relu_forward_checksum, "relu6_forward": relu6_forward_checksum}
     found: dict[tuple[int, str], _FusedCheck] = {}
     readers: dict[tuple[int, str], int] = {}
+    nodes_of: dict[int, int] = {}
+    for layer in layers:
+        nodes_of[id(layer)] = nodes_of.get(id(layer), 0) + 1
     for unit in plan.units.values():
         for key in (unit.recompute.source_units if unit.recompute is not None else ()):
             readers[key] = readers.get(key, 0) + 1
@@ -358,9 +362,9 @@ def fused_checks(plan: OffloadPlan, layers: list[Any]) -> dict[tuple[int, str], 
         source = plan.units.get(source_key)
         layer = layers[recompute.nodes[0]]
         kernel = kernels.get(getattr(layer, "forward_op", None))
-        if (kernel is None or not hasattr(layer, "forward_with_input_check") or source is None
-                or not source.offloaded or readers[source_key] != 1
-                or tensor.dtype != np.float32 or unit.load_at is None or source.spec.backward_start is None
+        if (kernel is None or not hasattr(layer, "forward_with_input_check") or nodes_of[id(layer)] != 1
+                or source is None or not source.offloaded or readers[source_key] != 1 or tensor.dtype != np.float32
+                or unit.load_at is None or source.spec.backward_start is None
                 or source.spec.backward_start < unit.load_at):
             continue
         found[unit.key] = _FusedCheck(unit.key, source_key, tensor, recompute.nodes[0], kernel)
