@@ -22,7 +22,12 @@ Configurations (all N=4 except ``none``, which always runs):
   step against ``n4`` is what recomputing those outputs instead of swapping them would gain, measured
   without building it (the bits are not checked: it times the work, it does not replace the data).
 * ``verify-off``: ``--offload-verify off``: what the full XXH3 check costs.
+* ``io-hash``: every record hashed by the IO threads (XXH3), none checked by the executor (the
+  ReLU's forward and the rebuild summing the rebuilds' sources, ``scheduler._FusedCheck``).
 * ``eager``: loads start as soon as their planned bytes are free instead of N steps ahead.
+* ``noio``: ``verify-off`` with no system call either (the swap file is neither written nor read: the
+  loaded bytes are stale, the arithmetic goes on with them): what the scheduler, its arena and its
+  threads' bookkeeping cost without the IO itself.
 
 ``--layers`` also times every layer (a pair of hooks around the scheduler's, so a layer's time leaves
 out the scheduler's) and the scheduler's own hooks, with and without offload, summed by role.
@@ -50,6 +55,20 @@ from engine.optim import SGD  # noqa: E402
 from kernels.cpu.batchnorm import batchnorm_forward_infer  # noqa: E402
 from kernels.cpu.conv import conv2d_forward, conv2d_forward_workspace_size  # noqa: E402
 from models import build_model  # noqa: E402
+
+
+def _skip_io(storage: Any) -> None:
+    """The storage keeps its byte counts but moves nothing (``noio``)."""
+
+    def moved(records: Any, buffer: Any, file_offset: int, step: int = 0, *, what: str) -> None:
+        nbytes = sum(r.nbytes for r in records)
+        if what == "write":
+            storage.bytes_written += nbytes
+        else:
+            storage.bytes_read += nbytes
+
+    storage.write = lambda *a, **k: moved(*a, **k, what="write")
+    storage.read = lambda *a, **k: moved(*a, **k, what="read")
 
 
 def role(graph: Any, index: int) -> str:
@@ -153,7 +172,8 @@ class _Stop:
         self.seconds[node.name, "backward"] += time.perf_counter() - self.start.t0
 
 
-HOOKS = ("create", "before_forward", "after_forward", "before_backward", "after_backward")
+HOOKS = ("on_iteration_start", "create", "before_forward", "after_forward", "before_backward", "after_backward",
+         "on_iteration_end")
 
 
 def _time_scheduler_hooks(scheduler: OffloadScheduler) -> dict[str, float]:
@@ -208,11 +228,15 @@ def main() -> None:
         run: dict[str, Any] = {"name": config, "net": net, "optimizer": optimizer, "times": [], "scheduler": None}
         if config != "none":
             kind, _, what = config.partition(":")
-            options = {"verify": "off"} if kind == "verify-off" else {}
+            options: dict[str, Any] = {"verify": "off"} if kind in ("verify-off", "noio") else {}
+            if kind == "io-hash":
+                options["executor_checks"] = False
             _KEEP[0] = what if kind in ("keep", "recompute") else None
             scheduler = OffloadScheduler(backend, args.window, **options)
             scheduler.attach(net, batch_size=batch)
             _KEEP[0] = None
+            if kind == "noio":
+                _skip_io(scheduler.storage)
             if kind == "eager":
                 scheduler._lead = {u.key: 10**6 for u in scheduler.plan_for(batch).load_order}
             if kind == "recompute":

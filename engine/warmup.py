@@ -86,6 +86,9 @@ LAYER_OPS: dict[str, tuple[str, ...]] = {
 """Table ops each layer type calls (conv is listed per shape by ``conv_jobs``). A layer type not
 listed here makes ``model_jobs`` warm every non-conv op: slower, never wrong."""
 
+WITH_CHECKSUM = {"relu_forward": "relu_forward_checksum", "relu6_forward": "relu6_forward_checksum"}
+"""Table ops whose fused twin (the same bits plus a checksum of the input) offload calls."""
+
 ALWAYS = ("add_forward", "softmax_xent_forward", "softmax_xent_backward")
 """The network's gradient fan-in sum and the loss head."""
 
@@ -308,6 +311,12 @@ def run_job(job: Job) -> float:
 
     if job.conv is None:
         TABLE[job.op](*TINY_ARGS[job.op]())
+        if job.op in WITH_CHECKSUM:
+            # offload's ReLU forward and rebuild that also sum their input (engine.offload.scheduler's
+            # _FusedCheck): not table ops, the same arguments, compiled in the same worker
+            from kernels.cpu import elementwise
+
+            getattr(elementwise, WITH_CHECKSUM[job.op])(*TINY_ARGS[job.op]())
     elif job.version is None:
         TABLE[job.op](*_conv_args(job))
         if job.op == CONV_OPS["forward"] and job.path in SHARED_FORWARD_KERNEL:

@@ -9,9 +9,14 @@ and without offload).
 ``recompute_output`` (ReLU, ReLU6) reruns the forward kernel: when the input is kept anyway (a batch
 norm's output, In-Place ABN) the offload plan rebuilds the output from it instead of writing it to
 disk and reading it back (one pass over memory instead of a write and a read, and the same bits).
+When the offload scheduler swaps that input and checks it itself (``engine.offload.scheduler``'s
+``_FusedCheck``), it sets ``forward_with_input_check``: the training forward then runs the same
+kernel fused with a checksum of the input, read in the same pass (no second pass over the bytes).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from engine.layers.base import InputGradients, Layer, Shape
 from engine.memory import Tensor
@@ -23,6 +28,8 @@ class ReLU(Layer):
     input_gradients = InputGradients.OVER_DOUT
     forward_op = "relu_forward"
     backward_op = "relu_backward"
+    # (x, out) -> None: the forward kernel fused with a checksum of x, set by the offload scheduler
+    forward_with_input_check: Callable[[Tensor, Tensor], None] | None = None
 
     def output_shape(self, input_shapes: list[Shape]) -> Shape:
         self.check_num_inputs(input_shapes)
@@ -31,7 +38,10 @@ class ReLU(Layer):
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         out = self.output(x.shape)
-        getattr(self.backend.kernels, self.forward_op)(x, out)
+        if training and self.forward_with_input_check is not None:
+            self.forward_with_input_check(x, out)
+        else:
+            getattr(self.backend.kernels, self.forward_op)(x, out)
         if training:
             self.saved = {"out": out}
         return out

@@ -105,11 +105,60 @@ Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle co
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
 difference. Nice 10 and 19 earlier (README): no gain.
+
+Checks where the bytes are read anyway (``_FusedCheck``). With ``--offload-verify full`` the IO
+threads hashed every record with XXH3, after the bytes had left the caches (saves run N steps after
+the last forward reader; loads arrive by DMA): ~33 µs per MiB each way, about half of their CPU. But
+88% of MobileNetV2's written bytes (181 of 206 MiB at batch 32) and 46% of ResNet-18's (38 of 82)
+are the sources of ReLU rebuilds (batch-norm outputs), and two elementwise passes read exactly those
+bytes already: the ReLU's forward, and the rebuild before the backward. Both now sum the source's
+32-bit words as they read them (``kernels.cpu.elementwise.relu*_forward_checksum``: the ReLU's
+exact bits plus (Σ w, Σ (i+1)·w) mod 2⁶⁴, which any changed byte changes); the storage still checks
+those records' length, step and names, not their bytes (``SwapStorage.check_elsewhere``), and a
+mismatch stops the run naming the layer and the tensor, as before. The fused pass costs nothing
+measurable: 12 MiB, median of 7, caches flushed: ReLU6 alone 1.07 ms, fused 0.98; XXH3 on the same
+bytes 0.53 ms from memory, 0.31 ms right after the ReLU read them. A first version summed on the
+executor after the ReLU's forward (a second pass, in cache): after_forward went 3.2 -> 9.4 ms per
+step; passing the fused kernel to the layer (``ReLU.forward_with_input_check``) took it back to
+3.7. Measured with ``benchmarks/offload_costs.py --configs n4,io-hash`` (``io-hash``: every record
+hashed by the IO threads, as before; steps alternating in one process, nothing else timed):
+MobileNetV2 batch 32, 14 steps: 390.9 against 397.7 ms (1.330 / 1.353x; a first run with the
+machine disturbed: 499.0 / 580.9), the IO threads' CPU 20.0 against 30.4 ms per step (47-50 against
+70-78 µs per MiB); batch 128, 8 steps: 1436.5 / 1468.8 and 1411.4 / 1454.2 ms (1.117 / 1.142x and
+1.120 / 1.154x), IO CPU 35.7 / 89.5 and 35.0 / 97.7 ms (20-23 against 51-59 µs per MiB); ResNet-18
+batch 32, 12 steps: 518.1 / 504.9 and 486.9 / 484.1 ms (noise; IO CPU 12.2 / 12.4 and 9.5 / 11.2
+ms). ``engine bench --model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, main (9a2375e)
+and this code alternating, two runs each, ratio main -> this: ResNet-18 b32 1.060 / 1.034 -> 1.026 /
+1.093, b128 1.082 / 1.063 -> 0.971 / 1.025; MobileNetV2 b32 1.335 / 1.336 -> 1.319 / 1.347, b128
+1.217 / 1.180 -> 1.157 / 1.161; IO threads' CPU per step 12.6 / 12.1 -> 10.9 / 10.1, 38.7 / 35.8 ->
+28.2 / 25.6, 32.0 / 36.5 -> 20.0 / 19.1 and 96.6 / 97.2 -> 35.4 / 37.8 ms. The rebuilds of an Add
+then a ReLU (two sources, ResNet's second blocks) still leave their check to the IO threads: 36 MiB
+of ResNet-18's 82, ~2 ms of IO CPU per step at batch 32.
+
+Where MobileNetV2's batch-32 step goes after that (``offload_costs.py --configs n4,noio --layers``;
+``noio``: the scheduler with verify off and no system call, the loaded bytes stale): no offload
+331.9, noio 350.4 (1.056x; 1.125x in another run), n4 441.5 ms (1.330x). The layers take 349 / 338
+/ 406 ms: without the IO they run as fast as with no offload, with it 57-68 ms slower; the hooks
+28.5 ms without IO (rebuilds 15, create 3.6, after_forward 4.3, after_backward 2.5) and 44.5 with it
+(the stall, 15, and room waits in create). So the IO costs the step 2-3x its threads' CPU (24 ms),
+through the kernels it delays. Tried and dropped this session:
+- fewer, larger IO calls (coalescing units): a stand-alone test (200 MiB written and read back at
+  ~700 MiB/s by a thread while two-thread ReLU6 passes and a 512² sgemm run; medians of 3) gave the
+  work 219.9 ms without IO and 234.6 / 237.8 / 240.3 ms with 1 / 4 / 16 MiB per call: the
+  disturbance is per byte, not per call, so nothing was built;
+- ``sys.setswitchinterval`` 0.2 ms instead of 5 (the executor waits less for the GIL an IO thread
+  holds): 1.255 / 1.254x at 5 ms against 1.270 / 1.264x at 0.2 ms, alternating processes: no gain;
+- keeping more units resident with the headroom the memory goal leaves (0.30x; today 0.16x), an
+  upper bound measured without building it (``keep:ROLE --blocks '1|2|3'``): the depthwise batch
+  norms' outputs of blocks 1-3 kept, 206 -> 127 MiB written, 63 -> 86 MiB resident, 360.2 -> 349.0 ms
+  (1.297 -> 1.256x); the expand ones, 176 MiB written, 93 MiB resident, 354.3 ms. Not built: a fixed
+  N promises N layers resident (DESIGN.md), and 4% is what 80 MiB of memory buys.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import mmap
 import queue
@@ -143,6 +192,7 @@ from engine.offload.storage import VERIFY_MODES, DelayHook, SwapRecord, SwapStor
 log = logging.getLogger("engine.offload")
 
 OFFLOADED_TYPES = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
+FUSED_OP = "relu_forward_checksum"  # what a closed tensor's error names when the fused forward gets one
 
 
 class LayerState(enum.Enum):
@@ -236,6 +286,9 @@ class StepStats:
     read_bandwidth_bps: float = 0.0  # bytes read / loader busy time this step
     recompute_s: float = 0.0  # executor time rebuilding recomputed units (instead of reading them)
     recomputed_bytes: int = 0
+    # swapped bytes the executor checks itself (``_FusedCheck``): summed by the forward that reads
+    # them, verified by the rebuild that reads them back; the IO threads do not hash them
+    executor_checked_bytes: int = 0
     offload_cpu_us_per_mib: float = 0.0  # the saver's CPU per MiB written (cpu_per_mib)
     onload_cpu_us_per_mib: float = 0.0  # the loader's CPU per MiB read
 
@@ -265,6 +318,59 @@ class _Unit:
         return self.plan.spec
 
 
+@dataclass(frozen=True)
+class _FusedCheck:
+    """A swapped tensor that the executor checks itself instead of the IO threads hashing it.
+
+    The source of a ReLU rebuild (a batch norm's output, ``plan.recompute_candidates``) is read by
+    the ReLU's forward and, once loaded back, by the rebuild before anything else reads it. Both
+    passes sum its 32-bit words as they read them (``kernels.cpu.elementwise.relu*_forward_checksum``:
+    the same bits as the layer's kernel, plus ``word_checksum`` of the input, at no extra cost: the
+    pass is memory bound); the forward's through the layer's ``forward_with_input_check``. A
+    mismatch is the same error as the storage's, naming the layer and the tensor. Full verify mode,
+    cpu backend only.
+    """
+
+    rebuilt: tuple[int, str]  # the recomputed unit whose rebuild reads the source
+    source: tuple[int, str]  # the swapped unit holding the source tensor
+    tensor: TensorSpec  # the source tensor
+    forward_step: int  # the ReLU's node (its forward takes the first sum)
+    rebuild: Callable[[np.ndarray, np.ndarray], tuple[int, int]]  # the fused ReLU + sum kernel
+
+
+def fused_checks(plan: OffloadPlan, layers: list[Any]) -> dict[tuple[int, str], _FusedCheck]:
+    """Per recomputed unit of ``plan``, the check the executor does for its source (``_FusedCheck``):
+    a one-node ReLU/ReLU6 rebuild from one float32 tensor of a swapped unit that no backward reads
+    before the rebuild, and that no other rebuild reads, by a layer object that runs at that node only
+    (its forward stores the sum for this source)."""
+    from kernels.cpu.elementwise import relu6_forward_checksum, relu_forward_checksum
+
+    kernels = {"relu_forward": relu_forward_checksum, "relu6_forward": relu6_forward_checksum}
+    found: dict[tuple[int, str], _FusedCheck] = {}
+    readers: dict[tuple[int, str], int] = {}
+    nodes_of: dict[int, int] = {}
+    for layer in layers:
+        nodes_of[id(layer)] = nodes_of.get(id(layer), 0) + 1
+    for unit in plan.units.values():
+        for key in (unit.recompute.source_units if unit.recompute is not None else ()):
+            readers[key] = readers.get(key, 0) + 1
+    for unit in plan.units.values():
+        recompute = unit.recompute
+        if recompute is None or len(recompute.nodes) != 1 or len(recompute.sources) != 1:
+            continue
+        (source_key, tensor), = recompute.sources
+        source = plan.units.get(source_key)
+        layer = layers[recompute.nodes[0]]
+        kernel = kernels.get(getattr(layer, "forward_op", None))
+        if (kernel is None or not hasattr(layer, "forward_with_input_check") or nodes_of[id(layer)] != 1
+                or source is None or not source.offloaded or readers[source_key] != 1 or tensor.dtype != np.float32
+                or unit.load_at is None or source.spec.backward_start is None
+                or source.spec.backward_start < unit.load_at):
+            continue
+        found[unit.key] = _FusedCheck(unit.key, source_key, tensor, recompute.nodes[0], kernel)
+    return found
+
+
 def cpu_per_mib(cpu_s: float, nbytes: int) -> float:
     """Microseconds of IO-thread CPU per MiB moved (0 when nothing moved): the figure issue 11 tracks.
 
@@ -291,6 +397,7 @@ class OffloadScheduler:
         verify: str = "full",
         recompute: bool = True,
         predict_leads: bool | None = None,
+        executor_checks: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -311,6 +418,8 @@ class OffloadScheduler:
         self.sample_page_cache = sample_page_cache
         self.verify = verify
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
+        # check the sources of ReLU rebuilds in the ReLU's forward and the rebuild (_FusedCheck), not the IO threads
+        self.executor_checks = executor_checks
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
@@ -319,6 +428,10 @@ class OffloadScheduler:
         self._lead: dict[tuple[int, str], int] = {}  # per unit: steps before load_at that its load starts
         self._last_advance = 0.0
         self._recompute_cursor = 0
+        self._fused: dict[tuple[int, str], _FusedCheck] = {}  # by rebuilt unit (the current plan's)
+        self._summing_layers: list[Any] = []  # the ReLUs whose forward_with_input_check is ours
+        self._fused_for: dict[int, tuple[OffloadPlan, dict[tuple[int, str], _FusedCheck]]] = {}  # per plan
+        self._sums: dict[tuple[int, str], tuple[int, int]] = {}  # source unit -> its sum this step
 
         if self.adaptive:
             self.window = max(self.min_window, int(initial_window or self.min_window))
@@ -411,6 +524,7 @@ class OffloadScheduler:
             for array_type in OFFLOADED_TYPES:
                 if self.mgr.provider_for(array_type) is self:
                     self.mgr.set_provider(array_type, None)
+        self._stop_summing()
         self.net = None
 
     def close(self) -> None:
@@ -555,11 +669,44 @@ class OffloadScheduler:
             unit.blocked = [counts.get((key, 0), 0), counts.get((key, 1), 0)]
         self._load_order = [self._units[u.key] for u in plan.load_order]
         self._recompute_order = [self._units[u.key] for u in plan.recomputed]
+        self._use_fused_checks(plan)
         if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
             start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
                 self._arena_map.madvise(mmap.MADV_DONTNEED, start, self._arena_capacity - start)
         self._arena_touched = plan.arena_bytes
+
+    def _use_fused_checks(self, plan: OffloadPlan) -> None:
+        """The checks the executor does itself under ``plan`` (``_FusedCheck``), handed to the storage."""
+        fused: dict[tuple[int, str], _FusedCheck] = {}
+        if (self.executor_checks and self.verify == "full" and getattr(self.backend, "name", None) == "cpu"
+                and self.storage is not None):
+            cached = self._fused_for.get(id(plan))
+            if cached is None or cached[0] is not plan:
+                cached = self._fused_for[id(plan)] = (plan, fused_checks(plan, self._layers))
+            fused = cached[1]
+        self._fused = fused
+        self._stop_summing()
+        for check in fused.values():
+            layer = self._layers[check.forward_step]
+            layer.forward_with_input_check = functools.partial(self._forward_and_sum, check)
+            self._summing_layers.append(layer)
+        if self.storage is not None:
+            self.storage.check_elsewhere(frozenset(plan.units[c.source].file_offset + c.tensor.offset
+                                                   for c in fused.values()))
+
+    def _stop_summing(self) -> None:
+        for layer in self._summing_layers:
+            layer.forward_with_input_check = None
+        self._summing_layers = []
+
+    def _forward_and_sum(self, check: _FusedCheck, x: Tensor, out: Tensor) -> None:
+        """The ReLU's training forward (``forward_with_input_check``): its kernel fused with the sum of
+        its input, the swapped source the rebuild will check."""
+        sums = check.rebuild(x.kernel_array(FUSED_OP, "x"), out.kernel_array(FUSED_OP, "out"))
+        if self._in_iteration and not self._needs_plan:
+            self._sums[check.source] = sums
+            self._current.executor_checked_bytes += check.tensor.nbytes
 
     def _blockers(self, plan: OffloadPlan) -> tuple[dict, dict]:
         """Per occupation, how many earlier occupants of its bytes there are, and per occupation,
@@ -654,6 +801,7 @@ class OffloadScheduler:
         self._load_cursor = 0
         self._recompute_cursor = 0
         self._created_by_owner: dict[int, int] = {}
+        self._sums = {}
         self._resident_bytes = self._resident_units = self._in_flight_bytes = self._swapped_bytes = 0
         self._io_busy = {"saver": 0.0, "loader": 0.0, "saver_cpu": 0.0, "loader_cpu": 0.0}
         self._written0 = self.storage.bytes_written if self.storage else 0
@@ -714,13 +862,38 @@ class OffloadScheduler:
             self._set_state(unit, LayerState.READY_FOR_EXEC)
             unit.region.open(self._generation)
         started = time.perf_counter()
-        inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
-        out = self._tensor(unit, recompute.tensor)
-        for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
-            self._layers[node].recompute_output(inputs, out)
-            inputs = [out]
+        check = self._fused.get(unit.spec.key)
+        if check is not None:
+            self._rebuild_and_check(unit, check)
+        else:
+            inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
+            out = self._tensor(unit, recompute.tensor)
+            for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
+                self._layers[node].recompute_output(inputs, out)
+                inputs = [out]
         self._current.recompute_s += time.perf_counter() - started
         self._current.recomputed_bytes += recompute.tensor.nbytes
+
+    def _rebuild_and_check(self, unit: _Unit, check: _FusedCheck) -> None:
+        """The ReLU rebuild that also sums its source, checked against the sum taken after the forward."""
+        source = self._units[check.source]
+        found = check.rebuild(self._view(source, check.tensor), self._view(unit, unit.plan.recompute.tensor))
+        expected = self._sums.pop(check.source, None)
+        if found != expected:
+            where = (f" at offset {source.plan.file_offset + check.tensor.offset} of {self.storage.file_path}"
+                     if self.storage is not None else "")
+            if expected is None:
+                raise OffloadError(f"layer {source.spec.name!r}, tensor {check.tensor.name!r}: read back before its "
+                                   f"checksum was taken after the forward (the offload schedule is out of order)")
+            raise OffloadDiskFault(
+                f"checksum mismatch reading layer {source.spec.name!r}, tensor {check.tensor.name!r} "
+                f"({check.tensor.nbytes} bytes{where}): the swap file was changed or the disk is failing; "
+                f"training cannot continue with these values"
+            )
+
+    def _view(self, unit: _Unit, tensor_spec: TensorSpec) -> np.ndarray:
+        start = unit.plan.arena_offset + tensor_spec.offset
+        return self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
 
     def _tensor(self, unit: _Unit, tensor_spec: TensorSpec) -> Tensor:
         start = unit.plan.arena_offset + tensor_spec.offset

@@ -51,6 +51,26 @@ def test_a_training_step_after_the_models_jobs_compiles_nothing(model, optimizer
     assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
 
 
+def test_a_training_step_with_offload_after_the_models_jobs_compiles_nothing(tmp_path):
+    # offload's ReLU forward and rebuild run fused twins of the ReLU kernels (they also sum their
+    # input, engine.offload.scheduler._FusedCheck): the ReLU jobs compile those too
+    from engine.offload import OffloadScheduler
+
+    backend = get_backend("cpu")
+    data = synthetic(num_classes=10, seed=0, train=4, test=2)
+    net = build_network("mobilenetv2", data, backend, seed=0)
+    for job in warmup.model_jobs(net.graph, "sgd"):
+        warmup.run_job(job)
+    opt = make_optimizer("sgd", net, backend, 0.01, manager=net.mgr)
+    with OffloadScheduler(backend, 1, directory=str(tmp_path)).attach(net) as scheduler:
+        trainer = Trainer(net, opt, data, batch_size=2, steps=1)
+        before = _signatures()
+        trainer.fit()
+        after = _signatures()
+        assert scheduler.stats[-1].executor_checked_bytes > 0  # the fused kernels ran
+    assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
+
+
 def test_model_jobs_hold_one_conv_job_per_path_and_direction():
     data = synthetic(num_classes=10, seed=0, train=4, test=2)
     net = build_network("resnet18", data, get_backend("cpu"), seed=0)

@@ -401,3 +401,50 @@ def test_the_cpu_arena_asks_for_huge_pages(cpu, tmp_path):
         net.backward()
         assert "hg" in vm_flags(scheduler._arena.ctypes.data)  # madvise(MADV_HUGEPAGE)
     net.close()
+
+
+def test_rebuild_sources_are_checked_by_the_executor_not_hashed_by_the_io_threads(cpu, tmp_path):
+    """A ReLU rebuild's source (a swapped batch-norm output) is summed after the ReLU's forward and again by the
+    rebuild's own pass; the storage hashes everything else, and the weights stay the same bits."""
+    shape = (3, 8, 8)
+    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    weights, stats, scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    checked = stats[-1].executor_checked_bytes
+    assert checked > 0.2 * stats[-1].bytes_written  # a real share of the bytes
+    assert all(s.executor_checked_bytes == checked for s in stats)
+    storage = scheduler.storage
+    assert storage.checked_elsewhere  # file offsets of the records the executor checks
+    # every byte written and read is hashed once by the storage, except the executor's
+    moved = sum(s.bytes_written + s.bytes_read for s in stats)
+    assert storage.bytes_hashed == moved - 2 * sum(s.executor_checked_bytes for s in stats)
+    _, header_stats, _ = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, verify="header")
+    assert all(s.executor_checked_bytes == 0 for s in header_stats)  # full mode only
+
+
+def test_a_flipped_byte_in_a_tensor_the_executor_checks_stops_training_naming_it(cpu, tmp_path):
+    net = build_model("resnet18", num_classes=10, backend=cpu, seed=0, **RESNET)
+    flipped = []
+
+    def corrupt_a_checked_record(operation, nbytes):
+        offsets = sorted(scheduler.storage.checked_elsewhere)
+        if operation == "read" and not flipped and offsets:
+            where = offsets[len(offsets) // 2] + 5  # inside a record only the executor checks
+            with open(scheduler.storage.file_path, "r+b") as f:
+                f.seek(where)
+                byte = f.read(1)
+                f.seek(where)
+                f.write(bytes([byte[0] ^ 0x04]))
+            flipped.append(where)
+
+    scheduler = OffloadScheduler(cpu, 1, directory=str(tmp_path), delay=corrupt_a_checked_record).attach(net)
+    (x, y), = batches(1, 2, (3, 8, 8))
+    with scheduler:
+        net.forward(x, training=True)
+        net.loss(y)
+        with pytest.raises(OffloadError, match=r"checksum mismatch reading layer '[\w.]+', tensor '[\w.]+:out'"):
+            net.backward()
+    assert flipped
+    assert swap_dirs(tmp_path) == []
+    net.close()

@@ -78,3 +78,43 @@ def test_wrong_arrays_are_named():
         elementwise.add_forward(x, np.zeros(6, np.float32), x)
     with pytest.raises(ValueError, match="C-contiguous"):
         elementwise.relu_forward(x.T, x.T)
+
+
+def _reference_sums(x):
+    """(Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over the 32-bit words of x, with Python's integers."""
+    words = [int(w) for w in x.reshape(-1).view(np.uint32)]
+    return sum(words) % 2**64, sum((i + 1) * w for i, w in enumerate(words)) % 2**64
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(3, 17, 9, 9)])
+@pytest.mark.parametrize("name", ["relu", "relu6"])
+def test_activation_with_checksum_gives_the_same_bits_and_the_sums(name, shape, rng):
+    """The offload rebuild's fused pass: the activation's exact bits, and the word sums of its input at any
+    thread count (integer sums: order does not matter); one flipped byte anywhere changes the sums."""
+    import numba
+
+    x = rng.uniform(-4, 10, size=shape).astype(np.float32)
+    x.reshape(-1)[-1] = np.float32(3e9)  # words above 2³¹: the sums are unsigned
+    expected = np.empty_like(x)
+    getattr(reference, f"{name}_forward")(x, expected)
+    sums = _reference_sums(x)
+    assert elementwise.word_checksum(x) == sums
+    previous = numba.get_num_threads()
+    try:
+        for threads in range(1, previous + 1):
+            numba.set_num_threads(threads)
+            out = np.full_like(x, np.nan)
+            assert getattr(elementwise, f"{name}_forward_checksum")(x, out) == sums
+            np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    finally:
+        numba.set_num_threads(previous)
+    raw = x.reshape(-1).view(np.uint8)
+    for position in {0, raw.size // 2, raw.size - 1}:
+        for flip in (0x01, 0x80, 0xFF):
+            raw[position] ^= flip
+            assert elementwise.word_checksum(x) != sums
+            assert getattr(elementwise, f"{name}_forward_checksum")(x, np.empty_like(x)) != sums
+            raw[position] ^= flip
+    in_place = x.copy()  # out may be x: the sums are of the input
+    assert getattr(elementwise, f"{name}_forward_checksum")(in_place, in_place) == sums
+    np.testing.assert_array_equal(in_place.view(np.uint32), expected.view(np.uint32))
