@@ -375,6 +375,40 @@ def test_winograd4_input_transform_writes_tiles_column_major(n, c, h, wd, r0, nr
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
 
 
+def _winograd4_dout_reference(d, r0, nr):
+    """(A dY Aᵀ) in float64 for the tiles of tile rows [r0, r0 + nr), as m[ξ, k, tx·nr + r]."""
+    a = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [1, -1, 1, -1], [1, 2, 4, 8], [1, -2, 4, -8], [0, 0, 0, 1]], np.float64)
+    n, k, h, wd = d.shape
+    th, tw = (h + 3) // 4, (wd + 3) // 4
+    padded = np.zeros((n, k, 4 * th, 4 * tw))
+    padded[:, :, :h, :wd] = d
+    m = np.empty((36, k, nr * tw))
+    for r in range(nr):
+        image, ty = divmod(r0 + r, th)
+        for tx in range(tw):
+            tile = padded[image, :, 4 * ty : 4 * ty + 4, 4 * tx : 4 * tx + 4]
+            m[:, :, tx * nr + r] = np.einsum("ia,kab,jb->ijk", a, tile, a).reshape(36, k)
+    return m
+
+
+@pytest.mark.parametrize(("n", "k", "h", "wd", "r0", "nr", "k_lo", "k_hi"),
+                         [(2, 3, 8, 8, 0, 4, 0, 3), (3, 2, 7, 9, 1, 5, 1, 2), (2, 2, 4, 4, 0, 2, 0, 2),
+                          (1, 3, 13, 6, 2, 2, 1, 3), (2, 1, 1, 3, 0, 2, 0, 1), (2, 2, 16, 12, 3, 4, 0, 2)])
+def test_winograd4_dout_transform_writes_tiles_column_major(n, k, h, wd, r0, nr, k_lo, k_hi):
+    # v23: the weight gradient's dout transform runs over the whole block (tile (r, tx) at column
+    # tx·nr + r, as V); M must hold A dY Aᵀ of each tile there, for the channels asked only
+    d = np.random.default_rng(4).standard_normal((n, k, h, wd), dtype=np.float32)
+    tw = (wd + 3) // 4
+    step = k * nr * tw + winograd4.SKEW
+    m = np.full(36 * step, np.nan, np.float32)
+    buf = np.full(winograd4._weight_buffer(wd, nr), np.nan, np.float32)
+    winograd4._dout_transform(d.reshape(-1), r0, nr, k_lo, k_hi, k, h, wd, m, buf)
+    got = np.stack([m[xi * step : xi * step + k * nr * tw] for xi in range(36)]).reshape(36, k, nr * tw)
+    want = _winograd4_dout_reference(d.astype(np.float64), r0, nr)
+    np.testing.assert_allclose(got[:, k_lo:k_hi], want[:, k_lo:k_hi], rtol=1e-5, atol=1e-4)
+    assert np.isnan(got[:, :k_lo]).all() and np.isnan(got[:, k_hi:]).all()
+
+
 @pytest.mark.parametrize("direction", ["forward", "data"])
 def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
     # v12: on OpenBLAS Winograd beat the shifted GEMMs at 64 @32x32 (AMD 15.4 -> 9.7 ms, Intel 11.4 -> 8.6);
