@@ -79,7 +79,7 @@ kernels/README.md ("What each step bought").
   32×32 inputs) runs one image's im2col and one β = 1 sgemm into dW per image instead of gathered
   4096-column tiles and a partial sum per tile (``conv._im2col_weight_in_place``). One thread, 16
   images, ms v17 → v20: 3→32 @32×32 0.86 → 0.34, 3→64 1.28 → 1.16, 64→128 1×1 s2 1.31 → 1.13.
-- v21 ``depthwise by image groups and by planes`` (exported): v20, but the depthwise weight
+- v21 ``depthwise by image groups and by planes``: v20, but the depthwise weight
   gradient on planes of ≥ 8×8 sums each plane's nine taps in vector lanes, four images a pass, into one
   partial dW per group of four images (summed in order: same bits at any thread count), streaming the
   images in memory order; stride 2 reads only the kept outputs (even/odd input, dout on row pairs)
@@ -89,6 +89,12 @@ kernels/README.md ("What each step bought").
   position-weights (``conv_depthwise.plane_forward``, ``Paths.depthwise_planes``). Batch 32, two
   threads, ms v20 → v21: weight 576 ch s2 @8×8 0.76 → 0.44, 192 ch s2 @16×16 0.92 → 0.48, 144 ch
   @32×32 3.47 → 1.98; forward 144 ch @32×32 2.29 → 1.84. Every figure in ``conv_depthwise``.
+- v23 ``F(2×2) by ξ on 4×4`` (exported; v22 not used): v21, but forward and
+  backward-data of F(2×2) on planes of ≤ 4×4 (ResNet-18's 512 @4×4) split the threads by Winograd
+  position, each reading half of U once for the batch's 128 tiles, instead of by tiles
+  (``conv_winograd.forward_by_xi``, ``conv.WINOGRAD_BY_XI_MAX_PIXELS``): 512 @4×4 forward ~9.6 →
+  ~9.15 ms, backward-data ~10.05 → ~9.65 (two threads, batch 32). Under every F(4×4) version since
+  v23 the weight gradient's dout transform runs over whole blocks (same bits, 2.2–2.6× faster).
 """
 
 from __future__ import annotations
@@ -103,13 +109,14 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
-BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False}
-"""What v21 added, off in every earlier version."""
+BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False}
+"""What v21 and v23 added, off in every earlier version."""
+V21_PATHS = conv.Paths(winograd_by_xi=False)
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -124,7 +131,8 @@ V16_PATHS = conv.Paths(
     narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False, **BEFORE_V21
 )
 V15_PATHS = conv.Paths(
-    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False
+    pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
+    winograd_by_xi=False,
 )
 V14_PATHS = conv.Paths(
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
@@ -698,7 +706,7 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS}
+             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -707,7 +715,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21) and direction ("forward",
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23) and direction ("forward",
     "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -814,7 +822,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21), "data" or "weight" (2-18, 20, 21), with the
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23), "data" or "weight" (2-18, 20, 21, 23), with the
     table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by

@@ -418,7 +418,9 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
                     scalars,
                 )
         if parts & 4:
-            _output_transform(m, r0, nr, c_out, height, width, dst, tmp)
+            # every channel, as explicit int64s: forward_by_xi passes ranges, and an omitted default would
+            # be a second signature to compile
+            _output_transform(m, r0, nr, c_out, height, width, dst, tmp, np.int64(0), c_out)
 
 
 def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7,
@@ -447,6 +449,85 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
         _rows(x, u, out, flipped, t * total // threads, (t + 1) * total // threads, rows, mine, parts)
 
     run_shares(work, threads)
+
+
+@njit(cache=True, nogil=True)
+def forward_gemms(u, v, m, xi_lo, xi_hi, c_out, c_in, cols):
+    """m[ξ] (K × cols) = u[ξ] (K × C) @ v[ξ] (C × cols) for ξ in [xi_lo, xi_hi) (``forward_by_xi``)."""
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + SKEW
+    for xi in range(xi_lo, xi_hi):
+        sgemm(False, False, c_out, cols, c_in, u[xi * plane:], c_in, v[xi * (c_in * cols + SKEW):], cols,
+              0.0, m[xi * (c_out * cols + SKEW):], cols, scalars)
+
+
+def by_xi_block_rows(x_shape, c_in: int, c_out: int) -> int:
+    """Tile rows per block of ``forward_by_xi``: the weight gradient's blocks (512 tiles within 16 MiB
+    of V and M), independent of the thread count; at 512 @4×4, batch 32, the whole batch."""
+    return weight_block_rows(x_shape, c_in, c_out)
+
+
+def by_xi_workspace_size(x_shape, w_shape, direction: str, threads: int) -> int:
+    """Scratch of ``forward_by_xi``: U, one block's V and M, per thread a transform buffer."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    rows = by_xi_block_rows(x_shape, c_in, c_out)
+    return weight_workspace_size(x_shape, (c_out, c_in), threads, rows)
+
+
+def forward_by_xi(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
+    """``forward`` (with ``transposed``) split by Winograd position across the threads (v23), for the
+    4×4 planes: per block, the threads transform the input by channel, then each runs the GEMMs of its
+    ξ with all of the block's tiles as columns, then the output transform by output channel.
+
+    Why. At 512 @4×4 the transformed filter U is 16 MiB, and with the tile split of ``forward`` each
+    thread's GEMMs read all of it for its 64 tiles: two threads, batch 32, the filter transform and
+    the GEMMs took 10.8 ms (the filter transform 1.2 of it; one thread on all 32 images: 16.7, 2.4),
+    i.e. ~56 GFLOP/s per thread with both running against ~75 alone: the two threads stream 32 MiB of
+    U between them. By ξ each thread reads its half of U once, for 128 columns. v18's first try at a
+    ξ split (the module docstring, "Tried and dropped") had each thread transform every tile for its
+    own ξ and lost on that transform; the split by channel here gives each thread half of the
+    transform's (channel, tile row) passes, as the weight gradient's transforms are split.
+    The blocks do not depend on the thread count, and every output element is one GEMM column's
+    dot product and one thread's transform: the same bits at any thread count."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    tw = (width + 1) // 2
+    total = n * ((height + 1) // 2)
+    u = scratch[: 16 * (c_in * c_out + SKEW)]
+    at = 16 * (c_in * c_out + SKEW)
+    v = scratch[at : at + 16 * (c_in * rows * tw + SKEW)]
+    at += 16 * (c_in * rows * tw + SKEW)
+    m = scratch[at : at + 16 * (c_out * rows * tw + SKEW)]
+    at += 16 * (c_out * rows * tw + SKEW)
+    per_thread = _buffer(width, rows)
+    src, dst = x.reshape(x.size), out.reshape(out.size)
+
+    def inputs(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _input_transform(src, r0, nr, t * c_in // threads, (t + 1) * c_in // threads, c_in, height, width, v, tmp)
+
+    def first(t: int, nr: int) -> None:  # the first block's input transform, then the filter's
+        inputs(t, 0, nr)
+        if flipped:
+            _filter_transform_flipped(w, t * c_out // threads, (t + 1) * c_out // threads, u)
+        else:
+            _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u)
+
+    def outputs(t: int, r0: int, nr: int) -> None:
+        tmp = scratch[at + t * per_thread : at + (t + 1) * per_thread]
+        _output_transform(m, r0, nr, c_out, height, width, dst, tmp, t * c_out // threads,
+                          (t + 1) * c_out // threads)
+
+    for r0 in range(0, total, rows):
+        nr = min(rows, total - r0)
+        if r0 == 0:
+            run_shares(lambda t, nr=nr: first(t, nr), threads)
+        else:
+            run_shares(lambda t, r0=r0, nr=nr: inputs(t, r0, nr), threads)
+        run_shares(lambda t, nr=nr: forward_gemms(
+            u, v, m, t * 16 // threads, (t + 1) * 16 // threads, c_out, c_in, nr * tw), threads)
+        run_shares(lambda t, r0=r0, nr=nr: outputs(t, r0, nr), threads)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -349,7 +349,7 @@ def weight_block_rows(x_shape, c_in: int, c_out: int, target_tiles: int = WEIGHT
 
 def _weight_buffer(width: int, rows: int) -> int:
     tw = (width + 3) // 4
-    return max(_buffer(width, rows), 40 * tw)
+    return max(_buffer(width, rows), 40 * tw * rows)  # the dout transform's p and A p for the block
 
 
 def weight_workspace_size(x_shape, w_shape, threads: int, rows: int) -> int:
@@ -366,13 +366,21 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
 
     A dY has rows y0, y0 + y1 + y2 + y3, y0 − y1 + y2 − y3, y0 + 2y1 + 4y2 + 8y3, y0 − 2y1 + 4y2 − 8y3,
     y3 (the tile's four rows); the same across the columns, which are split into their four phases
-    (x mod 4) so both passes are contiguous loops over the tiles."""
+    (x mod 4) so both passes are contiguous loops over the tiles.
+
+    Since v23 both passes run over the whole block, as v18's input transform does (tile (r, tx) at
+    column tx·nr + r): per channel, the block's four rows per tile row are gathered into
+    p[a][q][tx·nr + r] = dY(4ty + a, 4tx + q), A down the rows is six loops of 4·tw·nr, and A across
+    the columns six loops of tw·nr per row of A dY, each storing one contiguous run of M. Up to v22
+    both ran per tile row (loops of tw = 2–8 iterations and stores nr apart). The same operations
+    on the same values: the same bits. One thread, 16 images, ms, per tile row → block-wide: see
+    kernels/README.md ("v23")."""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
     step = channels * cols + SKEW
     plane = height * width
-    row = 4 * tw
-    p = buf[: 4 * row]  # p[a][q][tx] = dY(4ty + a, 4tx + q)
+    row = 4 * cols
+    p = buf[: 4 * row]  # p[a][q·cols + tx·nr + r] = dY(4ty + a, 4tx + q)
     t = buf[4 * row : 10 * row]  # A p
     zero = np.float32(0.0)
     two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
@@ -382,44 +390,51 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
             s0 = (n * channels + k) * plane
             for a in range(4):
                 y = 4 * ty + a
-                pa = p[a * row : (a + 1) * row]
+                pa = p[a * row + r :]
                 if y < height:
                     b = s0 + y * width
                     for q in range(4):
                         for tx in range(tw):
                             x = 4 * tx + q
-                            pa[q * tw + tx] = src[b + x] if x < width else zero
+                            pa[q * cols + tx * nr] = src[b + x] if x < width else zero
                 else:
-                    for e in range(row):
-                        pa[e] = zero
-            y0, y1, y2, y3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
-            t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
-            t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
-            for e in range(row):
-                t0[e] = y0[e]
-            for e in range(row):
-                t1[e] = y0[e] + y1[e] + y2[e] + y3[e]
-            for e in range(row):
-                t2[e] = y0[e] - y1[e] + y2[e] - y3[e]
-            for e in range(row):
-                t3[e] = y0[e] + two * y1[e] + four * y2[e] + eight * y3[e]
-            for e in range(row):
-                t4[e] = y0[e] - two * y1[e] + four * y2[e] - eight * y3[e]
-            for e in range(row):
-                t5[e] = y3[e]
-            for i in range(6):  # tile (r, tx) at column tx·nr + r, as the input transform writes V
-                ti = t[i * row : (i + 1) * row]
-                e0, e1, e2, e3 = ti[0:tw], ti[tw : 2 * tw], ti[2 * tw : 3 * tw], ti[3 * tw : 4 * tw]
-                b = 6 * i * step + k * cols + r
-                o0, o1, o2 = m[b:], m[b + step :], m[b + 2 * step :]
-                o3, o4, o5 = m[b + 3 * step :], m[b + 4 * step :], m[b + 5 * step :]
-                for tx in range(tw):
-                    o0[tx * nr] = e0[tx]
-                    o1[tx * nr] = e0[tx] + e1[tx] + e2[tx] + e3[tx]
-                    o2[tx * nr] = e0[tx] - e1[tx] + e2[tx] - e3[tx]
-                    o3[tx * nr] = e0[tx] + two * e1[tx] + four * e2[tx] + eight * e3[tx]
-                    o4[tx * nr] = e0[tx] - two * e1[tx] + four * e2[tx] - eight * e3[tx]
-                    o5[tx * nr] = e3[tx]
+                    for q in range(4):
+                        for tx in range(tw):
+                            pa[q * cols + tx * nr] = zero
+        y0, y1, y2, y3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
+        t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+        t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+        for e in range(row):
+            t0[e] = y0[e]
+        for e in range(row):
+            t1[e] = y0[e] + y1[e] + y2[e] + y3[e]
+        for e in range(row):
+            t2[e] = y0[e] - y1[e] + y2[e] - y3[e]
+        for e in range(row):
+            t3[e] = y0[e] + two * y1[e] + four * y2[e] + eight * y3[e]
+        for e in range(row):
+            t4[e] = y0[e] - two * y1[e] + four * y2[e] - eight * y3[e]
+        for e in range(row):
+            t5[e] = y3[e]
+        for i in range(6):
+            ti = t[i * row : (i + 1) * row]
+            e0, e1, e2, e3 = ti[0:cols], ti[cols : 2 * cols], ti[2 * cols : 3 * cols], ti[3 * cols : 4 * cols]
+            b = 6 * i * step + k * cols
+            o0, o1, o2 = m[b : b + cols], m[b + step : b + step + cols], m[b + 2 * step : b + 2 * step + cols]
+            o3, o4 = m[b + 3 * step : b + 3 * step + cols], m[b + 4 * step : b + 4 * step + cols]
+            o5 = m[b + 5 * step : b + 5 * step + cols]
+            for j in range(cols):
+                o0[j] = e0[j]
+            for j in range(cols):
+                o1[j] = e0[j] + e1[j] + e2[j] + e3[j]
+            for j in range(cols):
+                o2[j] = e0[j] - e1[j] + e2[j] - e3[j]
+            for j in range(cols):
+                o3[j] = e0[j] + two * e1[j] + four * e2[j] + eight * e3[j]
+            for j in range(cols):
+                o4[j] = e0[j] - two * e1[j] + four * e2[j] - eight * e3[j]
+            for j in range(cols):
+                o5[j] = e3[j]
 
 
 @njit(cache=True, nogil=True, inline="always")

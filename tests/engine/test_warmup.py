@@ -83,7 +83,8 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
     gemm = {f"{op}/gemm/bias=False/v=None" for op in warmup.CONV_OPS.values()}
     # backward-data on the Winograd and shifted paths runs the forward kernel: no job of its own
     shifted = {f"conv2d_{d}/shifted/bias=False/v=None" for d in ("forward", "backward_weight")}
-    winograd = {f"conv2d_{d}/winograd/bias=False/v=None" for d in ("forward", "backward_weight")}
+    # v23: forward and backward-data on 4×4 planes (512 channels) split by Winograd position
+    winograd = {"conv2d_forward/winograd-by-xi/bias=False/v=None", "conv2d_backward_weight/winograd/bias=False/v=None"}
     # with OpenBLAS, the 64- to 256-channel layers on 16×16 and 32×32 take F(4×4) in every direction,
     # and the stem is on im2col (v17): nothing is left on the shifted GEMMs, whose job a cold start
     # then does not compile

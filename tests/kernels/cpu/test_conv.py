@@ -34,6 +34,7 @@ SHAPES = [
     (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted GEMMs (≥ 8 channels), every direction: stacked tiles, a partial tile
     (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted GEMMs, every direction: one-image tiles in place
     (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
+    (3, 64, 3, 4, 64, 3, 1, 1, 1),  # Winograd by ξ (v23: ≤ 16 pixels): odd plane, forward and backward-data
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -114,8 +115,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -126,7 +127,9 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
 
 
 @pytest.mark.parametrize("version", conv_study.VERSIONS["forward"])
-@pytest.mark.parametrize("shape", [SHAPES[i] for i in (1, 3, 8, 13, 18)], ids=[IDS[i] for i in (1, 3, 8, 13, 18)])
+@pytest.mark.parametrize(
+    "shape", [SHAPES[i] for i in (1, 3, 8, 13, 18, 22)], ids=[IDS[i] for i in (1, 3, 8, 13, 18, 22)]
+)
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
     expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
@@ -230,7 +233,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
         # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
-        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd"),
+        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd-by-xi"),  # v23 (weight gradient: "winograd")
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
@@ -251,7 +254,8 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
         ((32, 256, 16, 16), (256, 256, 3, 3), "winograd4", "winograd"),  # ≤ 256 channels
         ((32, 512, 16, 16), (512, 512, 3, 3), "winograd", "winograd"),  # 36·K·C of U: F(2x2)
         ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4", "winograd"),  # v18: 10.4 -> 7.5 ms (v14-v17: F(2x2))
-        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd", "winograd"),  # v18: F(4x4) 11.1 -> 13.0 ms, F(2x2)
+        # v18: F(4x4) 11.1 -> 13.0 ms, F(2x2); v23: F(2x2) split by Winograd position
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd-by-xi", "winograd-by-xi"),
         ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
     ],
 )
@@ -375,6 +379,40 @@ def test_winograd4_input_transform_writes_tiles_column_major(n, c, h, wd, r0, nr
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
 
 
+def _winograd4_dout_reference(d, r0, nr):
+    """(A dY Aᵀ) in float64 for the tiles of tile rows [r0, r0 + nr), as m[ξ, k, tx·nr + r]."""
+    a = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [1, -1, 1, -1], [1, 2, 4, 8], [1, -2, 4, -8], [0, 0, 0, 1]], np.float64)
+    n, k, h, wd = d.shape
+    th, tw = (h + 3) // 4, (wd + 3) // 4
+    padded = np.zeros((n, k, 4 * th, 4 * tw))
+    padded[:, :, :h, :wd] = d
+    m = np.empty((36, k, nr * tw))
+    for r in range(nr):
+        image, ty = divmod(r0 + r, th)
+        for tx in range(tw):
+            tile = padded[image, :, 4 * ty : 4 * ty + 4, 4 * tx : 4 * tx + 4]
+            m[:, :, tx * nr + r] = np.einsum("ia,kab,jb->ijk", a, tile, a).reshape(36, k)
+    return m
+
+
+@pytest.mark.parametrize(("n", "k", "h", "wd", "r0", "nr", "k_lo", "k_hi"),
+                         [(2, 3, 8, 8, 0, 4, 0, 3), (3, 2, 7, 9, 1, 5, 1, 2), (2, 2, 4, 4, 0, 2, 0, 2),
+                          (1, 3, 13, 6, 2, 2, 1, 3), (2, 1, 1, 3, 0, 2, 0, 1), (2, 2, 16, 12, 3, 4, 0, 2)])
+def test_winograd4_dout_transform_writes_tiles_column_major(n, k, h, wd, r0, nr, k_lo, k_hi):
+    # v23: the weight gradient's dout transform runs over the whole block (tile (r, tx) at column
+    # tx·nr + r, as V); M must hold A dY Aᵀ of each tile there, for the channels asked only
+    d = np.random.default_rng(4).standard_normal((n, k, h, wd), dtype=np.float32)
+    tw = (wd + 3) // 4
+    step = k * nr * tw + winograd4.SKEW
+    m = np.full(36 * step, np.nan, np.float32)
+    buf = np.full(winograd4._weight_buffer(wd, nr), np.nan, np.float32)
+    winograd4._dout_transform(d.reshape(-1), r0, nr, k_lo, k_hi, k, h, wd, m, buf)
+    got = np.stack([m[xi * step : xi * step + k * nr * tw] for xi in range(36)]).reshape(36, k, nr * tw)
+    want = _winograd4_dout_reference(d.astype(np.float64), r0, nr)
+    np.testing.assert_allclose(got[:, k_lo:k_hi], want[:, k_lo:k_hi], rtol=1e-5, atol=1e-4)
+    assert np.isnan(got[:, :k_lo]).all() and np.isnan(got[:, k_hi:]).all()
+
+
 @pytest.mark.parametrize("direction", ["forward", "data"])
 def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
     # v12: on OpenBLAS Winograd beat the shifted GEMMs at 64 @32x32 (AMD 15.4 -> 9.7 ms, Intel 11.4 -> 8.6);
@@ -481,6 +519,60 @@ def test_winograd_weight_gradient_blocks_and_thread_ranges_match_reference(threa
         want, db = np.empty_like(w), np.empty(k, np.float32)
         ref.conv2d_backward_weight(x, dout, want, db, *args)
         np.testing.assert_allclose(dw, want, rtol=1e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_winograd_by_xi_matches_reference_and_the_tile_split(threads):
+    # v23: the threads split the GEMMs by Winograd position, the transforms by channel; odd and 4×4
+    # planes, a block for the whole batch or several (c_in, c_out large enough for the budget: no)
+    for n, c, h, wd, k in ((3, 5, 7, 9, 4), (5, 3, 4, 4, 6), (2, 4, 1, 3, 3), (37, 8, 4, 4, 7)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty_like(x)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        for direction, src, want, c_in, c_out in (("forward", x, want_out, c, k), ("data", dout, want_dx, k, c)):
+            rows = winograd.by_xi_block_rows(x.shape, c_in, c_out)
+            size = winograd.by_xi_workspace_size(x.shape, w.shape, direction, threads)
+            got, tiles = np.full(want.shape, np.nan, np.float32), np.full(want.shape, np.nan, np.float32)
+            tile_rows = winograd.block_rows(x.shape, c_in, c_out, threads)
+            tile_size = winograd.workspace_size(x.shape, w.shape, direction, threads)
+            with cpu.blas_on_calling_thread:
+                winograd.forward_by_xi(src, w, got, direction == "data", threads, rows,
+                                       np.full(size, np.nan, np.float32))
+                winograd.forward(src, w, tiles, direction == "data", threads, tile_rows,
+                                 np.full(tile_size, np.nan, np.float32), transposed=True)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5 * float(np.abs(want).max()))
+            np.testing.assert_array_equal(got, tiles)  # the same transforms, the same GEMM columns
+
+
+def test_winograd_by_xi_bits_do_not_depend_on_the_thread_count():
+    x, w, _, _, _ = _case((9, 8, 4, 4, 6, 3, 1, 1, 1))
+    results = []
+    for threads in (1, 2, 3):
+        out = np.empty((9, 6, 4, 4), np.float32)
+        size = winograd.by_xi_workspace_size(x.shape, w.shape, "forward", threads)
+        with cpu.blas_on_calling_thread:
+            winograd.forward_by_xi(x, w, out, False, threads, winograd.by_xi_block_rows(x.shape, 8, 6),
+                                   np.full(size, np.nan, np.float32))
+        results.append(out)
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+
+
+@pytest.mark.parametrize("direction", ["forward", "data"])
+def test_512_channels_on_4x4_take_winograd_by_xi(direction):
+    # v23: 512 @4x4 forward 9.6 -> 9.15 ms, backward-data 10.05 -> 9.65 (two threads, batch 32); 8x8 lost
+    shapes = ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1)
+    assert cpu.path(*shapes, direction) == "winograd-by-xi"
+    assert cpu.path(*shapes, direction, conv_study.V20_PATHS) == "winograd"
+    assert cpu.path(*shapes, "weight") == "winograd"
+    assert cpu.path((32, 512, 8, 8), (512, 512, 3, 3), 1, 1, 1, direction) == "winograd"
+
+
+def test_winograd_by_xi_is_reached_by_the_tested_shapes():
+    # the reference, determinism and numbered-version tests reach forward_by_xi through this shape
+    n, c, h, wd, k, r, stride, pad, groups = SHAPES[22]
+    shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd-by-xi"
 
 
 def test_winograd_weight_gradient_bits_do_not_depend_on_the_thread_count():
