@@ -89,11 +89,18 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+
+from kernels.cpu import spin
 
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_pool: _Pool | None = None
 _pool_size = 0
+SPIN_MICROSECONDS = float(os.environ.get("ENGINE_SPIN_US", "100"))
+"""How long a pool thread waits awake for the next hand-out before it sleeps (module docstring, "Pool
+threads wait awake"); ``ENGINE_SPIN_US=0`` makes them sleep at once, as before."""
+WAIT_MICROSECONDS = float(os.environ.get("ENGINE_WAIT_SPIN_US", "1000"))
+"""How long the caller waits awake for the pool's last chunk before it sleeps (module docstring);
+``ENGINE_WAIT_SPIN_US=0``: it sleeps at once, as before."""
 _numba_pool_started = False
 _worker_ids: list[int] = []  # the pool's threads (native ids), as they start
 _kept_off: int | None = None  # the CPU the workers were last kept off (``_keep_workers_off_caller``)
@@ -112,6 +119,7 @@ def _load_getcpu() -> Callable[[], int] | None:
 
 
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
+_stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
 
 
 def start_numba_pool() -> None:
@@ -156,17 +164,89 @@ def _register_worker() -> None:
         _kept_off = None  # the next call pins this one too
 
 
-def _get_pool(workers: int) -> ThreadPoolExecutor:
+class _Pool:
+    """The pool's threads (slots 1 … ``workers``): each runs the latest job handed out (``hand_out``),
+    then waits for the next one awake for ``SPIN_MICROSECONDS`` (``spin.wait_for_change``, outside the
+    GIL), then asleep on a condition until a hand-out wakes it."""
+
+    def __init__(self, workers: int, spin_microseconds: float) -> None:
+        self.counter = spin.counter()  # hand-outs so far
+        self.job: _Chunks | None = None  # the latest hand-out
+        self.cond = threading.Condition(threading.Lock())
+        self.sleepers = 0
+        self.sleeps = 0  # times a thread fell asleep (the tests read it)
+        self.closed = False
+        self.ticks = int(spin_microseconds * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
+        self.wait_ticks = int(WAIT_MICROSECONDS * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
+        self.threads = [
+            threading.Thread(target=self._loop, args=(slot,), name=f"conv_{slot}", daemon=True)
+            for slot in range(1, workers + 1)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def hand_out(self, job: _Chunks) -> None:
+        with self.cond:
+            self.job = job
+            self.counter[0] += 1
+            if self.sleepers:
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.counter[0] += 1
+            self.cond.notify_all()
+        for thread in self.threads:
+            thread.join()
+
+    def _loop(self, slot: int) -> None:
+        _register_worker()
+        seen = 0
+        while True:
+            current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
+            with self.cond:
+                if current == seen:
+                    while int(self.counter[0]) == seen:
+                        self.sleepers += 1
+                        self.sleeps += 1
+                        self.cond.wait()
+                        self.sleepers -= 1
+                if self.closed:
+                    return
+                seen, job = int(self.counter[0]), self.job
+            if job is not None and slot < job.slots:
+                if _stepping_aside and job.cpu >= 0 and _getcpu is not None and _getcpu() == job.cpu:
+                    _step_aside(job.cpu)
+                job.run(slot)
+
+
+def _get_pool(workers: int) -> _Pool:
     global _pool, _pool_size, _kept_off
     with _lock:
         if _pool is None or _pool_size < workers:
             if _pool is not None:
-                _pool.shutdown(wait=True)
+                _pool.close()
                 _worker_ids.clear()
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="conv", initializer=_register_worker)
+            _pool = _Pool(workers, SPIN_MICROSECONDS)
             _pool_size = workers
             _kept_off = None
         return _pool
+
+
+def _step_aside(cpu: int) -> None:
+    """Move the calling (pool) thread off ``cpu`` now, then let it run anywhere again (module
+    docstring, "A woken thread steps aside"): the first ``sched_setaffinity`` migrates it at once, the
+    second only widens its mask back. A refusal turns this off for good."""
+    global _stepping_aside
+    try:
+        allowed = os.sched_getaffinity(0)
+        others = allowed - {cpu}
+        if others:
+            os.sched_setaffinity(0, others)
+            os.sched_setaffinity(0, allowed)
+    except OSError:
+        _stepping_aside = False
 
 
 def _keep_workers_off_caller() -> None:
@@ -210,13 +290,16 @@ def chunk_count(items: int, per_chunk: int, threads: int) -> int:
 class _Chunks:
     """One call's chunks: taken in order by whichever thread is free, counted as they finish."""
 
-    def __init__(self, work: Callable[[int, int], object], chunks: int) -> None:
+    def __init__(self, work: Callable[[int, int], object], chunks: int, slots: int) -> None:
         self.work = work
         self.chunks = chunks
+        self.slots = slots  # threads 0 … slots - 1 may take chunks (each has its scratch slice)
+        self.cpu = _getcpu() if _stepping_aside and _getcpu is not None else -1  # the caller's, at hand-out
         self.take = itertools.count().__next__  # atomic under the GIL: each chunk is taken once
         self.left = chunks
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.finished = spin.counter()  # 1 once every chunk has finished: the caller's awake wait reads it
         self.error: BaseException | None = None
 
     def run(self, slot: int) -> None:
@@ -233,6 +316,7 @@ class _Chunks:
             with self.lock:
                 self.left -= 1
                 if self.left == 0:
+                    self.finished[0] = 1
                     self.done.set()
 
 
@@ -251,13 +335,14 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
         for chunk in range(chunks):
             work(chunk, 0)
         return
-    job = _Chunks(work, chunks)
+    job = _Chunks(work, chunks, min(threads, chunks))
     pool = _get_pool(threads - 1)
     if _pinning:
         _keep_workers_off_caller()
-    for slot in range(1, min(threads, chunks)):
-        pool.submit(job.run, slot)
+    pool.hand_out(job)
     job.run(0)
+    if pool.wait_ticks > 0 and not job.done.is_set():
+        spin.wait_for_change(job.finished, 0, pool.wait_ticks)  # awake, outside the GIL: see the module docstring
     job.done.wait()
     if job.error is not None:
         raise job.error

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import get_num_threads, set_num_threads
 
-from kernels.cpu import conv, threads
+from kernels.cpu import conv, spin, threads
 
 
 @pytest.fixture
@@ -22,22 +22,29 @@ def two_threads():
     set_num_threads(previous)
 
 
+class _Hold:
+    """A hand-out that keeps the pool's thread (slot 1) until released."""
+
+    slots = 2
+
+    def __init__(self) -> None:
+        self.started, self.release, self.finished = threading.Event(), threading.Event(), threading.Event()
+
+    def run(self, slot: int) -> None:
+        self.started.set()
+        self.release.wait(60)
+        self.finished.set()
+
+
 @pytest.fixture
 def busy_pool():
     """The pool's only thread is held by another job until the test ends: every chunk runs on the caller."""
-    release = threading.Event()
-    started = threading.Event()
-
-    def hold() -> None:
-        started.set()
-        release.wait(60)
-
-    pool = threads._get_pool(1)
-    future = pool.submit(hold)
-    assert started.wait(10)
+    hold = _Hold()
+    threads._get_pool(1).hand_out(hold)
+    assert hold.started.wait(10)
     yield
-    release.set()
-    future.result(timeout=10)
+    hold.release.set()
+    assert hold.finished.wait(10)
 
 
 def test_chunks_run_once_each_with_the_slot_of_the_thread_that_took_them():
@@ -121,3 +128,61 @@ def test_the_same_bits_whichever_thread_runs_the_chunks(two_threads, request, x_
     for result in shared:
         for a, b in zip(result, alone):
             assert np.array_equal(a, b)
+
+
+needs_spin = pytest.mark.skipif(not spin.SUPPORTED, reason="the awake wait is x86-64 Linux only")
+
+
+@needs_spin
+def test_the_awake_wait_sees_another_threads_store_and_gives_up_after_its_time():
+    counter = spin.counter()
+    per_us = spin.ticks_per_microsecond()
+    assert per_us > 0
+    assert spin.wait_for_change(counter, 0, int(200 * per_us)) == 0  # nothing changed: gives up
+    counter[0] = 3
+    assert spin.wait_for_change(counter, 0, int(200 * per_us)) == 3  # already changed: at once
+    timer = threading.Timer(0.05, lambda: counter.__setitem__(0, 7))
+    timer.start()
+    assert spin.wait_for_change(counter, 3, int(5_000_000 * per_us)) == 7  # a store from another thread ends it
+    timer.join()
+
+
+@needs_spin
+def test_an_awake_pool_thread_takes_the_next_hand_out_without_being_woken(monkeypatch):
+    """A pool thread waits awake for SPIN_MICROSECONDS after a job (threads.py, "Pool threads wait
+    awake"): with a long wait, back-to-back calls find it awake, and it never sleeps between them."""
+    pool = threads._Pool(1, spin_microseconds=2_000_000)  # awake for up to 2 s between hand-outs
+    try:
+        ran: list[str] = []
+        for _ in range(20):
+            job = threads._Chunks(lambda c, slot: ran.append(threading.current_thread().name), 2, 2)
+            pool.hand_out(job)
+            job.run(0)
+            job.done.wait(10)
+        assert len(ran) == 40
+        assert set(ran) <= {threading.current_thread().name, "conv_1"}
+        assert pool.sleeps <= 1  # asleep before the first hand-out at most, never between two
+    finally:
+        pool.close()
+    assert not any(thread.is_alive() for thread in pool.threads)
+
+
+def test_a_sleeping_pool_thread_is_woken_by_a_hand_out():
+    pool = threads._Pool(1, spin_microseconds=0)
+    try:
+        hold = _Hold()
+        pool.hand_out(hold)
+        assert hold.started.wait(10)
+        hold.release.set()
+        assert hold.finished.wait(10)
+        for _ in range(50):  # until the thread is asleep again
+            if pool.sleepers:
+                break
+            threading.Event().wait(0.01)
+        assert pool.sleepers == 1
+        again = _Hold()
+        pool.hand_out(again)
+        assert again.started.wait(10)
+        again.release.set()
+    finally:
+        pool.close()

@@ -106,3 +106,29 @@ def test_pinning_is_off_unless_asked_for():
                         capture_output=True, text=True, check=True)
     assert off.stdout.strip() == "False"
     assert on.stdout.strip() == ("True" if hasattr(os, "sched_setaffinity") else "False")
+
+
+@needs_two_cpus
+def test_a_pool_thread_steps_off_the_callers_cpu_and_may_run_anywhere_after():
+    """threads.py, "A woken thread steps aside": a pool thread that finds itself on the CPU the caller
+    handed out from moves off it at once, and its affinity is the full set again afterwards."""
+    import threading
+
+    from kernels.cpu import threads
+
+    allowed = os.sched_getaffinity(0)
+    seen = {}
+
+    def body() -> None:
+        for _ in range(20):
+            cpu = threads._getcpu()
+            threads._step_aside(cpu)
+            seen.setdefault("moved", []).append(threads._getcpu() != cpu)
+        seen["affinity"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(30)
+    assert sum(seen["moved"]) >= 18  # (a load balancer may move it back in between, rarely)
+    assert seen["affinity"] == allowed
+    assert threads._stepping_aside  # no refusal turned it off
