@@ -57,7 +57,7 @@ stride-2 gather that builds the phase planes (a scalar loop) costs what the save
 gave back, and four images' phase planes (16 of them beside nine accumulators) no longer fit L1.
 
 v21 (issue 13, item 2). **The weight gradient by image groups** (``weight_by_groups``): each plane's
-nine tap sums in one vector loop with nine lane accumulators (``fastmath={"reassoc"}`` in
+nine tap sums in one vector loop with nine lane accumulators (``fastmath={"reassoc", "contract"}`` in
 ``_tap_sums``/``_tap_sums4`` only), four images a pass so one horizontal sum per tap serves four planes,
 the masks applied as selects (a NaN in one channel stays there, tested); at stride 2 only the kept
 outputs: the input chunk split into even and odd elements, dout laid on row pairs (``_to_row_pairs``),
