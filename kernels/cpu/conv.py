@@ -222,10 +222,18 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
-    """The kernel a call runs: "depthwise-flat", "depthwise-direct", "winograd4", "winograd",
-    "winograd-by-xi" (v23), "shifted" or "gemm" (im2col)."""
+    """The kernel a call runs: "depthwise-planes", "depthwise-groups", "depthwise-flat", "depthwise-direct",
+    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
+
+    The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
+    path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
+    "depthwise-groups" (the weight gradient by image groups, ≥ 8×8), "depthwise-flat" (chunk runs)."""
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
+            if direction == "weight" and paths.depthwise_weight_groups and conv_depthwise.by_groups(x_shape, stride):
+                return "depthwise-groups"
+            if direction != "weight" and paths.depthwise_planes and conv_depthwise.plane_by_plane(x_shape, stride):
+                return "depthwise-planes"
             return "depthwise-flat"
         return "depthwise-direct"
     if (
@@ -399,9 +407,9 @@ def workspace_size(
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     kind = path(x_shape, w_shape, stride, pad, groups, direction, paths)
     threads = get_num_threads()
-    if kind == "depthwise-flat" and direction == "weight" and paths.depthwise_weight_groups:
+    if kind == "depthwise-groups":
         return conv_depthwise.weight_workspace_size(x_shape, stride)
-    if kind == "depthwise-flat":
+    if kind in ("depthwise-flat", "depthwise-planes"):
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind == "depthwise-direct":
         return 0
@@ -1076,8 +1084,8 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     needed = workspace_size(x.shape, w.shape, stride, pad, groups, "forward", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind == "depthwise-flat":
-        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, paths.depthwise_planes)
+    if kind in ("depthwise-flat", "depthwise-planes"):
+        conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
     elif kind == "winograd4":
@@ -1118,8 +1126,8 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     needed = workspace_size(dx.shape, w.shape, stride, pad, groups, "data", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind == "depthwise-flat":
-        conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, paths.depthwise_planes)
+    if kind in ("depthwise-flat", "depthwise-planes"):
+        conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
     elif kind == "winograd4":
@@ -1160,8 +1168,8 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     needed = workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind == "depthwise-flat":
-        conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, paths.depthwise_weight_groups)
+    if kind in ("depthwise-flat", "depthwise-groups"):
+        conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, kind == "depthwise-groups")
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
     elif kind == "winograd4":

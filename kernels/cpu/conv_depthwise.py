@@ -57,7 +57,7 @@ stride-2 gather that builds the phase planes (a scalar loop) costs what the save
 gave back, and four images' phase planes (16 of them beside nine accumulators) no longer fit L1.
 
 v21 (issue 13, item 2). **The weight gradient by image groups** (``weight_by_groups``): each plane's
-nine tap sums in one vector loop with nine lane accumulators (``fastmath={"reassoc"}`` in
+nine tap sums in one vector loop with nine lane accumulators (``fastmath={"reassoc", "contract"}`` in
 ``_tap_sums``/``_tap_sums4`` only), four images a pass so one horizontal sum per tap serves four planes,
 the masks applied as selects (a NaN in one channel stays there, tested); at stride 2 only the kept
 outputs: the input chunk split into even and odd elements, dout laid on row pairs (``_to_row_pairs``),
@@ -556,7 +556,7 @@ def plane_by_plane(x_shape, stride: int) -> bool:
     return pixels >= PLANES_MIN_PIXELS_STRIDE2 and x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0
 
 
-def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True, planes: bool = True) -> None:
+def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True, planes: bool = False) -> None:
     """kept_only (stride 2, even planes): compute the kept outputs on row pairs instead of the
     full-resolution run (the study's v5 passes False). planes: ``plane_forward``."""
     threads = get_num_threads()
@@ -569,7 +569,7 @@ def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True, planes:
     run_shares(lambda t: flat_forward(x, w, out, False, stride, t, threads, chunk, mine, kept_only), threads)
 
 
-def run_backward_data(dout, w, dx, stride: int, scratch, planes: bool = True) -> None:
+def run_backward_data(dout, w, dx, stride: int, scratch, planes: bool = False) -> None:
     threads = get_num_threads()
     if planes and plane_by_plane(dx.shape, stride):
         chunk, mine = channels_per_chunk(dx.shape), scratch[: workspace_size(dx.shape, stride)]
@@ -597,7 +597,7 @@ def by_groups(x_shape, stride: int) -> bool:
     return stride == 1 or (x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0)
 
 
-def run_backward_weight(x, dout, dw, stride: int, scratch, groups: bool = True) -> None:
+def run_backward_weight(x, dout, dw, stride: int, scratch, groups: bool = False) -> None:
     """groups: by image groups (``weight_by_groups``); False: the per-position accumulators over the
     full-resolution grid (``flat_backward_weight``, the study's v20 and earlier)."""
     threads = get_num_threads()
@@ -771,7 +771,8 @@ def weight_by_groups(x, dout, stride, t, threads, chunk, partials, scratch):
     room = IMAGE_GROUP * (chunk * plane + 4 * margin)
     eo = mine[9 * positions : 9 * positions + room]
     gp = mine[9 * positions + room :]
-    _tap_masks(height, width, False, pairs, mask)
+    mirrored = stride < 0  # False, typed bool: a literal False would compile _tap_masks a second time
+    _tap_masks(height, width, mirrored, pairs, mask)
     offsets = np.empty(9, np.int64)
     reach = width + 1
     for grp in range(t * groups // threads, (t + 1) * groups // threads):
@@ -923,7 +924,7 @@ def plane_forward(x, w, out, mirrored, stride, t, threads, chunk, scratch):
                 offsets[0], offsets[1], offsets[2] = o - ww - 1 + at, e - ww + at, o - ww + at
                 offsets[3], offsets[4], offsets[5] = o - 1 + at, e + at, o + at
                 offsets[6], offsets[7], offsets[8] = o + ww - 1 + at, e + ww + at, o + ww + at
-                _plane_filter(eo, offsets, weights, (c0 + cc) * 9, False, positions, mask, buf, at)
+                _plane_filter(eo, offsets, weights, (c0 + cc) * 9, mirrored, positions, mask, buf, at)
             _keep_first_halves(buf, channels * out_h, out_w, dst, (i * c + c0) * small_plane)
             continue
         if stride == 2:  # backward-data: dout upsampled, with margins of zeros at both ends
@@ -933,7 +934,7 @@ def plane_forward(x, w, out, mirrored, stride, t, threads, chunk, scratch):
                 at = margin + cc * plane
                 for kk in range(9):
                     offsets[kk] = at + (kk // 3 - 1) * width + (kk % 3 - 1)
-                _plane_filter(buf, offsets, weights, (c0 + cc) * 9, True, plane, mask, dst, base + cc * plane)
+                _plane_filter(buf, offsets, weights, (c0 + cc) * 9, mirrored, plane, mask, dst, base + cc * plane)
             continue
         for cc in range(channels):
             b = base + cc * plane

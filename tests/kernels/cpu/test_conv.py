@@ -237,8 +237,9 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
-        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-flat"),
-        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-flat"),  # kept outputs only beat direct
+        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # plane by plane (v21)
+        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-planes"),  # kept outputs only beat direct
+        ((32, 576, 8, 8), (576, 1, 3, 3), 2, 1, 576, "depthwise-flat"),  # small planes: chunk runs
         ((16, 144, 64, 64), (144, 1, 3, 3), 2, 1, 144, "depthwise-direct"),
     ],
 )
@@ -834,7 +835,7 @@ def test_depthwise_weight_by_groups_matches_reference_and_gives_the_same_bits_at
     monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", 256)
     x, w, b, dout, args = _case(shape, seed=7)
     stride, pad, groups = args
-    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight") == "depthwise-flat"
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight") == "depthwise-groups"
     assert conv_depthwise.by_groups(x.shape, stride)
     want = np.empty_like(w)
     ref.conv2d_backward_weight(x, dout, want, None, *args)
@@ -903,7 +904,8 @@ def test_depthwise_plane_by_plane_matches_reference_and_gives_the_same_bits_at_a
 
     x, w, b, dout, args = _case(shape, seed=11)
     stride, pad, groups = args
-    assert cpu.path(x.shape, w.shape, stride, pad, groups, "forward") == "depthwise-flat"
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "forward") == "depthwise-planes"
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "data") == "depthwise-planes"
     assert conv_depthwise.plane_by_plane(x.shape, stride)
     want_out, want_dx = np.empty_like(dout), np.empty_like(x)
     ref.conv2d_forward(x, w, None, want_out, *args)
