@@ -1012,6 +1012,7 @@ class OffloadScheduler:
             "lead_steps": s.lead_steps,
             "recompute_ms": round(1e3 * s.recompute_s, 3),
             "recomputed_bytes": s.recomputed_bytes,
+            "executor_checked_bytes": s.executor_checked_bytes,
             "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
             "onload_cpu_ms": round(1e3 * s.onload_cpu_s, 3),
             "offload_cpu_us_per_mib": round(s.offload_cpu_us_per_mib, 1),

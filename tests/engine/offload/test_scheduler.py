@@ -414,6 +414,7 @@ def test_rebuild_sources_are_checked_by_the_executor_not_hashed_by_the_io_thread
     checked = stats[-1].executor_checked_bytes
     assert checked > 0.2 * stats[-1].bytes_written  # a real share of the bytes
     assert all(s.executor_checked_bytes == checked for s in stats)
+    assert scheduler.swap_report()["executor_checked_bytes"] == checked  # the memory log's line
     storage = scheduler.storage
     assert storage.checked_elsewhere  # file offsets of the records the executor checks
     # every byte written and read is hashed once by the storage, except the executor's
