@@ -130,6 +130,7 @@ class _Run:
                 lead_steps=[s.lead_steps for s in stats],
                 recompute_ms_per_step=1e3 * float(np.mean([s.recompute_s for s in stats])),
                 recomputed_bytes_per_step=int(np.mean([s.recomputed_bytes for s in stats])),
+                executor_checked_bytes_per_step=int(np.mean([s.executor_checked_bytes for s in stats])),
                 io_cpu_ms_per_step=1e3 * float(np.mean([s.offload_cpu_s + s.onload_cpu_s for s in stats])),
                 offload_cpu_us_per_mib=cpu_per_mib(sum(s.offload_cpu_s for s in stats),
                                                    sum(s.bytes_written for s in stats)),
@@ -237,6 +238,8 @@ def run_bench(
             "lead_steps": offload.get("lead_steps", []),
             "recompute_ms_per_step": offload.get("recompute_ms_per_step", 0.0),
             "recomputed_bytes_per_step": offload.get("recomputed_bytes_per_step", 0),
+            # written bytes whose check the executor does (the ReLU rebuilds' sources), not the IO threads
+            "executor_checked_bytes_per_step": offload.get("executor_checked_bytes_per_step", 0),
             "io_cpu_ms_per_step": offload.get("io_cpu_ms_per_step", 0.0),
             "written_bytes_per_step": offload.get("written_bytes_per_step", 0),
             "read_bytes_per_step": offload.get("read_bytes_per_step", 0),

@@ -121,19 +121,23 @@ bytes 0.53 ms from memory, 0.31 ms right after the ReLU read them. A first versi
 executor after the ReLU's forward (a second pass, in cache): after_forward went 3.2 -> 9.4 ms per
 step; passing the fused kernel to the layer (``ReLU.forward_with_input_check``) took it back to
 3.7. Measured with ``benchmarks/offload_costs.py --configs n4,io-hash`` (``io-hash``: every record
-hashed by the IO threads, as before; steps alternating in one process, nothing else timed):
-MobileNetV2 batch 32, 14 steps: 390.9 against 397.7 ms (1.330 / 1.353x; a first run with the
-machine disturbed: 499.0 / 580.9), the IO threads' CPU 20.0 against 30.4 ms per step (47-50 against
-70-78 µs per MiB); batch 128, 8 steps: 1436.5 / 1468.8 and 1411.4 / 1454.2 ms (1.117 / 1.142x and
-1.120 / 1.154x), IO CPU 35.7 / 89.5 and 35.0 / 97.7 ms (20-23 against 51-59 µs per MiB); ResNet-18
-batch 32, 12 steps: 518.1 / 504.9 and 486.9 / 484.1 ms (noise; IO CPU 12.2 / 12.4 and 9.5 / 11.2
-ms). ``engine bench --model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, main (9a2375e)
-and this code alternating, two runs each, ratio main -> this: ResNet-18 b32 1.060 / 1.034 -> 1.026 /
-1.093, b128 1.082 / 1.063 -> 0.971 / 1.025; MobileNetV2 b32 1.335 / 1.336 -> 1.319 / 1.347, b128
-1.217 / 1.180 -> 1.157 / 1.161; IO threads' CPU per step 12.6 / 12.1 -> 10.9 / 10.1, 38.7 / 35.8 ->
-28.2 / 25.6, 32.0 / 36.5 -> 20.0 / 19.1 and 96.6 / 97.2 -> 35.4 / 37.8 ms. The rebuilds of an Add
-then a ReLU (two sources, ResNet's second blocks) still leave their check to the IO threads: 36 MiB
-of ResNet-18's 82, ~2 ms of IO CPU per step at batch 32.
+hashed by the IO threads, as before; steps alternating in one process, nothing else timed), step
+io-hash -> n4: MobileNetV2 batch 32, 10-14 steps: 397.7 -> 390.9, 444.0 -> 457.4, 410.7 -> 393.8 and
+480.5 -> 447.0 ms (1.353 -> 1.330, 1.312 -> 1.351, 1.407 -> 1.349, 1.456 -> 1.354x; and 580.9 -> 499.0
+with the machine disturbed): -3% median, within this machine's noise; the IO threads' CPU 30.4 /
+35.3 / 33.9 / 39.3 -> 20.0 / 24.5 / 19.4 / 22.5 ms per step (70-102 -> 44-62 µs per MiB). Batch 128, 8 steps: 1468.8 ->
+1436.5 and 1454.2 -> 1411.4 ms (1.142 -> 1.117x, 1.154 -> 1.120x: -2.2% and -2.9%), IO CPU 89.5 ->
+35.7 and 97.7 -> 35.0 ms (51-59 -> 20-23 µs per MiB). ResNet-18 batch 32 (38 of its 82 MiB checked
+by the executor), 12 steps: 504.9 -> 518.1, 484.1 -> 486.9, 530.1 -> 509.6, 551.6 -> 567.0 ms
+(noise), IO CPU 12.4 -> 12.2, 11.2 -> 9.5, 13.5 -> 10.8, 15.5 -> 11.7 ms. ``engine bench --model
+resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4``, main (9a2375e) and this code alternating,
+three runs each, ratio main -> this: ResNet-18 b32 1.060 / 1.034 / 1.036 -> 1.026 / 1.093 / 1.102,
+b128 1.082 / 1.063 / 1.062 -> 0.971 / 1.025 / 1.067; MobileNetV2 b32 1.335 / 1.336 / 1.398 -> 1.319 /
+1.347 / 1.276, b128 1.217 / 1.180 / 1.222 -> 1.157 / 1.161 / 1.156; IO threads' CPU per step
+12.6 / 12.1 / 12.9 -> 10.9 / 10.1 / 10.6, 38.7 / 35.8 / 39.1 -> 28.2 / 25.6 / 25.6, 32.0 / 36.5 / 34.6
+-> 20.0 / 19.1 / 21.7 and 96.6 / 97.2 / 88.8 -> 35.4 / 37.8 / 40.0 ms. The rebuilds of an Add then a
+ReLU (two sources, ResNet's second blocks) still leave their check to the IO threads: 36 MiB of
+ResNet-18's 82, ~2 ms of IO CPU per step at batch 32.
 
 Where MobileNetV2's batch-32 step goes after that (``offload_costs.py --configs n4,noio --layers``;
 ``noio``: the scheduler with verify off and no system call, the loaded bytes stale): no offload
@@ -145,7 +149,11 @@ through the kernels it delays. Tried and dropped this session:
 - fewer, larger IO calls (coalescing units): a stand-alone test (200 MiB written and read back at
   ~700 MiB/s by a thread while two-thread ReLU6 passes and a 512² sgemm run; medians of 3) gave the
   work 219.9 ms without IO and 234.6 / 237.8 / 240.3 ms with 1 / 4 / 16 MiB per call: the
-  disturbance is per byte, not per call, so nothing was built;
+  disturbance is per byte, not per call, so nothing was built. The IO threads' own CPU per call
+  (one thread, nothing else running, verify off, median of 3): ``pwritev`` + ``preadv`` through
+  O_DIRECT 32-37 / 68-74 / 108-161 µs for 1 / 4 / 16 MiB (~30 µs + ~8 µs per MiB), ``SwapStorage``'s
+  Python 20-30 µs more; MobileNetV2 batch 32 makes 122 calls a step (61 units written, median
+  1.9 MiB), so merging them all would save at most ~7 ms of IO CPU per step;
 - ``sys.setswitchinterval`` 0.2 ms instead of 5 (the executor waits less for the GIL an IO thread
   holds): 1.255 / 1.254x at 5 ms against 1.270 / 1.264x at 0.2 ms, alternating processes: no gain;
 - keeping more units resident with the headroom the memory goal leaves (0.30x; today 0.16x), an
@@ -1004,6 +1012,7 @@ class OffloadScheduler:
             "lead_steps": s.lead_steps,
             "recompute_ms": round(1e3 * s.recompute_s, 3),
             "recomputed_bytes": s.recomputed_bytes,
+            "executor_checked_bytes": s.executor_checked_bytes,
             "offload_cpu_ms": round(1e3 * s.offload_cpu_s, 3),
             "onload_cpu_ms": round(1e3 * s.onload_cpu_s, 3),
             "offload_cpu_us_per_mib": round(s.offload_cpu_us_per_mib, 1),

@@ -403,23 +403,25 @@ def test_the_cpu_arena_asks_for_huge_pages(cpu, tmp_path):
     net.close()
 
 
-def test_rebuild_sources_are_checked_by_the_executor_not_hashed_by_the_io_threads(cpu, tmp_path):
-    """A ReLU rebuild's source (a swapped batch-norm output) is summed after the ReLU's forward and again by the
-    rebuild's own pass; the storage hashes everything else, and the weights stay the same bits."""
-    shape = (3, 8, 8)
-    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
-    weights, stats, scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape)
+@pytest.mark.parametrize("model, size, share", [("resnet18", 8, 0.2), ("mobilenetv2", 16, 0.8)])
+def test_rebuild_sources_are_checked_by_the_executor_not_hashed_by_the_io_threads(cpu, tmp_path, model, size, share):
+    """A ReLU/ReLU6 rebuild's source (a swapped batch-norm output) is summed by the ReLU's forward and again by
+    the rebuild's own pass; the storage hashes everything else, and the weights stay the same bits."""
+    shape = (3, size, size)
+    reference, _, _ = train(cpu, model, None, 2, 2, dict(image_size=size), tmp_path, shape)
+    weights, stats, scheduler = train(cpu, model, 1, 2, 2, dict(image_size=size), tmp_path, shape)
     for key in reference:
         assert np.array_equal(reference[key], weights[key]), key
     checked = stats[-1].executor_checked_bytes
-    assert checked > 0.2 * stats[-1].bytes_written  # a real share of the bytes
+    assert checked > share * stats[-1].bytes_written  # a real share of the bytes (MobileNetV2: most of them)
     assert all(s.executor_checked_bytes == checked for s in stats)
+    assert scheduler.swap_report()["executor_checked_bytes"] == checked  # the memory log's line
     storage = scheduler.storage
     assert storage.checked_elsewhere  # file offsets of the records the executor checks
     # every byte written and read is hashed once by the storage, except the executor's
     moved = sum(s.bytes_written + s.bytes_read for s in stats)
     assert storage.bytes_hashed == moved - 2 * sum(s.executor_checked_bytes for s in stats)
-    _, header_stats, _ = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, verify="header")
+    _, header_stats, _ = train(cpu, model, 1, 2, 2, dict(image_size=size), tmp_path, shape, verify="header")
     assert all(s.executor_checked_bytes == 0 for s in header_stats)  # full mode only
 
 

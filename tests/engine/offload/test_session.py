@@ -110,6 +110,7 @@ def test_bench_worker_interleaves_both_runs():
     assert offload["windows"] == [1, 1]  # the two measured steps
     assert 0 < offload["peak_resident_bytes"] < plain["peak_resident_bytes"]
     assert offload["written_bytes_per_step"] == offload["read_bytes_per_step"] > 0
+    assert offload["executor_checked_bytes_per_step"] == 0  # an MLP has no ReLU rebuild whose source it checks
 
 
 def test_engine_memory_shows_keep_swap_recompute_per_layer():
