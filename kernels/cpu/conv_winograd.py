@@ -108,7 +108,15 @@ Tried and dropped:
   forward 10.96 → 11.40, backward-data 11.84 → 11.94; 256 @8×8 forward 13.22 → 14.04 (F(2×2)). The
   input transform is bound by its per-(channel, tile row) overhead, not by its stores, and each thread
   now walked every tile: 2.7–3.4 ms per thread at 512 @4×4 against 2.2 for the tile split. By ξ with
-  F(4×4) at 512 @4×4 (18 GEMMs of 32 columns per thread): 15.3 ms.
+  F(4×4) at 512 @4×4 (18 GEMMs of 32 columns per thread): 15.3 ms. v23 keeps the ξ split for the GEMMs
+  on 4×4 planes but splits the transforms by channel (``forward_by_xi``), and that wins there (−4%).
+- A vectorizable filter transform (v23 session, not kept): per output channel the nine taps first
+  deinterleaved into nine contiguous rows (unsigned indexes, so LLVM gathers), then 16 one-store loops;
+  the same bits. One thread, ms, 256×256 0.59 → 0.29, 256×512 1.11 → 0.71, but 512×512, the only F(2×2)
+  filter of the table, 2.62 → 2.65 (and the flipped form 3.5 → 7.0: its gathers stride 9·C): at 512
+  the 16 MiB of U written is the cost, not the arithmetic (the same loop on a cache-sized 64×64 filter
+  runs 8.3 ns a pair, 5.9 staged). The weight gradient's ``_filter_backward`` likewise (16 MiB of dU
+  read): 512×512, two threads, 1.21 → 1.96 ms staged; not kept either.
 
 Numerics: the transforms add and subtract inputs (B, A) and halve (G, exact in binary), so the
 result differs from a direct sum by rounding only: max abs error against the float64 reference
