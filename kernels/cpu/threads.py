@@ -80,6 +80,42 @@ did not show it. Not found in the time left: why (one guess: in the step the cal
 CPUs often, and each move costs a forced migration of the sleeping worker). So ``engine kernels``
 records, taken after NumPy and PyTorch calls, still see the displaced shares now and then; the
 training step runs as before.
+
+**Pool threads wait awake; a woken one steps aside; the caller waits awake** (``_Pool``,
+``spin.py``; issue 13). What the pinning above fixed, without pinning anything. Why the pool thread
+landed on the caller's CPU: a sleeping thread is placed when it is woken, and after anything that
+kept both CPUs busy this guest's scheduler put the woken thread beside its waker, on the caller's
+CPU, while the other CPU idled (``/proc/stat`` per CPU over 40 back-to-back calls of the 1×1 forward
+64→384 @8×8: 0.69 ms a call with both CPUs busy; right after a NumPy sgemm 1.08–1.19 ms, one CPU busy
+for all of them and the other idle); the other way round too: a caller that slept until the pool's
+last chunk was woken by the pool thread, on that thread's CPU. So no thread is woken where it can
+be helped:
+
+1. After its job a pool thread waits **awake** ``SPIN_MICROSECONDS`` (100 µs) for the next hand-out
+   (``spin.wait_for_change``: an atomic load of the hand-out counter outside the GIL, ``sched_yield``
+   between polls, so a thread the scheduler puts on its CPU, an OpenMP worker of a batch-norm kernel
+   or an IO thread, runs at once) before it sleeps on a condition. Back-to-back calls (a conv's
+   forward then the next layer's, backward-data then the weight gradient, the weight gradient's
+   partial-sum pass) find it awake where it was: no wake-up to place, none of the ~45 µs one costs.
+2. A woken pool thread that finds itself on the CPU the caller handed out from (``sched_getcpu``,
+   read by the caller at the hand-out) **steps aside** (``_step_aside``): ``sched_setaffinity`` to the
+   other CPUs, which migrates it at once, then back to all of them, so nothing stays pinned (the
+   pinning above kept the mask narrowed and re-pinned whenever the caller moved).
+3. The caller, done with its chunks, waits **awake** up to ``WAIT_MICROSECONDS`` (1 ms) for the pool's
+   last chunk before it sleeps, so it is not woken onto the pool thread's CPU.
+
+Measured. ``engine kernels --ops conv2d --compare torch --no-versions --repeat 7``, 123 records,
+runs alternating with main's tree (each a fresh process under the CPU lock), ratio = the median of
+torch's times over all the runs of the comparison / ours, geometric mean (below 0.8):
+main 0.835 (77), 0.898 (60); this 1.008 (51), 1.080 (38); its 1×1 records main 0.731 (47), 0.796
+(36) → 0.895 (27), 0.960 (20); depthwise 0.838, 0.947 → 1.098, 1.228; 3×3 1.152, 1.134 → 1.223,
+1.250. Tried in the same runs: without the pool's awake wait (steps aside, caller awake) 0.983,
+1.001, 1×1 0.880, 0.911; the pool awake 2 ms and neither of the others 0.971, 1.003, 1×1 0.837,
+0.888; in an earlier pair of runs the pool awake 100 µs alone (neither of the others) 0.908, 0.946
+against main's 0.863, 0.822 and the new pool asleep at once 0.970, 0.913: the awake wait alone did
+not keep a misplaced thread from being misplaced again (placed beside the caller it yields, runs a
+little, sleeps, and is woken there again), stepping aside does. The training step did not move
+(below).
 """
 
 from __future__ import annotations
@@ -87,6 +123,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import queue
 import threading
 from collections.abc import Callable
 
@@ -167,13 +204,18 @@ def _register_worker() -> None:
 class _Pool:
     """The pool's threads (slots 1 … ``workers``): each runs the latest job handed out (``hand_out``),
     then waits for the next one awake for ``SPIN_MICROSECONDS`` (``spin.wait_for_change``, outside the
-    GIL), then asleep on a condition until a hand-out wakes it."""
+    GIL), then asleep on its own bell (a ``SimpleQueue``) until a hand-out rings it.
+
+    No lock is shared by the caller and the pool threads: the hand-out and the going-to-sleep are
+    sequenced by the GIL (a flag per thread, set before the counter is read again), so a caller never
+    blocks on a pool thread that is about to sleep (a shared ``Condition`` did, and was then woken by
+    that thread: a first version lost ResNet-18's training step ~8% to it)."""
 
     def __init__(self, workers: int, spin_microseconds: float) -> None:
         self.counter = spin.counter()  # hand-outs so far
         self.job: _Chunks | None = None  # the latest hand-out
-        self.cond = threading.Condition(threading.Lock())
-        self.sleepers = 0
+        self.asleep = [False] * (workers + 1)
+        self.bells = [queue.SimpleQueue() for _ in range(workers + 1)]
         self.sleeps = 0  # times a thread fell asleep (the tests read it)
         self.closed = False
         self.ticks = int(spin_microseconds * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
@@ -186,17 +228,18 @@ class _Pool:
             thread.start()
 
     def hand_out(self, job: _Chunks) -> None:
-        with self.cond:
-            self.job = job
-            self.counter[0] += 1
-            if self.sleepers:
-                self.cond.notify_all()
+        self.job = job
+        self.counter[0] += 1
+        for slot in range(1, len(self.bells)):
+            if self.asleep[slot]:
+                self.asleep[slot] = False
+                self.bells[slot].put(None)
 
     def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.counter[0] += 1
-            self.cond.notify_all()
+        self.closed = True
+        self.counter[0] += 1
+        for bell in self.bells[1:]:
+            bell.put(None)
         for thread in self.threads:
             thread.join()
 
@@ -205,16 +248,17 @@ class _Pool:
         seen = 0
         while True:
             current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
-            with self.cond:
-                if current == seen:
-                    while int(self.counter[0]) == seen:
-                        self.sleepers += 1
-                        self.sleeps += 1
-                        self.cond.wait()
-                        self.sleepers -= 1
-                if self.closed:
-                    return
-                seen, job = int(self.counter[0]), self.job
+            while current == seen and not self.closed:
+                self.asleep[slot] = True
+                if int(self.counter[0]) != seen:  # a hand-out came in between: no bell will ring
+                    self.asleep[slot] = False
+                else:
+                    self.sleeps += 1
+                    self.bells[slot].get()  # (a stale ring only costs one more turn of this loop)
+                current = int(self.counter[0])
+            if self.closed:
+                return
+            seen, job = current, self.job
             if job is not None and slot < job.slots:
                 if _stepping_aside and job.cpu >= 0 and _getcpu is not None and _getcpu() == job.cpu:
                     _step_aside(job.cpu)
