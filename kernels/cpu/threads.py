@@ -88,13 +88,13 @@ kept both CPUs busy this guest's scheduler put the woken thread beside its waker
 CPU, while the other CPU idled (``/proc/stat`` per CPU over 40 back-to-back calls of the 1×1 forward
 64→384 @8×8: 0.69 ms a call with both CPUs busy; right after a NumPy sgemm 1.08–1.19 ms, one CPU busy
 for all of them and the other idle); the other way round too: a caller that slept until the pool's
-last chunk was woken by the pool thread, on that thread's CPU. So no thread is woken where it can
-be helped:
+last chunk was woken by the pool thread, on that thread's CPU. So threads are woken less, and a
+woken one that lands beside the caller moves:
 
 1. After its job a pool thread waits **awake** ``SPIN_MICROSECONDS`` (100 µs) for the next hand-out
    (``spin.wait_for_change``: an atomic load of the hand-out counter outside the GIL, ``sched_yield``
    between polls, so a thread the scheduler puts on its CPU, an OpenMP worker of a batch-norm kernel
-   or an IO thread, runs at once) before it sleeps on a condition. Back-to-back calls (a conv's
+   or an IO thread, runs at once) before it sleeps on its own bell (a ``SimpleQueue``). Back-to-back calls (a conv's
    forward then the next layer's, backward-data then the weight gradient, the weight gradient's
    partial-sum pass) find it awake where it was: no wake-up to place, none of the ~45 µs one costs.
 2. A woken pool thread that finds itself on the CPU the caller handed out from (``sched_getcpu``,
@@ -106,16 +106,15 @@ be helped:
 
 Measured. ``engine kernels --ops conv2d --compare torch --no-versions --repeat 7``, 123 records,
 runs alternating with main's tree (each a fresh process under the CPU lock), ratio = the median of
-torch's times over all the runs of the comparison / ours, geometric mean (below 0.8):
-main 0.835 (77), 0.898 (60); this 1.008 (51), 1.080 (38); its 1×1 records main 0.731 (47), 0.796
-(36) → 0.895 (27), 0.960 (20); depthwise 0.838, 0.947 → 1.098, 1.228; 3×3 1.152, 1.134 → 1.223,
-1.250. Tried in the same runs: without the pool's awake wait (steps aside, caller awake) 0.983,
-1.001, 1×1 0.880, 0.911; the pool awake 2 ms and neither of the others 0.971, 1.003, 1×1 0.837,
-0.888; in an earlier pair of runs the pool awake 100 µs alone (neither of the others) 0.908, 0.946
-against main's 0.863, 0.822 and the new pool asleep at once 0.970, 0.913: the awake wait alone did
-not keep a misplaced thread from being misplaced again (placed beside the caller it yields, runs a
-little, sleeps, and is woken there again), stepping aside does. The training step did not move
-(below).
+torch's times over the runs compared / ours, geometric mean (records below 0.8): main 0.894 (63),
+0.943 (54) → 1.021 (50), 1.066 (44); its 1×1 records 0.758 (41), 0.811 (34) → 0.906 (29), 0.935
+(27); each run's own torch time (the issue's ratio): 1.012, 0.887 → 1.072, 1.078. Still bimodal: a
+record runs at its kernel's speed or at about twice that. The training step did not move
+(``bench_train.py --steps 8 --threads 2 --runs 3 --frameworks engine``, images/s, trees
+alternating): ResNet-18 main 59.7, 64.8, 65.5 / this 62.2, 65.8, 65.7; MobileNetV2 105.1, 89.2, 94.2
+/ 109.6, 105.4, 105.1. Each part alone, and a first version that lost ResNet-18's step ~8% (a
+``Condition`` shared with the caller): kernels/README.md, "The pool thread on the caller's CPU".
+``ENGINE_SPIN_US=0``, ``ENGINE_WAIT_SPIN_US=0``, ``ENGINE_STEP_ASIDE=0`` switch the parts off.
 """
 
 from __future__ import annotations
@@ -211,7 +210,8 @@ class _Pool:
     blocks on a pool thread that is about to sleep (a shared ``Condition`` did, and was then woken by
     that thread: a first version lost ResNet-18's training step ~8% to it)."""
 
-    def __init__(self, workers: int, spin_microseconds: float) -> None:
+    def __init__(self, workers: int, spin_microseconds: float, register: bool = False) -> None:
+        self.register = register  # the process's pool: its threads' ids go to ``_worker_ids``
         self.counter = spin.counter()  # hand-outs so far
         self.job: _Chunks | None = None  # the latest hand-out
         self.asleep = [False] * (workers + 1)
@@ -244,7 +244,8 @@ class _Pool:
             thread.join()
 
     def _loop(self, slot: int) -> None:
-        _register_worker()
+        if self.register:
+            _register_worker()
         seen = 0
         while True:
             current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
@@ -272,7 +273,7 @@ def _get_pool(workers: int) -> _Pool:
             if _pool is not None:
                 _pool.close()
                 _worker_ids.clear()
-            _pool = _Pool(workers, SPIN_MICROSECONDS)
+            _pool = _Pool(workers, SPIN_MICROSECONDS, register=True)
             _pool_size = workers
             _kept_off = None
         return _pool
