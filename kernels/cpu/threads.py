@@ -80,6 +80,41 @@ did not show it. Not found in the time left: why (one guess: in the step the cal
 CPUs often, and each move costs a forced migration of the sleeping worker). So ``engine kernels``
 records, taken after NumPy and PyTorch calls, still see the displaced shares now and then; the
 training step runs as before.
+
+**Pool threads wait awake; a woken one steps aside; the caller waits awake** (``_Pool``,
+``spin.py``; issue 13). What the pinning above fixed, without pinning anything. Why the pool thread
+landed on the caller's CPU: a sleeping thread is placed when it is woken, and after anything that
+kept both CPUs busy this guest's scheduler put the woken thread beside its waker, on the caller's
+CPU, while the other CPU idled (``/proc/stat`` per CPU over 40 back-to-back calls of the 1×1 forward
+64→384 @8×8: 0.69 ms a call with both CPUs busy; right after a NumPy sgemm 1.08–1.19 ms, one CPU busy
+for all of them and the other idle); the other way round too: a caller that slept until the pool's
+last chunk was woken by the pool thread, on that thread's CPU. So threads are woken less, and a
+woken one that lands beside the caller moves:
+
+1. After its job a pool thread waits **awake** ``SPIN_MICROSECONDS`` (100 µs) for the next hand-out
+   (``spin.wait_for_change``: an atomic load of the hand-out counter outside the GIL, ``sched_yield``
+   between polls, so a thread the scheduler puts on its CPU, an OpenMP worker of a batch-norm kernel
+   or an IO thread, runs at once) before it sleeps on its own bell (a ``SimpleQueue``). Back-to-back calls (a conv's
+   forward then the next layer's, backward-data then the weight gradient, the weight gradient's
+   partial-sum pass) find it awake where it was: no wake-up to place, none of the ~45 µs one costs.
+2. A woken pool thread that finds itself on the CPU the caller handed out from (``sched_getcpu``,
+   read by the caller at the hand-out) **steps aside** (``_step_aside``): ``sched_setaffinity`` to the
+   other CPUs, which migrates it at once, then back to all of them, so nothing stays pinned (the
+   pinning above kept the mask narrowed and re-pinned whenever the caller moved).
+3. The caller, done with its chunks, waits **awake** up to ``WAIT_MICROSECONDS`` (1 ms) for the pool's
+   last chunk before it sleeps, so it is not woken onto the pool thread's CPU.
+
+Measured. ``engine kernels --ops conv2d --compare torch --no-versions --repeat 7``, 123 records,
+runs alternating with main's tree (each a fresh process under the CPU lock), ratio = the median of
+torch's times over the runs compared / ours, geometric mean (records below 0.8): main 0.894 (63),
+0.943 (54) → 1.021 (50), 1.066 (44); its 1×1 records 0.758 (41), 0.811 (34) → 0.906 (29), 0.935
+(27); each run's own torch time (the issue's ratio): 1.012, 0.887 → 1.072, 1.078. Still bimodal: a
+record runs at its kernel's speed or at about twice that. The training step did not move
+(``bench_train.py --steps 8 --threads 2 --runs 3 --frameworks engine``, images/s, trees
+alternating): ResNet-18 main 59.7, 64.8, 65.5 / this 62.2, 65.8, 65.7; MobileNetV2 105.1, 89.2, 94.2
+/ 109.6, 105.4, 105.1. Each part alone, and a first version that lost ResNet-18's step ~8% (a
+``Condition`` shared with the caller): kernels/README.md, "The pool thread on the caller's CPU".
+``ENGINE_SPIN_US=0``, ``ENGINE_WAIT_SPIN_US=0``, ``ENGINE_STEP_ASIDE=0`` switch the parts off.
 """
 
 from __future__ import annotations
@@ -87,6 +122,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import queue
 import threading
 from collections.abc import Callable
 
@@ -167,13 +203,19 @@ def _register_worker() -> None:
 class _Pool:
     """The pool's threads (slots 1 … ``workers``): each runs the latest job handed out (``hand_out``),
     then waits for the next one awake for ``SPIN_MICROSECONDS`` (``spin.wait_for_change``, outside the
-    GIL), then asleep on a condition until a hand-out wakes it."""
+    GIL), then asleep on its own bell (a ``SimpleQueue``) until a hand-out rings it.
 
-    def __init__(self, workers: int, spin_microseconds: float) -> None:
+    No lock is shared by the caller and the pool threads: the hand-out and the going-to-sleep are
+    sequenced by the GIL (a flag per thread, set before the counter is read again), so a caller never
+    blocks on a pool thread that is about to sleep (a shared ``Condition`` did, and was then woken by
+    that thread: a first version lost ResNet-18's training step ~8% to it)."""
+
+    def __init__(self, workers: int, spin_microseconds: float, register: bool = False) -> None:
+        self.register = register  # the process's pool: its threads' ids go to ``_worker_ids``
         self.counter = spin.counter()  # hand-outs so far
         self.job: _Chunks | None = None  # the latest hand-out
-        self.cond = threading.Condition(threading.Lock())
-        self.sleepers = 0
+        self.asleep = [False] * (workers + 1)
+        self.bells = [queue.SimpleQueue() for _ in range(workers + 1)]
         self.sleeps = 0  # times a thread fell asleep (the tests read it)
         self.closed = False
         self.ticks = int(spin_microseconds * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
@@ -186,35 +228,38 @@ class _Pool:
             thread.start()
 
     def hand_out(self, job: _Chunks) -> None:
-        with self.cond:
-            self.job = job
-            self.counter[0] += 1
-            if self.sleepers:
-                self.cond.notify_all()
+        self.job = job
+        self.counter[0] += 1
+        for slot in range(1, len(self.bells)):
+            if self.asleep[slot]:
+                self.asleep[slot] = False
+                self.bells[slot].put(None)
 
     def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.counter[0] += 1
-            self.cond.notify_all()
+        self.closed = True
+        self.counter[0] += 1
+        for bell in self.bells[1:]:
+            bell.put(None)
         for thread in self.threads:
             thread.join()
 
     def _loop(self, slot: int) -> None:
-        _register_worker()
+        if self.register:
+            _register_worker()
         seen = 0
         while True:
             current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
-            with self.cond:
-                if current == seen:
-                    while int(self.counter[0]) == seen:
-                        self.sleepers += 1
-                        self.sleeps += 1
-                        self.cond.wait()
-                        self.sleepers -= 1
-                if self.closed:
-                    return
-                seen, job = int(self.counter[0]), self.job
+            while current == seen and not self.closed:
+                self.asleep[slot] = True
+                if int(self.counter[0]) != seen:  # a hand-out came in between: no bell will ring
+                    self.asleep[slot] = False
+                else:
+                    self.sleeps += 1
+                    self.bells[slot].get()  # (a stale ring only costs one more turn of this loop)
+                current = int(self.counter[0])
+            if self.closed:
+                return
+            seen, job = current, self.job
             if job is not None and slot < job.slots:
                 if _stepping_aside and job.cpu >= 0 and _getcpu is not None and _getcpu() == job.cpu:
                     _step_aside(job.cpu)
@@ -228,7 +273,7 @@ def _get_pool(workers: int) -> _Pool:
             if _pool is not None:
                 _pool.close()
                 _worker_ids.clear()
-            _pool = _Pool(workers, SPIN_MICROSECONDS)
+            _pool = _Pool(workers, SPIN_MICROSECONDS, register=True)
             _pool_size = workers
             _kept_off = None
         return _pool

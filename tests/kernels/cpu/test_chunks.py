@@ -26,6 +26,7 @@ class _Hold:
     """A hand-out that keeps the pool's thread (slot 1) until released."""
 
     slots = 2
+    cpu = -1  # (the caller's CPU at hand-out: none)
 
     def __init__(self) -> None:
         self.started, self.release, self.finished = threading.Event(), threading.Event(), threading.Event()
@@ -176,10 +177,10 @@ def test_a_sleeping_pool_thread_is_woken_by_a_hand_out():
         hold.release.set()
         assert hold.finished.wait(10)
         for _ in range(50):  # until the thread is asleep again
-            if pool.sleepers:
+            if pool.asleep[1]:
                 break
             threading.Event().wait(0.01)
-        assert pool.sleepers == 1
+        assert pool.asleep[1]
         again = _Hold()
         pool.hand_out(again)
         assert again.started.wait(10)

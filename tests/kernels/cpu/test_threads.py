@@ -91,6 +91,7 @@ def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(
     threads.run_shares(lambda t: None, 3)  # the pool's two workers started
     monkeypatch.setattr(threads, "_kept_off", None)
     monkeypatch.setattr(threads, "_pinning", True)
+    monkeypatch.setattr(threads, "_stepping_aside", threads._stepping_aside)  # (a refusal clears it too)
     monkeypatch.setattr(threads.os, "sched_setaffinity", refuse)
     done = []
     threads.run_shares(done.append, 3)
