@@ -112,7 +112,10 @@ torch's times over the runs compared / ours, geometric mean (records below 0.8):
 record runs at its kernel's speed or at about twice that. The training step did not move
 (``bench_train.py --steps 8 --threads 2 --runs 3 --frameworks engine``, images/s, trees
 alternating): ResNet-18 main 59.7, 64.8, 65.5 / this 62.2, 65.8, 65.7; MobileNetV2 105.1, 89.2, 94.2
-/ 109.6, 105.4, 105.1. Each part alone, and a first version that lost ResNet-18's step ~8% (a
+/ 109.6, 105.4, 105.1; but one run of ``--runs 3`` with torch alternating went the other way
+(MobileNetV2 engine / torch 0.61 → 0.64, ResNet-18 0.80 → 0.84); pooled, median images/s over every
+run, ResNet-18 62.9 → 63.9, MobileNetV2 99.7 → 104.0: level within the noise. Each part alone, and
+a first version that lost ResNet-18's step ~8% (a
 ``Condition`` shared with the caller): kernels/README.md, "The pool thread on the caller's CPU".
 ``ENGINE_SPIN_US=0``, ``ENGINE_WAIT_SPIN_US=0``, ``ENGINE_STEP_ASIDE=0`` switch the parts off.
 """
