@@ -599,12 +599,7 @@ def forward_by_channels(x, w, out, flipped: bool, threads: int, rows: int, scrat
     tw = (width + 1) // 2
     total = n * ((height + 1) // 2)
     k = w.shape[0]
-    u = scratch[: 16 * (c_in * c_out + WSKEW)]
-    at = 16 * (c_in * c_out + WSKEW)
-    v = scratch[at : at + 16 * (c_in * rows * tw + WSKEW)]
-    at += 16 * (c_in * rows * tw + WSKEW)
-    m = scratch[at : at + 16 * (c_out * rows * tw + WSKEW)]
-    at += 16 * (c_out * rows * tw + WSKEW)
+    u, v, m, at = conv_winograd.block_buffers(scratch, 16, c_in, c_out, rows * tw)
     per_thread = conv_winograd._buffer(width, rows)
     src, dst = x.reshape(x.size), out.reshape(out.size)
     run_shares(lambda t: _wfilter(w, t * k // threads, (t + 1) * k // threads, u), threads)

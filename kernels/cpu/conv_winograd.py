@@ -164,6 +164,18 @@ SKEW = 16
 exactly K·C or C·Tb floats start at multiples of 4 KiB, so the 16 streams of a transform fall into
 one L1 set (12 ways) and alias each other's stores."""
 
+def block_buffers(scratch, points: int, c_in: int, c_out: int, columns: int):
+    """The front of ``scratch`` as the buffers of a whole-layer Winograd call: the transformed filter
+    (U, or the weight gradient's dU: ``points`` × (c_in·c_out + SKEW)), then one block's V (points ×
+    (c_in·columns + SKEW)) and M (points × (c_out·columns + SKEW)). Returns (filter, v, m, end): the
+    threads' own buffers start at ``end``. One layout for ``forward_by_xi``, both weight gradients
+    and the study's ξ split."""
+    filt = points * (c_in * c_out + SKEW)
+    v_end = filt + points * (c_in * columns + SKEW)
+    m_end = v_end + points * (c_out * columns + SKEW)
+    return scratch[:filt], scratch[filt:v_end], scratch[v_end:m_end], m_end
+
+
 
 def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     """Dense (groups 1) 3×3 convolutions with stride 1 and padding 1."""
@@ -502,12 +514,7 @@ def forward_by_xi(x, w, out, flipped: bool, threads: int, rows: int, scratch) ->
     c_out = out.shape[1]
     tw = (width + 1) // 2
     total = n * ((height + 1) // 2)
-    u = scratch[: 16 * (c_in * c_out + SKEW)]
-    at = 16 * (c_in * c_out + SKEW)
-    v = scratch[at : at + 16 * (c_in * rows * tw + SKEW)]
-    at += 16 * (c_in * rows * tw + SKEW)
-    m = scratch[at : at + 16 * (c_out * rows * tw + SKEW)]
-    at += 16 * (c_out * rows * tw + SKEW)
+    u, v, m, at = block_buffers(scratch, 16, c_in, c_out, rows * tw)
     per_thread = _buffer(width, rows)
     src, dst = x.reshape(x.size), out.reshape(out.size)
 
@@ -653,12 +660,7 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
     k = dw.shape[0]
     tw = (width + 1) // 2
     total = n * ((h + 1) // 2)
-    du = scratch[: 16 * (k * c + SKEW)]
-    at = 16 * (k * c + SKEW)
-    v = scratch[at : at + 16 * (c * rows * tw + SKEW)]
-    at += 16 * (c * rows * tw + SKEW)
-    m = scratch[at : at + 16 * (k * rows * tw + SKEW)]
-    at += 16 * (k * rows * tw + SKEW)
+    du, v, m, at = block_buffers(scratch, 16, c, k, rows * tw)
     per_thread = _buffer(width, rows)
     src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
 

@@ -61,7 +61,7 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu.conv_shifted import sgemm
-from kernels.cpu.conv_winograd import SKEW, weight_gemms
+from kernels.cpu.conv_winograd import SKEW, block_buffers, weight_gemms
 from kernels.cpu.threads import run_shares
 
 # SKEW: floats between consecutive ξ planes beyond their size (4 KiB set aliasing), conv_winograd's, so
@@ -474,12 +474,7 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
     k = dw.shape[0]
     tw = (width + 3) // 4
     total = n * ((h + 3) // 4)
-    du = scratch[: 36 * (k * c + SKEW)]
-    at = 36 * (k * c + SKEW)
-    v = scratch[at : at + 36 * (c * rows * tw + SKEW)]
-    at += 36 * (c * rows * tw + SKEW)
-    m = scratch[at : at + 36 * (k * rows * tw + SKEW)]
-    at += 36 * (k * rows * tw + SKEW)
+    du, v, m, at = block_buffers(scratch, 36, c, k, rows * tw)
     per_thread = _weight_buffer(width, rows)
     src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
 

@@ -52,26 +52,16 @@ def _word_sums(words):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _relu_forward_sums(x, words, out):
+def _clamp_forward_sums(x, words, cap, out):
+    """out = min(max(x, 0), cap) as ReLU (cap = +inf: never taken, the same bits as ``_relu_forward``)
+    and ReLU6 (cap = 6) compute it, and ``_word_sums(words)`` in the same pass: one kernel for both
+    (variants by parameter, one compile)."""
     s1 = np.uint64(0)
     s2 = np.uint64(0)
     for i in prange(x.size):
         v = x[i]
         w = np.uint64(words[i])
-        out[i] = np.float32(0.0) if v < 0 else v
-        s1 += w
-        s2 += w * np.uint64(i + 1)
-    return s1, s2
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _relu6_forward_sums(x, words, out):
-    s1 = np.uint64(0)
-    s2 = np.uint64(0)
-    for i in prange(x.size):
-        v = x[i]
-        w = np.uint64(words[i])
-        out[i] = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > 6 else v)
+        out[i] = np.float32(0.0) if v < 0 else (cap if v > cap else v)
         s1 += w
         s2 += w * np.uint64(i + 1)
     return s1, s2
@@ -149,7 +139,7 @@ def relu_forward_checksum(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     """``relu_forward`` (the same bits) and ``word_checksum(x)`` in one pass over ``x``; ``out`` may be ``x``."""
     op = "relu_forward_checksum"
     flat_x = _flat(op, "x", x)
-    s1, s2 = _relu_forward_sums(flat_x, flat_x.view(np.uint32), _flat(op, "out", out, x.shape))
+    s1, s2 = _clamp_forward_sums(flat_x, flat_x.view(np.uint32), np.float32(np.inf), _flat(op, "out", out, x.shape))
     return int(s1), int(s2)
 
 
@@ -157,7 +147,7 @@ def relu6_forward_checksum(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     """``relu6_forward`` (the same bits) and ``word_checksum(x)`` in one pass over ``x``; ``out`` may be ``x``."""
     op = "relu6_forward_checksum"
     flat_x = _flat(op, "x", x)
-    s1, s2 = _relu6_forward_sums(flat_x, flat_x.view(np.uint32), _flat(op, "out", out, x.shape))
+    s1, s2 = _clamp_forward_sums(flat_x, flat_x.view(np.uint32), np.float32(6.0), _flat(op, "out", out, x.shape))
     return int(s1), int(s2)
 
 
