@@ -333,7 +333,7 @@ class _FusedCheck:
     The source of a ReLU rebuild (a batch norm's output, ``plan.recompute_candidates``) is read by
     the ReLU's forward and, once loaded back, by the rebuild before anything else reads it. Both
     passes sum its 32-bit words as they read them (``kernels.cpu.elementwise.relu*_forward_checksum``:
-    the same bits as the layer's kernel, plus ``word_checksum`` of the input, at no extra cost: the
+    the same bits as the layer's kernel, plus the word sums of the input, at no extra cost: the
     pass is memory bound); the forward's through the layer's ``forward_with_input_check``. A
     mismatch is the same error as the storage's, naming the layer and the tensor. Full verify mode,
     cpu backend only.

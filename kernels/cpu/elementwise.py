@@ -41,21 +41,10 @@ def _relu6_backward(out, dout, dx):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _word_sums(words):
-    s1 = np.uint64(0)
-    s2 = np.uint64(0)
-    for i in prange(words.size):
-        w = np.uint64(words[i])
-        s1 += w
-        s2 += w * np.uint64(i + 1)
-    return s1, s2
-
-
-@njit(cache=True, parallel=True, nogil=True)
 def _clamp_forward_sums(x, words, cap, out):
     """out = min(max(x, 0), cap) as ReLU (cap = +inf: never taken, the same bits as ``_relu_forward``)
-    and ReLU6 (cap = 6) compute it, and ``_word_sums(words)`` in the same pass: one kernel for both
-    (variants by parameter, one compile)."""
+    and ReLU6 (cap = 6) compute it, and (Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over x's 32-bit words wᵢ in the
+    same pass: one kernel for both (variants by parameter, one compile)."""
     s1 = np.uint64(0)
     s2 = np.uint64(0)
     for i in prange(x.size):
@@ -122,21 +111,13 @@ def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
     _relu6_backward(_flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape))
 
 
-def word_checksum(x: np.ndarray) -> tuple[int, int]:
-    """(Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over ``x``'s 32-bit words wᵢ (a float32 array's bits).
-
-    The offload scheduler's check of a tensor that a ReLU rebuild reads back from the swap file
-    (``relu_forward_checksum``): any change of one byte changes the first sum (by d·2⁸ᵏ, 0 < |d| < 2⁸,
-    never 0 mod 2⁶⁴), the second also sees words that moved. Integer sums: the same value at any
-    thread count. ``x`` is float32 and C-contiguous.
-    """
-    words = _flat("word_checksum", "x", x).view(np.uint32)
-    s1, s2 = _word_sums(words)
-    return int(s1), int(s2)
-
-
 def relu_forward_checksum(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
-    """``relu_forward`` (the same bits) and ``word_checksum(x)`` in one pass over ``x``; ``out`` may be ``x``."""
+    """``relu_forward`` (the same bits) and (Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over ``x``'s 32-bit words wᵢ, in one
+    pass over ``x``; ``out`` may be ``x``.
+
+    The offload scheduler's check of a tensor that a ReLU rebuild reads back from the swap file: any
+    change of one byte changes the first sum (by d·2⁸ᵏ, 0 < |d| < 2⁸, never 0 mod 2⁶⁴), the second also
+    sees words that moved. Integer sums: the same value at any thread count."""
     op = "relu_forward_checksum"
     flat_x = _flat(op, "x", x)
     s1, s2 = _clamp_forward_sums(flat_x, flat_x.view(np.uint32), np.float32(np.inf), _flat(op, "out", out, x.shape))
@@ -144,7 +125,8 @@ def relu_forward_checksum(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
 
 
 def relu6_forward_checksum(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
-    """``relu6_forward`` (the same bits) and ``word_checksum(x)`` in one pass over ``x``; ``out`` may be ``x``."""
+    """``relu6_forward`` (the same bits) and ``relu_forward_checksum``'s sums of ``x``, in one pass;
+    ``out`` may be ``x``."""
     op = "relu6_forward_checksum"
     flat_x = _flat(op, "x", x)
     s1, s2 = _clamp_forward_sums(flat_x, flat_x.view(np.uint32), np.float32(6.0), _flat(op, "out", out, x.shape))
