@@ -176,7 +176,19 @@ HOOKS = ("on_iteration_start", "create", "before_forward", "after_forward", "bef
          "on_iteration_end")
 
 
-def _time_scheduler_hooks(scheduler: OffloadScheduler) -> dict[str, float]:
+def step_arguments(doc: str | None, steps: int) -> argparse.ArgumentParser:
+    """The options every offload benchmark here takes: the model, batch, image size, measured and
+    warm-up steps (this script's and ``offload_threads.py``'s)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument("--model", default="mobilenetv2")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, default=2)
+    return parser
+
+
+def time_scheduler_hooks(scheduler: OffloadScheduler) -> dict[str, float]:
     seconds: dict[str, float] = collections.defaultdict(float)
     for name in HOOKS:
         method = getattr(scheduler, name)
@@ -193,12 +205,7 @@ def _time_scheduler_hooks(scheduler: OffloadScheduler) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="mobilenetv2")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser = step_arguments(__doc__, steps=10)
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--configs", default="n4,keep:expand-bn,recompute:expand-bn,verify-off,eager")
     parser.add_argument("--blocks", default=None,
@@ -244,7 +251,7 @@ def main() -> None:
                 net.hooks.append(run["recompute"])
             run["scheduler"] = scheduler
             if args.layers:
-                run["hooks"] = _time_scheduler_hooks(scheduler)
+                run["hooks"] = time_scheduler_hooks(scheduler)
         if args.layers:
             start = _Start()
             run["layers"] = _Stop(start)

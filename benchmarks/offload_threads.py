@@ -17,9 +17,7 @@ Timings are worthless unless nothing else runs on the machine.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import os
 import sys
 import threading
 import time
@@ -32,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offload_costs import _time_scheduler_hooks  # noqa: E402
+from offload_costs import step_arguments, time_scheduler_hooks  # noqa: E402
 
 import kernels.cpu.conv as conv  # noqa: E402
 import kernels.cpu.conv_shifted as conv_shifted  # noqa: E402
@@ -40,6 +38,7 @@ import kernels.cpu.conv_winograd as conv_winograd  # noqa: E402
 import kernels.cpu.conv_winograd4 as conv_winograd4  # noqa: E402
 import kernels.cpu.threads as threads  # noqa: E402
 from engine.backend import get_backend  # noqa: E402
+from engine.bench.kernels import thread_schedstat  # noqa: E402
 from engine.offload.scheduler import OffloadScheduler  # noqa: E402
 from engine.optim import SGD  # noqa: E402
 from models import build_model  # noqa: E402
@@ -77,26 +76,8 @@ def set_split(split: str) -> None:
         module.run_shares = fixed_shares if old else DYNAMIC_SHARES
 
 
-def schedstat() -> dict[int, tuple[int, int]]:
-    """Per thread id: nanoseconds run on a CPU, nanoseconds waited for one while runnable."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                run, wait, _ = f.read().split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(run), int(wait))
-    return out
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="mobilenetv2")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser = step_arguments(__doc__, steps=24)
     parser.add_argument("--configs", default="none@k1,none@k4,n4@k1,n4@k4")
     parser.add_argument("--verify", default="full")
     args = parser.parse_args()
@@ -113,7 +94,7 @@ def main() -> None:
         if kind != "none":
             scheduler = OffloadScheduler(backend, int(kind[1:]), verify=args.verify)
             scheduler.attach(net, batch_size=args.batch_size)
-            hooks = _time_scheduler_hooks(scheduler)
+            hooks = time_scheduler_hooks(scheduler)
         runs.append({"name": f"{kind}@{split}", "split": split, "net": net, "optimizer": optimizer,
                      "scheduler": scheduler, "hooks": hooks, "times": [],
                      "threads": collections.defaultdict(lambda: [0, 0])})
@@ -125,20 +106,20 @@ def main() -> None:
             set_split(run["split"])
             if step == args.warmup and run["hooks"] is not None:
                 run["hooks"].clear()
-            before = schedstat()
+            before = thread_schedstat() or {}
             started = time.perf_counter()
             run["net"].forward(x, training=True)
             run["net"].loss(y)
             run["net"].backward()
             run["optimizer"].step()
             elapsed = time.perf_counter() - started
-            after = schedstat()
+            after = thread_schedstat() or {}
             if step < args.warmup:
                 continue
             run["times"].append(elapsed)
             names = {t.native_id: t.name for t in threading.enumerate()}
             scheduler = run["scheduler"]
-            own_io = {scheduler._saver.native_id, scheduler._loader.native_id} if scheduler is not None else set()
+            own_io = scheduler.io_thread_ids if scheduler is not None else frozenset()
             for tid, (ran, waited) in after.items():
                 name = names.get(tid, "numba openmp worker")
                 if name.startswith("engine-offload") and tid not in own_io:

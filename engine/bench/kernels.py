@@ -567,6 +567,27 @@ def measure(
     return records
 
 
+def thread_schedstat(pid: int | str = "self") -> dict[int, tuple[int, int]] | None:
+    """Per thread of process ``pid``: (nanoseconds run on a CPU, nanoseconds waited for one while
+    runnable), from ``/proc/<pid>/task/*/schedstat``; None where there is no such process. Threads
+    that end while being read are left out. ``quiesce`` and ``benchmarks/offload_threads.py`` read it."""
+    import os
+
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out: dict[int, tuple[int, int]] = {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ran, waited = f.read().split()[:2]
+            out[int(tid)] = (int(ran), int(waited))
+        except (OSError, ValueError):
+            continue  # a thread that ended, or no schedstat
+    return out
+
+
 def quiesce(
     quiet_ns: int = 1_000_000, interval_s: float = 0.01, limit_s: float = 1.0, other_pids: tuple[int, ...] = ()
 ) -> float:
@@ -584,26 +605,17 @@ def quiesce(
     the other threads' run time (``/proc/self/task/*/schedstat``, nanoseconds) until they used less
     than ``quiet_ns`` in an ``interval_s``; where that file does not exist it just sleeps once.
     """
-    import os
     import threading
 
     def others_ns() -> int | None:
-        me, total = str(threading.get_native_id()), 0
-        for pid in ("self", *map(str, other_pids)):
-            try:
-                tasks = os.listdir(f"/proc/{pid}/task")
-            except OSError:
+        me, total = threading.get_native_id(), 0
+        for pid in ("self", *other_pids):
+            stats = thread_schedstat(pid)
+            if stats is None:
                 if pid == "self":
                     return None
                 continue  # a process that ended
-            for tid in tasks:
-                if pid == "self" and tid == me:
-                    continue
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[0])
-                except (OSError, ValueError, IndexError):
-                    continue  # a thread that ended, or no schedstat
+            total += sum(ran for tid, (ran, _) in stats.items() if pid != "self" or tid != me)
         return total
 
     started = time.perf_counter()

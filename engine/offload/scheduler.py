@@ -504,6 +504,11 @@ class OffloadScheduler:
         self._saver.start()
         self._loader.start()
 
+    @property
+    def io_thread_ids(self) -> frozenset[int]:
+        """The saver's and the loader's native thread ids (per-thread CPU figures tell them apart)."""
+        return frozenset(t.native_id for t in (self._saver, self._loader) if t.native_id is not None)
+
     # -- wiring ----------------------------------------------------------------------------------
 
     def attach(self, net: OffloadTarget, batch_size: int | None = None) -> OffloadScheduler:

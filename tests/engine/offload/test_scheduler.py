@@ -186,6 +186,15 @@ def test_byte_budget_alone_picks_the_largest_window_that_fits(cpu, tmp_path):
     net.close()
 
 
+def test_io_thread_ids_are_the_saver_and_the_loader(cpu, tmp_path):
+    """What benchmarks/offload_threads.py uses to tell this scheduler's IO threads from another's."""
+    import threading
+
+    with OffloadScheduler(cpu, 2, directory=str(tmp_path)) as scheduler:
+        named = {t.native_id for t in threading.enumerate() if t.name.startswith("engine-offload-")}
+        assert len(scheduler.io_thread_ids) == 2 and scheduler.io_thread_ids <= named
+
+
 def test_state_transitions_are_logged(cpu, tmp_path, caplog):
     with caplog.at_level(logging.DEBUG, logger="engine.offload"):
         train(cpu, "mlp", 1, 1, 2, MLP, tmp_path, (3, 8, 8))
