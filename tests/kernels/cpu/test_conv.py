@@ -346,21 +346,29 @@ def test_winograd4_blocks_and_thread_ranges_match_reference(threads, target):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def _winograd4_input_reference(x, r0, nr):
-    """(Bᵀ d B) in float64 for the tiles of tile rows [r0, r0 + nr), as v[ξ, c, tx·nr + r] (v18's order)."""
-    bt = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                   [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+def _winograd4_tiles_reference(x, left, r0, nr, pad):
+    """left · tile · leftᵀ in float64 for the tiles of tile rows [r0, r0 + nr) of x (tiles of
+    left.shape[1] pixels every 4, x zero-padded by ``pad`` at the top and left), as t[ξ, c, tx·nr + r]:
+    the column-major order within a block of v18's input transform and v23's dout transform."""
+    size = left.shape[1]
     n, c, h, wd = x.shape
     th, tw = (h + 3) // 4, (wd + 3) // 4
-    padded = np.zeros((n, c, 4 * th + 2, 4 * tw + 2))
-    padded[:, :, 1 : h + 1, 1 : wd + 1] = x
-    v = np.empty((36, c, nr * tw))
+    padded = np.zeros((n, c, 4 * th + size - 4, 4 * tw + size - 4))
+    padded[:, :, pad : h + pad, pad : wd + pad] = x
+    t = np.empty((len(left) ** 2, c, nr * tw))
     for r in range(nr):
         image, ty = divmod(r0 + r, th)
         for tx in range(tw):
-            d = padded[image, :, 4 * ty : 4 * ty + 6, 4 * tx : 4 * tx + 6]
-            v[:, :, tx * nr + r] = np.einsum("ia,cab,kb->ikc", bt, d, bt).reshape(36, c)
-    return v
+            tile = padded[image, :, 4 * ty : 4 * ty + size, 4 * tx : 4 * tx + size]
+            t[:, :, tx * nr + r] = np.einsum("ia,cab,kb->ikc", left, tile, left).reshape(-1, c)
+    return t
+
+
+def _winograd4_input_reference(x, r0, nr):
+    """(Bᵀ d B) of 6×6 input tiles (one pixel of padding)."""
+    bt = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                   [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+    return _winograd4_tiles_reference(x, bt, r0, nr, pad=1)
 
 
 @pytest.mark.parametrize(("n", "c", "h", "wd", "r0", "nr"),
@@ -381,19 +389,9 @@ def test_winograd4_input_transform_writes_tiles_column_major(n, c, h, wd, r0, nr
 
 
 def _winograd4_dout_reference(d, r0, nr):
-    """(A dY Aᵀ) in float64 for the tiles of tile rows [r0, r0 + nr), as m[ξ, k, tx·nr + r]."""
+    """(A dY Aᵀ) of 4×4 dout tiles (no padding)."""
     a = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [1, -1, 1, -1], [1, 2, 4, 8], [1, -2, 4, -8], [0, 0, 0, 1]], np.float64)
-    n, k, h, wd = d.shape
-    th, tw = (h + 3) // 4, (wd + 3) // 4
-    padded = np.zeros((n, k, 4 * th, 4 * tw))
-    padded[:, :, :h, :wd] = d
-    m = np.empty((36, k, nr * tw))
-    for r in range(nr):
-        image, ty = divmod(r0 + r, th)
-        for tx in range(tw):
-            tile = padded[image, :, 4 * ty : 4 * ty + 4, 4 * tx : 4 * tx + 4]
-            m[:, :, tx * nr + r] = np.einsum("ia,kab,jb->ijk", a, tile, a).reshape(36, k)
-    return m
+    return _winograd4_tiles_reference(d, a, r0, nr, pad=0)
 
 
 @pytest.mark.parametrize(("n", "k", "h", "wd", "r0", "nr", "k_lo", "k_hi"),
