@@ -16,7 +16,7 @@ import click
 from engine.backend import BACKEND_NAMES, BackendUnavailable
 from engine.errors import UserError
 from engine.validate import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, number
-from kernels.errors import BlasError
+from kernels.errors import SettingError
 
 
 def fail(message: str) -> None:
@@ -45,7 +45,7 @@ class EngineGroup(click.Group):
             error = click.ClickException(str(exc))
             error.exit_code = exc.exit_code
             raise error from None
-        except BlasError as exc:  # ENGINE_BLAS names a BLAS that cannot be used
+        except SettingError as exc:  # an ENGINE_* variable the kernels read (ENGINE_BLAS, ENGINE_SPIN_US, …)
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
             error = click.ClickException("interrupted (SIGINT)")

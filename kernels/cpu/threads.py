@@ -130,14 +130,33 @@ import threading
 from collections.abc import Callable
 
 from kernels.cpu import spin
+from kernels.errors import SettingError
 
 _lock = threading.Lock()
 _pool: _Pool | None = None
 _pool_size = 0
-SPIN_MICROSECONDS = float(os.environ.get("ENGINE_SPIN_US", "100"))
+
+
+def _microseconds(name: str, default: float) -> float:
+    """``name``'s value as a number of microseconds ≥ 0 (``default`` when unset); anything else is a
+    ``SettingError`` that says what to set, one line on the command line."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise SettingError(f"{name}={text!r} is not a number of microseconds >= 0: set one (0 turns that wait "
+                           f"off), or unset it for {default:g}")
+    return value
+
+
+SPIN_MICROSECONDS = _microseconds("ENGINE_SPIN_US", 100.0)
 """How long a pool thread waits awake for the next hand-out before it sleeps (module docstring, "Pool
 threads wait awake"); ``ENGINE_SPIN_US=0`` makes them sleep at once, as before."""
-WAIT_MICROSECONDS = float(os.environ.get("ENGINE_WAIT_SPIN_US", "1000"))
+WAIT_MICROSECONDS = _microseconds("ENGINE_WAIT_SPIN_US", 1000.0)
 """How long the caller waits awake for the pool's last chunk before it sleeps (module docstring);
 ``ENGINE_WAIT_SPIN_US=0``: it sleeps at once, as before."""
 _numba_pool_started = False

@@ -133,3 +133,13 @@ def test_a_pool_thread_steps_off_the_callers_cpu_and_may_run_anywhere_after():
     assert sum(seen["moved"]) >= 18  # (a load balancer may move it back in between, rarely)
     assert seen["affinity"] == allowed
     assert threads._stepping_aside  # no refusal turned it off
+
+
+@pytest.mark.parametrize("name", ["ENGINE_SPIN_US", "ENGINE_WAIT_SPIN_US"])
+def test_a_bad_spin_setting_is_one_line_from_the_command_line(name):
+    # kernels/cpu/threads.py reads these at import: a typo must not end in a traceback
+    code = "from cli import main; main(['train', '--model', 'mlp', '--steps', '1'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, name: "fast"})
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith(f"Error: {name}='fast' is not a number of microseconds >= 0: set one")
