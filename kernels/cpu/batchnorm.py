@@ -1,9 +1,17 @@
 """Batch-norm CPU kernels (per channel, NCHW), with PyTorch's semantics.
 
-``prange`` runs over channels: each channel's sums (mean, variance, the two backward sums) run in
-one thread, over n then h*w, in float64. No partial sums cross threads, so the bits do not depend on
-the thread count, and the float64 accumulators keep the statistics accurate over large batches.
-Arrays are viewed as [N, C, H*W] so one compiled version serves every spatial size.
+The threads split the channels (``threads.run_ranges``: each kernel runs over a range ``[lo, hi)`` of
+channels): each channel's sums (mean, variance, the two backward sums) run in one thread, over n then
+h*w, in float64. No partial sums cross threads, so the bits do not depend on the thread count, and the
+float64 accumulators keep the statistics accurate over large batches. Arrays are viewed as
+[N, C, H*W] so one compiled version serves every spatial size.
+
+Serial kernels over a range of channels, not ``prange`` loops, for the first run: on a cold cache
+the three ``parallel=True`` kernels compiled in 1.39, 1.05 and 0.61 s (Numba's parfor passes and
+gufunc), a sixth of ResNet-18's warm-up; as serial kernels 0.31 s for the training forward (the same
+loops; engine/warmup.py has the whole warm-up's figures). The same bits: each channel is computed
+by the same code in one thread, as before. The training step was measured level before (a chunked
+version tried for speed: kernels/cpu/threads.py, "Tried and dropped").
 
 The sums are split into vector lanes (``_channel_sum`` & co. compiled with ``fastmath={"reassoc"}``,
 that flag only and in those functions only). With one float64 accumulator each value was a
@@ -34,11 +42,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit
 
 from kernels.cpu.checks import check_array
+from kernels.cpu.threads import run_ranges
 
 GAMMA_MIN = 1e-5
+
+MIN_SHARE = 1 << 16
+"""Values (N·H·W per channel, summed over a range's channels) a thread's range of channels holds at
+least; a smaller layer runs on the calling thread (a pool round trip costs tens of microseconds)."""
 
 
 @njit(cache=True, inline="always")
@@ -92,14 +105,12 @@ def _channel_gradient_sums(y, dout, c, b, inv_g):
     return sum_dout, sum_dout_xhat
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
+@njit(cache=True, nogil=True)
+def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps, lo, hi):
     N, C, area = x.shape
     count = N * area
-    for c in prange(C):
-        # np.int64(c): Numba types c as int64 before the parfor pass and uint64 inside its gufunc, and
-        # would compile each sum helper for both (tests/engine/test_warmup.py: one signature per kernel)
-        ch = np.int64(c)
+    for c in range(lo, hi):
+        ch = np.int64(c)  # the sum helpers' one signature (tests/engine/test_warmup.py)
         mean = _channel_sum(x, ch) / count
         # second pass over centred values: no cancellation, unlike E[x^2] - E[x]^2
         squares = _channel_squares(x, ch, mean)
@@ -117,10 +128,10 @@ def _forward_train(x, gamma, beta, running_mean, running_var, out, save_mean, sa
         running_var[c] = (1.0 - momentum) * running_var[c] + momentum * unbiased_var
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
+@njit(cache=True, nogil=True)
+def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps, lo, hi):
     N, C, area = x.shape
-    for c in prange(C):
+    for c in range(lo, hi):
         scale = _safe_gamma(gamma[c]) / math.sqrt(running_var[c] + eps)
         shift = beta[c] - running_mean[c] * scale
         for n in range(N):
@@ -128,12 +139,12 @@ def _forward_infer(x, gamma, beta, running_mean, running_var, out, eps):
                 out[n, c, i] = x[n, c, i] * scale + shift
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
+@njit(cache=True, nogil=True)
+def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta, lo, hi):
     N, C, area = y.shape
     count = N * area
-    for c in prange(C):
-        ch = np.int64(c)  # one signature of _channel_gradient_sums (see _forward_train)
+    for c in range(lo, hi):
+        ch = np.int64(c)  # one signature of _channel_gradient_sums
         g = np.float64(_safe_gamma(gamma[c]))
         inv_g = 1.0 / g
         b = np.float64(beta[c])
@@ -148,6 +159,12 @@ def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta):
             for i in range(area):
                 xhat = (y[n, c, i] - b) * inv_g
                 dx[n, c, i] = k * (dout[n, c, i] - mean_dout - xhat * mean_dout_xhat)
+
+
+def _over_channels(kernel, x3: np.ndarray, *args) -> None:
+    """``kernel(*args, lo, hi)`` over the threads' ranges of the channels of ``x3`` ([N, C, H·W])."""
+    N, C, area = x3.shape
+    run_ranges(lambda lo, hi: kernel(*args, lo, hi), C, get_num_threads(), -(-MIN_SHARE // max(1, N * area)))
 
 
 def _channels(op: str, x: np.ndarray) -> tuple[int, int, int]:
@@ -179,8 +196,9 @@ def batchnorm_forward_train(
     for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var),
                         ("save_mean", save_mean), ("save_invstd", save_invstd)]:  # fmt: skip
         check_array(op, name, array, (C,))
-    _forward_train(
-        x.reshape(N, C, area), gamma, beta, running_mean, running_var, out.reshape(N, C, area),
+    x3 = x.reshape(N, C, area)
+    _over_channels(
+        _forward_train, x3, x3, gamma, beta, running_mean, running_var, out.reshape(N, C, area),
         save_mean, save_invstd, float(momentum), float(eps),
     )  # fmt: skip
 
@@ -200,7 +218,8 @@ def batchnorm_forward_infer(
     check_array(op, "out", out, x.shape)
     for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)]:
         check_array(op, name, array, (C,))
-    _forward_infer(x.reshape(N, C, area), gamma, beta, running_mean, running_var, out.reshape(N, C, area), float(eps))
+    x3 = x.reshape(N, C, area)
+    _over_channels(_forward_infer, x3, x3, gamma, beta, running_mean, running_var, out.reshape(N, C, area), float(eps))
 
 
 def batchnorm_backward_from_output(
@@ -221,7 +240,8 @@ def batchnorm_backward_from_output(
     for name, array in [("gamma", gamma), ("beta", beta), ("save_invstd", save_invstd), ("dgamma", dgamma),
                         ("dbeta", dbeta)]:  # fmt: skip
         check_array(op, name, array, (C,))
-    _backward_from_output(
-        out.reshape(N, C, area), dout.reshape(N, C, area), gamma, beta, save_invstd, dx.reshape(N, C, area),
+    y3 = out.reshape(N, C, area)
+    _over_channels(
+        _backward_from_output, y3, y3, dout.reshape(N, C, area), gamma, beta, save_invstd, dx.reshape(N, C, area),
         dgamma, dbeta,
     )  # fmt: skip

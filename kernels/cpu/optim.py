@@ -1,9 +1,14 @@
 """Optimizer CPU kernels over flat (1-D) parameter arrays, in float32 as PyTorch computes them.
 
 The engine keeps all parameters, gradients and optimizer state in single contiguous blocks, so
-one ``prange`` pass updates the whole network. Each element's update depends on that element only:
-the result is the same for any thread count. Hyper-parameters are rounded to float32 once, so the
-arithmetic is float32 throughout, like torch.optim on float32 tensors.
+one pass, split over the threads (``threads.run_ranges``), updates the whole network. Each element's
+update depends on that element only: the result is the same for any thread count. Hyper-parameters
+are rounded to float32 once, so the arithmetic is float32 throughout, like torch.optim on float32
+tensors.
+
+Serial kernels over a range ``[lo, hi)`` with unsigned indices (as a ``prange`` gufunc's), not
+``prange`` loops: a ``parallel=True`` kernel compiles several times longer on a cold cache (SGD's
+0.55 s of the first run; engine/warmup.py has the figures).
 """
 
 from __future__ import annotations
@@ -11,16 +16,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, uint64
 
 from kernels.cpu.checks import check_array
+from kernels.cpu.threads import run_ranges
+
+MIN_SHARE = 1 << 16
+"""Elements a thread's range holds at least; a smaller block runs on the calling thread."""
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
+@njit(cache=True, nogil=True)
+def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, lo, hi):
     lr32, momentum32, decay32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     use_momentum = momentum != 0.0
-    for i in prange(param.size):
+    for i in range(uint64(lo), uint64(hi)):
         g = grad[i] + decay32 * param[i]
         if use_momentum:
             buf = momentum32 * momentum_buf[i] + g  # dampening 0; buf starts at 0, so step 1 gives buf = g
@@ -29,14 +38,14 @@ def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
         param[i] -= lr32 * g
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+@njit(cache=True, nogil=True)
+def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, lo, hi):
     beta1_32, beta2_32, decay32, eps32 = np.float32(beta1), np.float32(beta2), np.float32(weight_decay), np.float32(eps)
     one_minus_beta1 = np.float32(1.0 - beta1)
     one_minus_beta2 = np.float32(1.0 - beta2)
     step_size = np.float32(lr / (1.0 - beta1**step))
     bias_correction2_sqrt = np.float32(math.sqrt(1.0 - beta2**step))
-    for i in prange(param.size):
+    for i in range(uint64(lo), uint64(hi)):
         g = grad[i] + decay32 * param[i]
         m_i = beta1_32 * m[i] + one_minus_beta1 * g
         v_i = beta2_32 * v[i] + one_minus_beta2 * g * g
@@ -44,6 +53,11 @@ def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
         v[i] = v_i
         denom = np.sqrt(v_i) / bias_correction2_sqrt + eps32
         param[i] -= step_size * (m_i / denom)
+
+
+def _over_threads(kernel, items: int, *args) -> None:
+    """``kernel(*args, lo, hi)`` over the threads' ranges of ``[0, items)``."""
+    run_ranges(lambda lo, hi: kernel(*args, lo, hi), items, get_num_threads(), MIN_SHARE)
 
 
 def _check_flat(op: str, names_arrays: list[tuple[str, np.ndarray]]) -> None:
@@ -65,7 +79,8 @@ def sgd_update(
     _check_flat("sgd_update", [("param", param), ("grad", grad), ("momentum_buf", momentum_buf)])
     if nesterov and momentum == 0:
         raise ValueError("sgd_update: nesterov needs a momentum > 0 (as in PyTorch)")
-    _sgd(param, grad, momentum_buf, float(lr), float(momentum), float(weight_decay), bool(nesterov))
+    _over_threads(_sgd, param.size, param, grad, momentum_buf, float(lr), float(momentum), float(weight_decay),
+                  bool(nesterov))
 
 
 def adam_update(
@@ -84,4 +99,5 @@ def adam_update(
     _check_flat("adam_update", [("param", param), ("grad", grad), ("m", m), ("v", v)])
     if step < 1:
         raise ValueError(f"adam_update: step counts from 1 (the first update), got {step}")
-    _adam(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), int(step))
+    _over_threads(_adam, param.size, param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
+                  float(weight_decay), int(step))
