@@ -432,10 +432,10 @@ def run_ranges(work: Callable[[int, int], object], items: int, threads: int, min
     the work is that small (a pool round trip costs tens of microseconds). The ranges depend on
     ``items``, ``threads`` and ``min_items`` only.
 
-    The element-wise, batch-norm, optimizer and global-pool kernels run their shares here rather than
+    The batch-norm, optimizer, global-pool and dense-bias kernels run their shares here rather than
     as ``prange`` loops: a ``parallel=True`` kernel compiles 3–5× longer on a cold cache than the same
-    loop as a serial kernel (batch norm's training forward 1.39 → 0.31 s), and those kernels were a
-    quarter of the first run's compile time (``engine/warmup.py`` has the figures)."""
+    loop as a serial kernel (batch norm's training forward 1.39 → 0.31 s; ``engine/warmup.py`` has
+    the figures). The element-wise kernels keep ``prange``: ``kernels/cpu/elementwise.py`` says why."""
     shares = max(1, min(threads, items // max(1, min_items)))
     if shares == 1:
         work(0, items)
