@@ -143,3 +143,20 @@ def test_a_bad_spin_setting_is_one_line_from_the_command_line(name):
                             env={**os.environ, name: "fast"})
     assert result.returncode == 1
     assert result.stderr.strip().startswith(f"Error: {name}='fast' is not a number of microseconds >= 0: set one")
+
+
+@pytest.mark.parametrize(("items", "threads", "min_items"), [(10, 2, 1), (10, 3, 4), (5, 2, 100), (0, 2, 1), (7, 3, 1)])
+def test_run_ranges_cover_the_items_once_in_fixed_ranges(items, threads, min_items):
+    # batch norm, the optimizers, the global pools and the dense bias split their work here: every
+    # index exactly once, in ranges that depend on the sizes only (their bits must not depend on timing)
+    from kernels.cpu.threads import run_ranges
+
+    seen = []
+    for _ in range(2):
+        ranges: list[tuple[int, int]] = []
+        run_ranges(lambda lo, hi, ranges=ranges: ranges.append((lo, hi)), items, threads, min_items)
+        seen.append(sorted(ranges))
+    assert seen[0] == seen[1]
+    covered = [i for lo, hi in seen[0] for i in range(lo, hi)]
+    assert covered == list(range(items))
+    assert len(seen[0]) == max(1, min(threads, items // min_items))
