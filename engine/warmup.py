@@ -15,6 +15,17 @@ line says what is happening ("compiling kernels, first run only: 12/31"). When i
 a marker in the cache directory, keyed by the kernels' sources and versions, so later runs skip
 the workers entirely; ``engine info`` reads the markers to say whether the cache is warm.
 
+Where the first run's time goes (ResNet-18, ``engine train --model resnet18 --offload-n 4``, empty
+``NUMBA_CACHE_DIR``, two cores): cold − warm wall is the pool's wall, and the pool is CPU-bound on both
+workers (24 s of job CPU, the last jobs ending 0.3 s apart), so only less compile work shortens it.
+Batch norm's three kernels, SGD, the global pools and the dense bias compiled as ``prange`` kernels
+in 6.7 s of job CPU (one process, serially); as serial kernels over ``threads.run_ranges`` 2.5 s
+(the element-wise kernels were tried too and stay ``prange``: ``kernels/cpu/elementwise.py``). The
+pool is not waited for at the end (``ensure_compiled``). Cold − warm, b6105db / after, alternating
+in one sitting: 13.57, 13.44 / 11.76, 12.76 s. Tried and dropped: the im2col weight-gradient driver
+without the branches ResNet-18 never takes (v16's 1×1 in place, the 1×1 gather): 2.65 → 2.3 s of
+compile CPU, too little for a second driver to keep in step with the first.
+
 Each job calls the kernel table's own entry with arrays of the dtypes, ranks and layouts training
 passes, so the cached signature is the one training asks for (tests/engine/test_warmup.py checks
 that a training step after the warm-up compiles nothing).
