@@ -183,6 +183,7 @@ from engine.history import History
 from engine.memory.array_type import ArrayType
 from engine.memory.manager import TensorProvider
 from engine.memory.tensor import CLOSED, Tensor
+from engine.offload.affinity import io_thread_cpus, pin_threads
 from engine.offload.plan import (
     OffloadPlan,
     Recompute,
@@ -406,6 +407,7 @@ class OffloadScheduler:
         recompute: bool = True,
         predict_leads: bool | None = None,
         executor_checks: bool = True,
+        io_cpus: str | Iterable[int] | None = "auto",
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -428,6 +430,12 @@ class OffloadScheduler:
         self.recompute = recompute  # rebuild what the plan allows instead of swapping it (plan.recompute_candidates)
         # check the sources of ReLU rebuilds in the ReLU's forward and the rebuild (_FusedCheck), not the IO threads
         self.executor_checks = executor_checks
+        # where the saver and the loader run: "auto" keeps them off the CPUs taking the swap disk's
+        # interrupts (engine.offload.affinity, measured there), None leaves them alone, or these CPUs
+        if not (io_cpus is None or io_cpus == "auto"):
+            io_cpus = frozenset(int(cpu) for cpu in io_cpus)
+        self.requested_io_cpus = io_cpus
+        self.io_cpus: frozenset[int] | None = None  # the CPUs the IO threads were restricted to, if any
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
         self._recompute_order: list[_Unit] = []
@@ -635,6 +643,7 @@ class OffloadScheduler:
             self.storage = None
         if self.storage is None:
             self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay, verify=self.verify)
+            self._place_io_threads()
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
@@ -642,6 +651,15 @@ class OffloadScheduler:
                  format_bytes(self.plan_for(batch_size).arena_bytes), format_bytes(plan.total_bytes),
                  format_bytes(plan.file_bytes))
         return self.plan_for(batch_size)
+
+    def _place_io_threads(self) -> None:
+        """Restrict the saver and the loader to ``io_cpus`` ("auto": off the swap disk's interrupt CPUs)."""
+        wanted = self.requested_io_cpus
+        if wanted == "auto":
+            wanted = io_thread_cpus(str(self.storage.file_path))
+        if wanted is not None and pin_threads(self.io_thread_ids, wanted):
+            self.io_cpus = wanted
+            log.info("offload: IO threads on CPUs %s", ",".join(map(str, sorted(wanted))))
 
     def _ensure_arena(self, nbytes: int) -> None:
         nbytes = max(int(nbytes), 64)
