@@ -161,6 +161,20 @@ through the kernels it delays. Tried and dropped this session:
   norms' outputs of blocks 1-3 kept, 206 -> 127 MiB written, 63 -> 86 MiB resident, 360.2 -> 349.0 ms
   (1.297 -> 1.256x); the expand ones, 176 MiB written, 93 MiB resident, 354.3 ms. Not built: a fixed
   N promises N layers resident (DESIGN.md), and 4% is what 80 MiB of memory buys.
+
+What the IO's extra cost is made of (``offload_costs.py``'s ``spin``, ``memfile``, ``sleep`` and
+``unpinned`` configurations, figures in ``engine.offload.affinity``): not the hypervisor (steal 0-4
+of ~8,000 ticks in /proc/stat over a run, iowait <= 1%); burning the IO threads' CPU without memory
+traffic costs the step about its own CPU time (the conv drivers' chunks already absorb a core taken
+from one share); the real IO costs about twice its CPU plus the stall, and a part of that is the
+disk's completion interrupts on one CPU, which the IO threads now avoid (``io_cpus="auto"``).
+The scheduler without system calls (``noio``) costs ResNet-18 batch 32 ~12.5 ms of hooks per step
+(rebuilds 6.3, the rest 660 hook calls of 1-20 µs: create 1.9, after_forward 1.8, after_backward
+1.1) and MobileNetV2 ~22 (rebuilds 12.0 for 181 MiB in and out, ~30 GB/s: at memory speed;
+create 2.7, after_forward 3.1, after_backward 1.9). Tried and dropped: writing the rebuilds'
+sources in fewer bytes (a bitmask plus the nonzeros, or zero runs): they are batch norms' outputs,
+before the ReLU, with 0.0% zero words (MobileNetV2 181 MiB, ResNet-18 38 MiB at batch 32; zlib
+level 1 keeps 93% of the bytes); the rest of ResNet-18's records hold 6.8% zero words.
 """
 
 from __future__ import annotations
