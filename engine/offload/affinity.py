@@ -4,20 +4,31 @@ Why. On this 2-vCPU KVM guest every completion interrupt of the swap disk (``vir
 effective affinity CPU 1) lands on one CPU. The interrupt, its softirq and the wake-up of the IO
 thread it completes all preempt whatever kernel share runs on that CPU; when the IO thread also runs
 there, that CPU's share is delayed twice per record. With the saver and the loader kept on the other
-CPU (``sched_setaffinity``), ``benchmarks/offload_costs.py --configs n4,pin:0,...`` (steps of the
-configurations alternating in one process, 10 measured steps, nothing else timed), step / no offload:
+CPU (``sched_setaffinity``), ``benchmarks/offload_costs.py`` (steps of the configurations alternating
+in one process, 10-14 measured steps, nothing else timed), N=4 step / no offload, 2-core AMD EPYC:
 
-* ResNet-18 batch 32: n4 1.101 / 1.130 / 1.138 / 1.118 against pinned to CPU 0 1.077 / 1.107 /
-  1.103 / 1.070 (four pairs, −2.3 to −4.8 points); pinned to CPU 1, the interrupts' CPU: 1.100;
-* MobileNetV2 batch 32: n4 1.298 / 1.270 against CPU 0 1.245 / 1.233, CPU 1 1.268 / 1.268.
+* ResNet-18 batch 32, 11 pairs unpinned -> off the interrupts' CPU: 1.101 -> 1.077, 1.130 -> 1.107,
+  1.138 -> 1.103, 1.118 -> 1.070, 1.077 -> 1.091, 1.111 -> 1.092, 1.074 -> 1.050, 1.090 -> 1.027,
+  1.045 -> 1.037, 1.076 -> 1.081, 1.067 -> 1.105 (8 of 11 better, mean -1.7 points); pinned to
+  CPU 1, the interrupts' CPU: 1.100 (one run);
+* MobileNetV2 batch 32, 8 pairs: 1.298 -> 1.245, 1.270 -> 1.233, 1.348 -> 1.336, 1.285 -> 1.360,
+  1.266 -> 1.315, 1.237 -> 1.256, 1.270 -> 1.255, 1.265 -> 1.297: no difference beyond the noise.
 
-So the IO threads are kept off the interrupts' CPUs, not merely pinned. The same runs split the
-cost the IO adds (MobileNetV2 batch 32, one process): the scheduler without system calls (``noio``)
-+25 ms over no offload; IO threads that burn the real IO's CPU per MiB without touching memory
-(``spin:50``, 23 ms) +23 ms more, i.e. one core-millisecond costs the step ~1 ms, as a kernel split
-in chunks between two threads should; copying the bytes to an in-memory file (``memfile``, 36 ms of
-copy CPU) +34 ms; the real IO (16 ms of CPU, stall 12-14 ms) +43 to +53 ms: beyond its CPU and its
-stall, the disk's interrupts. Hypervisor steal over those runs: 0-4 ticks of ~8,000 (/proc/stat).
+``engine bench --model M --batch-size B --offload-n 4 --format json``, main (b6105db) and this code
+alternating in one lock hold: ResNet-18 b32 1.046 / 1.097 / 1.122 / 1.083 / 1.054 / 1.066 ->
+1.046 / 1.040 / 1.081 / 1.067 / 1.087 / 1.067, b128 1.072 / 1.059 -> 1.030 / 1.019; MobileNetV2 b32
+1.321 / 1.346 -> 1.307 / 1.313, b128 1.144 / 1.156 -> 1.133 / 1.146: 9 of 12 pairs better, one tie,
+mean -1.9 points; small next to this machine's noise, and no arithmetic changes (same bits).
+Off the interrupts' CPUs, not merely pinned: on the interrupts' CPU it did not help (above). The
+same benchmark splits the cost the IO adds (MobileNetV2 batch 32, one process): the scheduler
+without system calls (``noio``) +25 ms over no offload; IO threads that burn the real IO's CPU per
+MiB without touching memory (``spin:50``, 23 ms) +23 ms more, i.e. one core-millisecond costs the
+step ~1 ms, as a kernel split in chunks between two threads should; copying the bytes to an
+in-memory file (``memfile``, 36 ms of copy CPU) +34 ms; the real IO (16 ms of CPU, stall 12-14 ms)
++43 to +53 ms: about twice its CPU plus the stall, the excess being what ``spin`` and ``memfile``
+leave out (system calls' side effects, DMA, the disk's interrupts: ~160 per step, all on CPU 1).
+Hypervisor steal over those runs: 0-4 ticks of ~8,000 in /proc/stat, iowait <= 1%: not the
+hypervisor.
 
 Only where it can be found out: the swap file's block device in sysfs (a partition's disk), its
 PCI function's MSI interrupts (``msi_irqs``), the ones that fired (at least 1% of the device's
