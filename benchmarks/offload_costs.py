@@ -25,6 +25,14 @@ Configurations (all N=4 except ``none``, which always runs):
 * ``io-hash``: every record hashed by the IO threads (XXH3), none checked by the executor (the
   ReLU's forward and the rebuild summing the rebuilds' sources, ``scheduler._FusedCheck``).
 * ``eager``: loads start as soon as their planned bytes are free instead of N steps ahead.
+* ``unpinned``: ``n4`` with the IO threads left wherever the OS puts them (``io_cpus=None``; ``n4``
+  keeps them off the swap disk's interrupt CPUs, ``engine.offload.affinity``).
+* ``pin:CPU[+CPU]``: ``n4`` with the IO threads on these CPUs.
+* ``spin:US``: ``noio`` whose IO threads burn US µs of CPU per MiB moved (GIL released, no memory
+  traffic): what the IO threads' share of the cores costs, apart from their system calls and bytes.
+* ``sleep:MIBPS``: ``noio`` whose IO calls sleep as long as the transfer would take at MIBPS.
+* ``memfile``: ``noio`` with an in-memory swap file: each write and read is a NumPy copy (the IO
+  threads' memory traffic without system calls, DMA or interrupts).
 * ``noio``: ``verify-off`` with no system call either (the swap file is neither written nor read: the
   loaded bytes are stale, the arithmetic goes on with them): what the scheduler, its arena and its
   threads' bookkeeping cost without the IO itself.
@@ -69,6 +77,77 @@ def _skip_io(storage: Any) -> None:
 
     storage.write = lambda *a, **k: moved(*a, **k, what="write")
     storage.read = lambda *a, **k: moved(*a, **k, what="read")
+
+
+_SPIN_NS_PER_ITERATION = [0.0]
+
+
+def _spin_kernel() -> Any:
+    import numba
+
+    @numba.njit(nogil=True, cache=False)
+    def spin(iterations: int) -> int:  # integer work in registers: CPU time without memory traffic
+        x = 1
+        for _i in range(iterations):
+            x = (x * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFF
+        return x
+
+    spin(10)
+    started = time.thread_time()
+    spin(20_000_000)
+    _SPIN_NS_PER_ITERATION[0] = (time.thread_time() - started) * 1e9 / 20_000_000
+    return spin
+
+
+def _spin_io(storage: Any, us_per_mib: float) -> None:
+    """``noio`` whose IO threads burn ``us_per_mib`` of CPU per MiB moved, GIL released, touching no
+    memory (``spin:US``): the IO threads' share of the cores without their memory traffic."""
+    spin = _spin_kernel()
+    _skip_io(storage)
+    write, read = storage.write, storage.read
+
+    def burn(records: Any) -> None:
+        nbytes = sum(r.nbytes for r in records)
+        spin(int(us_per_mib * 1e3 * nbytes / 2**20 / _SPIN_NS_PER_ITERATION[0]))
+
+    storage.write = lambda records, *a, **k: (burn(records), write(records, *a, **k))[1]
+    storage.read = lambda records, *a, **k: (burn(records), read(records, *a, **k))[1]
+
+
+def _sleep_io(storage: Any, mib_per_s: float) -> None:
+    """``noio`` whose IO calls sleep as long as the transfer would take at ``mib_per_s`` (``sleep:MIBPS``):
+    the IO threads' blocking and wake-ups (a timer instead of the disk's interrupt) without their CPU,
+    system calls or memory traffic."""
+    _skip_io(storage)
+    write, read = storage.write, storage.read
+
+    def wait(records: Any) -> None:
+        time.sleep(sum(r.nbytes for r in records) / 2**20 / mib_per_s)
+
+    storage.write = lambda records, *a, **k: (wait(records), write(records, *a, **k))[1]
+    storage.read = lambda records, *a, **k: (wait(records), read(records, *a, **k))[1]
+
+
+def _memory_io(storage: Any) -> None:
+    """``noio`` with the swap file in memory (``memfile``): a write copies the unit's arena bytes into
+    a buffer, a read copies them back (NumPy copies release the GIL): the IO threads' memory traffic
+    and the caches they disturb, without system calls or DMA."""
+    _skip_io(storage)
+    write, read = storage.write, storage.read
+    file = np.empty(storage.capacity_bytes, dtype=np.uint8)
+
+    def write_in_memory(records: Any, buffer: Any, file_offset: int, *a: Any, **k: Any) -> None:
+        view = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.view(np.uint8)
+        np.copyto(file[file_offset:file_offset + view.nbytes], view.reshape(-1))
+        write(records, buffer, file_offset, *a, **k)
+
+    def read_in_memory(records: Any, buffer: Any, file_offset: int, *a: Any, **k: Any) -> None:
+        view = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.view(np.uint8)
+        np.copyto(view.reshape(-1), file[file_offset:file_offset + view.nbytes])
+        read(records, buffer, file_offset, *a, **k)
+
+    storage.write = write_in_memory
+    storage.read = read_in_memory
 
 
 def role(graph: Any, index: int) -> str:
@@ -235,15 +314,26 @@ def main() -> None:
         run: dict[str, Any] = {"name": config, "net": net, "optimizer": optimizer, "times": [], "scheduler": None}
         if config != "none":
             kind, _, what = config.partition(":")
-            options: dict[str, Any] = {"verify": "off"} if kind in ("verify-off", "noio") else {}
+            no_verify = ("verify-off", "noio", "spin", "memfile", "sleep")
+            options: dict[str, Any] = {"verify": "off"} if kind in no_verify else {}
             if kind == "io-hash":
                 options["executor_checks"] = False
+            if kind == "unpinned":
+                options["io_cpus"] = None
+            if kind == "pin":
+                options["io_cpus"] = {int(cpu) for cpu in what.split("+")}
             _KEEP[0] = what if kind in ("keep", "recompute") else None
             scheduler = OffloadScheduler(backend, args.window, **options)
             scheduler.attach(net, batch_size=batch)
             _KEEP[0] = None
             if kind == "noio":
                 _skip_io(scheduler.storage)
+            if kind == "spin":
+                _spin_io(scheduler.storage, float(what or 60))
+            if kind == "sleep":
+                _sleep_io(scheduler.storage, float(what or 700))
+            if kind == "memfile":
+                _memory_io(scheduler.storage)
             if kind == "eager":
                 scheduler._lead = {u.key: 10**6 for u in scheduler.plan_for(batch).load_order}
             if kind == "recompute":
