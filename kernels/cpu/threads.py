@@ -178,6 +178,9 @@ def _load_getcpu() -> Callable[[], int] | None:
 
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
 _stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
+yield_after_hand_out = spin.SUPPORTED and os.environ.get("ENGINE_HAND_OUT_YIELD", "1").strip() != "0"
+"""The caller yields its CPU once right after each hand-out (module docstring, "The caller yields after the
+hand-out"); ``ENGINE_HAND_OUT_YIELD=0`` turns it off. A plain module flag so one process can time both."""
 
 
 def start_numba_pool() -> None:
@@ -407,6 +410,8 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
     if _pinning:
         _keep_workers_off_caller()
     pool.hand_out(job)
+    if yield_after_hand_out:
+        spin.yield_cpu()  # a pool thread queued on this CPU runs now and steps aside (module docstring)
     job.run(0)
     if pool.wait_ticks > 0 and not job.done.is_set():
         spin.wait_for_change(job.finished, 0, pool.wait_ticks)  # awake, outside the GIL: see the module docstring

@@ -143,3 +143,38 @@ def test_a_bad_spin_setting_is_one_line_from_the_command_line(name):
                             env={**os.environ, name: "fast"})
     assert result.returncode == 1
     assert result.stderr.strip().startswith(f"Error: {name}='fast' is not a number of microseconds >= 0: set one")
+
+
+def test_the_caller_yields_once_after_each_hand_out_before_its_own_chunks(monkeypatch):
+    """threads.py, "The caller yields after the hand-out": a pool thread queued on the caller's CPU (woken
+    there, or waiting awake there) runs, and steps aside, before the caller's first chunk, not after it."""
+    from kernels.cpu import spin, threads
+
+    events = []
+    monkeypatch.setattr(threads, "yield_after_hand_out", True)
+    monkeypatch.setattr(spin, "yield_cpu", lambda: events.append("yield"))
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
+    assert events.count("yield") == 1
+    mine = [e for e in events if e != "yield" and e[1] == 0]
+    assert mine and events.index("yield") < events.index(mine[0])  # the caller yielded before its first chunk
+    assert sorted(e[0] for e in events if e != "yield") == [0, 1, 2, 3]
+    events.clear()
+    monkeypatch.setattr(threads, "yield_after_hand_out", False)
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
+    assert "yield" not in events and len(events) == 4
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 1, 2)  # one chunk: no hand-out
+    assert "yield" not in events
+
+
+def test_the_hand_out_yield_is_on_unless_switched_off():
+    from kernels.cpu import spin
+
+    code = "from kernels.cpu import threads; print(threads.yield_after_hand_out)"
+    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_HAND_OUT_YIELD"}
+    on = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    off = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_HAND_OUT_YIELD": "0"},
+                         capture_output=True, text=True, check=True)
+    assert on.stdout.strip() == str(spin.SUPPORTED)
+    assert off.stdout.strip() == "False"
+    if spin.SUPPORTED:
+        assert spin.yield_cpu() == 0  # sched_yield() returns 0
