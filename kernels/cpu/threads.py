@@ -129,6 +129,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 from kernels.cpu import spin
 from kernels.errors import SettingError
 
@@ -176,7 +178,20 @@ def _load_getcpu() -> Callable[[], int] | None:
     return getcpu
 
 
+def _load_setaffinity() -> Callable[[int, int, object], int] | None:
+    """libc's ``sched_setaffinity`` through ctypes, which lets go of the GIL for the call (``os.sched_setaffinity``
+    holds it: see ``_step_aside``)."""
+    try:
+        setaffinity = ctypes.CDLL(None, use_errno=True).sched_setaffinity
+    except (OSError, AttributeError):
+        return None
+    setaffinity.restype, setaffinity.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
+    return setaffinity
+
+
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
+_setaffinity = _load_setaffinity() if _getcpu is not None else None
+_masks: dict[frozenset[int], ctypes.Array] = {}  # cpu_set_t buffers for ``_setaffinity``, by CPU set
 _stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
 yield_after_hand_out = spin.SUPPORTED and os.environ.get("ENGINE_HAND_OUT_YIELD", "1").strip() != "0"
 """The caller yields its CPU once right after each hand-out (module docstring, "The caller yields after the
@@ -240,6 +255,7 @@ class _Pool:
         self.counter = spin.counter()  # hand-outs so far
         self.job: _Chunks | None = None  # the latest hand-out
         self.asleep = [False] * (workers + 1)
+        self.where = np.full(workers + 1, -1, np.int64)  # the CPU each awake-waiting thread last polled on, or -1
         self.bells = [queue.SimpleQueue() for _ in range(workers + 1)]
         self.sleeps = 0  # times a thread fell asleep (the tests read it)
         self.closed = False
@@ -252,13 +268,18 @@ class _Pool:
         for thread in self.threads:
             thread.start()
 
-    def hand_out(self, job: _Chunks) -> None:
+    def hand_out(self, job: _Chunks) -> bool:
+        """Hand ``job`` out; returns whether a sleeping thread was rung, or an awake one last polled on the
+        caller's CPU (``job.cpu``; unknown counts as yes): whether the caller should yield (``run_chunks``)."""
         self.job = job
         self.counter[0] += 1
+        rang = job.cpu < 0 or job.cpu in self.where
         for slot in range(1, len(self.bells)):
             if self.asleep[slot]:
                 self.asleep[slot] = False
                 self.bells[slot].put(None)
+                rang = True
+        return rang
 
     def close(self) -> None:
         self.closed = True
@@ -273,8 +294,11 @@ class _Pool:
             _register_worker()
         seen = 0
         while True:
-            current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
+            current = seen
+            if self.ticks > 0:
+                current = spin.wait_for_change_at(self.counter, seen, self.ticks, self.where, slot)
             while current == seen and not self.closed:
+                self.where[slot] = -1
                 self.asleep[slot] = True
                 if int(self.counter[0]) != seen:  # a hand-out came in between: no bell will ring
                     self.asleep[slot] = False
@@ -304,17 +328,38 @@ def _get_pool(workers: int) -> _Pool:
         return _pool
 
 
+def _cpu_mask(cpus: frozenset[int]) -> ctypes.Array:
+    mask = _masks.get(cpus)
+    if mask is None:
+        mask = (ctypes.c_uint64 * (max(cpus) // 64 + 1))()
+        for cpu in cpus:
+            mask[cpu // 64] |= 1 << (cpu % 64)
+        _masks[cpus] = mask
+    return mask
+
+
 def _step_aside(cpu: int) -> None:
     """Move the calling (pool) thread off ``cpu`` now, then let it run anywhere again (module
     docstring, "A woken thread steps aside"): the first ``sched_setaffinity`` migrates it at once, the
-    second only widens its mask back. A refusal turns this off for good."""
+    second only widens its mask back. A refusal turns this off for good.
+
+    Through ctypes, outside the GIL (module docstring, "The caller yields after the hand-out"): the
+    migration took 60–80 µs here, and ``os.sched_setaffinity`` holds the GIL for it, so the caller,
+    back from its yield, slept on the GIL and was woken by this thread, on this thread's new CPU,
+    behind its share."""
     global _stepping_aside
     try:
-        allowed = os.sched_getaffinity(0)
+        allowed = frozenset(os.sched_getaffinity(0))
         others = allowed - {cpu}
         if others:
-            os.sched_setaffinity(0, others)
-            os.sched_setaffinity(0, allowed)
+            if _setaffinity is None:
+                os.sched_setaffinity(0, others)
+                os.sched_setaffinity(0, allowed)
+                return
+            for cpus in (others, allowed):
+                mask = _cpu_mask(cpus)
+                if _setaffinity(0, ctypes.sizeof(mask), mask) != 0:
+                    raise OSError(ctypes.get_errno(), "sched_setaffinity")
     except OSError:
         _stepping_aside = False
 
@@ -409,8 +454,7 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
     pool = _get_pool(threads - 1)
     if _pinning:
         _keep_workers_off_caller()
-    pool.hand_out(job)
-    if yield_after_hand_out:
+    if pool.hand_out(job) and yield_after_hand_out:
         spin.yield_cpu()  # a pool thread queued on this CPU runs now and steps aside (module docstring)
     job.run(0)
     if pool.wait_ticks > 0 and not job.done.is_set():
