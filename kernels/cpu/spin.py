@@ -62,19 +62,6 @@ def _sched_yield(typingctx):
     return types.int32(), codegen
 
 
-@intrinsic
-def _sched_getcpu(typingctx):
-    """libc's ``sched_getcpu()`` (the CPU this thread runs on), declared by name as ``_sched_yield``."""
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-
-        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_getcpu")
-        return builder.call(function, [])
-
-    return types.int32(), codegen
-
-
 if SUPPORTED:
 
     @njit(cache=True, nogil=True)
@@ -82,20 +69,6 @@ if SUPPORTED:
         """counter[0] once it differs from ``seen``, or ``seen`` after ``ticks`` TSC cycles."""
         start = _cycles()
         while True:
-            value = _load_acquire(counter)
-            if value != seen:
-                return value
-            if _cycles() - start > ticks:
-                return seen
-            _sched_yield()
-
-    @njit(cache=True, nogil=True)
-    def wait_for_change_at(counter, seen, ticks, where, slot):
-        """``wait_for_change``, writing the CPU it polls on to ``where[slot]`` before each poll, so another
-        thread can tell whether this one is queued on its CPU (``threads.run_chunks``)."""
-        start = _cycles()
-        while True:
-            where[slot] = _sched_getcpu()
             value = _load_acquire(counter)
             if value != seen:
                 return value
@@ -119,9 +92,6 @@ else:  # pragma: no cover - other platforms
 
     def yield_cpu():
         return 0
-
-    def wait_for_change_at(counter, seen, ticks, where, slot):
-        return int(counter[0])
 
     def cycles():
         return 0

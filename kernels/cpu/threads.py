@@ -129,8 +129,6 @@ import queue
 import threading
 from collections.abc import Callable
 
-import numpy as np
-
 from kernels.cpu import spin
 from kernels.errors import SettingError
 
@@ -255,7 +253,6 @@ class _Pool:
         self.counter = spin.counter()  # hand-outs so far
         self.job: _Chunks | None = None  # the latest hand-out
         self.asleep = [False] * (workers + 1)
-        self.where = np.full(workers + 1, -1, np.int64)  # the CPU each awake-waiting thread last polled on, or -1
         self.bells = [queue.SimpleQueue() for _ in range(workers + 1)]
         self.sleeps = 0  # times a thread fell asleep (the tests read it)
         self.closed = False
@@ -268,18 +265,13 @@ class _Pool:
         for thread in self.threads:
             thread.start()
 
-    def hand_out(self, job: _Chunks) -> bool:
-        """Hand ``job`` out; returns whether a sleeping thread was rung, or an awake one last polled on the
-        caller's CPU (``job.cpu``; unknown counts as yes): whether the caller should yield (``run_chunks``)."""
+    def hand_out(self, job: _Chunks) -> None:
         self.job = job
         self.counter[0] += 1
-        rang = job.cpu < 0 or job.cpu in self.where
         for slot in range(1, len(self.bells)):
             if self.asleep[slot]:
                 self.asleep[slot] = False
                 self.bells[slot].put(None)
-                rang = True
-        return rang
 
     def close(self) -> None:
         self.closed = True
@@ -294,11 +286,8 @@ class _Pool:
             _register_worker()
         seen = 0
         while True:
-            current = seen
-            if self.ticks > 0:
-                current = spin.wait_for_change_at(self.counter, seen, self.ticks, self.where, slot)
+            current = spin.wait_for_change(self.counter, seen, self.ticks) if self.ticks > 0 else seen
             while current == seen and not self.closed:
-                self.where[slot] = -1
                 self.asleep[slot] = True
                 if int(self.counter[0]) != seen:  # a hand-out came in between: no bell will ring
                     self.asleep[slot] = False
@@ -454,7 +443,8 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
     pool = _get_pool(threads - 1)
     if _pinning:
         _keep_workers_off_caller()
-    if pool.hand_out(job) and yield_after_hand_out:
+    pool.hand_out(job)
+    if yield_after_hand_out:
         spin.yield_cpu()  # a pool thread queued on this CPU runs now and steps aside (module docstring)
     job.run(0)
     if pool.wait_ticks > 0 and not job.done.is_set():

@@ -145,15 +145,12 @@ def test_a_bad_spin_setting_is_one_line_from_the_command_line(name):
     assert result.stderr.strip().startswith(f"Error: {name}='fast' is not a number of microseconds >= 0: set one")
 
 
-def test_the_caller_yields_once_after_a_hand_out_that_asks_for_it_before_its_own_chunks(monkeypatch):
+def test_the_caller_yields_once_after_each_hand_out_before_its_own_chunks(monkeypatch):
     """threads.py, "The caller yields after the hand-out": a pool thread queued on the caller's CPU (woken
     there, or waiting awake there) runs, and steps aside, before the caller's first chunk, not after it."""
     from kernels.cpu import spin, threads
 
     events = []
-    asks = [True]
-    original = threads._Pool.hand_out
-    monkeypatch.setattr(threads._Pool, "hand_out", lambda pool, job: (original(pool, job), asks[0])[1])
     monkeypatch.setattr(threads, "yield_after_hand_out", True)
     monkeypatch.setattr(spin, "yield_cpu", lambda: events.append("yield"))
     threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
@@ -161,40 +158,48 @@ def test_the_caller_yields_once_after_a_hand_out_that_asks_for_it_before_its_own
     mine = [e for e in events if e != "yield" and e[1] == 0]
     assert mine and events.index("yield") < events.index(mine[0])  # the caller yielded before its first chunk
     assert sorted(e[0] for e in events if e != "yield") == [0, 1, 2, 3]
-    for asked, switch in ((False, True), (True, False)):
-        events.clear()
-        asks[0] = asked
-        monkeypatch.setattr(threads, "yield_after_hand_out", switch)
-        threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
-        assert "yield" not in events and len(events) == 4
-    asks[0] = True
+    events.clear()
+    monkeypatch.setattr(threads, "yield_after_hand_out", False)
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
+    assert "yield" not in events and len(events) == 4
     monkeypatch.setattr(threads, "yield_after_hand_out", True)
     threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 1, 2)  # one chunk: no hand-out
     assert "yield" not in events
 
 
-def test_a_hand_out_asks_for_the_yield_when_a_thread_was_rung_or_polled_on_the_callers_cpu():
+@needs_two_cpus
+def test_stepping_aside_runs_through_ctypes_outside_the_gil_and_a_refusal_turns_it_off(monkeypatch):
+    """threads.py, ``_step_aside``: the migration (60–80 µs here) runs through libc's sched_setaffinity by
+    ctypes, which lets go of the GIL, not ``os.sched_setaffinity``, which holds it while the caller waits."""
+    import threading
+
     from kernels.cpu import threads
 
-    pool = threads._Pool(2, 0.0)
-    try:
-        job = threads._Chunks(lambda chunk, slot: None, 0, 3)  # no chunks: a woken thread finds nothing
-        job.cpu = 5
-        pool.where[:] = -1
-        pool.asleep[:] = [False, False, False]
-        assert not pool.hand_out(job)  # awake elsewhere (or not known to poll anywhere): no yield
-        pool.where[2] = 5
-        assert pool.hand_out(job)  # one polled on the caller's CPU
-        pool.where[2] = 4
-        assert not pool.hand_out(job)
-        job.cpu = -1
-        assert pool.hand_out(job)  # the caller's CPU unknown: yield
-        job.cpu = 5
-        pool.asleep[1] = True
-        assert pool.hand_out(job)  # a sleeping thread was rung: its wake-up may place it on the caller's CPU
-        assert pool.asleep[1] is False
-    finally:
-        pool.close()
+    if threads._setaffinity is None:
+        pytest.skip("no libc sched_setaffinity")
+
+    def held(*args):
+        raise AssertionError("os.sched_setaffinity holds the GIL: _step_aside must not call it")
+
+    monkeypatch.setattr(threads.os, "sched_setaffinity", held)
+    monkeypatch.setattr(threads, "_stepping_aside", True)
+    allowed, seen = os.sched_getaffinity(0), {}
+
+    def body() -> None:
+        moved = []
+        for _ in range(20):
+            cpu = threads._getcpu()
+            threads._step_aside(cpu)
+            moved.append(threads._getcpu() != cpu)
+        seen["moved"], seen["affinity"] = moved, os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(30)
+    assert sum(seen["moved"]) >= 18 and seen["affinity"] == allowed and threads._stepping_aside
+    monkeypatch.setattr(threads, "_setaffinity", lambda pid, size, mask: -1)  # refused (EPERM in a container)
+    threads._step_aside(threads._getcpu())
+    assert threads._stepping_aside is False
 
 
 def test_the_hand_out_yield_is_on_unless_switched_off():
