@@ -190,6 +190,9 @@ def _load_setaffinity() -> Callable[[int, int, object], int] | None:
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
 _setaffinity = _load_setaffinity() if _getcpu is not None else None
 _masks: dict[frozenset[int], ctypes.Array] = {}  # cpu_set_t buffers for ``_setaffinity``, by CPU set
+step_aside_outside_gil = True
+"""``_step_aside`` through ctypes, outside the GIL (else ``os.sched_setaffinity``, as before): a module flag so
+one process can time both."""
 _stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
 yield_after_hand_out = spin.SUPPORTED and os.environ.get("ENGINE_HAND_OUT_YIELD", "1").strip() != "0"
 """The caller yields its CPU once right after each hand-out (module docstring, "The caller yields after the
@@ -341,7 +344,7 @@ def _step_aside(cpu: int) -> None:
         allowed = frozenset(os.sched_getaffinity(0))
         others = allowed - {cpu}
         if others:
-            if _setaffinity is None:
+            if _setaffinity is None or not step_aside_outside_gil:
                 os.sched_setaffinity(0, others)
                 os.sched_setaffinity(0, allowed)
                 return
