@@ -118,6 +118,38 @@ run, ResNet-18 62.9 → 63.9, MobileNetV2 99.7 → 104.0: level within the noise
 a first version that lost ResNet-18's step ~8% (a
 ``Condition`` shared with the caller): kernels/README.md, "The pool thread on the caller's CPU".
 ``ENGINE_SPIN_US=0``, ``ENGINE_WAIT_SPIN_US=0``, ``ENGINE_STEP_ASIDE=0`` switch the parts off.
+
+**The caller yields after the hand-out; stepping aside lets go of the GIL** (issue 13). Still bimodal
+after the above: traced per call (the CPU and start of each thread's chunks, ``sched_getcpu``), the
+1×1 records in ``engine kernels``' conditions (after a NumPy check, torch timed in its own process)
+showed two more ways a share waits behind the other on one CPU while the other CPU idles:
+
+1. the pool thread, *awake* (in its 100 µs wait) but on the caller's CPU, sees the hand-out only when
+   the caller next gives up its CPU: it took no chunk for the whole call (144→32 @16×16 weight
+   gradient 1.1–1.3 ms, the caller ran both shares back to back; 0.55 ms each alone). Stepping aside
+   acts only once it runs. So right after each hand-out the caller calls ``sched_yield()`` once
+   (``spin.yield_cpu``, outside the GIL): a pool thread queued on its CPU runs at once, steps aside and
+   takes its chunk; where none is queued the call returns in about a microsecond.
+2. stepping aside through ``os.sched_setaffinity`` held the GIL for the migration (60–80 µs here); the
+   caller, back from its yield, slept on the GIL and was woken by the pool thread, on the pool thread's
+   new CPU, where it waited for the pool thread's whole run (64→384 @8×8 forward: the pool thread ran
+   all 8 chunks, 1.3–1.4 ms, the caller none). ``_step_aside`` calls libc through ctypes, which lets go
+   of the GIL (``step_aside_outside_gil``).
+
+Measured, 66 1×1 records (22 shapes × 3 directions), batch 32, two threads, one process, before each
+timing three NumPy 384² sgemms and ``quiesce``, best of 7, two rounds alternating, main's pool against
+this: geometric mean 1.125× faster, sum of the best times 89.5 → 80.9 ms; the weight gradients most
+(144→32 @16×16 0.75 → 0.64 ms, 32→192 1.04 → 0.68, 64→384 @8×8 1.16 → 0.73, 960→160 @4×4 1.78 →
+1.20), and the two rounds of each record now agree (main's: 1.71 / 1.06 ms for 384→96 forward). In
+an earlier run of the same kind, main's against the yield with the step-aside through ctypes: 1.191×;
+yielding only when a thread was rung or an awake one last polled on the caller's CPU (published from
+its wait loop): 1.085×, so the caller always yields. The training step did not move
+(``benchmarks/offload_threads.py``, the configurations' steps alternating in one process, median
+step, main's pool / this): MobileNetV2 24 steps 269.2 / 272.9 ms and 255.4 / 256.2 ms, ResNet-18 12
+steps 430.2 / 436.2 ms; the step-aside through ctypes without the yield 280.1 ms. (In separate
+processes, ``bench_train.py --frameworks engine``, MobileNetV2 ran 88.6–115.8 images/s on main and
+87.1–109.8 on this: this machine's noise, ±12%, is larger than either change.)
+``ENGINE_HAND_OUT_YIELD=0`` turns the yield off (``yield_after_hand_out``).
 """
 
 from __future__ import annotations
