@@ -293,6 +293,7 @@ class _Pool:
         self.closed = False
         self.ticks = int(spin_microseconds * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
         self.wait_ticks = int(WAIT_MICROSECONDS * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
+        spin.yield_cpu()  # compiled (or loaded) with the pool, as wait_for_change is: warm-up workers start one too
         self.threads = [
             threading.Thread(target=self._loop, args=(slot,), name=f"conv_{slot}", daemon=True)
             for slot in range(1, workers + 1)
