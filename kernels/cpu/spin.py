@@ -80,10 +80,18 @@ if SUPPORTED:
     def cycles():
         return _cycles()
 
+    @njit(cache=True, nogil=True)
+    def yield_cpu():
+        """One ``sched_yield()`` outside the GIL: a thread queued on this CPU runs now (``threads.run_chunks``)."""
+        return _sched_yield()
+
 else:  # pragma: no cover - other platforms
 
     def wait_for_change(counter, seen, ticks):
         return int(counter[0])
+
+    def yield_cpu():
+        return 0
 
     def cycles():
         return 0

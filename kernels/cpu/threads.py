@@ -118,6 +118,38 @@ run, ResNet-18 62.9 → 63.9, MobileNetV2 99.7 → 104.0: level within the noise
 a first version that lost ResNet-18's step ~8% (a
 ``Condition`` shared with the caller): kernels/README.md, "The pool thread on the caller's CPU".
 ``ENGINE_SPIN_US=0``, ``ENGINE_WAIT_SPIN_US=0``, ``ENGINE_STEP_ASIDE=0`` switch the parts off.
+
+**The caller yields after the hand-out; stepping aside lets go of the GIL** (issue 13). Still bimodal
+after the above: traced per call (the CPU and start of each thread's chunks, ``sched_getcpu``), the
+1×1 records in ``engine kernels``' conditions (after a NumPy check, torch timed in its own process)
+showed two more ways a share waits behind the other on one CPU while the other CPU idles:
+
+1. the pool thread, *awake* (in its 100 µs wait) but on the caller's CPU, sees the hand-out only when
+   the caller next gives up its CPU: it took no chunk for the whole call (144→32 @16×16 weight
+   gradient 1.1–1.3 ms, the caller ran both shares back to back; 0.55 ms each alone). Stepping aside
+   acts only once it runs. So right after each hand-out the caller calls ``sched_yield()`` once
+   (``spin.yield_cpu``, outside the GIL): a pool thread queued on its CPU runs at once, steps aside and
+   takes its chunk; where none is queued the call returns in about a microsecond.
+2. stepping aside through ``os.sched_setaffinity`` held the GIL for the migration (60–80 µs here); the
+   caller, back from its yield, slept on the GIL and was woken by the pool thread, on the pool thread's
+   new CPU, where it waited for the pool thread's whole run (64→384 @8×8 forward: the pool thread ran
+   all 8 chunks, 1.3–1.4 ms, the caller none). ``_step_aside`` calls libc through ctypes, which lets go
+   of the GIL (``step_aside_outside_gil``).
+
+Measured, 66 1×1 records (22 shapes × 3 directions), batch 32, two threads, one process, before each
+timing three NumPy 384² sgemms and ``quiesce``, best of 7, two rounds alternating, main's pool against
+this: geometric mean 1.125× faster, sum of the best times 89.5 → 80.9 ms; the weight gradients most
+(144→32 @16×16 0.75 → 0.64 ms, 32→192 1.04 → 0.68, 64→384 @8×8 1.16 → 0.73, 960→160 @4×4 1.78 →
+1.20), and the two rounds of each record now agree (main's: 1.71 / 1.06 ms for 384→96 forward). In
+an earlier run of the same kind, main's against the yield with the step-aside through ctypes: 1.191×;
+yielding only when a thread was rung or an awake one last polled on the caller's CPU (published from
+its wait loop): 1.085×, so the caller always yields. The training step did not move
+(``benchmarks/offload_threads.py``, the configurations' steps alternating in one process, median
+step, main's pool / this): MobileNetV2 24 steps 269.2 / 272.9 ms and 255.4 / 256.2 ms, ResNet-18 12
+steps 430.2 / 436.2 ms; the step-aside through ctypes without the yield 280.1 ms. (In separate
+processes, ``bench_train.py --frameworks engine``, MobileNetV2 ran 88.6–115.8 images/s on main and
+87.1–109.8 on this: this machine's noise, ±12%, is larger than either change.)
+``ENGINE_HAND_OUT_YIELD=0`` turns the yield off (``yield_after_hand_out``).
 """
 
 from __future__ import annotations
@@ -176,8 +208,27 @@ def _load_getcpu() -> Callable[[], int] | None:
     return getcpu
 
 
+def _load_setaffinity() -> Callable[[int, int, object], int] | None:
+    """libc's ``sched_setaffinity`` through ctypes, which lets go of the GIL for the call (``os.sched_setaffinity``
+    holds it: see ``_step_aside``)."""
+    try:
+        setaffinity = ctypes.CDLL(None, use_errno=True).sched_setaffinity
+    except (OSError, AttributeError):
+        return None
+    setaffinity.restype, setaffinity.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
+    return setaffinity
+
+
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
+_setaffinity = _load_setaffinity() if _getcpu is not None else None
+_masks: dict[frozenset[int], ctypes.Array] = {}  # cpu_set_t buffers for ``_setaffinity``, by CPU set
+step_aside_outside_gil = True
+"""``_step_aside`` through ctypes, outside the GIL (else ``os.sched_setaffinity``, as before): a module flag so
+one process can time both."""
 _stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
+yield_after_hand_out = spin.SUPPORTED and os.environ.get("ENGINE_HAND_OUT_YIELD", "1").strip() != "0"
+"""The caller yields its CPU once right after each hand-out (module docstring, "The caller yields after the
+hand-out"); ``ENGINE_HAND_OUT_YIELD=0`` turns it off. A plain module flag so one process can time both."""
 
 
 def start_numba_pool() -> None:
@@ -242,6 +293,7 @@ class _Pool:
         self.closed = False
         self.ticks = int(spin_microseconds * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
         self.wait_ticks = int(WAIT_MICROSECONDS * spin.ticks_per_microsecond()) if spin.SUPPORTED else 0
+        spin.yield_cpu()  # compiled (or loaded) with the pool, as wait_for_change is: warm-up workers start one too
         self.threads = [
             threading.Thread(target=self._loop, args=(slot,), name=f"conv_{slot}", daemon=True)
             for slot in range(1, workers + 1)
@@ -301,17 +353,38 @@ def _get_pool(workers: int) -> _Pool:
         return _pool
 
 
+def _cpu_mask(cpus: frozenset[int]) -> ctypes.Array:
+    mask = _masks.get(cpus)
+    if mask is None:
+        mask = (ctypes.c_uint64 * (max(cpus) // 64 + 1))()
+        for cpu in cpus:
+            mask[cpu // 64] |= 1 << (cpu % 64)
+        _masks[cpus] = mask
+    return mask
+
+
 def _step_aside(cpu: int) -> None:
     """Move the calling (pool) thread off ``cpu`` now, then let it run anywhere again (module
     docstring, "A woken thread steps aside"): the first ``sched_setaffinity`` migrates it at once, the
-    second only widens its mask back. A refusal turns this off for good."""
+    second only widens its mask back. A refusal turns this off for good.
+
+    Through ctypes, outside the GIL (module docstring, "The caller yields after the hand-out"): the
+    migration took 60–80 µs here, and ``os.sched_setaffinity`` holds the GIL for it, so the caller,
+    back from its yield, slept on the GIL and was woken by this thread, on this thread's new CPU,
+    behind its share."""
     global _stepping_aside
     try:
-        allowed = os.sched_getaffinity(0)
+        allowed = frozenset(os.sched_getaffinity(0))
         others = allowed - {cpu}
         if others:
-            os.sched_setaffinity(0, others)
-            os.sched_setaffinity(0, allowed)
+            if _setaffinity is None or not step_aside_outside_gil:
+                os.sched_setaffinity(0, others)
+                os.sched_setaffinity(0, allowed)
+                return
+            for cpus in (others, allowed):
+                mask = _cpu_mask(cpus)
+                if _setaffinity(0, ctypes.sizeof(mask), mask) != 0:
+                    raise OSError(ctypes.get_errno(), "sched_setaffinity")
     except OSError:
         _stepping_aside = False
 
@@ -407,6 +480,8 @@ def run_chunks(work: Callable[[int, int], object], chunks: int, threads: int) ->
     if _pinning:
         _keep_workers_off_caller()
     pool.hand_out(job)
+    if yield_after_hand_out:
+        spin.yield_cpu()  # a pool thread queued on this CPU runs now and steps aside (module docstring)
     job.run(0)
     if pool.wait_ticks > 0 and not job.done.is_set():
         spin.wait_for_change(job.finished, 0, pool.wait_ticks)  # awake, outside the GIL: see the module docstring

@@ -160,3 +160,72 @@ def test_run_ranges_cover_the_items_once_in_fixed_ranges(items, threads, min_ite
     covered = [i for lo, hi in seen[0] for i in range(lo, hi)]
     assert covered == list(range(items))
     assert len(seen[0]) == max(1, min(threads, items // min_items))
+def test_the_caller_yields_once_after_each_hand_out_before_its_own_chunks(monkeypatch):
+    """threads.py, "The caller yields after the hand-out": a pool thread queued on the caller's CPU (woken
+    there, or waiting awake there) runs, and steps aside, before the caller's first chunk, not after it."""
+    from kernels.cpu import spin, threads
+
+    events = []
+    monkeypatch.setattr(threads, "yield_after_hand_out", True)
+    monkeypatch.setattr(spin, "yield_cpu", lambda: events.append("yield"))
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
+    assert events.count("yield") == 1
+    mine = [e for e in events if e != "yield" and e[1] == 0]
+    assert mine and events.index("yield") < events.index(mine[0])  # the caller yielded before its first chunk
+    assert sorted(e[0] for e in events if e != "yield") == [0, 1, 2, 3]
+    events.clear()
+    monkeypatch.setattr(threads, "yield_after_hand_out", False)
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 4, 2)
+    assert "yield" not in events and len(events) == 4
+    monkeypatch.setattr(threads, "yield_after_hand_out", True)
+    threads.run_chunks(lambda chunk, slot: events.append((chunk, slot)), 1, 2)  # one chunk: no hand-out
+    assert "yield" not in events
+
+
+@needs_two_cpus
+def test_stepping_aside_runs_through_ctypes_outside_the_gil_and_a_refusal_turns_it_off(monkeypatch):
+    """threads.py, ``_step_aside``: the migration (60–80 µs here) runs through libc's sched_setaffinity by
+    ctypes, which lets go of the GIL, not ``os.sched_setaffinity``, which holds it while the caller waits."""
+    import threading
+
+    from kernels.cpu import threads
+
+    if threads._setaffinity is None:
+        pytest.skip("no libc sched_setaffinity")
+
+    def held(*args):
+        raise AssertionError("os.sched_setaffinity holds the GIL: _step_aside must not call it")
+
+    monkeypatch.setattr(threads.os, "sched_setaffinity", held)
+    monkeypatch.setattr(threads, "_stepping_aside", True)
+    allowed, seen = os.sched_getaffinity(0), {}
+
+    def body() -> None:
+        moved = []
+        for _ in range(20):
+            cpu = threads._getcpu()
+            threads._step_aside(cpu)
+            moved.append(threads._getcpu() != cpu)
+        seen["moved"], seen["affinity"] = moved, os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(30)
+    assert sum(seen["moved"]) >= 18 and seen["affinity"] == allowed and threads._stepping_aside
+    monkeypatch.setattr(threads, "_setaffinity", lambda pid, size, mask: -1)  # refused (EPERM in a container)
+    threads._step_aside(threads._getcpu())
+    assert threads._stepping_aside is False
+
+
+def test_the_hand_out_yield_is_on_unless_switched_off():
+    from kernels.cpu import spin
+
+    code = "from kernels.cpu import threads; print(threads.yield_after_hand_out)"
+    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_HAND_OUT_YIELD"}
+    on = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    off = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_HAND_OUT_YIELD": "0"},
+                         capture_output=True, text=True, check=True)
+    assert on.stdout.strip() == str(spin.SUPPORTED)
+    assert off.stdout.strip() == "False"
+    if spin.SUPPORTED:
+        assert spin.yield_cpu() == 0  # sched_yield() returns 0
