@@ -24,7 +24,7 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
-  groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8 and 16×16 planes (stride 1
+  groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
   and 2, all three directions) with whole planes in vector registers (``conv_depthwise_regs.py``);
   other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
@@ -232,7 +232,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
     "depthwise-groups" (the weight gradient by image groups, ≥ 8×8), "depthwise-flat" (chunk runs);
-    "depthwise-registers" takes the 4×4, 8×8 and 16×16 planes before them all (``conv_depthwise_regs``)."""
+    "depthwise-registers" takes the 4×4 to 32×32 square planes before them all (``conv_depthwise_regs``)."""
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_registers and conv_depthwise_regs.supported(x_shape, w_shape, stride, pad):
             return "depthwise-registers"

@@ -49,9 +49,9 @@ _VEC = ir.VectorType(ir.FloatType(), LANES)
 _MASK = ir.VectorType(ir.IntType(32), LANES)
 _BITS = ir.VectorType(ir.IntType(1), LANES)
 
-GEOMETRIES = ((4, 4, 1), (8, 8, 1), (8, 8, 2), (16, 16, 1), (16, 16, 2))
-"""(H, W, stride) of the input planes this module's kernels are written for (MobileNetV2's 3×3
-depthwise layers from 16×16 down, pad 1)."""
+GEOMETRIES = ((4, 4, 1), (8, 8, 1), (8, 8, 2), (16, 16, 1), (16, 16, 2), (32, 32, 1), (32, 32, 2))
+"""(H, W, stride) of the input planes this module's kernels are written for (every 3×3 depthwise
+layer of the CIFAR MobileNetV2, pad 1)."""
 
 
 def _source(direction: str, stride: int, height: int, width: int, out_w: int, position: int, r: int, s: int):
@@ -264,9 +264,9 @@ def _weight_intrinsic(height: int, width: int, stride: int):
     return intrinsic(typer)
 
 
-_F0, _F1, _F2, _F3, _F4 = (_filter_intrinsic(h, w, s, "forward") for h, w, s in GEOMETRIES)
-_D0, _D1, _D2, _D3, _D4 = (_filter_intrinsic(h, w, s, "data") for h, w, s in GEOMETRIES)
-_W0, _W1, _W2, _W3, _W4 = (_weight_intrinsic(h, w, s) for h, w, s in GEOMETRIES)
+_F0, _F1, _F2, _F3, _F4, _F5, _F6 = (_filter_intrinsic(h, w, s, "forward") for h, w, s in GEOMETRIES)
+_D0, _D1, _D2, _D3, _D4, _D5, _D6 = (_filter_intrinsic(h, w, s, "data") for h, w, s in GEOMETRIES)
+_W0, _W1, _W2, _W3, _W4, _W5, _W6 = (_weight_intrinsic(h, w, s) for h, w, s in GEOMETRIES)
 
 
 def geometry(x_shape, stride: int) -> int:
@@ -294,8 +294,12 @@ def filter_share(src, dst, w, planes, channels, src_plane, dst_plane, kind, data
                 _D2(src, s0, dst, d0, w, w0)
             elif kind == 3:
                 _D3(src, s0, dst, d0, w, w0)
-            else:
+            elif kind == 4:
                 _D4(src, s0, dst, d0, w, w0)
+            elif kind == 5:
+                _D5(src, s0, dst, d0, w, w0)
+            else:
+                _D6(src, s0, dst, d0, w, w0)
         elif kind == 0:
             _F0(src, s0, dst, d0, w, w0)
         elif kind == 1:
@@ -304,8 +308,12 @@ def filter_share(src, dst, w, planes, channels, src_plane, dst_plane, kind, data
             _F2(src, s0, dst, d0, w, w0)
         elif kind == 3:
             _F3(src, s0, dst, d0, w, w0)
-        else:
+        elif kind == 4:
             _F4(src, s0, dst, d0, w, w0)
+        elif kind == 5:
+            _F5(src, s0, dst, d0, w, w0)
+        else:
+            _F6(src, s0, dst, d0, w, w0)
 
 
 @njit(cache=True, nogil=True)
@@ -321,8 +329,12 @@ def weight_share(x, g, dw, images, channels, plane, out_plane, kind, t, threads)
             _W2(x, x0, xs, g, g0, gs, images, dw, c * 9)
         elif kind == 3:
             _W3(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        else:
+        elif kind == 4:
             _W4(x, x0, xs, g, g0, gs, images, dw, c * 9)
+        elif kind == 5:
+            _W5(x, x0, xs, g, g0, gs, images, dw, c * 9)
+        else:
+            _W6(x, x0, xs, g, g0, gs, images, dw, c * 9)
 
 
 def run_forward(x, w, out, stride: int) -> None:

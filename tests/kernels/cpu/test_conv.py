@@ -237,8 +237,9 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
-        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # plane by plane (v21)
-        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-planes"),  # kept outputs only beat direct
+        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-registers"),  # v25 (v21: plane by plane)
+        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-registers"),
+        ((32, 144, 24, 24), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # no register geometry: v21's
         ((32, 576, 8, 8), (576, 1, 3, 3), 2, 1, 576, "depthwise-registers"),  # small planes: in registers (v25)
         ((32, 960, 4, 4), (960, 1, 3, 3), 1, 1, 960, "depthwise-registers"),
         ((32, 192, 16, 16), (192, 1, 3, 3), 2, 1, 192, "depthwise-registers"),
@@ -956,12 +957,14 @@ REGISTER_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): every geometry o
     (4, 5, 8, 8, 5, 3, 2, 1, 5),
     (3, 4, 16, 16, 4, 3, 1, 1, 4),
     (2, 5, 16, 16, 5, 3, 2, 1, 5),
+    (2, 4, 32, 32, 4, 3, 1, 1, 4),
+    (3, 4, 32, 32, 4, 3, 2, 1, 4),
 ]
 
 
 @pytest.mark.parametrize("shape", REGISTER_SHAPES, ids=["x".join(map(str, s)) for s in REGISTER_SHAPES])
 def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape):
-    """v25: 4×4, 8×8 and 16×16 planes, stride 1 and 2, with whole planes in vector registers (no
+    """v25: 4×4 to 32×32 planes, stride 1 and 2, with whole planes in vector registers (no
     scratch): the reference's results in every direction, and the same bits at 1, 2 and 3 threads (3
     where Numba's pool has them). v23 (the chunk runs, groups and planes) still runs these shapes."""
     from numba import get_num_threads, set_num_threads
