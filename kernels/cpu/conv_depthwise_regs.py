@@ -219,10 +219,11 @@ def _filter_intrinsic(height: int, width: int, stride: int, direction: str):
     return intrinsic(typer)
 
 
-def _weight_intrinsic(height: int, width: int, stride: int):
+def _weight_intrinsic(height: int, width: int, stride: int, block: int = 1):
     """``kernel(x, x0, x_step, g, g0, g_step, n, dw, o)``: dw[o + k] = Σ_i Σ_q g(image i)[q] · tap_k(x
     of image i)[q], over the ``n`` planes at x0 + i·x_step and g0 + i·g_step, i in order; the lanes
-    summed in lane order at the end."""
+    summed in lane order at the end. ``block`` channels a pass (the planes that follow in memory,
+    their sums at o + 9b + k), each with its own nine accumulators."""
     out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
     taps = _taps("forward", height, width, stride)
     out_vectors = out_h * out_w // LANES
@@ -236,23 +237,26 @@ def _weight_intrinsic(height: int, width: int, stride: int):
         dw = context.make_array(signature.args[7])(context, builder, args[7]).data
         x0, x_step, g0, g_step, n, o = (_int64(context, builder, signature, args, i) for i in (1, 2, 4, 5, 6, 8))
         fma = _fma(builder)
-        accumulators = [cgutils.alloca_once_value(builder, ir.Constant(_VEC, None)) for _ in range(9)]
+        accumulators = [cgutils.alloca_once_value(builder, ir.Constant(_VEC, None)) for _ in range(9 * block)]
         with cgutils.for_range(builder, n) as loop:
             xi = builder.add(x0, builder.mul(loop.index, x_step))
             gi = builder.add(g0, builder.mul(loop.index, g_step))
-            emitter = _Emitter(builder, _load_plane(builder, xs, xi, height * width // LANES))
-            if stride == 2:
-                for want in _phases(height, width):
-                    emitter.build(want)
-            grads = _load_plane(builder, gs, gi, out_vectors)
-            totals = [builder.load(a) for a in accumulators]
-            for j, vector_taps in enumerate(taps):
-                for k, want in enumerate(vector_taps):
-                    if want is not None:
-                        totals[k] = builder.call(fma, [grads[j], emitter.build(want), totals[k]])
-            for a, t in zip(accumulators, totals):
-                builder.store(t, a)
-        for k in range(9):
+            for b in range(block):
+                xb = builder.add(xi, ir.Constant(xi.type, b * height * width))
+                gb = builder.add(gi, ir.Constant(gi.type, b * out_h * out_w))
+                emitter = _Emitter(builder, _load_plane(builder, xs, xb, height * width // LANES))
+                if stride == 2:
+                    for want in _phases(height, width):
+                        emitter.build(want)
+                grads = _load_plane(builder, gs, gb, out_vectors)
+                totals = [builder.load(a) for a in accumulators[9 * b : 9 * b + 9]]
+                for j, vector_taps in enumerate(taps):
+                    for k, want in enumerate(vector_taps):
+                        if want is not None:
+                            totals[k] = builder.call(fma, [grads[j], emitter.build(want), totals[k]])
+                for a, t in zip(accumulators[9 * b : 9 * b + 9], totals):
+                    builder.store(t, a)
+        for k in range(9 * block):
             vector = builder.load(accumulators[k])
             total = builder.extract_element(vector, ir.Constant(ir.IntType(32), 0))
             for lane in range(1, LANES):
@@ -267,6 +271,7 @@ def _weight_intrinsic(height: int, width: int, stride: int):
 _F0, _F1, _F2, _F3, _F4, _F5, _F6 = (_filter_intrinsic(h, w, s, "forward") for h, w, s in GEOMETRIES)
 _D0, _D1, _D2, _D3, _D4, _D5, _D6 = (_filter_intrinsic(h, w, s, "data") for h, w, s in GEOMETRIES)
 _W0, _W1, _W2, _W3, _W4, _W5, _W6 = (_weight_intrinsic(h, w, s) for h, w, s in GEOMETRIES)
+_W0_PAIRS = _weight_intrinsic(4, 4, 1, 2)  # 4×4: two channels a pass (``weight_share``)
 
 
 def geometry(x_shape, stride: int) -> int:
@@ -318,12 +323,24 @@ def filter_share(src, dst, w, planes, channels, src_plane, dst_plane, kind, data
 
 @njit(cache=True, nogil=True)
 def weight_share(x, g, dw, images, channels, plane, out_plane, kind, t, threads):
-    """Thread ``t``'s contiguous range of channels: dw[c, :] over every image, in image order."""
+    """Thread ``t``'s contiguous range of channels: dw[c, :] over every image, in image order.
+
+    4×4 planes (one vector each) go two channels a pass (``_W0_PAIRS``: twice the loads in flight per
+    image; each channel's sums are the same operations in the same order as alone, so the same bits);
+    an odd last channel goes alone, on the last share."""
+    xs, gs = channels * plane, channels * out_plane
+    if kind == 0:
+        pairs = channels // 2
+        for q in range(t * pairs // threads, (t + 1) * pairs // threads):
+            c = 2 * q
+            _W0_PAIRS(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9)
+        if channels % 2 == 1 and t == threads - 1:
+            c = channels - 1
+            _W0(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9)
+        return
     for c in range(t * channels // threads, (t + 1) * channels // threads):
-        x0, g0, xs, gs = c * plane, c * out_plane, channels * plane, channels * out_plane
-        if kind == 0:
-            _W0(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        elif kind == 1:
+        x0, g0 = c * plane, c * out_plane
+        if kind == 1:
             _W1(x, x0, xs, g, g0, gs, images, dw, c * 9)
         elif kind == 2:
             _W2(x, x0, xs, g, g0, gs, images, dw, c * 9)
