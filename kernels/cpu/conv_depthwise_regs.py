@@ -33,6 +33,44 @@ expression whatever the split: the same bits at any thread count. No scratch.
 How the geometry is chosen (``_Emitter.build``): every vector wanted is a lane map (lane → plane
 position or zero); it is built greedily from the vectors already at hand (inputs, phase planes,
 taps built earlier), the one that covers most lanes first, then merged by further shuffles.
+32×32 planes (64 vectors) do not fit the registers; LLVM keeps the plane's loads near their uses,
+and the same code still wins (below).
+
+Measured (AMD EPYC Zen 4, 2 vCPUs, batch 32, two threads; ``benchmarks/depthwise_versions.py
+--versions 23,25 --max-pixels 1024``: the two study versions alternating in one process, median of 5
+rounds of best-of-7, ms), v23 → v25, forward / backward-data / weight:
+
+- 960 ch @4×4: 0.229 → 0.139 / 0.244 → 0.124 / 0.291 → 0.164
+- 384 ch @8×8: 0.321 → 0.160 / 0.283 → 0.134 / 0.294 → 0.144
+- 576 ch @8×8: 0.459 → 0.205 / 0.379 → 0.197 / 0.404 → 0.221
+- 576 ch s2 @8×8: 0.372 → 0.124 / 0.566 → 0.215 / 0.415 → 0.154
+- 192 ch @16×16: 0.515 → 0.211 / 0.544 → 0.209 / 0.498 → 0.194
+- 192 ch s2 @16×16: 0.492 → 0.121 / 0.753 → 0.134 / 0.404 → 0.146
+- 32 ch @32×32: 0.448 → 0.196 / 0.335 → 0.176 / 0.313 → 0.148
+- 96 ch @32×32: 1.345 → 0.557 / 1.188 → 0.509 / 0.895 → 0.609
+- 144 ch @32×32: 1.997 → 0.861 / 2.232 → 0.797 / 1.314 → 1.403 (the weight gradient level: three
+  runs 1.48 → 1.49, 1.45 → 1.37, 1.31 → 1.40; x and dout are 38 MB, more than the L3, and both
+  versions stream them from memory)
+- 144 ch s2 @32×32: 1.381 → 0.337 / 2.595 → 0.431 / 1.386 → 0.562
+
+Where the time goes now: the small planes are bound by moving the data, not by the loop. 576 ch s2
+@8×8 forward takes 0.154 ms on one thread and 0.152 on two (it reads 4.7 MB and writes 1.2 MB; a
+plain copy of the 4.7 MB input takes 0.11 ms on one thread or two here); 960 ch @4×4 forward 0.168
+→ 0.111, backward-data 0.137 → 0.104, weight 0.209 → 0.168 (one → two threads, before the pairs
+below). Before (v23), one thread: 0.65 ms for the same forward, ~130 cycles per 16 outputs.
+
+The 4×4 weight gradient runs two channels a pass (``weight_share``): each image's planes are 64
+bytes 61 KB apart, and two of them a pass keep twice the loads in flight; one → two → four channels a
+pass, 960 ch @4×4, two runs: 0.204 → 0.167 → 0.182, 0.186 → 0.136 → 0.137 ms; on 8×8 level (576 ch s2
+0.121 / 0.112 / 0.119, 0.128 / 0.128 / 0.129; 384 ch 0.149 / 0.155 / 0.157), so one there.
+Tried and dropped: ``llvm.prefetch`` of the next planes in the weight gradient, 2, 4 or 8 images ahead:
+960 ch @4×4 0.19 → 0.26 / 0.28 / 0.28 ms, 576 ch s2 @8×8 0.158 → 0.156 / 0.175 / 0.175, 192 ch s2 @16×16
+0.112 → 0.124 / 0.124 / 0.133.
+
+Cold compile (empty ``NUMBA_CACHE_DIR``): ``filter_share`` 1.1 s (forward and backward-data share it),
+``weight_share`` 0.7 s. MobileNetV2's depthwise warm-up jobs (``engine.warmup.model_jobs``, each run
+cold, two runs): v23's four (``depthwise-groups``, ``-flat`` weight, ``-planes``, ``-flat`` forward)
+9.90 / 10.00 s → these two 1.84 / 1.88 s; every MobileNetV2 depthwise layer takes this path now.
 """
 
 from __future__ import annotations
