@@ -1,13 +1,14 @@
 """Depthwise 3×3 convolution with whole planes in vector registers (v25, issue 13 item 2).
 
-Why. MobileNetV2's late depthwise layers have planes of 16×16, 8×8 and 4×4 pixels: one plane is 16,
-4 or 1 vectors of 16 floats. The chunk runs of ``conv_depthwise`` (nine position-weights and nine
-misaligned tap loads per 16 outputs) and its plane loops (nine mask loads per 16 outputs, a loop
-set-up per plane of one to four vectors) were bound by their loads: measured below, 30–130 cycles
-per 16 outputs where the nine multiply-adds need nine.
+Why. MobileNetV2's depthwise layers (CIFAR sizes) have planes of 32×32, 16×16, 8×8 and 4×4
+pixels: one plane is 64, 16, 4 or 1 vectors of 16 floats. The chunk runs of ``conv_depthwise``
+(nine position-weights and nine misaligned tap loads per 16 outputs) and its plane loops (nine mask
+loads per 16 outputs, a loop set-up per plane of one to four vectors) were bound by their loads:
+30–130 cycles per 16 outputs (``conv_depthwise``'s docstring; below) where the nine multiply-adds
+need nine.
 
-The kernel. Each plane's input is loaded once, as its vectors (4×4: one, 8×8: four, 16×16: sixteen),
-and every tap of every output vector is built from those registers by a constant shuffle
+The kernel. Each plane's input is loaded once, as its vectors (4×4: one, 8×8: four, 16×16: sixteen,
+32×32: 64), and every tap of every output vector is built from those registers by a constant shuffle
 (``shufflevector`` with a zero vector: LLVM emits ``vpermt2ps``/``valignd`` with zero-masking), so a
 tap that leaves the plane is an exact zero, never a neighbour plane's pixel (an inf or NaN stays in
 its channel). The nine weights are broadcast from memory; the nine products are chained ``fma``s in
@@ -23,8 +24,8 @@ Numba loops around it only walk the planes.
 - Stride 2, backward-data: each output vector sums only the taps with a non-zero lane (the parity of
   its rows decides: an even row takes r = 1 only), each a shuffle of dout's vectors: dout is never
   spread over the full-resolution grid.
-- Weight gradient: one channel at a time, all images, nine vector accumulators (``acc_k += dout ⊙
-  tap_k``) in an IR loop, summed across lanes in lane order at the end.
+- Weight gradient: one channel at a time (4×4: two), all images, nine vector accumulators each
+  (``acc_k += dout ⊙ tap_k``) in an IR loop, summed across lanes in lane order at the end.
 
 Threads: forward and backward-data split the planes (image-major) into one contiguous range per
 thread; the weight gradient splits the channels. Every output and every dW sum is one fixed
