@@ -24,7 +24,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
-  groups from 8×8 (v21; ``conv_depthwise.py``); other depthwise shapes: the direct loops below.
+  groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
+  and 2, all three directions) with whole planes in vector registers (``conv_depthwise_regs.py``);
+  other depthwise shapes: the direct loops below.
 - **1×1**: smaller tiles (``POINTWISE_TARGET_COLUMNS``); stride 1 without padding skips im2col,
   the image already *is* its column matrix. Its weight gradient on planes of ≥ 64 pixels is one
   β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``); so is every other
@@ -54,7 +56,7 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import blas, conv_depthwise, conv_shifted, conv_winograd, conv_winograd4
+from kernels.cpu import blas, conv_depthwise, conv_depthwise_regs, conv_shifted, conv_winograd, conv_winograd4
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 from kernels.reference.conv import check_conv2d_shapes
@@ -189,6 +191,7 @@ class Paths:
     depthwise_weight_groups: bool = True
     depthwise_planes: bool = True
     winograd_by_xi: bool = True
+    depthwise_registers: bool = True
 
 
 EXPORTED = Paths()
@@ -222,13 +225,17 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
-    """The kernel a call runs: "depthwise-planes", "depthwise-groups", "depthwise-flat", "depthwise-direct",
+    """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
+    "depthwise-flat", "depthwise-direct",
     "winograd4", "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
-    "depthwise-groups" (the weight gradient by image groups, ≥ 8×8), "depthwise-flat" (chunk runs)."""
+    "depthwise-groups" (the weight gradient by image groups, ≥ 8×8), "depthwise-flat" (chunk runs);
+    "depthwise-registers" takes the 4×4 to 32×32 square planes before them all (``conv_depthwise_regs``)."""
     if is_depthwise(x_shape, w_shape, groups):
+        if paths.depthwise_registers and conv_depthwise_regs.supported(x_shape, w_shape, stride, pad):
+            return "depthwise-registers"
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction):
             if direction == "weight" and paths.depthwise_weight_groups and conv_depthwise.by_groups(x_shape, stride):
                 return "depthwise-groups"
@@ -411,7 +418,7 @@ def workspace_size(
         return conv_depthwise.weight_workspace_size(x_shape, stride)
     if kind in ("depthwise-flat", "depthwise-planes"):
         return conv_depthwise.workspace_size(x_shape, stride)
-    if kind == "depthwise-direct":
+    if kind in ("depthwise-direct", "depthwise-registers"):
         return 0
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
@@ -1091,7 +1098,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     needed = workspace_size(x.shape, w.shape, stride, pad, groups, "forward", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_forward_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind in ("depthwise-flat", "depthwise-planes"):
+    if kind == "depthwise-registers":
+        conv_depthwise_regs.run_forward(x, w, out, stride)
+    elif kind in ("depthwise-flat", "depthwise-planes"):
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
@@ -1133,7 +1142,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     needed = workspace_size(dx.shape, w.shape, stride, pad, groups, "data", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_data_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind in ("depthwise-flat", "depthwise-planes"):
+    if kind == "depthwise-registers":
+        conv_depthwise_regs.run_backward_data(dout, w, dx, stride)
+    elif kind in ("depthwise-flat", "depthwise-planes"):
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
@@ -1175,7 +1186,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     needed = workspace_size(x.shape, dw.shape, stride, pad, groups, "weight", paths)
     scratch = _check_scratch(scratch, needed, "conv2d_backward_weight_workspace_size")[:needed]
     threads = get_num_threads()
-    if kind in ("depthwise-flat", "depthwise-groups"):
+    if kind == "depthwise-registers":
+        conv_depthwise_regs.run_backward_weight(x, dout, dw, stride)
+    elif kind in ("depthwise-flat", "depthwise-groups"):
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, kind == "depthwise-groups")
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)

@@ -1,5 +1,9 @@
 """Depthwise convolution on the CPU, version 2: flat runs of whole channel planes with border masks.
 
+Since v25 the square 4×4, 8×8, 16×16 and 32×32 planes (every depthwise layer of the CIFAR MobileNetV2)
+run ``conv_depthwise_regs`` instead (whole planes in vector registers, 2–5× faster; figures there):
+this module serves the other shapes (odd planes, 24×24, large planes, ImageNet sizes).
+
 Why. A depthwise filter (``groups == C == K``) reads one input plane: nine multiply-adds per output
 pixel, nothing for a GEMM. Version 1 (``depthwise_forward`` in ``conv.py``) walks one plane at a
 time, row by row; on the late MobileNetV2 layers a row is 8 or 4 pixels, so every inner loop is a

@@ -89,12 +89,20 @@ kernels/README.md ("What each step bought").
   position-weights (``conv_depthwise.plane_forward``, ``Paths.depthwise_planes``). Batch 32, two
   threads, ms v20 → v21: weight 576 ch s2 @8×8 0.76 → 0.44, 192 ch s2 @16×16 0.92 → 0.48, 144 ch
   @32×32 3.47 → 1.98; forward 144 ch @32×32 2.29 → 1.84. Every figure in ``conv_depthwise``.
-- v23 ``F(2×2) by ξ on 4×4`` (exported; v22 not used): v21, but forward and
+- v23 ``F(2×2) by ξ on 4×4`` (v22 not used): v21, but forward and
   backward-data of F(2×2) on planes of ≤ 4×4 (ResNet-18's 512 @4×4) split the threads by Winograd
   position, each reading half of U once for the batch's 128 tiles, instead of by tiles
   (``conv_winograd.forward_by_xi``, ``conv.WINOGRAD_BY_XI_MAX_PIXELS``): 512 @4×4 forward ~9.6 →
   ~9.15 ms, backward-data ~10.05 → ~9.65 (two threads, batch 32). Under every F(4×4) version since
   v23 the weight gradient's dout transform runs over whole blocks (same bits, 2.2–2.6× faster).
+- v25 ``depthwise planes in registers`` (exported; v24 is another branch's): v23, but depthwise 3×3
+  pad 1 on square 4×4, 8×8, 16×16 and 32×32 planes (stride 1 and 2, all three directions) loads each
+  plane once into vector registers and builds every tap by a constant shuffle with zeros (LLVM IR
+  written per plane geometry, ``conv_depthwise_regs.py``, ``Paths.depthwise_registers``): only the
+  kept outputs at stride 2 in every direction, no position-weights, no masks in memory, no scratch.
+  Batch 32, two threads, ms v23 → v25, forward / backward-data / weight: 576 ch s2 @8×8 0.372 →
+  0.124 / 0.566 → 0.215 / 0.415 → 0.154; 960 ch @4×4 0.229 → 0.139 / 0.244 → 0.124 / 0.291 → 0.164;
+  192 ch s2 @16×16 0.492 → 0.121 / 0.753 → 0.134 / 0.404 → 0.146 (every shape in ``conv_depthwise_regs``).
 """
 
 from __future__ import annotations
@@ -109,14 +117,16 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
-BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False}
-"""What v21 and v23 added, off in every earlier version."""
-V21_PATHS = conv.Paths(winograd_by_xi=False)
+BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False,
+              "depthwise_registers": False}
+"""What v21, v23 and v25 added, off in every earlier version."""
+V21_PATHS = conv.Paths(winograd_by_xi=False, depthwise_registers=False)
+V23_PATHS = conv.Paths(depthwise_registers=False)
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -132,7 +142,7 @@ V16_PATHS = conv.Paths(
 )
 V15_PATHS = conv.Paths(
     pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False, im2col_weight_in_place=False,
-    winograd_by_xi=False,
+    winograd_by_xi=False, depthwise_registers=False,
 )
 V14_PATHS = conv.Paths(
     winograd4_weight=False, pointwise_weight_in_place=False, narrow_im2col=False, winograd4_8x8=False,
@@ -701,7 +711,8 @@ def _v23_tile(x_shape, w_shape, stride, pad, groups, version, direction) -> int:
 def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
-             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS}
+             16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
+             23: V23_PATHS}
     return paths.get(version, conv.EXPORTED)
 
 
@@ -710,7 +721,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23) and direction ("forward",
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25) and direction ("forward",
     "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -817,8 +828,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23), "data" or "weight" (2-18, 20, 21, 23), with the
-    table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25), "data" or "weight" (2-18, 20, 21,
+    23, 25), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

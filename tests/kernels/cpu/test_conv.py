@@ -237,9 +237,12 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
-        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # plane by plane (v21)
-        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-planes"),  # kept outputs only beat direct
-        ((32, 576, 8, 8), (576, 1, 3, 3), 2, 1, 576, "depthwise-flat"),  # small planes: chunk runs
+        ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-registers"),  # v25 (v21: plane by plane)
+        ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-registers"),
+        ((32, 144, 24, 24), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # no register geometry: v21's
+        ((32, 576, 8, 8), (576, 1, 3, 3), 2, 1, 576, "depthwise-registers"),  # small planes: in registers (v25)
+        ((32, 960, 4, 4), (960, 1, 3, 3), 1, 1, 960, "depthwise-registers"),
+        ((32, 192, 16, 16), (192, 1, 3, 3), 2, 1, 192, "depthwise-registers"),
         ((16, 144, 64, 64), (144, 1, 3, 3), 2, 1, 144, "depthwise-direct"),
     ],
 )
@@ -668,6 +671,14 @@ def test_shifted_path_runs_on_the_tested_shapes():
             assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "shifted"
 
 
+@pytest.fixture
+def without_registers(monkeypatch):
+    """The v21-era depthwise kernels on their shapes: v25's planes in registers off (no geometry fits)."""
+    from kernels.cpu import conv_depthwise_regs
+
+    monkeypatch.setattr(conv_depthwise_regs, "GEOMETRIES", ())
+
+
 DEPTHWISE_SHAPES = [  # flat depthwise shapes of more than one chunk at 1024 floats a chunk
     s for s in SHAPES if s[8] > 1 and s[8] == s[1] == s[4] and s[5] == 3 and s[7] == 1 and s[1] * s[2] * s[3] > 1024
 ]
@@ -675,6 +686,7 @@ DEPTHWISE_SHAPES = [  # flat depthwise shapes of more than one chunk at 1024 flo
 
 @pytest.mark.parametrize("elements", [256, 1024])
 @pytest.mark.parametrize("shape", DEPTHWISE_SHAPES, ids=["x".join(map(str, s)) for s in DEPTHWISE_SHAPES])
+@pytest.mark.usefixtures("without_registers")
 def test_depthwise_flat_matches_reference_at_every_chunk_size_the_rule_picks(shape, elements, monkeypatch):
     """The chunk size follows the machine's L1 (``conv_depthwise.chunk_elements``): each size it can
     pick must give the reference's results, chunk borders included."""
@@ -744,6 +756,7 @@ DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pair
 
 
 @pytest.mark.parametrize("shape", DEPTHWISE_THREAD_SHAPES, ids=["x".join(map(str, s)) for s in DEPTHWISE_THREAD_SHAPES])
+@pytest.mark.usefixtures("without_registers")
 def test_depthwise_flat_shares_match_reference_and_give_the_same_bits_at_any_thread_count(shape, monkeypatch):
     """The flat depthwise kernels run one share per thread (``threads.run_shares``), several channel
     chunks each (256 floats a chunk here), each chunk computed the same way whichever thread owns it:
@@ -822,6 +835,7 @@ WEIGHT_GROUP_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise we
 
 
 @pytest.mark.parametrize("shape", WEIGHT_GROUP_SHAPES, ids=["x".join(map(str, s)) for s in WEIGHT_GROUP_SHAPES])
+@pytest.mark.usefixtures("without_registers")
 def test_depthwise_weight_by_groups_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape, monkeypatch):
     """v21: the weight gradient sums each plane's taps in lanes, four images a pass, into one partial
     per image group, the groups added in order: the reference's dW, and the same bits at 1, 2 and 3
@@ -856,6 +870,7 @@ def test_depthwise_weight_by_groups_matches_reference_and_gives_the_same_bits_at
         assert other.tobytes() == results[0].tobytes()
 
 
+@pytest.mark.usefixtures("without_registers")
 def test_depthwise_weight_by_groups_keeps_a_nan_in_its_own_channel():
     """The taps off the plane read the neighbour plane's pixels; the masks select them away (not a
     product with 0), so an inf or NaN in one channel's input reaches only that channel's dW."""
@@ -892,6 +907,7 @@ PLANE_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise forward a
 
 
 @pytest.mark.parametrize("shape", PLANE_SHAPES, ids=["x".join(map(str, s)) for s in PLANE_SHAPES])
+@pytest.mark.usefixtures("without_registers")
 def test_depthwise_plane_by_plane_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape):
     """v21: forward and backward-data on planes of ≥ 16×16 (≥ 32×32 at stride 2) run plane by plane
     with the channel's weights in registers: the reference's results, the study's v20 (chunk runs
@@ -933,3 +949,66 @@ def test_depthwise_plane_by_plane_matches_reference_and_gives_the_same_bits_at_a
     for other in results[1:]:
         for a, b_ in zip(results[0], other):
             assert a.tobytes() == b_.tobytes()
+
+
+REGISTER_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): every geometry of conv_depthwise_regs
+    (5, 7, 4, 4, 7, 3, 1, 1, 7),
+    (3, 6, 8, 8, 6, 3, 1, 1, 6),
+    (4, 5, 8, 8, 5, 3, 2, 1, 5),
+    (3, 4, 16, 16, 4, 3, 1, 1, 4),
+    (2, 5, 16, 16, 5, 3, 2, 1, 5),
+    (2, 4, 32, 32, 4, 3, 1, 1, 4),
+    (3, 4, 32, 32, 4, 3, 2, 1, 4),
+]
+
+
+@pytest.mark.parametrize("shape", REGISTER_SHAPES, ids=["x".join(map(str, s)) for s in REGISTER_SHAPES])
+def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any_thread_count(shape):
+    """v25: 4×4 to 32×32 planes, stride 1 and 2, with whole planes in vector registers (no
+    scratch): the reference's results in every direction, and the same bits at 1, 2 and 3 threads (3
+    where Numba's pool has them). v23 (the chunk runs, groups and planes) still runs these shapes."""
+    from numba import get_num_threads, set_num_threads
+
+    x, w, b, dout, args = _case(shape, seed=11)
+    stride, pad, groups = args
+    for direction in ("forward", "data", "weight"):
+        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction) == "depthwise-registers"
+        assert cpu.workspace_size(x.shape, w.shape, stride, pad, groups, direction) == 0
+        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, conv_study.V23_PATHS) != "depthwise-registers"
+    expected = [np.empty_like(a) for a in (dout, x, w, b)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted({1, 2, 3, saved} & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            results.append(_run_cpu(x, w, b, dout, args))
+    finally:
+        set_num_threads(saved)
+    for got, want in zip(results[0], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            assert a.tobytes() == b_.tobytes()
+
+
+@pytest.mark.parametrize("shape", REGISTER_SHAPES, ids=["x".join(map(str, s)) for s in REGISTER_SHAPES])
+def test_depthwise_in_registers_keeps_a_nan_in_its_own_channel(shape):
+    """A tap off the plane is a zero lane of a shuffle, never the neighbour plane's pixel: an inf or NaN
+    in one channel reaches that channel's outputs and dW only, in every direction."""
+    x, w, b, dout, args = _case(shape, seed=2)
+    x[:, 1] = np.inf
+    x[1, 3, 0, 0] = np.nan
+    dout[:, 1] = np.inf
+    dout[1, 3, -1, -1] = np.nan
+    out, dx, dw, _ = _run_cpu(x, w, b, dout, args)
+    expected = [np.empty_like(a) for a in (out, dx, dw)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], None, *args)
+    finite = [c for c in range(x.shape[1]) if c not in (1, 3)]
+    for got, want, kept in zip((out, dx, dw), expected, (np.s_[:, finite], np.s_[:, finite], np.s_[finite])):
+        assert np.isfinite(got[kept]).all()
+        np.testing.assert_allclose(got[kept], want[kept], rtol=1e-4, atol=1e-4)
+    assert not np.isfinite(out[:, 1]).all() and not np.isfinite(dx[:, 1]).all() and not np.isfinite(dw[1]).all()
