@@ -164,6 +164,16 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
+WINOGRAD_S2_MIN_PIXELS = 1024
+"""v26: the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at
+least this many pixels (32×32: ResNet-18's 64→128) runs the polyphase Winograd transform
+(``conv_winograd_s2``) when the sgemm is OpenBLAS. Two threads, batch 32, wall ms, median of 3–5
+alternating rounds of best-of-7, im2col (v23) → polyphase: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
+8.23 → 7.40 (torch 5.65); 128→256 @16×16 7.54 → 7.37, 8.51 → 8.13, 7.28 → 7.01: within this shared
+machine's noise; 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.35 → 7.29 (a 16 MiB filter transform
+and 64-column GEMMs per thread). So 16×16 and 8×8 inputs keep im2col."""
+
+
 @dataclass(frozen=True)
 class Paths:
     """Which fast paths a call may take (the study versions switch them off one by one)."""
@@ -254,6 +264,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and direction == "forward"
         and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
+        and x_shape[2] * x_shape[3] >= WINOGRAD_S2_MIN_PIXELS
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd-s2"

@@ -99,6 +99,8 @@ kernels/README.md ("What each step bought").
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from numba import get_num_threads, njit, prange, uint64
 
@@ -109,14 +111,16 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 26),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 26),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 26)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False}
 """What v21 and v23 added, off in every earlier version."""
 V21_PATHS = conv.Paths(winograd_by_xi=False)
+BEFORE_V26 = {"winograd_s2": False, "stem_weight_split": False}
+"""What v26 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -702,7 +706,8 @@ def _paths(version: int) -> conv.Paths:
     paths = {4: NO_FAST_PATHS, 5: V5_PATHS, 6: V5_PATHS, 7: V7_PATHS, 8: V8_PATHS, 9: V9_PATHS, 10: V10_PATHS,
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS}
-    return paths.get(version, conv.EXPORTED)
+    chosen = paths.get(version, conv.EXPORTED)
+    return dataclasses.replace(chosen, **BEFORE_V26) if version < 26 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -710,7 +715,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23) and direction ("forward",
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 26) and direction ("forward",
     "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -817,7 +822,7 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23), "data" or "weight" (2-18, 20, 21, 23), with the
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 26), "data" or "weight" (2-18, 20, 21, 23, 26), with the
     table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
