@@ -214,7 +214,8 @@ def _input_transform(src, r0, nr, channels, height, width, v, offsets, tmp):
                 ti = t3
             pa_, sa = (0, i) if i < 2 else (i - 1, 0)
             ma = 2 if pa_ == 0 else 1
-            f0, f1, f2, f3 = ti[0:cols], ti[span : span + cols], ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
+            f0, f1 = ti[0:cols], ti[span : span + cols]
+            f2, f3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
             f4 = ti[nr : nr + cols]
             at = offsets[4 * pa_] + (c * ma * 2 + sa * 2) * cols
             w0, w1 = v[at : at + cols], v[at + cols : at + 2 * cols]
