@@ -149,9 +149,10 @@ def _buffer(width: int, rows: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _input_transform(src, r0, nr, channels, height, width, v, offsets, tmp):
+def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, offsets, tmp):
     """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of every tile of tile rows
-    [r0, r0 + nr), every channel; tile (r, tx) at column j = tx·nr + r (column-major within the block).
+    [r0, r0 + nr) and the channels [c_lo, c_hi); tile (r, tx) at column j = tx·nr + r (column-major
+    within the block).
     Bᵀ's rows: d1, d3, d0 − d2, d2, d4 − d2.
 
     Per channel, the block's five input rows per tile row are copied split by column phase,
@@ -169,7 +170,7 @@ def _input_transform(src, r0, nr, channels, height, width, v, offsets, tmp):
     t3 = tmp[6 * row : 7 * row]  # row m3: d4 − d2
     plane = height * width
     zero = np.float32(0.0)
-    for c in range(channels):
+    for c in range(c_lo, c_hi):
         for r in range(nr):
             n, ty = (r0 + r) // th, (r0 + r) % th
             s0 = (n * channels + c) * plane
@@ -236,9 +237,9 @@ def _input_transform(src, r0, nr, channels, height, width, v, offsets, tmp):
 
 
 @njit(cache=True, nogil=True)
-def _output_transform(m, r0, nr, channels, height, width, dst, offsets, tmp):
+def _output_transform(m, r0, nr, k_lo, k_hi, channels, height, width, dst, offsets, tmp):
     """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (tile (r, tx)
-    at column tx·nr + r), every channel. A's rows: e0 + m1 + m2 and e1 + m2 + m3.
+    at column tx·nr + r) and the channels [k_lo, k_hi). A's rows: e0 + m1 + m2 and e1 + m2 + m3.
 
     Per channel, A across the columns of each of the five row positions is ten loops over the whole
     block; Aᵀ down the rows then runs per tile, into ``dst``'s two output rows."""
@@ -247,7 +248,7 @@ def _output_transform(m, r0, nr, channels, height, width, dst, offsets, tmp):
     out_plane = (height // 2) * out_w
     cols = nr * tw
     z = tmp[: 10 * cols]
-    for k in range(channels):
+    for k in range(k_lo, k_hi):
         for i in range(5):
             pa, sa = (0, i) if i < 2 else (i - 1, 0)
             ma = 2 if pa == 0 else 1
@@ -294,12 +295,12 @@ def _rows(x, u, out, first, last, rows, mine):
         v = mine[: v_offsets[GROUPS]]
         m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
         tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
-        _input_transform(src, r0, nr, c_in, height, width, v, v_offsets, tmp)
+        _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, v_offsets, tmp)
         for g in range(GROUPS):
             wide = _mult(g // 4) * _mult(g % 4) * cols
             sgemm(False, False, c_out, wide, c_in, u[g * plane :], c_in, v[v_offsets[g] :], wide, 0.0,
                   m[m_offsets[g] :], wide, scalars)
-        _output_transform(m, r0, nr, c_out, height, width, dst, m_offsets, tmp)
+        _output_transform(m, r0, nr, 0, c_out, c_out, height, width, dst, m_offsets, tmp)
 
 
 def forward(x, w, out, threads: int, rows: int, scratch) -> None:
@@ -317,3 +318,4 @@ def forward(x, w, out, threads: int, rows: int, scratch) -> None:
         _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine)
 
     run_shares(work, threads)
+
