@@ -199,7 +199,7 @@ class Paths:
     depthwise_weight_groups: bool = True
     depthwise_planes: bool = True
     winograd_by_xi: bool = True
-    winograd_s2: bool = True
+    winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
     stem_weight_split: bool = True
 
 

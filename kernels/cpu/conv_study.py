@@ -119,7 +119,7 @@ VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False}
 """What v21 and v23 added, off in every earlier version."""
 V21_PATHS = conv.Paths(winograd_by_xi=False)
-BEFORE_V26 = {"winograd_s2": False, "stem_weight_split": False}
+BEFORE_V26 = {"stem_weight_split": False}
 """What v26 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(

@@ -295,12 +295,12 @@ def _rows(x, u, out, first, last, rows, mine):
         v = mine[: v_offsets[GROUPS]]
         m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
         tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
-        _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, v_offsets, tmp)
+        _input_transform(src, r0, nr, np.int64(0), c_in, c_in, height, width, v, v_offsets, tmp)
         for g in range(GROUPS):
             wide = _mult(g // 4) * _mult(g % 4) * cols
             sgemm(False, False, c_out, wide, c_in, u[g * plane :], c_in, v[v_offsets[g] :], wide, 0.0,
                   m[m_offsets[g] :], wide, scalars)
-        _output_transform(m, r0, nr, 0, c_out, c_out, height, width, dst, m_offsets, tmp)
+        _output_transform(m, r0, nr, np.int64(0), c_out, c_out, height, width, dst, m_offsets, tmp)
 
 
 def forward(x, w, out, threads: int, rows: int, scratch) -> None:

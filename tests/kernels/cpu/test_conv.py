@@ -235,7 +235,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd-by-xi"),  # v23 (weight gradient: "winograd")
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
-        ((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "gemm"),  # 64->128 @32x32: test_winograd_s2_takes_the_planes…
+        ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # plane by plane (v21)
         ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-planes"),  # kept outputs only beat direct
@@ -966,17 +966,24 @@ def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape)
             assert np.array_equal(got[0], got[1])
 
 
-def test_winograd_s2_takes_the_planes_the_figures_chose():
-    """v26: only ResNet-18's 64→128 stride-2 forward (32×32 input) with OpenBLAS; 16×16 and 8×8 inputs, the
-    other directions and v23 stay on im2col."""
+def test_winograd_s2_is_a_switch_the_table_does_not_take():
+    """The polyphase stride-2 forward is reached only through ``Paths(winograd_s2=True)``, and then only for
+    64->128 on 32x32 inputs with OpenBLAS (``conv.WINOGRAD_S2_MIN_PIXELS`` says why it is not exported)."""
     big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
-    expected = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
-    assert cpu.path(*big, "forward") == expected
-    assert cpu.path(*big, "forward", conv_study._paths(23)) == "gemm"
-    assert cpu.path(*big, "data") == cpu.path(*big, "weight") == "gemm"
-    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward") == "gemm"
-    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward") == "gemm"
+    on = cpu.Paths(winograd_s2=True)
+    assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
+    assert cpu.path(*big, "forward", on) == ("winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm")
+    assert cpu.path(*big, "data", on) == cpu.path(*big, "weight", on) == "gemm"
+    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward", on) == "gemm"
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward", on) == "gemm"
     assert not cpu.conv_winograd_s2.supported((2, 64, 30, 30), (128, 64, 3, 3), 2, 1, 1)
+    if blas.select_sgemm() == blas.OPENBLAS:  # through conv.forward: workspace, BLAS on the calling thread
+        x, w, _, dout, args = _case((2, 64, 32, 32, 128, 3, 2, 1, 1), seed=2)
+        want, got = np.empty(dout.shape, np.float32), np.full(dout.shape, np.nan, np.float32)
+        ref.conv2d_forward(x, w, None, want, *args)
+        size = cpu.workspace_size(x.shape, w.shape, *args, "forward", on)
+        cpu.forward(x, w, None, got, *args, np.full(size, np.nan, np.float32), on)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("k", [64, 40])
