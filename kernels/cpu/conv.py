@@ -164,14 +164,23 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
-WINOGRAD_S2_MIN_PIXELS = 1024
-"""v26: the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at
-least this many pixels (32×32: ResNet-18's 64→128) runs the polyphase Winograd transform
-(``conv_winograd_s2``) when the sgemm is OpenBLAS. Two threads, batch 32, wall ms, median of 3–5
-alternating rounds of best-of-7, im2col (v23) → polyphase: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
-8.23 → 7.40 (torch 5.65); 128→256 @16×16 7.54 → 7.37, 8.51 → 8.13, 7.28 → 7.01: within this shared
-machine's noise; 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.35 → 7.29 (a 16 MiB filter transform
-and 64-column GEMMs per thread). So 16×16 and 8×8 inputs keep im2col."""
+WINOGRAD_S2_MIN_PIXELS = 256
+"""``Paths.winograd_s2`` (off in the table and in every numbered version): the stride-2 3×3 forward with
+≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at least this many pixels (16×16:
+ResNet-18's 64→128 and 128→256) by the polyphase Winograd transform (``conv_winograd_s2``, 25 instead of 36
+multiplies per 2×2 output tile), with OpenBLAS. Two threads, batch 32, wall ms, median of 5–7 alternating
+rounds of best-of-7, im2col (v23) → polyphase, five sittings: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
+8.21 → 7.65, 8.13 → 7.68 (torch 5.65 in the table run of the same day); 128→256 @16×16 7.54 → 7.37,
+8.51 → 8.13, 7.28 → 6.30, 7.20 → 6.49 (torch 5.28); 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.74 → 7.82,
+7.45 → 7.55 (torch 4.91: a 8 MiB filter transform, 1.0 ms on one thread, and 64-column GEMMs at 76 GFLOP/s),
+so 8×8 keeps im2col.
+
+Why it is not exported. −5 to −10% on two records, ~1.1 ms of a ResNet-18 step, while its kernels cost
+a cold start 3.2 s of compile CPU (fresh ``NUMBA_CACHE_DIR``, the first call after the im2col path's:
+``_rows`` with its transforms; the first-run goal, cold − warm ≤ 15 s, is at its line), and neither
+record reaches torch (0.72 → 0.77, 0.75 → 0.82): the GEMMs are still 4.4–4.8 ms of a thread's 16 images
+(88–95 GFLOP/s) against torch's whole 5.3–5.7 ms. Switch it on with ``Paths(winograd_s2=True)`` where
+a first run does not matter."""
 
 
 @dataclass(frozen=True)
@@ -398,8 +407,14 @@ def stem_weight_k_block(x_shape, w_shape, stride, pad, groups) -> int:
 
     Why. ``dW (K × 27) += dout_n (K × P) @ cols_nᵀ`` ran at ~100 GFLOP/s with K = 32 but ~56 with K = 64
     or 128 (OpenBLAS, one thread, P = 1024, the same call split into 32-row GEMMs: 99.7 and 100.4),
-    so ResNet-18's 3→64 stem weight gradient took 1.36 ms (two threads, batch 32) against PyTorch's
-    0.84. Figures in kernels/README.md and conv_study's v26 entry."""
+    so ResNet-18's 3→64 stem weight gradient took 1.33 ms (two threads, batch 32) against PyTorch's
+    0.84. Two threads, batch 32, wall ms, median of 5–9 alternating rounds of best-of-7, v23 → v26, four
+    sittings: 1.295 → 0.755, 1.332 → 0.759, 1.333 → 0.780, 1.332 → 0.780. Not wider results: every in-place
+    im2col weight gradient in 32-channel GEMMs lost (64→128 1×1 s2 @32×32, 64 columns, 1.20 → 1.43; 64→128
+    3×3 s2, 576 columns, 8.31 → 10.49), and 16-channel GEMMs for the stems were no better (3→64 0.78).
+    3→32 (MobileNetV2's stem) is one 32-channel GEMM already; its record (0.47–0.74 ms in one sitting, the
+    same code) moves with where the pool's thread lands, not with the kernel. The same signature of
+    ``_backward_weight_images`` as before (one more int64 argument): no new compilation."""
     if groups != 1 or w_shape[1] * w_shape[2] * w_shape[3] > STEM_WEIGHT_MAX_ROWS:
         return 0
     return STEM_WEIGHT_K_BLOCK if w_shape[0] > STEM_WEIGHT_K_BLOCK else 0

@@ -95,6 +95,14 @@ kernels/README.md ("What each step bought").
   (``conv_winograd.forward_by_xi``, ``conv.WINOGRAD_BY_XI_MAX_PIXELS``): 512 @4×4 forward ~9.6 →
   ~9.15 ms, backward-data ~10.05 → ~9.65 (two threads, batch 32). Under every F(4×4) version since
   v23 the weight gradient's dout transform runs over whole blocks (same bits, 2.2–2.6× faster).
+- v26 ``stem weight gradient in 32-channel GEMMs`` (exported; v24, v25: other sessions): v23, but the
+  in-place im2col weight gradient of a narrow result (C·R·S ≤ 32: the 3-channel stems) runs its
+  ``dW += dout_n @ cols_nᵀ`` as GEMMs of 32 output channels (``conv.stem_weight_k_block``,
+  ``Paths.stem_weight_split``): OpenBLAS ran K × 27 results at ~56 GFLOP/s with K = 64 and ~100 with
+  K = 32. Two threads, batch 32, 3→64 @32×32: 1.33 → 0.76–0.78 ms (torch 0.84). Tried in the same
+  session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
+  ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
+  ``conv.WINOGRAD_S2_MIN_PIXELS``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform: study version 26.
+"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform (``conv.Paths.winograd_s2``, off).
 
 Why. ResNet-18's three downsampling 3×3 convolutions (64→128 @32×32, 128→256 @16×16, 256→512
 @8×8, stride 2) ran on im2col and one sgemm, and the sgemm was ⅞ of the forward's time. OpenBLAS's
@@ -39,6 +39,29 @@ thread count (tested at 1, 2 and 3).
 
 Planes must be multiples of 4 (32×32, 16×16, 8×8: every stride-2 3×3 layer of ResNet-18); the input
 tile then only crosses the top and left edges (row / column −1, the padding).
+
+Measured (AMD EPYC, OpenBLAS). One thread, 16 images, ms, each part alone (filter transform, input
+transform, 16 GEMMs and their GFLOP/s, output transform; the whole call): 64→128 @32×32 0.06 + 1.23 +
+4.75 (88) + 0.88 = 7.13; 128→256 @16×16 0.24 + 0.66 + 4.44 (94) + 0.51 = 6.36; 256→512 @8×8 1.05 + 0.47 +
+5.54 (76) + 0.31 = 8.22 (run-to-run spread ~10%). Whole convolutions against im2col, two threads:
+``conv.WINOGRAD_S2_MIN_PIXELS``, which also says why the table does not take this path (3.2 s of cold
+compile CPU for −5 to −10% on two records). Max abs error against a float64 reference, outputs of
+magnitude ~100–200: 4e-5 to 1.4e-4 (relative ~5e-7).
+
+Tried and dropped:
+
+- One tile at a time (25 scalar loads, 25 scalar stores), in both transforms: input 1.23–1.31 ms, output
+  1.50 ms at 64→128 (one thread, 16 images); the output transform's ten block-wide loops took it to 0.88.
+  The input's phase-split copy (this version) did not beat the scalar one: its 5·(W + 1) scalar copies
+  per tile row are the cost. Group starts kept in local scalars instead of read from ``offsets`` in the
+  loop: no change.
+- Blocks of 64 or 256 tiles instead of 128, two threads, ms (v23 → this): 64→128 8.41 → 8.43 and 8.36 →
+  7.81 (128: 8.37 → 7.76); 128→256 7.63 → 7.57 and 8.51 → 8.13; 256→512 7.73 → 8.31 and 8.50 → 8.19.
+- The threads sharing each block (input transform split by channel, the 16 GEMMs by position group, about
+  half of the 25 positions each, the output transform by channel; blocks independent of the thread count),
+  as ``conv_winograd.forward_by_xi`` does for 4×4 planes: two threads, batch 32, ms, v23 / tile split /
+  group split: 64→128 8.16 / 7.56 / 10.56, 128→256 7.28 / 6.30 / 6.91, 256→512 7.52 / 7.58 / 7.79. Three
+  barriers per block, and per thread no fewer GEMM columns than the tile split at 8×8.
 """
 
 from __future__ import annotations

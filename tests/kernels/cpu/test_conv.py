@@ -967,14 +967,14 @@ def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape)
 
 
 def test_winograd_s2_is_a_switch_the_table_does_not_take():
-    """The polyphase stride-2 forward is reached only through ``Paths(winograd_s2=True)``, and then only for
-    64->128 on 32x32 inputs with OpenBLAS (``conv.WINOGRAD_S2_MIN_PIXELS`` says why it is not exported)."""
+    """The polyphase stride-2 forward is reached only through ``Paths(winograd_s2=True)``, and then only on
+    inputs of >= 16x16 with OpenBLAS (``conv.WINOGRAD_S2_MIN_PIXELS`` says why it is not exported)."""
     big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
     on = cpu.Paths(winograd_s2=True)
     assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
     assert cpu.path(*big, "forward", on) == ("winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm")
     assert cpu.path(*big, "data", on) == cpu.path(*big, "weight", on) == "gemm"
-    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward", on) == "gemm"
+    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward", on) == cpu.path(*big, "forward", on)
     assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward", on) == "gemm"
     assert not cpu.conv_winograd_s2.supported((2, 64, 30, 30), (128, 64, 3, 3), 2, 1, 1)
     if blas.select_sgemm() == blas.OPENBLAS:  # through conv.forward: workspace, BLAS on the calling thread
