@@ -56,7 +56,15 @@ import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @nji
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
-from kernels.cpu import blas, conv_depthwise, conv_depthwise_regs, conv_shifted, conv_winograd, conv_winograd4
+from kernels.cpu import (
+    blas,
+    conv_depthwise,
+    conv_depthwise_regs,
+    conv_shifted,
+    conv_winograd,
+    conv_winograd4,
+    conv_winograd_s2,
+)
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 from kernels.reference.conv import check_conv2d_shapes
@@ -166,6 +174,25 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
+WINOGRAD_S2_MIN_PIXELS = 256
+"""``Paths.winograd_s2`` (off in the table and in every numbered version): the stride-2 3×3 forward with
+≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at least this many pixels (16×16:
+ResNet-18's 64→128 and 128→256) by the polyphase Winograd transform (``conv_winograd_s2``, 25 instead of 36
+multiplies per 2×2 output tile), with OpenBLAS. Two threads, batch 32, wall ms, median of 5–7 alternating
+rounds of best-of-7, im2col (v23) → polyphase, five sittings: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
+8.21 → 7.65, 8.13 → 7.68 (torch 5.65 in the table run of the same day); 128→256 @16×16 7.54 → 7.37,
+8.51 → 8.13, 7.28 → 6.30, 7.20 → 6.49 (torch 5.28); 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.74 → 7.82,
+7.45 → 7.55 (torch 4.91: a 8 MiB filter transform, 1.0 ms on one thread, and 64-column GEMMs at 76 GFLOP/s),
+so 8×8 keeps im2col.
+
+Why it is not exported. −5 to −10% on two records, ~1.1 ms of a ResNet-18 step, while its kernels cost
+a cold start 3.2 s of compile CPU (fresh ``NUMBA_CACHE_DIR``, the first call after the im2col path's:
+``_rows`` with its transforms; the first-run goal, cold − warm ≤ 15 s, is at its line), and neither
+record reaches torch (0.72 → 0.77, 0.75 → 0.82): the GEMMs are still 4.4–4.8 ms of a thread's 16 images
+(88–95 GFLOP/s) against torch's whole 5.3–5.7 ms. Switch it on with ``Paths(winograd_s2=True)`` where
+a first run does not matter."""
+
+
 @dataclass(frozen=True)
 class Paths:
     """Which fast paths a call may take (the study versions switch them off one by one)."""
@@ -192,6 +219,8 @@ class Paths:
     depthwise_planes: bool = True
     winograd_by_xi: bool = True
     depthwise_registers: bool = True
+    winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
+    stem_weight_split: bool = True
 
 
 EXPORTED = Paths()
@@ -254,6 +283,15 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd4"
+    if (
+        paths.winograd_s2
+        and direction == "forward"
+        and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
+        and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
+        and x_shape[2] * x_shape[3] >= WINOGRAD_S2_MIN_PIXELS
+        and blas.select_sgemm() == blas.OPENBLAS
+    ):
+        return "winograd-s2"
     if (
         (paths.winograd_weight if direction == "weight" else paths.winograd)
         and conv_winograd.supported(x_shape, w_shape, stride, pad, groups)
@@ -374,6 +412,29 @@ def _im2col_weight_in_place(x_shape, w_shape, stride, pad, groups) -> bool:
     return oh * ow >= IM2COL_WEIGHT_IN_PLACE_MIN_PIXELS
 
 
+STEM_WEIGHT_K_BLOCK = 32
+STEM_WEIGHT_MAX_ROWS = 32
+
+
+def stem_weight_k_block(x_shape, w_shape, stride, pad, groups) -> int:
+    """v26: output channels per sgemm of the in-place im2col weight gradient (0: all in one), 32 where the
+    GEMM's result is narrow (C·R·S ≤ ``STEM_WEIGHT_MAX_ROWS``: the 3-channel stems, 27 columns).
+
+    Why. ``dW (K × 27) += dout_n (K × P) @ cols_nᵀ`` ran at ~100 GFLOP/s with K = 32 but ~56 with K = 64
+    or 128 (OpenBLAS, one thread, P = 1024, the same call split into 32-row GEMMs: 99.7 and 100.4),
+    so ResNet-18's 3→64 stem weight gradient took 1.33 ms (two threads, batch 32) against PyTorch's
+    0.84. Two threads, batch 32, wall ms, median of 5–9 alternating rounds of best-of-7, v23 → v26, four
+    sittings: 1.295 → 0.755, 1.332 → 0.759, 1.333 → 0.780, 1.332 → 0.780. Not wider results: every in-place
+    im2col weight gradient in 32-channel GEMMs lost (64→128 1×1 s2 @32×32, 64 columns, 1.20 → 1.43; 64→128
+    3×3 s2, 576 columns, 8.31 → 10.49), and 16-channel GEMMs for the stems were no better (3→64 0.78).
+    3→32 (MobileNetV2's stem) is one 32-channel GEMM already; its record (0.47–0.74 ms in one sitting, the
+    same code) moves with where the pool's thread lands, not with the kernel. The same signature of
+    ``_backward_weight_images`` as before (one more int64 argument): no new compilation."""
+    if groups != 1 or w_shape[1] * w_shape[2] * w_shape[3] > STEM_WEIGHT_MAX_ROWS:
+        return 0
+    return STEM_WEIGHT_K_BLOCK if w_shape[0] > STEM_WEIGHT_K_BLOCK else 0
+
+
 def gemm_workspace_size(
     x_shape, w_shape, stride, pad, groups, direction: str, threads: int, tile: int, weight_in_place: bool = False,
     im2col_in_place: bool = False,
@@ -427,6 +488,8 @@ def workspace_size(
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd-by-xi":
         return conv_winograd.by_xi_workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd-s2":
+        return conv_winograd_s2.workspace_size(x_shape, w_shape, threads)
     if kind == "winograd4" and direction == "weight":
         rows = conv_winograd4.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd4.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -763,7 +826,7 @@ def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, s
 @njit(cache=True, nogil=True)
 def _backward_weight_images(
     x, dout, acc, stride, pad, groups, first, last, tile_images, scratch, gather=True, in_place=True,
-    im2col_in_place=False,
+    im2col_in_place=False, k_block=0,
 ):
     """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order.
 
@@ -797,11 +860,14 @@ def _backward_weight_images(
                 cols = scratch[: rows * pixels].reshape(rows, pixels)
                 # images (== 1), not a literal 1: a Literal[int] compiles im2col_row a second time
                 im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
-                sgemm(
-                    False, True, k_group, rows, pixels,
-                    d_flat[(n0 * k_total + g * k_group) * pixels :], pixels, scratch, pixels,
-                    0.0 if n0 == first else 1.0, acc_flat[g * k_group * rows :], rows, scalars,
-                )  # fmt: skip
+                # v26: k_block output channels per GEMM (0: all of them; see STEM_WEIGHT_K_BLOCK)
+                step = k_group if k_block <= 0 else k_block
+                for k0 in range(0, k_group, step):
+                    sgemm(
+                        False, True, min(step, k_group - k0), rows, pixels,
+                        d_flat[(n0 * k_total + g * k_group + k0) * pixels :], pixels, scratch, pixels,
+                        0.0 if n0 == first else 1.0, acc_flat[(g * k_group + k0) * rows :], rows, scalars,
+                    )  # fmt: skip
                 continue
             used = 0
             if plain_1x1 and images == 1:
@@ -847,7 +913,7 @@ def add_partials(total, partials, count, lo, hi):
 
 def gemm_backward_weight(
     x, dout, dw, stride, pad, groups, tile_images, threads, scratch, gather: bool = True, in_place: bool = True,
-    im2col_in_place: bool = False,
+    im2col_in_place: bool = False, k_block: int = 0,
 ) -> None:
     """Thread 0 sums into dw, thread t > 0 into its own dw-sized slot; the slots are then added in
     thread order (each thread adds a fixed range of dw).
@@ -868,7 +934,8 @@ def gemm_backward_weight(
         mine = scratch[t * share : (t + 1) * share]
         acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
         _backward_weight_images(
-            x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather, in_place, im2col_in_place
+            x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather, in_place, im2col_in_place,
+            k_block,
         )
 
     run_shares(work, threads)
@@ -1116,6 +1183,10 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         with blas_on_calling_thread:
             rows = conv_winograd.by_xi_block_rows(x.shape, w.shape[1], w.shape[0])
             conv_winograd.forward_by_xi(x, w, out, False, threads, rows, scratch)
+    elif kind == "winograd-s2":
+        with blas_on_calling_thread:
+            rows = conv_winograd_s2.block_rows(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd_s2.forward(x, w, out, threads, rows, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(
@@ -1214,10 +1285,11 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
             paths.im2col_weight_in_place and tile == 1
             and _im2col_weight_in_place(x.shape, dw.shape, stride, pad, groups)
         )
+        k_block = stem_weight_k_block(x.shape, dw.shape, stride, pad, groups) if paths.stem_weight_split else 0
         with blas_on_calling_thread:
             gemm_backward_weight(
                 x, dout, dw, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather,
-                paths.pointwise_weight_in_place, im2col_in_place,
+                paths.pointwise_weight_in_place, im2col_in_place, k_block,
             )
     if dbias is not None:
         bias_gradient(dout, dbias)

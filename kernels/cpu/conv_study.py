@@ -95,7 +95,7 @@ kernels/README.md ("What each step bought").
   (``conv_winograd.forward_by_xi``, ``conv.WINOGRAD_BY_XI_MAX_PIXELS``): 512 @4×4 forward ~9.6 →
   ~9.15 ms, backward-data ~10.05 → ~9.65 (two threads, batch 32). Under every F(4×4) version since
   v23 the weight gradient's dout transform runs over whole blocks (same bits, 2.2–2.6× faster).
-- v25 ``depthwise planes in registers`` (exported; v24 is another branch's): v23, but depthwise 3×3
+- v25 ``depthwise planes in registers`` (v24 not used): v23, but depthwise 3×3
   pad 1 on square 4×4, 8×8, 16×16 and 32×32 planes (stride 1 and 2, all three directions) loads each
   plane once into vector registers and builds every tap by a constant shuffle with zeros (LLVM IR
   written per plane geometry, ``conv_depthwise_regs.py``, ``Paths.depthwise_registers``): only the
@@ -103,9 +103,19 @@ kernels/README.md ("What each step bought").
   Batch 32, two threads, ms v23 → v25, forward / backward-data / weight: 576 ch s2 @8×8 0.372 →
   0.124 / 0.566 → 0.215 / 0.415 → 0.154; 960 ch @4×4 0.229 → 0.139 / 0.244 → 0.124 / 0.291 → 0.164;
   192 ch s2 @16×16 0.492 → 0.121 / 0.753 → 0.134 / 0.404 → 0.146 (every shape in ``conv_depthwise_regs``).
+- v26 ``stem weight gradient in 32-channel GEMMs`` (exported; v24 not used): v25, but the
+  in-place im2col weight gradient of a narrow result (C·R·S ≤ 32: the 3-channel stems) runs its
+  ``dW += dout_n @ cols_nᵀ`` as GEMMs of 32 output channels (``conv.stem_weight_k_block``,
+  ``Paths.stem_weight_split``): OpenBLAS ran K × 27 results at ~56 GFLOP/s with K = 64 and ~100 with
+  K = 32. Two threads, batch 32, 3→64 @32×32: 1.33 → 0.76–0.78 ms (torch 0.84). Tried in the same
+  session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
+  ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
+  ``conv.WINOGRAD_S2_MIN_PIXELS``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from numba import get_num_threads, njit, prange, uint64
@@ -117,9 +127,9 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False,
@@ -127,6 +137,8 @@ BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "wino
 """What v21, v23 and v25 added, off in every earlier version."""
 V21_PATHS = conv.Paths(winograd_by_xi=False, depthwise_registers=False)
 V23_PATHS = conv.Paths(depthwise_registers=False)
+BEFORE_V26 = {"stem_weight_split": False}
+"""What v26 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -713,7 +725,8 @@ def _paths(version: int) -> conv.Paths:
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
-    return paths.get(version, conv.EXPORTED)
+    chosen = paths.get(version, conv.EXPORTED)
+    return dataclasses.replace(chosen, **BEFORE_V26) if version < 26 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -721,7 +734,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25) and direction ("forward",
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26) and direction ("forward",
     "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -828,8 +841,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25), "data" or "weight" (2-18, 20, 21,
-    23, 25), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26), "data" or "weight" (2-18, 20,
+    21, 23, 25, 26), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

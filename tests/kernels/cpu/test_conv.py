@@ -1012,3 +1012,82 @@ def test_depthwise_in_registers_keeps_a_nan_in_its_own_channel(shape):
         assert np.isfinite(got[kept]).all()
         np.testing.assert_allclose(got[kept], want[kept], rtol=1e-4, atol=1e-4)
     assert not np.isfinite(out[:, 1]).all() and not np.isfinite(dx[:, 1]).all() and not np.isfinite(dw[1]).all()
+
+
+S2_WINOGRAD_SHAPES = [  # (n, c, h, w, k): stride 2, pad 1, 3×3; sides multiples of 4
+    (2, 8, 8, 8, 16),  # a 2×2 tile grid, the padding row and column in every tile of the first row / column
+    (3, 5, 12, 16, 7),  # planes that are not square, odd channel counts, blocks across images
+    (2, 64, 32, 32, 128),  # ResNet-18's 64→128 downsampling shape (two images)
+]
+
+
+@pytest.mark.parametrize("shape", S2_WINOGRAD_SHAPES, ids=["x".join(map(str, s)) for s in S2_WINOGRAD_SHAPES])
+def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape):
+    """v26: the polyphase Winograd stride-2 forward against the NumPy reference at 1, 2 and 3 threads and
+    at blocks of 1 tile row and of the planner's size; the same bits on a second call."""
+    from kernels.cpu import conv_winograd_s2 as s2
+
+    n, c, h, wd, k = shape
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((k, c, 3, 3), dtype=np.float32)
+    assert s2.supported(x.shape, w.shape, 2, 1, 1)
+    want = np.empty((n, k, h // 2, wd // 2), np.float32)
+    ref.conv2d_forward(x, w, None, want, 2, 1, 1)
+    scale = np.abs(want).max()
+    for threads in (1, 2, 3):
+        for rows in sorted({1, s2.block_rows(x.shape, c, k, threads)}):
+            size = s2._filter_size(c, k) + threads * s2._per_thread(c, k, wd, rows)
+            got = [np.full(want.shape, np.nan, np.float32) for _ in range(2)]
+            for out in got:
+                s2.forward(x, w, out, threads, rows, np.full(size, np.nan, np.float32))
+            np.testing.assert_allclose(got[0], want, rtol=0, atol=2e-6 * scale)
+            assert np.array_equal(got[0], got[1])
+
+
+def test_winograd_s2_is_a_switch_the_table_does_not_take():
+    """The polyphase stride-2 forward is reached only through ``Paths(winograd_s2=True)``, and then only on
+    inputs of >= 16x16 with OpenBLAS (``conv.WINOGRAD_S2_MIN_PIXELS`` says why it is not exported)."""
+    big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
+    on = cpu.Paths(winograd_s2=True)
+    assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
+    assert cpu.path(*big, "forward", on) == ("winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm")
+    assert cpu.path(*big, "data", on) == cpu.path(*big, "weight", on) == "gemm"
+    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward", on) == cpu.path(*big, "forward", on)
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward", on) == "gemm"
+    assert not cpu.conv_winograd_s2.supported((2, 64, 30, 30), (128, 64, 3, 3), 2, 1, 1)
+    if blas.select_sgemm() == blas.OPENBLAS:  # through conv.forward: workspace, BLAS on the calling thread
+        x, w, _, dout, args = _case((2, 64, 32, 32, 128, 3, 2, 1, 1), seed=2)
+        want, got = np.empty(dout.shape, np.float32), np.full(dout.shape, np.nan, np.float32)
+        ref.conv2d_forward(x, w, None, want, *args)
+        size = cpu.workspace_size(x.shape, w.shape, *args, "forward", on)
+        cpu.forward(x, w, None, got, *args, np.full(size, np.nan, np.float32), on)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("k", [64, 40])
+def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_thread_count(k):
+    """v26: the 3-channel stem's in-place im2col weight gradient in GEMMs of 32 output channels (K = 40: 32 +
+    8), against the reference at 1, 2 and 3 threads, the same bits on a second call, and v23's one GEMM."""
+    from numba import get_num_threads, set_num_threads
+
+    x, w, b, dout, args = _case((5, 3, 16, 16, k, 3, 1, 1, 1), seed=3)
+    assert cpu.stem_weight_k_block(x.shape, w.shape, *args) == 32
+    assert cpu.stem_weight_k_block(x.shape, (32, 3, 3, 3), *args) == 0  # one GEMM is already 32 rows
+    assert cpu.stem_weight_k_block((5, 8, 16, 16), (64, 8, 3, 3), *args) == 0  # 72 columns: not narrow
+    want = np.empty_like(w)
+    ref.conv2d_backward_weight(x, dout, want, None, *args)
+    saved = get_num_threads()
+    try:
+        for count in sorted({1, 2, 3} & set(range(1, saved + 1)) | {1}):
+            set_num_threads(count)
+            got = []
+            for paths in (cpu.EXPORTED, cpu.EXPORTED, conv_study._paths(23)):
+                dw = np.full(w.shape, np.nan, np.float32)
+                size = cpu.workspace_size(x.shape, w.shape, *args, "weight", paths)
+                cpu.backward_weight(x, dout, dw, None, *args, np.full(size, np.nan, np.float32), paths)
+                np.testing.assert_allclose(dw, want, rtol=1e-4, atol=1e-4)
+                got.append(dw)
+            assert np.array_equal(got[0], got[1])
+    finally:
+        set_num_threads(saved)
