@@ -49,11 +49,6 @@ from kernels.cpu.threads import run_ranges
 
 GAMMA_MIN = 1e-5
 
-MIN_SHARE = 1 << 16
-"""Values (N·H·W per channel, summed over a range's channels) a thread's range of channels holds at
-least; a smaller layer runs on the calling thread (a pool round trip costs tens of microseconds)."""
-
-
 @njit(cache=True, inline="always")
 def _safe_gamma(g):
     if abs(g) >= GAMMA_MIN:
@@ -164,7 +159,7 @@ def _backward_from_output(y, dout, gamma, beta, save_invstd, dx, dgamma, dbeta, 
 def _over_channels(kernel, x3: np.ndarray, *args) -> None:
     """``kernel(*args, lo, hi)`` over the threads' ranges of the channels of ``x3`` ([N, C, H·W])."""
     N, C, area = x3.shape
-    run_ranges(lambda lo, hi: kernel(*args, lo, hi), C, get_num_threads(), -(-MIN_SHARE // max(1, N * area)))
+    run_ranges(lambda lo, hi: kernel(*args, lo, hi), C, get_num_threads(), N * area)
 
 
 def _channels(op: str, x: np.ndarray) -> tuple[int, int, int]:

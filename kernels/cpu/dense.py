@@ -19,9 +19,6 @@ from numba import get_num_threads, njit
 from kernels.cpu.checks import check_array
 from kernels.cpu.threads import run_ranges
 
-MIN_SHARE = 1 << 16
-"""Values a thread's range holds at least; fewer run on the calling thread."""
-
 
 @njit(cache=True, nogil=True)
 def _matmul_transposed_weight(x, w, out):
@@ -68,7 +65,7 @@ def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np
     _matmul_transposed_weight(x, w, out)
     if bias is not None:
         check_array(op, "bias", bias, (O,))
-        run_ranges(lambda lo, hi: _add_bias(out, bias, lo, hi), N, get_num_threads(), -(-MIN_SHARE // max(1, O)))
+        run_ranges(lambda lo, hi: _add_bias(out, bias, lo, hi), N, get_num_threads(), O)
 
 
 def dense_backward(
@@ -93,5 +90,4 @@ def dense_backward(
     _matmul_transposed_left(dout, x, dw)
     if dbias is not None:
         check_array(op, "dbias", dbias, (O,))
-        run_ranges(lambda lo, hi: _sum_over_batch(dout, dbias, lo, hi), O, get_num_threads(),
-                   -(-MIN_SHARE // max(1, N)))
+        run_ranges(lambda lo, hi: _sum_over_batch(dout, dbias, lo, hi), O, get_num_threads(), N)

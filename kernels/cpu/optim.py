@@ -21,9 +21,6 @@ from numba import get_num_threads, njit, uint64
 from kernels.cpu.checks import check_array
 from kernels.cpu.threads import run_ranges
 
-MIN_SHARE = 1 << 16
-"""Elements a thread's range holds at least; a smaller block runs on the calling thread."""
-
 
 @njit(cache=True, nogil=True)
 def _sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, lo, hi):
@@ -57,7 +54,7 @@ def _adam(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, lo, hi):
 
 def _over_threads(kernel, items: int, *args) -> None:
     """``kernel(*args, lo, hi)`` over the threads' ranges of ``[0, items)``."""
-    run_ranges(lambda lo, hi: kernel(*args, lo, hi), items, get_num_threads(), MIN_SHARE)
+    run_ranges(lambda lo, hi: kernel(*args, lo, hi), items, get_num_threads())
 
 
 def _check_flat(op: str, names_arrays: list[tuple[str, np.ndarray]]) -> None:

@@ -18,9 +18,6 @@ from numba import get_num_threads, njit, prange
 from kernels.cpu.checks import check_array
 from kernels.cpu.threads import run_ranges
 
-GLOBAL_MIN_SHARE = 1 << 16
-"""Values a thread's range of planes holds at least in the global pools; fewer run on the calling thread."""
-
 
 @njit(cache=True, parallel=True, nogil=True)
 def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
@@ -224,8 +221,7 @@ def global_avgpool_forward(x: np.ndarray, out: np.ndarray) -> None:
     N, C, H, W = x.shape
     check_array(op, "out", out, (N, C))
     x2, out1 = x.reshape(N * C, H * W), out.reshape(N * C)
-    run_ranges(lambda lo, hi: _global_avgpool_forward(x2, out1, lo, hi), N * C, get_num_threads(),
-               -(-GLOBAL_MIN_SHARE // max(1, H * W)))
+    run_ranges(lambda lo, hi: _global_avgpool_forward(x2, out1, lo, hi), N * C, get_num_threads(), H * W)
 
 
 def global_avgpool_backward(dout: np.ndarray, dx: np.ndarray) -> None:
@@ -237,5 +233,4 @@ def global_avgpool_backward(dout: np.ndarray, dx: np.ndarray) -> None:
     N, C, H, W = dx.shape
     check_array(op, "dout", dout, (N, C))
     dout1, dx2 = dout.reshape(N * C), dx.reshape(N * C, H * W)
-    run_ranges(lambda lo, hi: _global_avgpool_backward(dout1, dx2, lo, hi), N * C, get_num_threads(),
-               -(-GLOBAL_MIN_SHARE // max(1, H * W)))
+    run_ranges(lambda lo, hi: _global_avgpool_backward(dout1, dx2, lo, hi), N * C, get_num_threads(), H * W)

@@ -501,17 +501,23 @@ def run_shares(work: Callable[[int], object], threads: int) -> None:
     run_chunks(lambda share, slot: work(share), threads, threads)
 
 
-def run_ranges(work: Callable[[int, int], object], items: int, threads: int, min_items: int) -> None:
+RANGE_MIN_VALUES = 1 << 16
+"""Values a thread's range holds at least in ``run_ranges``; a smaller call runs on the calling thread
+(a pool round trip costs tens of microseconds)."""
+
+
+def run_ranges(work: Callable[[int, int], object], items: int, threads: int, item_values: int = 1) -> None:
     """``work(lo, hi)`` over fixed contiguous ranges of ``[0, items)``: one per thread (``run_shares``)
-    when each range gets at least ``min_items``, else fewer, and one range on the calling thread when
-    the work is that small (a pool round trip costs tens of microseconds). The ranges depend on
-    ``items``, ``threads`` and ``min_items`` only.
+    when each range holds at least ``RANGE_MIN_VALUES`` values (``item_values`` per item), else fewer,
+    and one range on the calling thread when the work is that small. The ranges depend on ``items``,
+    ``threads`` and ``item_values`` only.
 
     The batch-norm, optimizer, global-pool and dense-bias kernels run their shares here rather than
     as ``prange`` loops: a ``parallel=True`` kernel compiles 3–5× longer on a cold cache than the same
     loop as a serial kernel (batch norm's training forward 1.39 → 0.31 s; ``engine/warmup.py`` has
     the figures). The element-wise kernels keep ``prange``: ``kernels/cpu/elementwise.py`` says why."""
-    shares = max(1, min(threads, items // max(1, min_items)))
+    min_items = -(-RANGE_MIN_VALUES // max(1, item_values))
+    shares = max(1, min(threads, items // min_items))
     if shares == 1:
         work(0, items)
         return

@@ -149,12 +149,12 @@ def test_a_bad_spin_setting_is_one_line_from_the_command_line(name):
 def test_run_ranges_cover_the_items_once_in_fixed_ranges(items, threads, min_items):
     # batch norm, the optimizers, the global pools and the dense bias split their work here: every
     # index exactly once, in ranges that depend on the sizes only (their bits must not depend on timing)
-    from kernels.cpu.threads import run_ranges
+    from kernels.cpu.threads import RANGE_MIN_VALUES, run_ranges
 
     seen = []
     for _ in range(2):
         ranges: list[tuple[int, int]] = []
-        run_ranges(lambda lo, hi, ranges=ranges: ranges.append((lo, hi)), items, threads, min_items)
+        run_ranges(lambda lo, hi, ranges=ranges: ranges.append((lo, hi)), items, threads, RANGE_MIN_VALUES // min_items)
         seen.append(sorted(ranges))
     assert seen[0] == seen[1]
     covered = [i for lo, hi in seen[0] for i in range(lo, hi)]
