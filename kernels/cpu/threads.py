@@ -134,7 +134,7 @@ showed two more ways a share waits behind the other on one CPU while the other C
    caller, back from its yield, slept on the GIL and was woken by the pool thread, on the pool thread's
    new CPU, where it waited for the pool thread's whole run (64→384 @8×8 forward: the pool thread ran
    all 8 chunks, 1.3–1.4 ms, the caller none). ``_step_aside`` calls libc through ctypes, which lets go
-   of the GIL (``step_aside_outside_gil``).
+   of the GIL.
 
 Measured, 66 1×1 records (22 shapes × 3 directions), batch 32, two threads, one process, before each
 timing three NumPy 384² sgemms and ``quiesce``, best of 7, two rounds alternating, main's pool against
@@ -222,9 +222,6 @@ def _load_setaffinity() -> Callable[[int, int, object], int] | None:
 _getcpu = _load_getcpu() if hasattr(os, "sched_setaffinity") else None
 _setaffinity = _load_setaffinity() if _getcpu is not None else None
 _masks: dict[frozenset[int], ctypes.Array] = {}  # cpu_set_t buffers for ``_setaffinity``, by CPU set
-step_aside_outside_gil = True
-"""``_step_aside`` through ctypes, outside the GIL (else ``os.sched_setaffinity``, as before): a module flag so
-one process can time both."""
 _stepping_aside = _getcpu is not None and os.environ.get("ENGINE_STEP_ASIDE", "1").strip() != "0"
 yield_after_hand_out = spin.SUPPORTED and os.environ.get("ENGINE_HAND_OUT_YIELD", "1").strip() != "0"
 """The caller yields its CPU once right after each hand-out (module docstring, "The caller yields after the
@@ -377,7 +374,7 @@ def _step_aside(cpu: int) -> None:
         allowed = frozenset(os.sched_getaffinity(0))
         others = allowed - {cpu}
         if others:
-            if _setaffinity is None or not step_aside_outside_gil:
+            if _setaffinity is None:  # no libc call to reach: the GIL-holding one
                 os.sched_setaffinity(0, others)
                 os.sched_setaffinity(0, allowed)
                 return
