@@ -218,14 +218,11 @@ def _int64(context, builder, signature, args, index):
     return context.cast(builder, args[index], signature.args[index], types.int64)
 
 
-def _filter_intrinsic(height: int, width: int, stride: int, direction: str):
-    """``kernel(src, s0, dst, d0, w, w0)``: one plane, dst[d0 + q] = Σ_k w[w0 + k] · tap_k(src plane at s0)."""
+def _filter_codegen(height: int, width: int, stride: int, direction: str):
+    """Emits one plane, ``(src, s0, dst, d0, w, w0, …)``: dst[d0 + q] = Σ_k w[w0 + k] · tap_k(src plane at s0)."""
     out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
     source_plane = height * width if direction == "forward" else out_h * out_w
     taps = _taps(direction, height, width, stride)
-
-    def typer(typingctx, src, s0, dst, d0, w, w0):
-        return types.void(src, s0, dst, d0, w, w0), codegen
 
     def codegen(context, builder, signature, args):
         src = context.make_array(signature.args[0])(context, builder, args[0]).data
@@ -252,23 +249,18 @@ def _filter_intrinsic(height: int, width: int, stride: int, direction: str):
             if total is None:
                 total = emitter.zero
             builder.store(total, _pointer(builder, dst, builder.add(d0, ir.Constant(d0.type, LANES * j))), align=4)
-        return context.get_dummy_value()
 
-    typer.__name__ = f"_filter_{direction}_{height}x{width}_s{stride}"
-    return intrinsic(typer)
+    return codegen
 
 
-def _weight_intrinsic(height: int, width: int, stride: int, block: int = 1):
-    """``kernel(x, x0, x_step, g, g0, g_step, n, dw, o)``: dw[o + k] = Σ_i Σ_q g(image i)[q] · tap_k(x
+def _weight_codegen(height: int, width: int, stride: int, block: int = 1):
+    """Emits ``(x, x0, x_step, g, g0, g_step, n, dw, o, …)``: dw[o + k] = Σ_i Σ_q g(image i)[q] · tap_k(x
     of image i)[q], over the ``n`` planes at x0 + i·x_step and g0 + i·g_step, i in order; the lanes
     summed in lane order at the end. ``block`` channels a pass (the planes that follow in memory,
     their sums at o + 9b + k), each with its own nine accumulators."""
     out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
     taps = _taps("forward", height, width, stride)
     out_vectors = out_h * out_w // LANES
-
-    def typer(typingctx, x, x0, x_step, g, g0, g_step, n, dw, o):
-        return types.void(x, x0, x_step, g, g0, g_step, n, dw, o), codegen
 
     def codegen(context, builder, signature, args):
         xs = context.make_array(signature.args[0])(context, builder, args[0]).data
@@ -301,16 +293,46 @@ def _weight_intrinsic(height: int, width: int, stride: int, block: int = 1):
             for lane in range(1, LANES):
                 total = builder.fadd(total, builder.extract_element(vector, ir.Constant(ir.IntType(32), lane)))
             builder.store(total, builder.gep(dw, [builder.add(o, ir.Constant(o.type, k))]))
+
+    return codegen
+
+
+def _by_case(codegens: list):
+    """Emits every body in ``codegens`` behind an LLVM ``switch`` on the call's last argument, so the
+    Numba loops below make one call, not a chain of ``if``s, one per geometry."""
+
+    def codegen(context, builder, signature, args):
+        case = _int64(context, builder, signature, args, len(args) - 1)
+        end = builder.append_basic_block("end")
+        switch = builder.switch(case, end)
+        for i, emit in enumerate(codegens):
+            block = builder.append_basic_block(f"case{i}")
+            switch.add_case(ir.Constant(case.type, i), block)
+            builder.position_at_end(block)
+            emit(context, builder, signature, args)
+            builder.branch(end)
+        builder.position_at_end(end)
         return context.get_dummy_value()
 
-    typer.__name__ = f"_weight_{height}x{width}_s{stride}"
-    return intrinsic(typer)
+    return codegen
 
 
-_F0, _F1, _F2, _F3, _F4, _F5, _F6 = (_filter_intrinsic(h, w, s, "forward") for h, w, s in GEOMETRIES)
-_D0, _D1, _D2, _D3, _D4, _D5, _D6 = (_filter_intrinsic(h, w, s, "data") for h, w, s in GEOMETRIES)
-_W0, _W1, _W2, _W3, _W4, _W5, _W6 = (_weight_intrinsic(h, w, s) for h, w, s in GEOMETRIES)
-_W0_PAIRS = _weight_intrinsic(4, 4, 1, 2)  # 4×4: two channels a pass (``weight_share``)
+DATA = len(GEOMETRIES)
+"""``_filter``'s cases: the geometry's index for the forward, ``DATA`` + it for backward-data."""
+PAIRS = len(GEOMETRIES)
+"""``_weight``'s cases: the geometry's index, or ``PAIRS`` for 4×4 two channels a pass (``weight_share``)."""
+_FILTER_CASES = [_filter_codegen(h, w, s, d) for d in ("forward", "data") for h, w, s in GEOMETRIES]
+_WEIGHT_CASES = [_weight_codegen(h, w, s) for h, w, s in GEOMETRIES] + [_weight_codegen(4, 4, 1, 2)]
+
+
+@intrinsic
+def _filter(typingctx, src, s0, dst, d0, w, w0, case):
+    return types.void(src, s0, dst, d0, w, w0, case), _by_case(_FILTER_CASES)
+
+
+@intrinsic
+def _weight(typingctx, x, x0, x_step, g, g0, g_step, n, dw, o, case):
+    return types.void(x, x0, x_step, g, g0, g_step, n, dw, o, case), _by_case(_WEIGHT_CASES)
 
 
 def geometry(x_shape, stride: int) -> int:
@@ -327,70 +349,25 @@ def supported(x_shape, w_shape, stride: int, pad: int) -> bool:
 def filter_share(src, dst, w, planes, channels, src_plane, dst_plane, kind, data, t, threads):
     """Thread ``t``'s contiguous range of the ``planes`` (image-major) planes: dst plane p = the 3×3
     filter of channel p mod C over src plane p (``data``: the backward-data taps)."""
+    case = kind + DATA if data else kind
     for p in range(t * planes // threads, (t + 1) * planes // threads):
-        s0, d0, w0 = p * src_plane, p * dst_plane, (p % channels) * 9
-        if data:
-            if kind == 0:
-                _D0(src, s0, dst, d0, w, w0)
-            elif kind == 1:
-                _D1(src, s0, dst, d0, w, w0)
-            elif kind == 2:
-                _D2(src, s0, dst, d0, w, w0)
-            elif kind == 3:
-                _D3(src, s0, dst, d0, w, w0)
-            elif kind == 4:
-                _D4(src, s0, dst, d0, w, w0)
-            elif kind == 5:
-                _D5(src, s0, dst, d0, w, w0)
-            else:
-                _D6(src, s0, dst, d0, w, w0)
-        elif kind == 0:
-            _F0(src, s0, dst, d0, w, w0)
-        elif kind == 1:
-            _F1(src, s0, dst, d0, w, w0)
-        elif kind == 2:
-            _F2(src, s0, dst, d0, w, w0)
-        elif kind == 3:
-            _F3(src, s0, dst, d0, w, w0)
-        elif kind == 4:
-            _F4(src, s0, dst, d0, w, w0)
-        elif kind == 5:
-            _F5(src, s0, dst, d0, w, w0)
-        else:
-            _F6(src, s0, dst, d0, w, w0)
+        _filter(src, p * src_plane, dst, p * dst_plane, w, (p % channels) * 9, case)
 
 
 @njit(cache=True, nogil=True)
 def weight_share(x, g, dw, images, channels, plane, out_plane, kind, t, threads):
     """Thread ``t``'s contiguous range of channels: dw[c, :] over every image, in image order.
 
-    4×4 planes (one vector each) go two channels a pass (``_W0_PAIRS``: twice the loads in flight per
+    4×4 planes (one vector each) go two channels a pass (``PAIRS``: twice the loads in flight per
     image; each channel's sums are the same operations in the same order as alone, so the same bits);
-    an odd last channel goes alone, on the last share."""
+    an odd last channel goes alone, the last share's last unit."""
     xs, gs = channels * plane, channels * out_plane
-    if kind == 0:
-        pairs = channels // 2
-        for q in range(t * pairs // threads, (t + 1) * pairs // threads):
-            c = 2 * q
-            _W0_PAIRS(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9)
-        if channels % 2 == 1 and t == threads - 1:
-            c = channels - 1
-            _W0(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9)
-        return
-    for c in range(t * channels // threads, (t + 1) * channels // threads):
-        x0, g0 = c * plane, c * out_plane
-        if kind == 1:
-            _W1(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        elif kind == 2:
-            _W2(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        elif kind == 3:
-            _W3(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        elif kind == 4:
-            _W4(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        elif kind == 5:
-            _W5(x, x0, xs, g, g0, gs, images, dw, c * 9)
-        else:
-            _W6(x, x0, xs, g, g0, gs, images, dw, c * 9)
+    step = 2 if kind == 0 else 1
+    units = (channels + step - 1) // step
+    for u in range(t * units // threads, (t + 1) * units // threads):
+        c = step * u
+        case = PAIRS if step == 2 and c + 1 < channels else kind
+        _weight(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9, case)  # one call site: one switch
 
 
 def run_forward(x, w, out, stride: int) -> None:
