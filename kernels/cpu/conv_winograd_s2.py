@@ -171,6 +171,23 @@ def _buffer(width: int, rows: int) -> int:
     return 7 * 4 * (width // 4 + 1) * rows
 
 
+@njit(cache=True, inline="always")
+def _row_position(buf, offsets, i, channel, cols):
+    """Row position i's five column slices of V (or M) for one channel: e0 and e1 of its 2-wide group
+    (positions e0, e1) or of its row (m1, m2, m3), then the group's m1, m2, m3 (the transforms' layout,
+    read the same way by the input and the output transform)."""
+    pa, sa = (0, i) if i < 2 else (i - 1, 0)
+    ma = 2 if pa == 0 else 1
+    at = offsets[4 * pa] + (channel * ma * 2 + sa * 2) * cols
+    at1 = (channel * ma + sa) * cols
+    return (
+        buf[at : at + cols], buf[at + cols : at + 2 * cols],
+        buf[offsets[4 * pa + 1] + at1 : offsets[4 * pa + 1] + at1 + cols],
+        buf[offsets[4 * pa + 2] + at1 : offsets[4 * pa + 2] + at1 + cols],
+        buf[offsets[4 * pa + 3] + at1 : offsets[4 * pa + 3] + at1 + cols],
+    )  # fmt: skip
+
+
 @njit(cache=True, nogil=True)
 def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, offsets, tmp):
     """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of every tile of tile rows
@@ -236,17 +253,10 @@ def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, offset
                 ti = r2_
             else:
                 ti = t3
-            pa_, sa = (0, i) if i < 2 else (i - 1, 0)
-            ma = 2 if pa_ == 0 else 1
             f0, f1 = ti[0:cols], ti[span : span + cols]
             f2, f3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
             f4 = ti[nr : nr + cols]
-            at = offsets[4 * pa_] + (c * ma * 2 + sa * 2) * cols
-            w0, w1 = v[at : at + cols], v[at + cols : at + 2 * cols]
-            at = (c * ma + sa) * cols
-            w2 = v[offsets[4 * pa_ + 1] + at : offsets[4 * pa_ + 1] + at + cols]
-            w3 = v[offsets[4 * pa_ + 2] + at : offsets[4 * pa_ + 2] + at + cols]
-            w4 = v[offsets[4 * pa_ + 3] + at : offsets[4 * pa_ + 3] + at + cols]
+            w0, w1, w2, w3, w4 = _row_position(v, offsets, i, c, cols)
             for j in range(cols):
                 w0[j] = f1[j]
             for j in range(cols):
@@ -273,14 +283,7 @@ def _output_transform(m, r0, nr, k_lo, k_hi, channels, height, width, dst, offse
     z = tmp[: 10 * cols]
     for k in range(k_lo, k_hi):
         for i in range(5):
-            pa, sa = (0, i) if i < 2 else (i - 1, 0)
-            ma = 2 if pa == 0 else 1
-            at = offsets[4 * pa] + (k * ma * 2 + sa * 2) * cols
-            me0, me1 = m[at : at + cols], m[at + cols : at + 2 * cols]
-            at = (k * ma + sa) * cols
-            m1 = m[offsets[4 * pa + 1] + at : offsets[4 * pa + 1] + at + cols]
-            m2 = m[offsets[4 * pa + 2] + at : offsets[4 * pa + 2] + at + cols]
-            m3 = m[offsets[4 * pa + 3] + at : offsets[4 * pa + 3] + at + cols]
+            me0, me1, m1, m2, m3 = _row_position(m, offsets, i, k, cols)
             z0, z1 = z[2 * i * cols : (2 * i + 1) * cols], z[(2 * i + 1) * cols : (2 * i + 2) * cols]
             for j in range(cols):
                 z0[j] = me0[j] + m1[j] + m2[j]
