@@ -67,14 +67,34 @@ def _run_cpu(x, w, b, dout, args):
     return out, dx, dw, db
 
 
+def _reference(x, w, b, dout, args):
+    """The NumPy reference's out, dx, dw and db."""
+    expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
+    ref.conv2d_forward(x, w, b, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    return expected
+
+
+def _run_cpu_at_thread_counts(x, w, b, dout, args, counts):
+    """``_run_cpu`` at each of ``counts`` that Numba's pool has (and at its own count), in order."""
+    from numba import get_num_threads, set_num_threads
+
+    saved, results = get_num_threads(), []
+    try:
+        for threads in sorted((set(counts) | {saved}) & set(range(1, saved + 1))):
+            set_num_threads(threads)
+            results.append(_run_cpu(x, w, b, dout, args))
+    finally:
+        set_num_threads(saved)
+    return results
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_cpu_conv_matches_reference(shape):
     x, w, b, dout, args = _case(shape)
     out, dx, dw, db = _run_cpu(x, w, b, dout, args)
-    expected = [np.empty_like(a) for a in (out, dx, dw, db)]
-    ref.conv2d_forward(x, w, b, expected[0], *args)
-    ref.conv2d_backward_data(dout, w, expected[1], *args)
-    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    expected = _reference(x, w, b, dout, args)
     for got, want, direction in zip((out, dx, dw, db), expected, ("forward", "data", "weight", "weight")):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=_atol(x.shape, w.shape, args, direction, want))
 
@@ -132,10 +152,7 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
 )
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
-    expected = [np.empty(dout.shape, np.float32), np.empty_like(x), np.empty_like(w), np.empty_like(b)]
-    ref.conv2d_forward(x, w, b, expected[0], *args)
-    ref.conv2d_backward_data(dout, w, expected[1], *args)
-    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    expected = _reference(x, w, b, dout, args)
     out = np.full(dout.shape, np.nan, np.float32)
     size = conv_study.conv2d_version_workspace_size(version, "forward", x.shape, w.shape, *args)
     conv_study.conv2d_version(version, "forward")(x, w, b, out, *args, np.full(size, np.nan, np.float32))
@@ -697,10 +714,7 @@ def test_depthwise_flat_matches_reference_at_every_chunk_size_the_rule_picks(sha
     assert cpu.path(x.shape, w.shape, args[0], args[1], args[2], "forward") == "depthwise-flat"
     assert conv_depthwise.channels_per_chunk(x.shape) < x.shape[1]  # several chunks
     out, dx, dw, db = _run_cpu(x, w, b, dout, args)
-    expected = [np.empty_like(a) for a in (out, dx, dw, db)]
-    ref.conv2d_forward(x, w, b, expected[0], *args)
-    ref.conv2d_backward_data(dout, w, expected[1], *args)
-    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
+    expected = _reference(x, w, b, dout, args)
     for got, want in zip((out, dx, dw, db), expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -761,24 +775,14 @@ def test_depthwise_flat_shares_match_reference_and_give_the_same_bits_at_any_thr
     """The flat depthwise kernels run one share per thread (``threads.run_shares``), several channel
     chunks each (256 floats a chunk here), each chunk computed the same way whichever thread owns it:
     the reference's results, and the same bits at any thread count."""
-    from numba import get_num_threads, set_num_threads
 
     from kernels.cpu import conv_depthwise
 
     monkeypatch.setattr(conv_depthwise, "CHUNK_ELEMENTS", 256)
     x, w, b, dout, args = _case(shape, seed=3)
     assert cpu.path(x.shape, w.shape, args[0], args[1], args[2], "forward") == "depthwise-flat"
-    expected = [np.empty_like(a) for a in (dout, x, w, b)]
-    ref.conv2d_forward(x, w, b, expected[0], *args)
-    ref.conv2d_backward_data(dout, w, expected[1], *args)
-    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
-    saved, results = get_num_threads(), []
-    try:
-        for threads in sorted({1, 2, saved} & set(range(1, saved + 1))):
-            set_num_threads(threads)
-            results.append(_run_cpu(x, w, b, dout, args))
-    finally:
-        set_num_threads(saved)
+    expected = _reference(x, w, b, dout, args)
+    results = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2))
     for got, want in zip(results[0], expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     for other in results[1:]:
@@ -967,7 +971,6 @@ def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any
     """v25: 4×4 to 32×32 planes, stride 1 and 2, with whole planes in vector registers (no
     scratch): the reference's results in every direction, and the same bits at 1, 2 and 3 threads (3
     where Numba's pool has them). v23 (the chunk runs, groups and planes) still runs these shapes."""
-    from numba import get_num_threads, set_num_threads
 
     x, w, b, dout, args = _case(shape, seed=11)
     stride, pad, groups = args
@@ -975,17 +978,8 @@ def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any
         assert cpu.path(x.shape, w.shape, stride, pad, groups, direction) == "depthwise-registers"
         assert cpu.workspace_size(x.shape, w.shape, stride, pad, groups, direction) == 0
         assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, conv_study.V23_PATHS) != "depthwise-registers"
-    expected = [np.empty_like(a) for a in (dout, x, w, b)]
-    ref.conv2d_forward(x, w, b, expected[0], *args)
-    ref.conv2d_backward_data(dout, w, expected[1], *args)
-    ref.conv2d_backward_weight(x, dout, expected[2], expected[3], *args)
-    saved, results = get_num_threads(), []
-    try:
-        for threads in sorted({1, 2, 3, saved} & set(range(1, saved + 1))):
-            set_num_threads(threads)
-            results.append(_run_cpu(x, w, b, dout, args))
-    finally:
-        set_num_threads(saved)
+    expected = _reference(x, w, b, dout, args)
+    results = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
     for got, want in zip(results[0], expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     for other in results[1:]:
