@@ -99,14 +99,21 @@ def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(
     assert threads._pinning is False
 
 
+def _threads_flag(flag: str, variable: str, value: str | None) -> str:
+    """``threads.<flag>`` as a fresh process sees it with ``variable`` set to ``value`` (None: unset):
+    these switches are read at import."""
+    environment = {k: v for k, v in os.environ.items() if k != variable}
+    if value is not None:
+        environment[variable] = value
+    code = f"from kernels.cpu import threads; print(threads.{flag})"
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
 def test_pinning_is_off_unless_asked_for():
-    code = "from kernels.cpu import threads; print(threads._pinning)"
-    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_PIN_SHARES"}
-    off = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
-    on = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_PIN_SHARES": "1"},
-                        capture_output=True, text=True, check=True)
-    assert off.stdout.strip() == "False"
-    assert on.stdout.strip() == ("True" if hasattr(os, "sched_setaffinity") else "False")
+    assert _threads_flag("_pinning", "ENGINE_PIN_SHARES", None) == "False"
+    on = _threads_flag("_pinning", "ENGINE_PIN_SHARES", "1")
+    assert on == ("True" if hasattr(os, "sched_setaffinity") else "False")
 
 
 @needs_two_cpus
@@ -220,12 +227,7 @@ def test_stepping_aside_runs_through_ctypes_outside_the_gil_and_a_refusal_turns_
 def test_the_hand_out_yield_is_on_unless_switched_off():
     from kernels.cpu import spin
 
-    code = "from kernels.cpu import threads; print(threads.yield_after_hand_out)"
-    environment = {k: v for k, v in os.environ.items() if k != "ENGINE_HAND_OUT_YIELD"}
-    on = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
-    off = subprocess.run([sys.executable, "-c", code], env={**environment, "ENGINE_HAND_OUT_YIELD": "0"},
-                         capture_output=True, text=True, check=True)
-    assert on.stdout.strip() == str(spin.SUPPORTED)
-    assert off.stdout.strip() == "False"
+    assert _threads_flag("yield_after_hand_out", "ENGINE_HAND_OUT_YIELD", None) == str(spin.SUPPORTED)
+    assert _threads_flag("yield_after_hand_out", "ENGINE_HAND_OUT_YIELD", "0") == "False"
     if spin.SUPPORTED:
         assert spin.yield_cpu() == 0  # sched_yield() returns 0
