@@ -15,7 +15,7 @@ in one process, 10-14 measured steps, nothing else timed), N=4 step / no offload
   1.266 -> 1.315, 1.237 -> 1.256, 1.270 -> 1.255, 1.265 -> 1.297: no difference beyond the noise.
 
 ``engine bench --model M --batch-size B --offload-n 4 --format json``, main (b6105db) and this code
-alternating in one lock hold: ResNet-18 b32 1.046 / 1.097 / 1.122 / 1.083 / 1.054 / 1.066 ->
+alternating in one sitting: ResNet-18 b32 1.046 / 1.097 / 1.122 / 1.083 / 1.054 / 1.066 ->
 1.046 / 1.040 / 1.081 / 1.067 / 1.087 / 1.067, b128 1.072 / 1.059 -> 1.030 / 1.019; MobileNetV2 b32
 1.321 / 1.346 -> 1.307 / 1.313, b128 1.144 / 1.156 -> 1.133 / 1.146: 9 of 12 pairs better, one tie,
 mean -1.9 points; small next to this machine's noise, and no arithmetic changes (same bits).
