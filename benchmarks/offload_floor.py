@@ -10,7 +10,8 @@ Then the model, without offload and with ``--window`` N, their steps alternating
 ``engine bench`` does): the forward (with the loss) and the backward per step, the bytes written and
 read per step and how long the IO threads were inside the system calls (their bandwidth while the
 step runs), the loader's busy time inside the backward, the executor's waits (for a load, for room),
-the rebuilds, and the IO threads' user and system CPU (``/proc/self/task/TID/stat``, clock ticks).
+the rebuilds, and the IO threads' CPU (``/proc/self/task/TID/schedstat``), split into user and
+system time (``stat``, clock ticks), and their CPU inside the storage's calls.
 
 The floor: the saves of a forward's units must end before the backward reads them (and with a fixed N
 before the forward can reuse their room), and the reads happen while the backward runs, so a step
@@ -72,25 +73,29 @@ def disk_bandwidth(directory: str, total_mib: int, block_mib: int, passes: int =
         buffer.close()
 
 
-def _thread_cpu(tid: int) -> tuple[float, float]:
-    """User and system CPU seconds of one thread of this process."""
+def _thread_cpu(tid: int) -> tuple[float, float, float]:
+    """User and system CPU seconds of one thread of this process (clock ticks), and its CPU time (ns
+    precise, ``schedstat``)."""
     with open(f"/proc/self/task/{tid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        ran = int(f.read().split()[0]) / 1e9
     ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks, ran
 
 
-def _record_io(storage: Any, events: list[tuple[str, float, float, int]]) -> None:
-    """Log (what, start, end, bytes) of every write and read the storage makes."""
+def _record_io(storage: Any, events: list[tuple[str, float, float, int, float]]) -> None:
+    """Log (what, start, end, bytes, CPU seconds of the calling thread) of every write and read the storage makes."""
     for name in ("write", "read"):
         call = getattr(storage, name)
 
         def timed(records: Any, *args: Any, _call: Any = call, _name: str = name, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 return _call(records, *args, **kwargs)
             finally:
-                events.append((_name, started, time.perf_counter(), sum(r.nbytes for r in records)))
+                events.append((_name, started, time.perf_counter(), sum(r.nbytes for r in records),
+                               time.thread_time() - cpu))
 
         setattr(storage, name, timed)
 
@@ -113,7 +118,7 @@ def main() -> None:
 
     backend = get_backend("cpu")
     batch = args.batch_size
-    events: list[tuple[str, float, float, int]] = []
+    events: list[tuple[str, float, float, int, float]] = []
     runs: list[dict[str, Any]] = []
     for window in (None, args.window):
         net = build_model(args.model, num_classes=10, backend=backend, seed=0, image_size=args.image_size)
@@ -162,12 +167,12 @@ def main() -> None:
         moved = [e for e in events if e[0] == what]
         nbytes = sum(e[3] for e in moved) / args.steps
         busy = sum(e[2] - e[1] for e in moved) / args.steps
+        cpu = sum(e[4] for e in moved) / args.steps
         print(f"  {what:<5} {nbytes / MIB:.1f} MiB per step in {len(moved) / args.steps:.0f} calls, inside the calls "
-              f"{1e3 * busy:.1f} ms ({nbytes / busy / MIB:.0f} MiB/s)")
+              f"{1e3 * busy:.1f} ms ({nbytes / busy / MIB:.0f} MiB/s), CPU {1e3 * cpu:.1f} ms")
     for name in threads:
-        user = (cpu_after[name][0] - cpu_before[name][0]) / args.steps
-        system = (cpu_after[name][1] - cpu_before[name][1]) / args.steps
-        print(f"  {name}: user {1e3 * user:.1f} ms, system {1e3 * system:.1f} ms per step (clock ticks)")
+        user, system, ran = ((cpu_after[name][i] - cpu_before[name][i]) / args.steps for i in range(3))
+        print(f"  {name}: CPU {1e3 * ran:.1f} ms per step (user {1e3 * user:.1f}, system {1e3 * system:.1f}: ticks)")
     stats = runs[1]["scheduler"].stats[-args.steps:]
     for i, (t0, t1, t2, _) in enumerate(offload):
         reads = [e for e in events if e[0] == "read" and t0 <= e[1] < t2]
