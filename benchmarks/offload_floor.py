@@ -28,6 +28,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,8 @@ def main() -> None:
             scheduler = run["scheduler"]
             if step == args.warmup and scheduler is not None:
                 events.clear()
-                threads = {"saver": scheduler._saver.native_id, "loader": scheduler._loader.native_id}
+                threads = {t.name.rsplit("-", 1)[1]: t.native_id for t in threading.enumerate()
+                           if t.native_id in scheduler.io_thread_ids}
                 cpu_before = {name: _thread_cpu(tid) for name, tid in threads.items()}
             t0 = time.perf_counter()
             run["net"].forward(x, training=True)

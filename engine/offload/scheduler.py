@@ -192,8 +192,16 @@ Batch 128: 825 MiB each way, 329 ms of writes in a 406 ms forward, 493 ms of rea
 ResNet-18 moves 82 / 328 MiB (batch 32 / 128): the disk is busy ~20% of its step, so its cost is CPU.
 So MobileNetV2's stall is not a bandwidth wall (the sum of the IO fits in the step) but a window of
 4 layers on a disk that has to run at 80-95% of its speed through the whole backward: any unit that
-comes late (a large one after small ones) is a wait. Only fewer bytes (keeping or recomputing more,
-both measured above) or an earlier start (``predict_leads``, above) move it.
+comes late (a large one after small ones) is a wait. How the stall follows the disk's speed, without
+the IO's CPU (``offload_costs.py --configs n4,noio,sleep:W/R``: ``noio`` whose calls sleep as long
+as the transfer takes at W MiB/s written, R read; batch 32, 10 steps, two runs): noio 1.065 / 1.061x;
+at this disk's rates (2100/1350) stall 41 / 36 ms, 1.173 / 1.169x; reads twice as fast (2100/2700)
+21 / 17 ms, 1.087 / 1.113x; writes twice as fast (4200/1350) 27 / 23 ms, 1.080 / 1.127x; the real
+IO in the same runs: stall 14 / 13 ms, 1.195 / 1.240x (the sleeps overstate the stall: the rates
+were measured inside the calls, which includes the IO thread's wait for a core after the disk is
+done). At 5000 MiB/s both ways the stall is 1.1 ms (one run). Only fewer bytes (keeping or
+recomputing more, both measured above), a faster disk or an earlier start (``predict_leads``,
+above) move it.
 The IO threads' CPU (MobileNetV2 batch 32): saver 13.8 ms per step (9.3 inside the storage's calls),
 loader 17.9 (10.4 inside), i.e. ~150 µs per call inside against ~60-80 µs with nothing else running,
 and ~4 / ~7.5 ms of scheduler Python and waits outside. ``perf record -e cpu-clock`` on the two
