@@ -202,9 +202,13 @@ were measured inside the calls, which includes the IO thread's wait for a core a
 done). At 5000 MiB/s both ways the stall is 1.1 ms (one run). Only fewer bytes (keeping or
 recomputing more, both measured above), a faster disk or an earlier start (``predict_leads``,
 above) move it.
-The IO threads' CPU (MobileNetV2 batch 32): saver 13.8 ms per step (9.3 inside the storage's calls),
-loader 17.9 (10.4 inside), i.e. ~150 µs per call inside against ~60-80 µs with nothing else running,
-and ~4 / ~7.5 ms of scheduler Python and waits outside. ``perf record -e cpu-clock`` on the two
+The IO threads' CPU (MobileNetV2 batch 32): saver 13.2-13.8 ms per step (8.5-9.3 inside the
+storage's calls), loader 16.8-17.9 (9.6-10.4 inside), i.e. 140-170 µs per call inside, and ~4 / ~7
+ms of scheduler Python and condition waits outside. The same 61 calls each way with nothing else
+running (``SwapStorage`` on a private anonymous mapping like the arena's, median of 3): verify off
+71-77 µs per call (21-23 µs per MiB) with 2 MiB pages, 192-206 µs (57-61 µs per MiB) without
+(``MADV_HUGEPAGE`` is worth 2.7x here: the per-4 KiB page pinning); verify full on every byte
+175-198 µs. So inside the step a call costs about twice what it costs alone. ``perf record -e cpu-clock`` on the two
 threads (1,235 samples, 8 steps): Python 43%, XXH3 5%, other user 5%; kernel 47%: scheduling,
 futexes and context switches 17.5%, the virtio notification and interrupt return (``iowrite16``,
 ``_raw_spin_unlock_irqrestore``) 14.5%, block layer and ext4 5.7%, page pinning (``gup_fast``,
