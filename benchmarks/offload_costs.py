@@ -30,7 +30,8 @@ Configurations (all N=4 except ``none``, which always runs):
 * ``pin:CPU[+CPU]``: ``n4`` with the IO threads on these CPUs.
 * ``spin:US``: ``noio`` whose IO threads burn US µs of CPU per MiB moved (GIL released, no memory
   traffic): what the IO threads' share of the cores costs, apart from their system calls and bytes.
-* ``sleep:MIBPS``: ``noio`` whose IO calls sleep as long as the transfer would take at MIBPS.
+* ``sleep:MIBPS``: ``noio`` whose IO calls sleep as long as the transfer would take at MIBPS
+  (``sleep:WRITE/READ``: a rate each way).
 * ``memfile``: ``noio`` with an in-memory swap file: each write and read is a NumPy copy (the IO
   threads' memory traffic without system calls, DMA or interrupts).
 * ``noio``: ``verify-off`` with no system call either (the swap file is neither written nor read: the
@@ -114,18 +115,18 @@ def _spin_io(storage: Any, us_per_mib: float) -> None:
     storage.read = lambda records, *a, **k: (burn(records), read(records, *a, **k))[1]
 
 
-def _sleep_io(storage: Any, mib_per_s: float) -> None:
-    """``noio`` whose IO calls sleep as long as the transfer would take at ``mib_per_s`` (``sleep:MIBPS``):
-    the IO threads' blocking and wake-ups (a timer instead of the disk's interrupt) without their CPU,
-    system calls or memory traffic."""
+def _sleep_io(storage: Any, write_mib_per_s: float, read_mib_per_s: float) -> None:
+    """``noio`` whose IO calls sleep as long as the transfer would take at these rates (``sleep:MIBPS``
+    or ``sleep:WRITE/READ``): the IO threads' blocking and wake-ups (a timer instead of the disk's
+    interrupt) without their CPU, system calls or memory traffic."""
     _skip_io(storage)
     write, read = storage.write, storage.read
 
-    def wait(records: Any) -> None:
+    def wait(records: Any, mib_per_s: float) -> None:
         time.sleep(sum(r.nbytes for r in records) / 2**20 / mib_per_s)
 
-    storage.write = lambda records, *a, **k: (wait(records), write(records, *a, **k))[1]
-    storage.read = lambda records, *a, **k: (wait(records), read(records, *a, **k))[1]
+    storage.write = lambda records, *a, **k: (wait(records, write_mib_per_s), write(records, *a, **k))[1]
+    storage.read = lambda records, *a, **k: (wait(records, read_mib_per_s), read(records, *a, **k))[1]
 
 
 def _memory_io(storage: Any) -> None:
@@ -331,7 +332,8 @@ def main() -> None:
             if kind == "spin":
                 _spin_io(scheduler.storage, float(what or 60))
             if kind == "sleep":
-                _sleep_io(scheduler.storage, float(what or 700))
+                rates = (what or "700").split("/")
+                _sleep_io(scheduler.storage, float(rates[0]), float(rates[-1]))
             if kind == "memfile":
                 _memory_io(scheduler.storage)
             if kind == "eager":

@@ -175,6 +175,55 @@ create 2.7, after_forward 3.1, after_backward 1.9). Tried and dropped: writing t
 sources in fewer bytes (a bitmask plus the nonzeros, or zero runs): they are batch norms' outputs,
 before the ReLU, with 0.0% zero words (MobileNetV2 181 MiB, ResNet-18 38 MiB at batch 32; zlib
 level 1 keeps 93% of the bytes); the rest of ResNet-18's records hold 6.8% zero words.
+
+The swap disk's floor and what the IO threads' CPU is made of (issue 11, 2026-11-26;
+``benchmarks/offload_floor.py``, nothing else running, no offload and N=4 alternating their steps in
+one process). The disk alone (/dev/vda, virtio, ext4, one thread, O_DIRECT, sequential, 256-512 MiB):
+write 2.2-2.7 GiB/s, read 1.0-1.4 GiB/s, the same at 1 and 4 MiB per call (``dd`` with
+``oflag/iflag=direct``: write 1.6-2.6 GB/s, read 1.1-1.4 GB/s, and reads no faster with 2 or 4 in
+flight: 0.94-1.33 / 1.15-1.21 / 1.08-1.20 GiB/s at 1 / 2 / 4). While the step runs the IO moves at
+that speed: MobileNetV2 batch 32 writes its 206 MiB per step at 2.0-2.1 GiB/s (99-101 ms inside the
+calls) and reads them back at 1.29-1.37 GiB/s (151-156 ms). Against the step without offload
+(forward 94-111 ms, backward 164-195 ms) that is 78-86% of the step with the disk busy, the reads
+alone 80-95% of the backward; the loader was busy 139-171 ms of the 213-273 ms backward with
+offload, and still the executor waited 5-19 ms per step for loads and 2-9 ms for room (saves).
+Batch 128: 825 MiB each way, 329 ms of writes in a 406 ms forward, 493 ms of reads (1.6 GiB/s) in a
+775 ms backward, disk busy 70% (at the disk-alone read rate of that sitting, 1.0 GiB/s, 101%).
+ResNet-18 moves 82 / 328 MiB (batch 32 / 128): the disk is busy ~20% of its step, so its cost is CPU.
+So MobileNetV2's stall is not a bandwidth wall (the sum of the IO fits in the step) but a window of
+4 layers on a disk that has to run at 80-95% of its speed through the whole backward: any unit that
+comes late (a large one after small ones) is a wait. How the stall follows the disk's speed, without
+the IO's CPU (``offload_costs.py --configs n4,noio,sleep:W/R``: ``noio`` whose calls sleep as long
+as the transfer takes at W MiB/s written, R read; batch 32, 10 steps, two runs): noio 1.065 / 1.061x;
+at this disk's rates (2100/1350) stall 41 / 36 ms, 1.173 / 1.169x; reads twice as fast (2100/2700)
+21 / 17 ms, 1.087 / 1.113x; writes twice as fast (4200/1350) 27 / 23 ms, 1.080 / 1.127x; the real
+IO in the same runs: stall 14 / 13 ms, 1.195 / 1.240x (the sleeps overstate the stall: the rates
+were measured inside the calls, which includes the IO thread's wait for a core after the disk is
+done). At 5000 MiB/s both ways the stall is 1.1 ms (one run). Only fewer bytes (keeping or
+recomputing more, both measured above), a faster disk or an earlier start (``predict_leads``,
+above) move it.
+The IO threads' CPU (MobileNetV2 batch 32): saver 13.2-13.8 ms per step (8.5-9.3 inside the
+storage's calls), loader 16.8-17.9 (9.6-10.4 inside), i.e. 140-170 µs per call inside, and ~4 / ~7
+ms of scheduler Python and condition waits outside. The same 61 calls each way with nothing else
+running (``SwapStorage`` on a private anonymous mapping like the arena's, median of 3): verify off
+71-77 µs per call (21-23 µs per MiB) with 2 MiB pages, 192-206 µs (57-61 µs per MiB) without
+(``MADV_HUGEPAGE`` is worth 2.7x here: the per-4 KiB page pinning); verify full on every byte
+175-198 µs. So inside the step a call costs about twice what it costs alone. ``perf record -e cpu-clock`` on the two
+threads (1,235 samples, 8 steps): Python 43%, XXH3 5%, other user 5%; kernel 47%: scheduling,
+futexes and context switches 17.5%, the virtio notification and interrupt return (``iowrite16``,
+``_raw_spin_unlock_irqrestore``) 14.5%, block layer and ext4 5.7%, page pinning (``gup_fast``,
+``bio_iov_iter_get_pages``) 2.2%. Not built: io_uring with registered buffers
+(``IORING_OP_READ_FIXED`` / ``WRITE_FIXED``, the pip package ``liburing`` installs here). It removes
+the per-IO page pinning, 2.2% of these threads' CPU (~0.7 ms per step); the virtio notification
+(a VM exit per request) and the completion interrupt stay, and the Python around each call stays.
+The executor's share (``noio``, above): the rebuilds alone are 12-17 ms per step at batch 32 and 48-55
+ms at batch 128 (4.5-6% of the step without offload, at memory speed): above the 5% goal by
+themselves. They cannot be done in place (the batch norm's backward reads its output, the source,
+after the ReLU's and the conv's backward read the rebuilt one) and cannot move off the executor
+(measured above). What would remove them: the consumers reading the batch norm's output and
+clamping on load (the ReLU6 backward's mask is the same from either, 0 < y < 6, NaN and -0.0
+included; the conv's weight gradient would need a clamped-input variant in each conv path) with
+the source's check moving to a pass that reads it anyway; not built (every conv path's backward).
 """
 
 from __future__ import annotations
