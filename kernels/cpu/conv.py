@@ -60,6 +60,7 @@ from kernels.cpu import (
     blas,
     conv_depthwise,
     conv_depthwise_regs,
+    conv_pointwise,
     conv_shifted,
     conv_winograd,
     conv_winograd4,
@@ -221,6 +222,7 @@ class Paths:
     depthwise_registers: bool = True
     winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
     stem_weight_split: bool = True
+    pointwise_weight_split: bool = True
 
 
 EXPORTED = Paths()
@@ -256,7 +258,8 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
+    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted", "pointwise-weight-split" (v27: the
+    weight gradient of a 1×1 stride-1 conv on ≥ 64 pixels, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -272,6 +275,12 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
                 return "depthwise-planes"
             return "depthwise-flat"
         return "depthwise-direct"
+    if (
+        direction == "weight" and paths.pointwise_weight_split and paths.pointwise_weight_in_place
+        and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
+        and x_shape[2] * x_shape[3] <= conv_pointwise.MAX_PIXELS
+    ):
+        return "pointwise-weight-split"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
@@ -479,7 +488,7 @@ def workspace_size(
         return conv_depthwise.weight_workspace_size(x_shape, stride)
     if kind in ("depthwise-flat", "depthwise-planes"):
         return conv_depthwise.workspace_size(x_shape, stride)
-    if kind in ("depthwise-direct", "depthwise-registers"):
+    if kind in ("depthwise-direct", "depthwise-registers", "pointwise-weight-split"):
         return 0
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
@@ -1263,6 +1272,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, kind == "depthwise-groups")
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "pointwise-weight-split":
+        with blas_on_calling_thread:
+            conv_pointwise.backward_weight(x, dout, dw, threads)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

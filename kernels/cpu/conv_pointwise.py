@@ -1,0 +1,89 @@
+"""The weight gradient of a 1×1 stride-1 convolution split over dW, not over the images (v27).
+
+What it computes. ``dW[k, c] = Σ_n Σ_p dout[n, k, p] · x[n, c, p]``, read in place from NCHW as v16
+does (``conv._pointwise_weight_in_place``: planes of ≥ 64 pixels): one β = 1 sgemm per image,
+``dW_block += dout_n[k-rows] @ x_n[c-rows]ᵀ``. What changed is who owns what. v16 gave each thread
+half of the *images* and a whole dW: thread 0 summed into dW, thread 1 into a dW-sized slot of
+scratch, and a second hand-out added the slot into dW. Here each thread owns a *block of dW* (a
+range of its longer side: input channels when C ≥ K, output channels otherwise) and sums every
+image into it: one hand-out, no partial sum, no add pass, no scratch.
+
+Why. On two cores every hand-out and every partial is paid per call, and these calls are short
+(0.4–2 ms for batch 32): 144→32 @16×16 is 75 MFLOP. Batch 32, two threads, best of 7, median of 5
+rounds alternating in one process (each round after a NumPy 384² sgemm and ``quiesce``), ms,
+v26 (images) → dW rows (output channels) / dW columns (input channels):
+
+    144→32  @16×16   0.683 → 0.752 / 0.633        64→384 @8×8   0.798 → 0.702 / 0.718
+    192→64  @8×8     0.429 → 0.486 / 0.437        32→192 @16×16 0.724 → 0.672 / 0.778
+    576→96  @8×8     2.239 → 2.031 / 2.007        96→576 @8×8   1.386 → 1.271 / 1.394
+    384→64  @8×8     1.084 → 1.061 / 0.885
+
+so the split goes along dW's longer side (columns when C ≥ K). Tried and dropped in the same sitting:
+splitting each thread's block further into 32- or 16-row GEMMs (v26 found 32-row GEMMs ~1.8× faster
+for the 27-column stem results): slower or level everywhere (576→96 2.0 → 2.5 ms, 96→576 1.3 → 5.1
+with 32-row blocks), these results are 32–576 wide.
+
+What it costs. Each thread reads all of one operand (x when the split is over output channels, dout
+otherwise): 1.5–4.7 MB per call that sits in the shared L3 (32 MB here) after the layer's forward.
+Each GEMM is half as wide, which is what lost 192→64 rows (M = 32).
+
+Determinism: each dW element is summed by one thread, image after image, by the same sgemm call
+shape whatever the thread count's blocks; the blocks depend on the shapes and the thread count only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.threads import run_shares
+
+MAX_PIXELS = 256
+"""Planes of at most this many pixels (16×16) take the split; larger planes keep v16's split over
+the images. Their per-image GEMMs are 1024 deep, and halving a GEMM's width lost there (same sitting
+as above): 24→144 @32×32 2.44 → 2.59 ms, 96→24 @32×32 2.30 → 2.30–4.2 (noisy)."""
+
+
+@njit(cache=True, nogil=True)
+def weight_block(x, dout, dw, k0, k1, c0, c1):
+    """dw[k0:k1, c0:c1] = Σ_n dout[n, k0:k1] @ x[n, c0:c1]ᵀ (1×1 stride 1, NCHW), image after image,
+    β = 1 from the second image on."""
+    n_images, c_total, k_total = x.shape[0], x.shape[1], dout.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    x_flat, d_flat, w_flat = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
+    scalars = np.empty(2, np.float32)
+    if k1 <= k0 or c1 <= c0:
+        return
+    if n_images == 0:
+        for k in range(k0, k1):
+            for c in range(c0, c1):
+                w_flat[k * c_total + c] = 0.0
+        return
+    for n in range(n_images):
+        sgemm(
+            False, True, k1 - k0, c1 - c0, pixels,
+            d_flat[(n * k_total + k0) * pixels :], pixels,
+            x_flat[(n * c_total + c0) * pixels :], pixels,
+            0.0 if n == 0 else 1.0, w_flat[k0 * c_total + c0 :], c_total, scalars,
+        )  # fmt: skip
+
+
+def split_blocks(k: int, c: int, threads: int) -> list[tuple[int, int, int, int]]:
+    """The dW blocks ``(k0, k1, c0, c1)``, one per share: dW's longer side (input channels when C ≥ K)
+    cut into ``threads`` near-equal ranges (fewer when that side is shorter than ``threads``)."""
+    if c >= k:
+        shares = max(1, min(threads, c))
+        return [(0, k, t * c // shares, (t + 1) * c // shares) for t in range(shares)]
+    shares = max(1, min(threads, k))
+    return [(t * k // shares, (t + 1) * k // shares, 0, c) for t in range(shares)]
+
+
+def backward_weight(x, dout, dw, threads: int) -> None:
+    """dW of a 1×1 stride-1 conv (groups 1) on ``threads`` threads, each owning one block of dW
+    (``split_blocks``): no scratch."""
+    blocks = split_blocks(dw.shape[0], dw.shape[1], threads)
+    if len(blocks) == 1:
+        weight_block(x, dout, dw, *blocks[0])
+        return
+    run_shares(lambda t: weight_block(x, dout, dw, *blocks[t]), len(blocks))
