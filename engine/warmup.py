@@ -108,11 +108,12 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
 SHARED_FORWARD_KERNEL = ("winograd4", "winograd", "winograd-by-xi", "shifted", "depthwise-flat", "depthwise-planes",
-                         "depthwise-registers")
+                         "depthwise-registers", "pointwise")
 """Paths whose backward-data calls the forward kernel (``conv_winograd4.forward(..., flipped=True)``,
 ``conv_winograd.forward(..., flipped=True)``, ``conv_winograd.forward_by_xi(..., flipped=True)``,
 ``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``,
-``conv_depthwise.plane_forward(..., mirrored=True)``, ``conv_depthwise_regs.filter_share(..., data=True)``)
+``conv_depthwise.plane_forward(..., mirrored=True)``, ``conv_depthwise_regs.filter_share(..., data=True)``,
+``conv_pointwise.images(..., transposed=True)``)
 with the same argument types: their backward-data shares the forward's job, which makes both calls
 (``run_job``), so the two workers never compile the same kernel at once."""
 

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu.conv_shifted import sgemm
-from kernels.cpu.threads import run_shares
+from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
 MAX_PIXELS = 256
 """Planes of at most this many pixels (16×16) take the split; larger planes keep v16's split over
@@ -46,27 +46,29 @@ as above): 24→144 @32×32 2.44 → 2.59 ms, 96→24 @32×32 2.30 → 2.30–4.
 
 
 @njit(cache=True, nogil=True)
-def weight_block(x, dout, dw, k0, k1, c0, c1):
-    """dw[k0:k1, c0:c1] = Σ_n dout[n, k0:k1] @ x[n, c0:c1]ᵀ (1×1 stride 1, NCHW), image after image,
-    β = 1 from the second image on."""
+def weight_block(x, dout, dw, k0, k1, c0, c1, k_step, c_step):
+    """dw[k0:k1, c0:c1] = Σ_n dout[n, k0:k1] @ x[n, c0:c1]ᵀ (1×1 stride 1, NCHW) in sub-blocks of
+    ``k_step`` × ``c_step``, each summed image after image (β = 1 from the second image on)."""
     n_images, c_total, k_total = x.shape[0], x.shape[1], dout.shape[1]
     pixels = x.shape[2] * x.shape[3]
     x_flat, d_flat, w_flat = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
     scalars = np.empty(2, np.float32)
-    if k1 <= k0 or c1 <= c0:
-        return
     if n_images == 0:
         for k in range(k0, k1):
             for c in range(c0, c1):
                 w_flat[k * c_total + c] = 0.0
         return
-    for n in range(n_images):
-        sgemm(
-            False, True, k1 - k0, c1 - c0, pixels,
-            d_flat[(n * k_total + k0) * pixels :], pixels,
-            x_flat[(n * c_total + c0) * pixels :], pixels,
-            0.0 if n == 0 else 1.0, w_flat[k0 * c_total + c0 :], c_total, scalars,
-        )  # fmt: skip
+    for kb in range(k0, k1, k_step):
+        rows = min(k_step, k1 - kb)
+        for cb in range(c0, c1, c_step):
+            columns = min(c_step, c1 - cb)
+            for n in range(n_images):
+                sgemm(
+                    False, True, rows, columns, pixels,
+                    d_flat[(n * k_total + kb) * pixels :], pixels,
+                    x_flat[(n * c_total + cb) * pixels :], pixels,
+                    0.0 if n == 0 else 1.0, w_flat[kb * c_total + cb :], c_total, scalars,
+                )  # fmt: skip
 
 
 def split_blocks(k: int, c: int, threads: int) -> list[tuple[int, int, int, int]]:
@@ -79,11 +81,65 @@ def split_blocks(k: int, c: int, threads: int) -> list[tuple[int, int, int, int]
     return [(t * k // shares, (t + 1) * k // shares, 0, c) for t in range(shares)]
 
 
-def backward_weight(x, dout, dw, threads: int) -> None:
+def backward_weight(x, dout, dw, threads: int, limit: int = 0) -> None:
     """dW of a 1×1 stride-1 conv (groups 1) on ``threads`` threads, each owning one block of dW
-    (``split_blocks``): no scratch."""
-    blocks = split_blocks(dw.shape[0], dw.shape[1], threads)
+    (``split_blocks``), cut along the split side so each sgemm has ≤ ``limit`` (0: no cut)
+    multiply-adds: no scratch."""
+    k, c, pixels = dw.shape[0], dw.shape[1], x.shape[2] * x.shape[3]
+    blocks = split_blocks(k, c, threads)
+    k_step, c_step = k, c
+    if limit > 0:
+        k0, k1, c0, c1 = blocks[0]
+        if c >= k:
+            c_step = row_block(c1 - c0, k, pixels, limit)
+        else:
+            k_step = row_block(k1 - k0, c, pixels, limit)
     if len(blocks) == 1:
-        weight_block(x, dout, dw, *blocks[0])
+        weight_block(x, dout, dw, *blocks[0], k_step, c_step)
         return
-    run_shares(lambda t: weight_block(x, dout, dw, *blocks[t]), len(blocks))
+    run_shares(lambda t: weight_block(x, dout, dw, *blocks[t], k_step, c_step), len(blocks))
+
+
+SMALL_GEMM_MNK = 1_000_000
+"""Per-image GEMMs are cut into blocks of output rows so that rows × pixels × depth ≤ this."""
+
+
+@njit(cache=True, nogil=True)
+def images(src, w, dst, transposed, first, last, row_block):
+    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``row_block`` output rows:
+    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``."""
+    depth, rows = src.shape[1], dst.shape[1]
+    pixels = src.shape[2] * src.shape[3]
+    s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
+    scalars = np.empty(2, np.float32)
+    for n in range(first, last):
+        for m0 in range(0, rows, row_block):
+            block = min(row_block, rows - m0)
+            if transposed:
+                sgemm(
+                    True, False, block, pixels, depth, w_flat[m0:], rows,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
+            else:
+                sgemm(
+                    False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
+
+
+def row_block(rows: int, depth: int, pixels: int, limit: int = SMALL_GEMM_MNK) -> int:
+    """Output rows per sgemm: the fewest near-equal blocks with rows × pixels × depth ≤ ``limit``."""
+    most = max(1, limit // max(1, pixels * depth))
+    blocks = -(-rows // most)
+    return -(-rows // blocks)
+
+
+def run_images(src, w, dst, transposed: bool, threads: int, limit: int = SMALL_GEMM_MNK) -> None:
+    """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next)."""
+    n_images = src.shape[0]
+    block = row_block(dst.shape[1], src.shape[1], src.shape[2] * src.shape[3], limit)
+    chunks = chunk_count(n_images, 1, threads)
+    run_chunks(
+        lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
+        chunks, threads,
+    )  # fmt: skip
