@@ -261,7 +261,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     "depthwise-flat", "depthwise-direct",
     "winograd4", "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27: forward and
     backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its weight
-    gradient split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    gradient on ≥ 8×8 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -279,7 +279,11 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "depthwise-direct"
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
-    if direction == "weight" and paths.pointwise_weight_split and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
+    if (
+        direction == "weight" and paths.pointwise_weight_split
+        and x_shape[2] * x_shape[3] >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
+        and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
+    ):
         return "pointwise-weight-split"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)

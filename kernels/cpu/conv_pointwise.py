@@ -39,11 +39,6 @@ from numba import njit
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
-MAX_PIXELS = 256
-"""Planes of at most this many pixels (16×16) take the split; larger planes keep v16's split over
-the images. Their per-image GEMMs are 1024 deep, and halving a GEMM's width lost there (same sitting
-as above): 24→144 @32×32 2.44 → 2.59 ms, 96→24 @32×32 2.30 → 2.30–4.2 (noisy)."""
-
 
 @njit(cache=True, nogil=True)
 def weight_block(x, dout, dw, k0, k1, c0, c1, k_step, c_step):
@@ -81,19 +76,29 @@ def split_blocks(k: int, c: int, threads: int) -> list[tuple[int, int, int, int]
     return [(t * k // shares, (t + 1) * k // shares, 0, c) for t in range(shares)]
 
 
+def weight_steps(k_block: int, c_block: int, pixels: int, split_on_c: bool, limit: int) -> tuple[int, int]:
+    """Sub-blocks (output channels, input channels) of one thread's dW block of ``k_block`` × ``c_block``:
+    on planes of ≥ ``SMALL_TN_MIN_PIXELS`` at most ``SMALL_TN_ROWS`` × (``SMALL_TN_ELEMENTS`` / rows)
+    and ≤ ``limit`` multiply-adds (OpenBLAS's small-matrix kernel takes them); on smaller planes cut
+    along the split side only, to ≤ ``limit`` multiply-adds (0: no cut)."""
+    if limit <= 0:
+        return k_block, c_block
+    if pixels >= SMALL_TN_MIN_PIXELS:
+        k_step = row_block(k_block, 1, 1, SMALL_TN_ROWS)
+        most = max(1, min(SMALL_TN_ELEMENTS // k_step, limit // (k_step * pixels)))
+        return k_step, row_block(c_block, 1, 1, most)
+    if split_on_c:
+        return k_block, row_block(c_block, k_block, pixels, limit)
+    return row_block(k_block, c_block, pixels, limit), c_block
+
+
 def backward_weight(x, dout, dw, threads: int, limit: int = 0) -> None:
     """dW of a 1×1 stride-1 conv (groups 1) on ``threads`` threads, each owning one block of dW
-    (``split_blocks``), cut along the split side so each sgemm has ≤ ``limit`` (0: no cut)
-    multiply-adds: no scratch."""
+    (``split_blocks``), cut into sub-blocks by ``weight_steps`` (``limit`` 0: no cut): no scratch."""
     k, c, pixels = dw.shape[0], dw.shape[1], x.shape[2] * x.shape[3]
     blocks = split_blocks(k, c, threads)
-    k_step, c_step = k, c
-    if limit > 0:
-        k0, k1, c0, c1 = blocks[0]
-        if c >= k:
-            c_step = row_block(c1 - c0, k, pixels, limit)
-        else:
-            k_step = row_block(k1 - k0, c, pixels, limit)
+    k0, k1, c0, c1 = blocks[0]
+    k_step, c_step = weight_steps(k1 - k0, c1 - c0, pixels, c >= k, limit)
     if len(blocks) == 1:
         weight_block(x, dout, dw, *blocks[0], k_step, c_step)
         return
@@ -102,6 +107,14 @@ def backward_weight(x, dout, dw, threads: int, limit: int = 0) -> None:
 
 SMALL_GEMM_MNK = 1_000_000
 """Per-image GEMMs are cut into blocks of output rows so that rows × pixels × depth ≤ this."""
+
+SMALL_TN_MIN_PIXELS = 256
+SMALL_TN_ROWS = 32
+SMALL_TN_ELEMENTS = 1200
+"""The weight gradient's GEMMs on planes of ≥ 16×16 in dW blocks of ≤ 32 rows and ≤ 1200 elements."""
+
+WEIGHT_SPLIT_MIN_PIXELS = 64
+"""The weight gradient takes this module's split on planes of ≥ 8×8 (4×4 keeps v9's stacked tiles)."""
 
 
 @njit(cache=True, nogil=True)
@@ -134,9 +147,11 @@ def row_block(rows: int, depth: int, pixels: int, limit: int = SMALL_GEMM_MNK) -
     return -(-rows // blocks)
 
 
-def run_images(src, w, dst, transposed: bool, threads: int, limit: int = SMALL_GEMM_MNK) -> None:
-    """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next)."""
+def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = None) -> None:
+    """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
+    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``)."""
     n_images = src.shape[0]
+    limit = SMALL_GEMM_MNK if limit is None else limit
     block = row_block(dst.shape[1], src.shape[1], src.shape[2] * src.shape[3], limit)
     chunks = chunk_count(n_images, 1, threads)
     run_chunks(

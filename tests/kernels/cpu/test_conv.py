@@ -1090,9 +1090,10 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
 POINTWISE_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1, groups 1 (v27)
     (5, 40, 8, 8, 12),  # C ≥ K: the weight gradient split over input channels
     (4, 12, 8, 8, 40),  # K > C: split over output channels
-    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles)
-    (6, 96, 16, 16, 24),  # rows × pixels × depth above a small limit: several row blocks per image
-    (3, 8, 5, 7, 200),  # odd plane, one input channel per thread at most eight threads
+    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient keeps them)
+    (6, 96, 16, 16, 24),  # ≥ 16×16: the weight gradient in ≤ 32-row, ≤ 1200-element dW blocks
+    (2, 40, 16, 16, 100),  # ≥ 16×16, K > C: several 32-row blocks per thread, a short last one
+    (3, 8, 5, 7, 200),  # odd plane below 8×8
 ]
 
 
@@ -1111,13 +1112,16 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
         monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
     n, c, h, wd, k = shape
     x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
+    split = h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS  # 4×4 and 5×7: the weight gradient keeps its tiles
     assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
-        "pointwise", "pointwise", "pointwise-weight-split"
+        "pointwise", "pointwise", "pointwise-weight-split" if split else "gemm"
     ]
     assert [cpu.path(x.shape, w.shape, *args, d, conv_study._paths(26)) for d in ("forward", "data", "weight")] == [
         "gemm", "gemm", "gemm"
     ]
-    assert cpu.workspace_size(x.shape, w.shape, *args, "weight") == 0
+    assert cpu.workspace_size(x.shape, w.shape, *args, "forward") == cpu.workspace_size(x.shape, w.shape, *args, "data")
+    assert cpu.workspace_size(x.shape, w.shape, *args, "forward") == 0
+    assert (cpu.workspace_size(x.shape, w.shape, *args, "weight") == 0) == split
     expected = _reference(x, w, b, dout, args)
     first = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
     second = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
