@@ -261,7 +261,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     "depthwise-flat", "depthwise-direct",
     "winograd4", "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27: forward and
     backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its weight
-    gradient on ≥ 8×8 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),

@@ -113,8 +113,9 @@ SMALL_TN_ROWS = 32
 SMALL_TN_ELEMENTS = 1200
 """The weight gradient's GEMMs on planes of ≥ 16×16 in dW blocks of ≤ 32 rows and ≤ 1200 elements."""
 
-WEIGHT_SPLIT_MIN_PIXELS = 64
-"""The weight gradient takes this module's split on planes of ≥ 8×8 (4×4 keeps v9's stacked tiles)."""
+WEIGHT_SPLIT_MIN_PIXELS = 256
+"""The weight gradient takes this module's split on planes of ≥ 16×16; 8×8 keeps v16's images split
+(one β = 1 sgemm per image, a partial per extra thread), 4×4 v9's stacked tiles."""
 
 
 @njit(cache=True, nogil=True)

@@ -1088,8 +1088,9 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
 
 
 POINTWISE_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1, groups 1 (v27)
-    (5, 40, 8, 8, 12),  # C ≥ K: the weight gradient split over input channels
-    (4, 12, 8, 8, 40),  # K > C: split over output channels
+    (5, 40, 16, 16, 12),  # C ≥ K: the weight gradient split over input channels
+    (4, 12, 16, 16, 40),  # K > C: split over output channels
+    (3, 24, 8, 8, 10),  # 8×8: the weight gradient keeps v16's images split
     (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient keeps them)
     (6, 96, 16, 16, 24),  # ≥ 16×16: the weight gradient in ≤ 32-row, ≤ 1200-element dW blocks
     (2, 40, 16, 16, 100),  # ≥ 16×16, K > C: several 32-row blocks per thread, a short last one
@@ -1112,7 +1113,7 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
         monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
     n, c, h, wd, k = shape
     x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
-    split = h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS  # 4×4 and 5×7: the weight gradient keeps its tiles
+    split = h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS  # below 16×16 the weight gradient keeps v26's path
     assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
         "pointwise", "pointwise", "pointwise-weight-split" if split else "gemm"
     ]
