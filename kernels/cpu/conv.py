@@ -32,6 +32,11 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``); so is every other
   im2col weight gradient with output planes of ≥ 16×16 (v20, ``_im2col_weight_in_place``: the stems,
   the stride-2 layers on 32×32 inputs), one image's columns at a time.
+  Since v27 a plain 1×1 (stride 1, groups 1) runs in ``conv_pointwise``: forward and backward-data one
+  sgemm per image per block of output rows, each ≤ 10⁶ multiply-adds, where SciPy's OpenBLAS takes its
+  small-matrix kernel (1.35× over the 20 MobileNetV2 shapes); the weight gradient on ≥ 16×16 planes
+  with each thread owning a block of dW, in ≤ 32 × 1200 sub-blocks (``Paths.pointwise_small_gemms``,
+  ``Paths.pointwise_weight_split``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights

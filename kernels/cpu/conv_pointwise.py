@@ -1,34 +1,73 @@
-"""The weight gradient of a 1×1 stride-1 convolution split over dW, not over the images (v27).
+"""1×1 stride-1 convolutions (groups 1) as GEMMs small enough for OpenBLAS's small-matrix kernel (v27).
 
-What it computes. ``dW[k, c] = Σ_n Σ_p dout[n, k, p] · x[n, c, p]``, read in place from NCHW as v16
-does (``conv._pointwise_weight_in_place``: planes of ≥ 64 pixels): one β = 1 sgemm per image,
-``dW_block += dout_n[k-rows] @ x_n[c-rows]ᵀ``. What changed is who owns what. v16 gave each thread
-half of the *images* and a whole dW: thread 0 summed into dW, thread 1 into a dW-sized slot of
-scratch, and a second hand-out added the slot into dW. Here each thread owns a *block of dW* (a
-range of its longer side: input channels when C ≥ K, output channels otherwise) and sums every
-image into it: one hand-out, no partial sum, no add pass, no scratch.
+What it computes. A plain 1×1 conv is a GEMM per image on NCHW read in place: forward
+``out[n] (K × P) = W (K × C) @ x[n] (C × P)``, backward-data ``dx[n] = Wᵀ @ dout[n]``, weight gradient
+``dW = Σ_n dout[n] @ x[n]ᵀ``. v8–v26 ran them per image or in stacked tiles (``conv._pointwise_per_image``,
+v16's ``_pointwise_weight_in_place``), one sgemm as large as the layer. Here:
 
-Why. On two cores every hand-out and every partial is paid per call, and these calls are short
-(0.4–2 ms for batch 32): 144→32 @16×16 is 75 MFLOP. Batch 32, two threads, best of 7, median of 5
-rounds alternating in one process (each round after a NumPy 384² sgemm and ``quiesce``), ms,
-v26 (images) → dW rows (output channels) / dW columns (input channels):
+- forward and backward-data (``images``, ``run_images``; path "pointwise"): each image's GEMM is cut
+  into blocks of output rows so that rows × pixels × depth ≤ ``SMALL_GEMM_MNK`` (10⁶), on every plane
+  size, the images handed out in chunks as before (``threads.run_chunks``). The row blocks do not
+  depend on the thread count: the same bits at any thread count.
+- the weight gradient on planes of ≥ 16×16 (``backward_weight``; path "pointwise-weight-split"):
+  each thread owns a block of dW (a range of its longer side: input channels when C ≥ K) and sums
+  every image into it, in sub-blocks of ≤ 32 rows × ≤ 1200 elements (``weight_steps``): one hand-out,
+  no partial sum, no add pass, no scratch. Its bits depend on the thread count (as v16's partial sums
+  did), not on which thread runs what.
 
-    144→32  @16×16   0.683 → 0.752 / 0.633        64→384 @8×8   0.798 → 0.702 / 0.718
-    192→64  @8×8     0.429 → 0.486 / 0.437        32→192 @16×16 0.724 → 0.672 / 0.778
-    576→96  @8×8     2.239 → 2.031 / 2.007        96→576 @8×8   1.386 → 1.271 / 1.394
-    384→64  @8×8     1.084 → 1.061 / 0.885
+Why: the first question was why 144→32 @16×16 forward read 0.51× torch. Its GEMMs were not slow
+because of the threads: one thread's 16 images ran 0.54 ms alone (sgemm per image, M = 32, N = 256,
+K = 144: ~70 GFLOP/s); side by side each share took ~0.57 and the call ~0.67 (~50 µs of Python
+and hand-out before the first chunk, 20–30 µs after the last); torch took 1.24–1.30 ms on one thread
+and 0.54 on two. (The 1.0 ms records were calls where both threads ran at half speed at once, right
+after a NumPy sgemm: this machine's noise, also seen on the 3×3 records.) What moved it was the GEMM
+shape. The same 16 images on one thread, one sgemm per block of output rows, ms (full rows → blocks):
+144→32 forward 0.546 → 0.344 (16 rows); 384→64 0.604 → 0.434 (32); 384→96 0.844 → 0.647 (32; 48 rows:
+0.955); 64→384 0.539 → 0.439 (192); backward-data 384→64 0.618 → 0.442 (192 rows of dx); 64→384
+0.681 → 0.439 (32); 576→96 1.348 → 0.988 (144; 288: 1.379); 960→320 @4×4 2.906 → 1.414 (64; 240:
+2.917). The cut is sharp and sits where rows × pixels × depth crosses 10⁶: SciPy's OpenBLAS (0.3.30,
+SkylakeX kernels on this Zen 4) runs a GEMM of ≤ 100³ multiply-adds on its small-matrix kernel, which
+packs nothing (``sgemm_small_kernel_permit``: MNK ≤ 10⁶; for transposed-A-only calls, the weight
+gradient's, also M·N ≤ 1200 and K ≥ 32). Where that kernel does not exist (another BLAS, another
+OpenBLAS target) the blocks are just smaller GEMMs.
 
-so the split goes along dW's longer side (columns when C ≥ K). Tried and dropped in the same sitting:
-splitting each thread's block further into 32- or 16-row GEMMs (v26 found 32-row GEMMs ~1.8× faster
-for the 27-column stem results): slower or level everywhere (576→96 2.0 → 2.5 ms, 96→576 1.3 → 5.1
-with 32-row blocks), these results are 32–576 wide.
+Measured, batch 32, two threads, calls alternating base / new one by one (30 each, a NumPy 384² sgemm
+and ``quiesce`` every 15), median ms v26 → v27: forward 144→32 @16×16 0.641 → 0.400, 192→32 0.840 →
+0.519, 32→192 0.686 → 0.536, 384→64 @8×8 0.694 → 0.496, 384→96 0.946 → 0.718, 64→384 0.774 → 0.533,
+576→96 1.441 → 1.057, 96→576 1.349 → 1.070, 960→320 @4×4 1.785 → 1.557, 320→1280 2.389 → 2.004, 96→24
+@32×32 2.288 → 1.301, 144→24 3.892 → 2.236, 32→16 0.439 → 0.413 (all 20 forward shapes faster,
+geometric mean 1.35×); backward-data 384→64 0.753 → 0.510, 64→384 0.901 → 0.558, 576→96 1.704 →
+1.156, 960→320 1.975 → 1.743, 32→192 0.985 → 0.588, 24→144 @32×32 5.007 → 3.515 (all 20 faster,
+1.34×). Weight gradient, same sitting style, v26 → dW split with 10⁶ blocks along the split side /
+≤ 32 × 1200 blocks: 144→32 @16×16 0.758 → 0.644 / 0.440, 192→32 0.962 → 0.805 / 0.577, 32→192 0.800
+→ 0.703 / 0.583, 144→24 @32×32 3.252 → 1.611 / 1.537, 16→96 1.174 → 0.754 / 0.724; but on 8×8 the
+1200-element blocks lost (384→64 0.803 → 0.705 / 0.770, 96→576 1.427 → 1.352 / 1.661: 64-deep GEMMs)
+and on 4×4 the split did (160→960 1.182 → 0.967 / 1.699; 576→160 0.812 → 0.902). In ``engine kernels``
+(below) the 8×8 weight gradients came out level or behind (192→64 0.424 / 0.440 → 0.458 / 0.604 ms in
+two sittings), so the split is for ≥ 16×16 only (``WEIGHT_SPLIT_MIN_PIXELS``).
 
-What it costs. Each thread reads all of one operand (x when the split is over output channels, dout
-otherwise): 1.5–4.7 MB per call that sits in the shared L3 (32 MB here) after the layer's forward.
-Each GEMM is half as wide, which is what lost 192→64 rows (M = 32).
+``engine kernels --ops conv2d --compare torch --no-versions --repeat 7``, main's tree and this one
+alternating (each a fresh process, one pair per CPU-lock hold, two pairs), median of our ms over the
+runs, main → v27 (the 1×1 stride-1 records; the unchanged stride-2 1×1 records moved 0.61–1.18× between the trees: this
+machine's noise):
+forward 144→32 @16×16 0.816 / 0.969 → 0.421 / 0.414, 384→64 @8×8 0.665 / 0.932 → 0.489 / 0.517,
+384→96 0.941 / 1.306 → 0.766 / 0.792, 576→96 1.375 / 1.512 → 1.624 (one run 2.20, the other 1.04) /
+1.054, 960→160 @4×4 0.907 / 1.331 → 0.779 / 0.758; backward-data 384→64 0.698 / 1.003 → 0.536 / 0.566,
+960→320 1.769 / 2.533 → 1.591 / 1.549, 64→384 0.770 / 0.776 → 0.552 / 0.598; weight 144→32 0.769 /
+0.808 → 0.643 / 0.461, 96→24 @32×32 2.175 / 2.107 → 0.981 / 1.021. Ratios against torch's median
+over all four runs of a pair, 1×1 stride-1 records (57) geometric mean 1.006 → 1.220 and 0.987 →
+1.273, records below 0.8 11 → 10 and 16 → 6 (the second pair with the ≥ 16×16 weight rule).
 
-Determinism: each dW element is summed by one thread, image after image, by the same sgemm call
-shape whatever the thread count's blocks; the blocks depend on the shapes and the thread count only.
+First tried: the weight gradient split over dW without any blocking (one sgemm per thread per image):
+interleaved, 1.07× v26 over 8×8 and 16×16 shapes (144→32 0.697 → 0.663, 192→64 0.461 → 0.390),
+1.16× in the three-way run above against 1.22× with the 10⁶ blocks. Also measured and left as they
+were: cutting the forward's batch into 1 or 2 chunks per thread instead of 4 (144→32 0.678 / 0.692 /
+0.755 ms, level within noise), and splitting the forward over output channels or pixels between the
+two threads instead of over images (144→32 0.795 → 0.484 / 0.498, but 384→96 1.12 → 1.25 and 960→320
+@4×4 1.95 → 3.2 / 6.9): the gain there was the smaller GEMMs, which the row blocks give without it.
+
+Cold compile: ``images`` 0.71 s, ``weight_block`` 0.41 s on an empty cache (one job each in a
+MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neither).
 """
 
 from __future__ import annotations

@@ -111,6 +111,13 @@ kernels/README.md ("What each step bought").
   session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
   ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
   ``conv.WINOGRAD_S2_MIN_PIXELS``).
+- v27 ``pointwise small GEMMs`` (exported): v26, but a 1×1 stride-1 conv (groups 1) runs
+  forward and backward-data as one sgemm per image per block of output rows of ≤ 10⁶ multiply-adds
+  (OpenBLAS's small-matrix kernel; ``Paths.pointwise_small_gemms``), and its weight gradient on planes
+  of ≥ 16×16 with each thread owning a block of dW, in ≤ 32-row, ≤ 1200-element GEMMs
+  (``Paths.pointwise_weight_split``; ``conv_pointwise.py``). Batch 32, two threads, median ms v26 →
+  v27: forward 144→32 @16×16 0.641 → 0.400, 384→64 @8×8 0.694 → 0.496, 384→96 0.946 → 0.718;
+  backward-data 384→64 0.753 → 0.510, 960→320 @4×4 1.975 → 1.743; weight 144→32 0.758 → 0.440.
 """
 
 from __future__ import annotations
