@@ -56,7 +56,14 @@ forward 144→32 @16×16 0.816 / 0.969 → 0.421 / 0.414, 384→64 @8×8 0.665 /
 960→320 1.769 / 2.533 → 1.591 / 1.549, 64→384 0.770 / 0.776 → 0.552 / 0.598; weight 144→32 0.769 /
 0.808 → 0.643 / 0.461, 96→24 @32×32 2.175 / 2.107 → 0.981 / 1.021. Ratios against torch's median
 over all four runs of a pair, 1×1 stride-1 records (57) geometric mean 1.006 → 1.220 and 0.987 →
-1.273, records below 0.8 11 → 10 and 16 → 6 (the second pair with the ≥ 16×16 weight rule).
+1.273, records below 0.8 11 → 10 and 16 → 6 (the second pair with the weight split on ≥ 8×8). With
+the final rules (weight split on ≥ 16×16), a third pair: 0.996 → 1.256, below 0.8 17 → 1 (960→160
+@4×4 weight gradient, a path v27 does not touch, 0.74); all 123 conv records 1.476 → 1.583, below 0.8
+19 → 5 (the stride-2 3×3 forwards and 1×1 weight gradients). The MobileNetV2 training step
+(``bench_train.py --models mobilenetv2 --batch-size 32 --steps 12 --threads 2 --frameworks engine``,
+trees alternating, eight runs each in two sittings), images/s: main 111.9, 96.0, 117.5, 111.2, 119.8,
+114.1, 112.7, 101.7 (median 112.3) → v27 103.6, 121.8, 136.5, 130.5, 104.0, 103.9, 126.3, 131.4
+(median 124.1): bimodal on both trees, ahead on the median.
 
 First tried: the weight gradient split over dW without any blocking (one sgemm per thread per image):
 interleaved, 1.07× v26 over 8×8 and 16×16 shapes (144→32 0.697 → 0.663, 192→64 0.461 → 0.390),
