@@ -32,6 +32,11 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   β = 1 GEMM per image straight into dw (v16, ``_pointwise_weight_in_place``); so is every other
   im2col weight gradient with output planes of ≥ 16×16 (v20, ``_im2col_weight_in_place``: the stems,
   the stride-2 layers on 32×32 inputs), one image's columns at a time.
+  Since v27 a plain 1×1 (stride 1, groups 1) runs in ``conv_pointwise``: forward and backward-data one
+  sgemm per image per block of output rows, each ≤ 10⁶ multiply-adds, where SciPy's OpenBLAS takes its
+  small-matrix kernel (1.35× over the 20 MobileNetV2 shapes); the weight gradient on ≥ 16×16 planes
+  with each thread owning a block of dW, in ≤ 32 × 1200 sub-blocks (``Paths.pointwise_small_gemms``,
+  ``Paths.pointwise_weight_split``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -60,6 +65,7 @@ from kernels.cpu import (
     blas,
     conv_depthwise,
     conv_depthwise_regs,
+    conv_pointwise,
     conv_shifted,
     conv_winograd,
     conv_winograd4,
@@ -221,6 +227,8 @@ class Paths:
     depthwise_registers: bool = True
     winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
     stem_weight_split: bool = True
+    pointwise_weight_split: bool = True
+    pointwise_small_gemms: bool = True
 
 
 EXPORTED = Paths()
@@ -256,7 +264,9 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
+    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27: forward and
+    backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its weight
+    gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -272,6 +282,14 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
                 return "depthwise-planes"
             return "depthwise-flat"
         return "depthwise-direct"
+    if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
+        return "pointwise"
+    if (
+        direction == "weight" and paths.pointwise_weight_split
+        and x_shape[2] * x_shape[3] >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
+        and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
+    ):
+        return "pointwise-weight-split"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
@@ -479,7 +497,7 @@ def workspace_size(
         return conv_depthwise.weight_workspace_size(x_shape, stride)
     if kind in ("depthwise-flat", "depthwise-planes"):
         return conv_depthwise.workspace_size(x_shape, stride)
-    if kind in ("depthwise-direct", "depthwise-registers"):
+    if kind in ("depthwise-direct", "depthwise-registers", "pointwise", "pointwise-weight-split"):
         return 0
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
@@ -1171,6 +1189,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
+    elif kind == "pointwise":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(x, w, out, False, threads)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1219,6 +1240,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
+    elif kind == "pointwise":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(dout, w, dx, True, threads)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
@@ -1263,6 +1287,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         conv_depthwise.run_backward_weight(x, dout, dw, stride, scratch, kind == "depthwise-groups")
     elif kind == "depthwise-direct":
         depthwise_backward_weight(x, dout, dw, stride, pad)
+    elif kind == "pointwise-weight-split":
+        with blas_on_calling_thread:
+            conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

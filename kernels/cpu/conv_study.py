@@ -111,6 +111,13 @@ kernels/README.md ("What each step bought").
   session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
   ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
   ``conv.WINOGRAD_S2_MIN_PIXELS``).
+- v27 ``pointwise small GEMMs`` (exported): v26, but a 1×1 stride-1 conv (groups 1) runs
+  forward and backward-data as one sgemm per image per block of output rows of ≤ 10⁶ multiply-adds
+  (OpenBLAS's small-matrix kernel; ``Paths.pointwise_small_gemms``), and its weight gradient on planes
+  of ≥ 16×16 with each thread owning a block of dW, in ≤ 32-row, ≤ 1200-element GEMMs
+  (``Paths.pointwise_weight_split``; ``conv_pointwise.py``). Batch 32, two threads, median ms v26 →
+  v27: forward 144→32 @16×16 0.641 → 0.400, 384→64 @8×8 0.694 → 0.496, 384→96 0.946 → 0.718;
+  backward-data 384→64 0.753 → 0.510, 960→320 @4×4 1.975 → 1.743; weight 144→32 0.758 → 0.440.
 """
 
 from __future__ import annotations
@@ -127,9 +134,9 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False,
@@ -139,6 +146,8 @@ V21_PATHS = conv.Paths(winograd_by_xi=False, depthwise_registers=False)
 V23_PATHS = conv.Paths(depthwise_registers=False)
 BEFORE_V26 = {"stem_weight_split": False}
 """What v26 added, off in every earlier version (``_paths``)."""
+BEFORE_V27 = {"pointwise_small_gemms": False, "pointwise_weight_split": False}
+"""What v27 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -726,7 +735,9 @@ def _paths(version: int) -> conv.Paths:
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
     chosen = paths.get(version, conv.EXPORTED)
-    return dataclasses.replace(chosen, **BEFORE_V26) if version < 26 else chosen
+    if version < 26:
+        chosen = dataclasses.replace(chosen, **BEFORE_V26)
+    return dataclasses.replace(chosen, **BEFORE_V27) if version < 27 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -734,8 +745,8 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26) and direction ("forward",
-    "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27) and direction
+    ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -841,8 +852,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26), "data" or "weight" (2-18, 20,
-    21, 23, 25, 26), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27), "data" or "weight" (2-18,
+    20, 21, 23, 25, 26, 27), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

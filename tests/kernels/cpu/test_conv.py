@@ -28,8 +28,8 @@ SHAPES = [
     (5, 3, 9, 8, 4, 3, 1, 1, 1),  # 3 channels: im2col since v17 (the study's v16: shifted GEMMs, stacked tiles)
     (2, 2, 32, 33, 3, 3, 1, 1, 1),  # 2 channels: im2col since v17 (v16: shifted, one-image tiles in place)
     (5, 40, 8, 8, 40, 3, 2, 1, 40),  # depthwise stride 2 on even planes: kept outputs on row pairs, several chunks
-    (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: forward and backward-data one GEMM per image, in place
-    (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8: backward-data per image, forward in stacked tiles
+    (5, 24, 8, 8, 6, 1, 1, 0, 1),  # 1×1, C = 4K on 8×8: v27's row-blocked GEMMs (v8–v26: per image, in place)
+    (6, 16, 8, 8, 6, 1, 1, 0, 1),  # 1×1, 2K ≤ C < 4K on 8×8 (v8–v26: backward-data per image, forward in tiles)
     (3, 64, 5, 7, 64, 3, 1, 1, 1),  # 3×3 Winograd (≥ 64 channels): odd plane, blocks across images
     (5, 8, 9, 8, 4, 3, 1, 1, 1),  # shifted GEMMs (≥ 8 channels), every direction: stacked tiles, a partial tile
     (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted GEMMs, every direction: one-image tiles in place
@@ -480,8 +480,8 @@ def test_pointwise_weight_gradient_accumulates_in_place_where_the_figures_chose(
     args = (x_shape, w_shape, stride, 0, 1)
     if in_place:
         assert cpu.gemm_tile_images(*args, "weight", 2, 1024, weight_in_place=True) == 1
-    new = cpu.workspace_size(*args, "weight", conv_study.V17_PATHS)  # v16's rule alone (v20 takes the stride 2)
-    old = cpu.workspace_size(*args, "weight", conv_study.V15_PATHS)
+    new = cpu.workspace_size(*args, "weight", conv_study._paths(17))  # v16's rule alone (v20 takes the stride 2)
+    old = cpu.workspace_size(*args, "weight", conv_study._paths(15))
     extra_threads_slots = (cpu.get_num_threads() - 1) * int(np.prod(w_shape))
     if in_place:
         assert new == extra_threads_slots < old
@@ -1085,3 +1085,77 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
             assert np.array_equal(got[0], got[1])
     finally:
         set_num_threads(saved)
+
+
+POINTWISE_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1, groups 1 (v27)
+    (5, 40, 16, 16, 12),  # C ≥ K: the weight gradient split over input channels
+    (4, 12, 16, 16, 40),  # K > C: split over output channels
+    (3, 24, 8, 8, 10),  # 8×8: the weight gradient keeps v16's images split
+    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient keeps them)
+    (6, 96, 16, 16, 24),  # ≥ 16×16: the weight gradient in ≤ 32-row, ≤ 1200-element dW blocks
+    (2, 40, 16, 16, 100),  # ≥ 16×16, K > C: several 32-row blocks per thread, a short last one
+    (3, 8, 5, 7, 200),  # odd plane below 8×8
+]
+
+
+@pytest.mark.parametrize("shape", POINTWISE_SHAPES, ids=["x".join(map(str, s)) for s in POINTWISE_SHAPES])
+@pytest.mark.parametrize("limit", [None, 20_000])
+def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_three_threads(shape, limit, monkeypatch):
+    """v27: a 1×1 stride-1 conv's forward and backward-data as one sgemm per block of output rows per image
+    (``conv_pointwise.images``), its weight gradient with each thread owning a block of dW
+    (``conv_pointwise.backward_weight``): the reference's results at 1, 2 and 3 threads, with the table's
+    limit and with one small enough to cut every GEMM into several blocks; forward and backward-data the
+    same bits at every thread count (the row blocks do not depend on it), the weight gradient the same
+    bits on a second call at each."""
+    from kernels.cpu import conv_pointwise
+
+    if limit is not None:
+        monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
+    n, c, h, wd, k = shape
+    x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
+    split = h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS  # below 16×16 the weight gradient keeps v26's path
+    assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
+        "pointwise", "pointwise", "pointwise-weight-split" if split else "gemm"
+    ]
+    assert [cpu.path(x.shape, w.shape, *args, d, conv_study._paths(26)) for d in ("forward", "data", "weight")] == [
+        "gemm", "gemm", "gemm"
+    ]
+    assert cpu.workspace_size(x.shape, w.shape, *args, "forward") == cpu.workspace_size(x.shape, w.shape, *args, "data")
+    assert cpu.workspace_size(x.shape, w.shape, *args, "forward") == 0
+    assert (cpu.workspace_size(x.shape, w.shape, *args, "weight") == 0) == split
+    expected = _reference(x, w, b, dout, args)
+    first = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
+    second = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
+    for results, again in zip(first, second):
+        for got, want in zip(results, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        for a, b_ in zip(results, again):
+            assert a.tobytes() == b_.tobytes()
+    for other in first[1:]:
+        assert other[0].tobytes() == first[0][0].tobytes()
+        assert other[1].tobytes() == first[0][1].tobytes()
+
+
+@pytest.mark.parametrize(
+    "rows, depth, pixels, limit",
+    [(32, 144, 256, 10**6), (96, 384, 64, 10**6), (1280, 320, 16, 10**6), (7, 1000, 1000, 10**6), (10, 5, 4, 60)],
+)
+def test_pointwise_row_block_keeps_each_gemm_under_the_limit_in_as_few_blocks_as_it_needs(rows, depth, pixels, limit):
+    from kernels.cpu import conv_pointwise
+
+    block = conv_pointwise.row_block(rows, depth, pixels, limit)
+    most = max(1, limit // (depth * pixels))
+    assert 1 <= block <= min(rows, most)
+    assert -(-rows // block) == -(-rows // most)  # as few GEMMs as the limit allows, the rows spread over them
+
+
+@pytest.mark.parametrize("k, c, threads", [(32, 144, 2), (384, 64, 2), (5, 3, 3), (2, 1, 3), (7, 7, 1)])
+def test_pointwise_weight_split_blocks_cover_dw_once(k, c, threads):
+    from kernels.cpu import conv_pointwise
+
+    covered = np.zeros((k, c), np.int64)
+    blocks = conv_pointwise.split_blocks(k, c, threads)
+    assert 1 <= len(blocks) <= threads
+    for k0, k1, c0, c1 in blocks:
+        covered[k0:k1, c0:c1] += 1
+    assert (covered == 1).all()

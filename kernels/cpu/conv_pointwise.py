@@ -1,0 +1,207 @@
+"""1×1 stride-1 convolutions (groups 1) as GEMMs small enough for OpenBLAS's small-matrix kernel (v27).
+
+What it computes. A plain 1×1 conv is a GEMM per image on NCHW read in place: forward
+``out[n] (K × P) = W (K × C) @ x[n] (C × P)``, backward-data ``dx[n] = Wᵀ @ dout[n]``, weight gradient
+``dW = Σ_n dout[n] @ x[n]ᵀ``. v8–v26 ran them per image or in stacked tiles (``conv._pointwise_per_image``,
+v16's ``_pointwise_weight_in_place``), one sgemm as large as the layer. Here:
+
+- forward and backward-data (``images``, ``run_images``; path "pointwise"): each image's GEMM is cut
+  into blocks of output rows so that rows × pixels × depth ≤ ``SMALL_GEMM_MNK`` (10⁶), on every plane
+  size, the images handed out in chunks as before (``threads.run_chunks``). The row blocks do not
+  depend on the thread count: the same bits at any thread count.
+- the weight gradient on planes of ≥ 16×16 (``backward_weight``; path "pointwise-weight-split"):
+  each thread owns a block of dW (a range of its longer side: input channels when C ≥ K) and sums
+  every image into it, in sub-blocks of ≤ 32 rows × ≤ 1200 elements (``weight_steps``): one hand-out,
+  no partial sum, no add pass, no scratch. Its bits depend on the thread count (as v16's partial sums
+  did), not on which thread runs what.
+
+Why: the first question was why 144→32 @16×16 forward read 0.51× torch. Its GEMMs were not slow
+because of the threads: one thread's 16 images ran 0.54 ms alone (sgemm per image, M = 32, N = 256,
+K = 144: ~70 GFLOP/s); side by side each share took ~0.57 and the call ~0.67 (~50 µs of Python
+and hand-out before the first chunk, 20–30 µs after the last); torch took 1.24–1.30 ms on one thread
+and 0.54 on two. (The 1.0 ms records were calls where both threads ran at half speed at once, right
+after a NumPy sgemm: this machine's noise, also seen on the 3×3 records.) What moved it was the GEMM
+shape. The same 16 images on one thread, one sgemm per block of output rows, ms (full rows → blocks):
+144→32 forward 0.546 → 0.344 (16 rows); 384→64 0.604 → 0.434 (32); 384→96 0.844 → 0.647 (32; 48 rows:
+0.955); 64→384 0.539 → 0.439 (192); backward-data 384→64 0.618 → 0.442 (192 rows of dx); 64→384
+0.681 → 0.439 (32); 576→96 1.348 → 0.988 (144; 288: 1.379); 960→320 @4×4 2.906 → 1.414 (64; 240:
+2.917). The cut is sharp and sits where rows × pixels × depth crosses 10⁶: SciPy's OpenBLAS (0.3.30,
+SkylakeX kernels on this Zen 4) runs a GEMM of ≤ 100³ multiply-adds on its small-matrix kernel, which
+packs nothing (``sgemm_small_kernel_permit``: MNK ≤ 10⁶; for transposed-A-only calls, the weight
+gradient's, also M·N ≤ 1200 and K ≥ 32). Where that kernel does not exist (another BLAS, another
+OpenBLAS target) the blocks are just smaller GEMMs.
+
+Measured, batch 32, two threads, calls alternating base / new one by one (30 each, a NumPy 384² sgemm
+and ``quiesce`` every 15), median ms v26 → v27: forward 144→32 @16×16 0.641 → 0.400, 192→32 0.840 →
+0.519, 32→192 0.686 → 0.536, 384→64 @8×8 0.694 → 0.496, 384→96 0.946 → 0.718, 64→384 0.774 → 0.533,
+576→96 1.441 → 1.057, 96→576 1.349 → 1.070, 960→320 @4×4 1.785 → 1.557, 320→1280 2.389 → 2.004, 96→24
+@32×32 2.288 → 1.301, 144→24 3.892 → 2.236, 32→16 0.439 → 0.413 (all 20 forward shapes faster,
+geometric mean 1.35×); backward-data 384→64 0.753 → 0.510, 64→384 0.901 → 0.558, 576→96 1.704 →
+1.156, 960→320 1.975 → 1.743, 32→192 0.985 → 0.588, 24→144 @32×32 5.007 → 3.515 (all 20 faster,
+1.34×). Weight gradient, same sitting style, v26 → dW split with 10⁶ blocks along the split side /
+≤ 32 × 1200 blocks: 144→32 @16×16 0.758 → 0.644 / 0.440, 192→32 0.962 → 0.805 / 0.577, 32→192 0.800
+→ 0.703 / 0.583, 144→24 @32×32 3.252 → 1.611 / 1.537, 16→96 1.174 → 0.754 / 0.724; but on 8×8 the
+1200-element blocks lost (384→64 0.803 → 0.705 / 0.770, 96→576 1.427 → 1.352 / 1.661: 64-deep GEMMs)
+and on 4×4 the split did (160→960 1.182 → 0.967 / 1.699; 576→160 0.812 → 0.902). In ``engine kernels``
+(below) the 8×8 weight gradients came out level or behind (192→64 0.424 / 0.440 → 0.458 / 0.604 ms in
+two sittings), so the split is for ≥ 16×16 only (``WEIGHT_SPLIT_MIN_PIXELS``).
+
+``engine kernels --ops conv2d --compare torch --no-versions --repeat 7``, main's tree and this one
+alternating (each a fresh process, one pair per CPU-lock hold, two pairs), median of our ms over the
+runs, main → v27 (the 1×1 stride-1 records; the unchanged stride-2 1×1 records moved 0.61–1.18× between the trees: this
+machine's noise):
+forward 144→32 @16×16 0.816 / 0.969 → 0.421 / 0.414, 384→64 @8×8 0.665 / 0.932 → 0.489 / 0.517,
+384→96 0.941 / 1.306 → 0.766 / 0.792, 576→96 1.375 / 1.512 → 1.624 (one run 2.20, the other 1.04) /
+1.054, 960→160 @4×4 0.907 / 1.331 → 0.779 / 0.758; backward-data 384→64 0.698 / 1.003 → 0.536 / 0.566,
+960→320 1.769 / 2.533 → 1.591 / 1.549, 64→384 0.770 / 0.776 → 0.552 / 0.598; weight 144→32 0.769 /
+0.808 → 0.643 / 0.461, 96→24 @32×32 2.175 / 2.107 → 0.981 / 1.021. Ratios against torch's median
+over all four runs of a pair, 1×1 stride-1 records (57) geometric mean 1.006 → 1.220 and 0.987 →
+1.273, records below 0.8 11 → 10 and 16 → 6 (the second pair with the weight split on ≥ 8×8). With
+the final rules (weight split on ≥ 16×16), a third pair: 0.996 → 1.256, below 0.8 17 → 1 (960→160
+@4×4 weight gradient, a path v27 does not touch, 0.74); all 123 conv records 1.476 → 1.583, below 0.8
+19 → 5 (the stride-2 3×3 forwards and 1×1 weight gradients). The MobileNetV2 training step
+(``bench_train.py --models mobilenetv2 --batch-size 32 --steps 12 --threads 2 --frameworks engine``,
+trees alternating, eight runs each in two sittings), images/s: main 111.9, 96.0, 117.5, 111.2, 119.8,
+114.1, 112.7, 101.7 (median 112.3) → v27 103.6, 121.8, 136.5, 130.5, 104.0, 103.9, 126.3, 131.4
+(median 124.1): bimodal on both trees, ahead on the median.
+
+First tried: the weight gradient split over dW without any blocking (one sgemm per thread per image):
+interleaved, 1.07× v26 over 8×8 and 16×16 shapes (144→32 0.697 → 0.663, 192→64 0.461 → 0.390),
+1.16× in the three-way run above against 1.22× with the 10⁶ blocks. Also measured and left as they
+were: cutting the forward's batch into 1 or 2 chunks per thread instead of 4 (144→32 0.678 / 0.692 /
+0.755 ms, level within noise), and splitting the forward over output channels or pixels between the
+two threads instead of over images (144→32 0.795 → 0.484 / 0.498, but 384→96 1.12 → 1.25 and 960→320
+@4×4 1.95 → 3.2 / 6.9): the gain there was the smaller GEMMs, which the row blocks give without it.
+
+Cold compile: ``images`` 0.71 s, ``weight_block`` 0.41 s on an empty cache (one job each in a
+MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neither).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.threads import chunk_count, run_chunks, run_shares
+
+
+@njit(cache=True, nogil=True)
+def weight_block(x, dout, dw, k0, k1, c0, c1, k_step, c_step):
+    """dw[k0:k1, c0:c1] = Σ_n dout[n, k0:k1] @ x[n, c0:c1]ᵀ (1×1 stride 1, NCHW) in sub-blocks of
+    ``k_step`` × ``c_step``, each summed image after image (β = 1 from the second image on)."""
+    n_images, c_total, k_total = x.shape[0], x.shape[1], dout.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    x_flat, d_flat, w_flat = x.reshape(x.size), dout.reshape(dout.size), dw.reshape(dw.size)
+    scalars = np.empty(2, np.float32)
+    if n_images == 0:
+        for k in range(k0, k1):
+            for c in range(c0, c1):
+                w_flat[k * c_total + c] = 0.0
+        return
+    for kb in range(k0, k1, k_step):
+        rows = min(k_step, k1 - kb)
+        for cb in range(c0, c1, c_step):
+            columns = min(c_step, c1 - cb)
+            for n in range(n_images):
+                sgemm(
+                    False, True, rows, columns, pixels,
+                    d_flat[(n * k_total + kb) * pixels :], pixels,
+                    x_flat[(n * c_total + cb) * pixels :], pixels,
+                    0.0 if n == 0 else 1.0, w_flat[kb * c_total + cb :], c_total, scalars,
+                )  # fmt: skip
+
+
+def split_blocks(k: int, c: int, threads: int) -> list[tuple[int, int, int, int]]:
+    """The dW blocks ``(k0, k1, c0, c1)``, one per share: dW's longer side (input channels when C ≥ K)
+    cut into ``threads`` near-equal ranges (fewer when that side is shorter than ``threads``)."""
+    if c >= k:
+        shares = max(1, min(threads, c))
+        return [(0, k, t * c // shares, (t + 1) * c // shares) for t in range(shares)]
+    shares = max(1, min(threads, k))
+    return [(t * k // shares, (t + 1) * k // shares, 0, c) for t in range(shares)]
+
+
+def weight_steps(k_block: int, c_block: int, pixels: int, split_on_c: bool, limit: int) -> tuple[int, int]:
+    """Sub-blocks (output channels, input channels) of one thread's dW block of ``k_block`` × ``c_block``:
+    on planes of ≥ ``SMALL_TN_MIN_PIXELS`` at most ``SMALL_TN_ROWS`` × (``SMALL_TN_ELEMENTS`` / rows)
+    and ≤ ``limit`` multiply-adds (OpenBLAS's small-matrix kernel takes them); on smaller planes cut
+    along the split side only, to ≤ ``limit`` multiply-adds (0: no cut)."""
+    if limit <= 0:
+        return k_block, c_block
+    if pixels >= SMALL_TN_MIN_PIXELS:
+        k_step = row_block(k_block, 1, 1, SMALL_TN_ROWS)
+        most = max(1, min(SMALL_TN_ELEMENTS // k_step, limit // (k_step * pixels)))
+        return k_step, row_block(c_block, 1, 1, most)
+    if split_on_c:
+        return k_block, row_block(c_block, k_block, pixels, limit)
+    return row_block(k_block, c_block, pixels, limit), c_block
+
+
+def backward_weight(x, dout, dw, threads: int, limit: int = 0) -> None:
+    """dW of a 1×1 stride-1 conv (groups 1) on ``threads`` threads, each owning one block of dW
+    (``split_blocks``), cut into sub-blocks by ``weight_steps`` (``limit`` 0: no cut): no scratch."""
+    k, c, pixels = dw.shape[0], dw.shape[1], x.shape[2] * x.shape[3]
+    blocks = split_blocks(k, c, threads)
+    k0, k1, c0, c1 = blocks[0]
+    k_step, c_step = weight_steps(k1 - k0, c1 - c0, pixels, c >= k, limit)
+    if len(blocks) == 1:
+        weight_block(x, dout, dw, *blocks[0], k_step, c_step)
+        return
+    run_shares(lambda t: weight_block(x, dout, dw, *blocks[t], k_step, c_step), len(blocks))
+
+
+SMALL_GEMM_MNK = 1_000_000
+"""Per-image GEMMs are cut into blocks of output rows so that rows × pixels × depth ≤ this."""
+
+SMALL_TN_MIN_PIXELS = 256
+SMALL_TN_ROWS = 32
+SMALL_TN_ELEMENTS = 1200
+"""The weight gradient's GEMMs on planes of ≥ 16×16 in dW blocks of ≤ 32 rows and ≤ 1200 elements."""
+
+WEIGHT_SPLIT_MIN_PIXELS = 256
+"""The weight gradient takes this module's split on planes of ≥ 16×16; 8×8 keeps v16's images split
+(one β = 1 sgemm per image, a partial per extra thread), 4×4 v9's stacked tiles."""
+
+
+@njit(cache=True, nogil=True)
+def images(src, w, dst, transposed, first, last, row_block):
+    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``row_block`` output rows:
+    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``."""
+    depth, rows = src.shape[1], dst.shape[1]
+    pixels = src.shape[2] * src.shape[3]
+    s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
+    scalars = np.empty(2, np.float32)
+    for n in range(first, last):
+        for m0 in range(0, rows, row_block):
+            block = min(row_block, rows - m0)
+            if transposed:
+                sgemm(
+                    True, False, block, pixels, depth, w_flat[m0:], rows,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
+            else:
+                sgemm(
+                    False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
+
+
+def row_block(rows: int, depth: int, pixels: int, limit: int = SMALL_GEMM_MNK) -> int:
+    """Output rows per sgemm: the fewest near-equal blocks with rows × pixels × depth ≤ ``limit``."""
+    most = max(1, limit // max(1, pixels * depth))
+    blocks = -(-rows // most)
+    return -(-rows // blocks)
+
+
+def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = None) -> None:
+    """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
+    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``)."""
+    n_images = src.shape[0]
+    limit = SMALL_GEMM_MNK if limit is None else limit
+    block = row_block(dst.shape[1], src.shape[1], src.shape[2] * src.shape[3], limit)
+    chunks = chunk_count(n_images, 1, threads)
+    run_chunks(
+        lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
+        chunks, threads,
+    )  # fmt: skip
