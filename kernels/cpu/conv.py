@@ -22,6 +22,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
+- **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 16×16 (v28): the
+  polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
+  ``WINOGRAD_S2_MIN_PIXELS``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
   groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
@@ -175,22 +178,23 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 and the tile split's GEMMs already read it from cache."""
 
 WINOGRAD_S2_MIN_PIXELS = 256
-"""``Paths.winograd_s2`` (off in the table and in every numbered version): the stride-2 3×3 forward with
-≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at least this many pixels (16×16:
-ResNet-18's 64→128 and 128→256) by the polyphase Winograd transform (``conv_winograd_s2``, 25 instead of 36
-multiplies per 2×2 output tile), with OpenBLAS. Two threads, batch 32, wall ms, median of 5–7 alternating
-rounds of best-of-7, im2col (v23) → polyphase, five sittings: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
-8.21 → 7.65, 8.13 → 7.68 (torch 5.65 in the table run of the same day); 128→256 @16×16 7.54 → 7.37,
-8.51 → 8.13, 7.28 → 6.30, 7.20 → 6.49 (torch 5.28); 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.74 → 7.82,
-7.45 → 7.55 (torch 4.91: a 8 MiB filter transform, 1.0 ms on one thread, and 64-column GEMMs at 76 GFLOP/s),
-so 8×8 keeps im2col.
+"""v28 (``Paths.winograd_s2``): the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on
+input planes of at least this many pixels (16×16: ResNet-18's 64→128 and 128→256) by the polyphase Winograd
+transform (``conv_winograd_s2``: 25 instead of 36 multiplies per 2×2 output tile, the transforms as flat
+loops over a block of tiles), with OpenBLAS. 8×8 inputs (256→512) keep im2col: level there (7.47 against
+7.38 ms, the module's docstring says why).
 
-Why it is not exported. −5 to −10% on two records, ~1.1 ms of a ResNet-18 step, while its kernels cost
-a cold start 3.2 s of compile CPU (fresh ``NUMBA_CACHE_DIR``, the first call after the im2col path's:
-``_rows`` with its transforms; the first-run goal, cold − warm ≤ 15 s, is at its line), and neither
-record reaches torch (0.72 → 0.77, 0.75 → 0.82): the GEMMs are still 4.4–4.8 ms of a thread's 16 images
-(88–95 GFLOP/s) against torch's whole 5.3–5.7 ms. Switch it on with ``Paths(winograd_s2=True)`` where
-a first run does not matter."""
+Two threads, batch 32, ``engine kernels --ops conv2d --compare torch --no-versions --repeat 7 --models
+resnet18``, main (v26) / this tree alternating, one sitting, ratios torch / ours: see the v28 row of
+kernels/README.md. Wall ms, median of 5 alternating rounds of best-of-7, im2col (v26) → v28: 64→128 @32×32
+8.21 → 6.52, 128→256 @16×16 7.27 → 6.10.
+
+Cold compile (fresh ``NUMBA_CACHE_DIR``, the path's first call alone): 3.44 s of CPU (``_images`` with both
+transforms inlined 2.71 s, ``_filter_transform`` 0.32 s), against 3.26–3.41 s for v26's slower module, whose
+3.2 s for −5 to −10% kept it off then (0.72 → 0.77 and 0.75 → 0.82 against torch). Of it, the input
+transform's row copies cost ~0.75 s and the output transform ~0.7 s (each compiled out, one at a time):
+vectorized loops are what LLVM spends its time on. The warm-up job it adds to ResNet-18's first run:
+``engine/warmup.py`` and kernels/README.md's v28 row."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,7 @@ class Paths:
     depthwise_planes: bool = True
     winograd_by_xi: bool = True
     depthwise_registers: bool = True
-    winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
+    winograd_s2: bool = True  # v28 (off before: WINOGRAD_S2_MIN_PIXELS says why)
     stem_weight_split: bool = True
 
 
@@ -256,7 +260,7 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
+    "winograd4", "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted" or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -1185,8 +1189,8 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
             conv_winograd.forward_by_xi(x, w, out, False, threads, rows, scratch)
     elif kind == "winograd-s2":
         with blas_on_calling_thread:
-            rows = conv_winograd_s2.block_rows(x.shape, w.shape[1], w.shape[0], threads)
-            conv_winograd_s2.forward(x, w, out, threads, rows, scratch)
+            images = conv_winograd_s2.block_images(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd_s2.forward(x, w, out, threads, images, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(

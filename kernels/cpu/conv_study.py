@@ -111,6 +111,12 @@ kernels/README.md ("What each step bought").
   session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
   ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
   ``conv.WINOGRAD_S2_MIN_PIXELS``).
+- v28 ``polyphase Winograd stride-2 forward`` (exported; v27 not used): v26, but the 3×3 stride-2 forward
+  with ≥ 64 channels in and out on inputs of ≥ 16×16 (ResNet-18's 64→128 and 128→256) runs the polyphase
+  Winograd transform of ``conv_winograd_s2`` (25 instead of 36 multiplies per 2×2 output tile), whose input
+  and output transforms now run as flat loops over a whole block of tiles (``Paths.winograd_s2``). Two
+  threads, batch 32, wall ms, im2col → v28: 64→128 @32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10; 3.44 s
+  of cold compile CPU (``conv.WINOGRAD_S2_MIN_PIXELS``).
 """
 
 from __future__ import annotations
@@ -127,9 +133,9 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 28),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 28),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 28)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False,
@@ -139,6 +145,8 @@ V21_PATHS = conv.Paths(winograd_by_xi=False, depthwise_registers=False)
 V23_PATHS = conv.Paths(depthwise_registers=False)
 BEFORE_V26 = {"stem_weight_split": False}
 """What v26 added, off in every earlier version (``_paths``)."""
+BEFORE_V28 = {"winograd_s2": False}
+"""What v28 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -726,6 +734,8 @@ def _paths(version: int) -> conv.Paths:
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
     chosen = paths.get(version, conv.EXPORTED)
+    if version < 28:
+        chosen = dataclasses.replace(chosen, **BEFORE_V28)
     return dataclasses.replace(chosen, **BEFORE_V26) if version < 26 else chosen
 
 
@@ -734,7 +744,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26) and direction ("forward",
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 28) and direction ("forward",
     "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -841,8 +851,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26), "data" or "weight" (2-18, 20,
-    21, 23, 25, 26), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 28), "data" or "weight" (2-18,
+    20, 21, 23, 25, 26, 28), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""
