@@ -177,7 +177,7 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
-WINOGRAD_S2_MIN_PIXELS = 256
+WINOGRAD_S2_MIN_PIXELS = 64
 """v28 (``Paths.winograd_s2``): the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on
 input planes of at least this many pixels (16×16: ResNet-18's 64→128 and 128→256) by the polyphase Winograd
 transform (``conv_winograd_s2``: 25 instead of 36 multiplies per 2×2 output tile, the transforms as flat

@@ -114,11 +114,26 @@ def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     )
 
 
-def block_images(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = TARGET_TILES) -> int:
-    """Images per block: ``target_tiles`` tiles, within the budget, ≤ a thread's share."""
+BY_CHANNEL_MAX_PIXELS = 64
+"""Inputs of at most this many pixels (8×8: ResNet-18's 256→512) split the threads by output channel
+(``forward``'s ``by_channel``), in blocks of ``BY_CHANNEL_TARGET_TILES``."""
+
+BY_CHANNEL_TARGET_TILES = 32
+
+
+def by_channel(x_shape) -> bool:
+    """Whether ``forward`` splits the threads by output channel (small planes) rather than by image."""
+    return x_shape[2] * x_shape[3] <= BY_CHANNEL_MAX_PIXELS
+
+
+def block_images(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = 0) -> int:
+    """Images per block: ``target_tiles`` tiles (0: ``TARGET_TILES``, or ``BY_CHANNEL_TARGET_TILES`` on
+    small planes), within the budget, ≤ a thread's share (all images when split by channel)."""
     n, _, h, w = x_shape
     tiles = (h // 4) * (w // 4)
-    share = -(-n // threads)
+    split = by_channel(x_shape)
+    target_tiles = target_tiles or (BY_CHANNEL_TARGET_TILES if split else TARGET_TILES)
+    share = n if split else -(-n // threads)
     wanted = -(-target_tiles // tiles)
     fits = max(1, BLOCK_BUDGET_ELEMENTS // (POSITIONS * (c_in + c_out) * tiles))
     return max(1, min(share, wanted, fits))
@@ -250,7 +265,7 @@ def _input_transform(src, n0, images, channels, height, width, v, offsets, cols,
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _output_transform(m, n0, images, channels, height, width, dst, offsets, cols, z):
+def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, offsets, cols, z):
     """dst[n0 + i, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] of block column j = i·T + ty·tw + tx. A's rows:
     e0 + m1 + m2 and e1 + m2 + m3.
 
@@ -263,15 +278,16 @@ def _output_transform(m, n0, images, channels, height, width, dst, offsets, cols
     out_plane = 4 * th * tw
     z0, z1, z2 = z[:span], z[span : 2 * span], z[2 * span : 3 * span]
     z3, z4 = z[3 * span : 4 * span], z[4 * span : 5 * span]
-    for k in range(channels):
+    for k in range(k_lo, k_hi):
         for ra in range(5):
             ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
             ma = 2 if ra < 2 else 1
             g0 = 4 * ga
-            e = offsets[g0] + (k * ma + sa) * 2 * cols
-            m1 = offsets[g0 + 1] + (k * ma + sa) * cols
-            m2 = offsets[g0 + 2] + (k * ma + sa) * cols
-            m3 = offsets[g0 + 3] + (k * ma + sa) * cols
+            row = (k - k_lo) * ma + sa  # M holds the channels [k_lo, k_hi)
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
             me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
             mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
             zr = z[ra * span : (ra + 1) * span]
@@ -291,16 +307,16 @@ def _output_transform(m, n0, images, channels, height, width, dst, offsets, cols
 
 
 @njit(cache=True, nogil=True)
-def _images(x, u, out, first, last, block, mine):
+def _images(x, u, out, first, last, block, mine, k_lo, k_hi):
     """Images [first, last) on the calling thread, ``block`` at a time: transform, 16 GEMMs, transform."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
-    c_out = out.shape[1]
+    c_out = k_hi - k_lo
     tiles = (height // 4) * (width // 4)
     src, dst = x.reshape(x.size), out.reshape(out.size)
     v_offsets = np.empty(GROUPS + 1, np.int64)
     m_offsets = np.empty(GROUPS + 1, np.int64)
     scalars = np.empty(2, np.float32)
-    plane = c_in * c_out + SKEW
+    plane = c_in * out.shape[1] + SKEW  # U's group stride: all K output channels
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
@@ -312,23 +328,35 @@ def _images(x, u, out, first, last, block, mine):
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         for g in range(GROUPS):
             wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            sgemm(False, False, c_out, wide, c_in, u[g * plane :], c_in, v[v_offsets[g] :], wide, 0.0,
+            sgemm(False, False, c_out, wide, c_in, u[g * plane + k_lo * c_in :], c_in, v[v_offsets[g] :], wide, 0.0,
                   m[m_offsets[g] :], wide, scalars)
-        _output_transform(m, n0, images, c_out, height, width, dst, m_offsets, cols, tmp)
+        _output_transform(m, n0, images, k_lo, k_hi, out.shape[1], height, width, dst, m_offsets, cols, tmp)
 
 
 def forward(x, w, out, threads: int, block: int, scratch) -> None:
-    """out = conv3×3(x, w), stride 2, pad 1 (``supported`` shapes), by the polyphase Winograd transform."""
+    """out = conv3×3(x, w), stride 2, pad 1 (``supported`` shapes), by the polyphase Winograd transform.
+
+    Split by output channel (``by_channel``: small planes), each thread transforms and multiplies its own
+    output channels for all images (its share of U written and read by itself, no barrier, but every
+    thread transforms every image's input); else each thread its images, after a U shared by all."""
     n, c_in, height, width = x.shape
     c_out = out.shape[1]
     start = _filter_size(c_in, c_out)
     u = scratch[:start]
     per_thread = _per_thread(c_in, c_out, height, width, block)
+    if by_channel(x.shape):
 
+        def own(t: int) -> None:
+            k_lo, k_hi = t * c_out // threads, (t + 1) * c_out // threads
+            _filter_transform(w, k_lo, k_hi, u)
+            _images(x, u, out, 0, n, block, scratch[start + t * per_thread : start + (t + 1) * per_thread], k_lo, k_hi)
+
+        run_shares(own, threads)
+        return
     run_shares(lambda t: _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u), threads)
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine)
+        _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out)
 
     run_shares(work, threads)

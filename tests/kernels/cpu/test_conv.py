@@ -254,7 +254,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd-by-xi"),  # v23 (weight gradient: "winograd")
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "winograd-s2"),  # v28, with OpenBLAS (else im2col)
-        ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "gemm"),  # 8x8 inputs keep im2col (level, v28)
+        ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "winograd-s2"),  # v28: threads split by output channel
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-registers"),  # v25 (v21: plane by plane)
         ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-registers"),
@@ -1017,13 +1017,15 @@ S2_WINOGRAD_SHAPES = [  # (n, c, h, w, k): stride 2, pad 1, 3×3; sides multiple
     (3, 5, 12, 16, 7),  # planes that are not square, odd channel counts, blocks across images
     (2, 64, 32, 32, 128),  # ResNet-18's 64→128 downsampling shape (two images)
     (5, 16, 16, 16, 8),  # blocks of 1 to 5 images, a last block shorter than the others
+    (10, 16, 8, 8, 24),  # 8x8: threads split by output channel, blocks of 8 images and a last of 2
 ]
 
 
 @pytest.mark.parametrize("shape", S2_WINOGRAD_SHAPES, ids=["x".join(map(str, s)) for s in S2_WINOGRAD_SHAPES])
 def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape):
     """v28: the polyphase Winograd stride-2 forward against the NumPy reference at 1, 2 and 3 threads and
-    at blocks of 1 image and of the planner's size; the same bits on a second call."""
+    at blocks of 1 image and of the planner's size (8x8 inputs: the threads split by output channel); the
+    same bits on a second call."""
     from kernels.cpu import conv_winograd_s2 as s2
 
     n, c, h, wd, k = shape
@@ -1044,16 +1046,18 @@ def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape)
             assert np.array_equal(got[0], got[1])
 
 
-def test_winograd_s2_is_taken_from_v28_on_16x16_and_larger_inputs():
-    """The polyphase stride-2 forward is the table's path (v28) on inputs of >= 16x16 with OpenBLAS, not v26's,
-    and never backward or on 8x8 inputs (``conv.WINOGRAD_S2_MIN_PIXELS`` says why)."""
+def test_winograd_s2_is_taken_from_v28_on_8x8_and_larger_inputs():
+    """The polyphase stride-2 forward is the table's path (v28) on inputs of >= 8x8 with OpenBLAS, not v26's,
+    and never backward or below 8x8 (``conv.WINOGRAD_S2_MIN_PIXELS``)."""
     big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
     on = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
     assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(28)) == on
     assert cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
     assert cpu.path(*big, "data") == cpu.path(*big, "weight") == "gemm"
     assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward") == on
-    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward") == "gemm"
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward") == on
+    assert cpu.conv_winograd_s2.by_channel((32, 256, 8, 8)) and not cpu.conv_winograd_s2.by_channel((32, 128, 16, 16))
+    assert cpu.path((32, 512, 4, 4), (512, 512, 3, 3), 2, 1, 1, "forward") == "gemm"
     assert not cpu.conv_winograd_s2.supported((2, 64, 30, 30), (128, 64, 3, 3), 2, 1, 1)
     if blas.select_sgemm() == blas.OPENBLAS:  # through conv.forward: workspace, BLAS on the calling thread
         x, w, _, dout, args = _case((2, 64, 32, 32, 128, 3, 2, 1, 1), seed=2)
