@@ -22,7 +22,7 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
-- **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 16×16 (v28): the
+- **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
   polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
   ``WINOGRAD_S2_MIN_PIXELS``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
@@ -179,22 +179,21 @@ and the tile split's GEMMs already read it from cache."""
 
 WINOGRAD_S2_MIN_PIXELS = 64
 """v28 (``Paths.winograd_s2``): the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on
-input planes of at least this many pixels (16×16: ResNet-18's 64→128 and 128→256) by the polyphase Winograd
-transform (``conv_winograd_s2``: 25 instead of 36 multiplies per 2×2 output tile, the transforms as flat
-loops over a block of tiles), with OpenBLAS. 8×8 inputs (256→512) keep im2col: level there (7.47 against
-7.38 ms, the module's docstring says why).
+input planes of at least this many pixels (8×8: ResNet-18's 64→128, 128→256 and 256→512) by the polyphase
+Winograd transform (``conv_winograd_s2``: 25 instead of 36 multiplies per 2×2 output tile, the transforms as
+flat loops over a block of tiles; on 8×8 inputs the threads split by output channel), with OpenBLAS.
 
-Two threads, batch 32, ``engine kernels --ops conv2d --compare torch --no-versions --repeat 7 --models
-resnet18``, main (v26) / this tree alternating, one sitting, ratios torch / ours: see the v28 row of
-kernels/README.md. Wall ms, median of 5 alternating rounds of best-of-7, im2col (v26) → v28: 64→128 @32×32
-8.21 → 6.52, 128→256 @16×16 7.27 → 6.10.
+Two threads, batch 32, wall ms, median of 5–7 alternating rounds of best-of-7, im2col (v26) → v28: 64→128
+@32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10, 256→512 @8×8 6.93 → 6.33. Against PyTorch
+(``engine kernels --ops conv2d --compare torch --no-versions --repeat 7 --models resnet18``, main and this
+tree alternating): kernels/README.md's v28 row.
 
 Cold compile (fresh ``NUMBA_CACHE_DIR``, the path's first call alone): 3.44 s of CPU (``_images`` with both
 transforms inlined 2.71 s, ``_filter_transform`` 0.32 s), against 3.26–3.41 s for v26's slower module, whose
-3.2 s for −5 to −10% kept it off then (0.72 → 0.77 and 0.75 → 0.82 against torch). Of it, the input
-transform's row copies cost ~0.75 s and the output transform ~0.7 s (each compiled out, one at a time):
-vectorized loops are what LLVM spends its time on. The warm-up job it adds to ResNet-18's first run:
-``engine/warmup.py`` and kernels/README.md's v28 row."""
+3.2 s for −5 to −10% kept it off then. Of it, the input transform's row copies cost ~0.75 s and the output
+transform ~0.7 s (each compiled out, one at a time): vectorized loops are what LLVM spends its time on. ResNet-18's
+first-run warm-up pool (``engine.warmup.ensure_compiled`` of its 20 → 21 jobs, empty cache, two workers,
+alternating): 11.75, 11.94 s → 13.31, 14.12 s, i.e. +1.6 to +2.2 s on the README command's cold − warm."""
 
 
 @dataclass(frozen=True)

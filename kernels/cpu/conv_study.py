@@ -112,10 +112,11 @@ kernels/README.md ("What each step bought").
   ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
   ``conv.WINOGRAD_S2_MIN_PIXELS``).
 - v28 ``polyphase Winograd stride-2 forward`` (exported; v27 not used): v26, but the 3×3 stride-2 forward
-  with ≥ 64 channels in and out on inputs of ≥ 16×16 (ResNet-18's 64→128 and 128→256) runs the polyphase
-  Winograd transform of ``conv_winograd_s2`` (25 instead of 36 multiplies per 2×2 output tile), whose input
-  and output transforms now run as flat loops over a whole block of tiles (``Paths.winograd_s2``). Two
-  threads, batch 32, wall ms, im2col → v28: 64→128 @32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10; 3.44 s
+  with ≥ 64 channels in and out on inputs of ≥ 8×8 (ResNet-18's 64→128, 128→256 and 256→512) runs the
+  polyphase Winograd transform of ``conv_winograd_s2`` (25 instead of 36 multiplies per 2×2 output tile),
+  whose input and output transforms now run as flat loops over a whole block of tiles, and on 8×8 inputs
+  with the threads split by output channel (``Paths.winograd_s2``). Two threads, batch 32, wall ms,
+  im2col → v28: 64→128 @32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10, 256→512 @8×8 6.93 → 6.33; 3.44 s
   of cold compile CPU (``conv.WINOGRAD_S2_MIN_PIXELS``).
 """
 
