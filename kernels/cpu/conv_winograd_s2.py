@@ -38,7 +38,7 @@ filter transform is split over the threads by output channel, before. On 8×8 in
 thread ``t`` owns output channels instead: it transforms its rows of U, then every image in blocks of
 ``BY_CHANNEL_TARGET_TILES`` tiles, multiplying by its rows of U only. Each output element is one GEMM column's
 dot products and one thread's output transform: the same bits for the same thread count (tested at 1, 2
-and 3; here also across them).
+and 3).
 
 Both transforms run as flat loops over a whole block of tiles, which LLVM vectorizes, instead of tile by
 tile. Input: per channel, the five row positions of every tile row (e0 = row 4ty, e1 = row 4ty + 2,
@@ -55,8 +55,8 @@ Measured (AMD EPYC Zen 4, OpenBLAS). One thread, 16 images, ms, each part alone 
 transform, output transform), v26's module → v28: 64→128 @32×32 0.06 / 1.23 / 0.88 → 0.06 / 0.46–0.52 /
 0.39; 128→256 @16×16 0.24 / 0.66 / 0.51 → 0.24 / 0.26 / 0.24; 256→512 @8×8 1.05 / 0.47 / 0.31 → 1.05 /
 0.20 / 0.19. The 16 GEMMs are unchanged (~4.5–5.4 ms of a thread's 16 images at 64→128 and 128→256).
-Whole convolutions, two threads, batch 32, wall ms, median of 5 alternating rounds of best-of-7
-(``/tmp/s2b/bench.py`` of the session), the table (im2col, v26) / v26's module / v28, one sitting: 64→128
+Whole convolutions, two threads, batch 32, wall ms, median of 5 alternating rounds of best-of-7 in one
+process (``quiesce`` before each block), the table (im2col, v26) / v26's module / v28, one sitting: 64→128
 @32×32 8.21 / 7.59 / **6.52**; 128→256 @16×16 7.27 / 6.45 / **6.10**; 256→512 @8×8 (split by channel, below)
 6.93 / — / **6.33**.
 ``conv.WINOGRAD_S2_MIN_PIXELS`` has the records against PyTorch and the cold compile.
@@ -79,16 +79,16 @@ Tried and dropped:
 - The filter transform copying w[k] tap-major first, then 16 contiguous loops over C: 1.13 ms against
   1.05 at 256→512 (it writes an 8 MiB U and is bound by memory, not by its scalar loop), and 1.9 s more
   cold compile (``ug[:] = t`` slice assignments pull in Numba's shape-error formatting).
-- 256→512 @8×8 split by images like the larger planes (a thread's 64 tiles after a U shared by both):
-  level with im2col (two threads, ms, im2col / tiles: 7.38 / 7.47, 6.85 / 6.74). Its 16 GEMMs ran at ~77
-  GFLOP/s (one thread, 16 distinct U and V, M 512 × K 256 × 64 columns) where the same GEMM repeated on one
-  U runs at 98.5: the 8 MiB U, written by the filter transform and read by both threads, is what costs,
-  not the GEMM's shape (64 × 512 instead of 512 × 64: 86.8). Hence the split by output channel on 8×8
-  inputs (``by_channel``): each thread writes and reads only its half of U, in one parallel region, for
-  every thread transforming every image's input (0.2 ms per 16 images). Two threads, batch 32, ms, median
-  of 5–7 alternating rounds of best-of-7, im2col / by channel in blocks of 4, 8, 16, 27 images: 6.85 /
-  6.25 (16); 7.16 / 7.05, 6.50, 6.99, 7.66; 6.93 / 6.33 (8), 6.54 (16). 16×16 inputs keep the image
-  split (5.66 against 5.80–6.09 by channel).
+- 256→512 @8×8 split by images like the larger planes (a thread's 64 tiles after a U shared by both): level
+  with im2col (two threads, ms, im2col / tiles: 7.38 / 7.47, 6.85 / 6.74). Its 16 GEMMs ran at ~77 GFLOP/s
+  (one thread, 16 distinct U and V, M 512 × K 256 × 64 columns) where the same GEMM repeated on one U and V
+  (both in cache) runs at 98.5: the 8 MiB U, written by the filter transform and read by both threads, is what
+  costs, not the GEMM's shape (64 × 512 instead of 512 × 64: 86.8). Hence the split by output channel on 8×8
+  inputs (``by_channel``): each thread writes and reads only its half of U, in one parallel region, for every
+  thread transforming every image's input (0.2 ms per 16 images). Two threads, batch 32, ms, median of 5–7
+  alternating rounds of best-of-7, im2col / by channel in blocks of 4, 8, 16, 27 images: 6.85 / 6.25 (16);
+  7.16 / 7.05, 6.50, 6.99, 7.66; 6.93 / 6.33 (8), 6.54 (16). 16×16 inputs keep the image split (5.66 against
+  5.80–6.09 by channel).
 - v26's notes: blocks of 64 or 256 tiles instead of 128, and the threads sharing each block (by channel and
   position group, three barriers per block) did not pay.
 """
