@@ -22,6 +22,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
+- **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
+  polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
+  ``WINOGRAD_S2_MIN_PIXELS``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
   groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
@@ -180,23 +183,25 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
-WINOGRAD_S2_MIN_PIXELS = 256
-"""``Paths.winograd_s2`` (off in the table and in every numbered version): the stride-2 3×3 forward with
-≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on input planes of at least this many pixels (16×16:
-ResNet-18's 64→128 and 128→256) by the polyphase Winograd transform (``conv_winograd_s2``, 25 instead of 36
-multiplies per 2×2 output tile), with OpenBLAS. Two threads, batch 32, wall ms, median of 5–7 alternating
-rounds of best-of-7, im2col (v23) → polyphase, five sittings: 64→128 @32×32 8.37 → 7.76, 8.36 → 7.81,
-8.21 → 7.65, 8.13 → 7.68 (torch 5.65 in the table run of the same day); 128→256 @16×16 7.54 → 7.37,
-8.51 → 8.13, 7.28 → 6.30, 7.20 → 6.49 (torch 5.28); 256→512 @8×8 7.70 → 7.93, 8.50 → 8.19, 7.74 → 7.82,
-7.45 → 7.55 (torch 4.91: a 8 MiB filter transform, 1.0 ms on one thread, and 64-column GEMMs at 76 GFLOP/s),
-so 8×8 keeps im2col.
+WINOGRAD_S2_MIN_PIXELS = 64
+"""v28 (``Paths.winograd_s2``): the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on
+input planes of at least this many pixels (8×8: ResNet-18's 64→128, 128→256 and 256→512) by the polyphase
+Winograd transform (``conv_winograd_s2``: 25 instead of 36 multiplies per 2×2 output tile, the transforms as
+flat loops over a block of tiles; on 8×8 inputs the threads split by output channel), with OpenBLAS.
 
-Why it is not exported. −5 to −10% on two records, ~1.1 ms of a ResNet-18 step, while its kernels cost
-a cold start 3.2 s of compile CPU (fresh ``NUMBA_CACHE_DIR``, the first call after the im2col path's:
-``_rows`` with its transforms; the first-run goal, cold − warm ≤ 15 s, is at its line), and neither
-record reaches torch (0.72 → 0.77, 0.75 → 0.82): the GEMMs are still 4.4–4.8 ms of a thread's 16 images
-(88–95 GFLOP/s) against torch's whole 5.3–5.7 ms. Switch it on with ``Paths(winograd_s2=True)`` where
-a first run does not matter."""
+Two threads, batch 32, wall ms, median of 5–7 alternating rounds of best-of-7, im2col (v26) → v28: 64→128
+@32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10, 256→512 @8×8 6.93 → 6.33. Against PyTorch
+(``engine kernels --ops conv2d --compare torch --no-versions --repeat 7 --models resnet18``, main and this
+tree alternating): kernels/README.md's v28 row.
+
+Cold compile (fresh ``NUMBA_CACHE_DIR``, the path's first call alone): 3.24–3.44 s of CPU (``_images`` with both
+transforms inlined 2.63–2.77 s, ``_filter_transform`` 0.31 s), against 3.26–3.41 s for v26's slower module, whose
+3.2 s for −5 to −10% kept it off then. Of it, the input transform's row copies cost ~0.75 s and the output
+transform ~0.7 s (each compiled out, one at a time): vectorized loops are what LLVM spends its time on. ResNet-18's
+first-run warm-up pool (``engine.warmup.ensure_compiled`` of its 20 → 21 jobs, empty cache, two workers,
+alternating): 11.75, 11.94, 12.36 s → 13.31, 14.12, 14.16 s, i.e. +1.6 to +2.2 s on the README command's
+cold − warm, which was ~14 s against a goal of ≤ 15 s: this path takes the first run past it unless something
+else compiles less."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ class Paths:
     depthwise_planes: bool = True
     winograd_by_xi: bool = True
     depthwise_registers: bool = True
-    winograd_s2: bool = False  # not exported, in no numbered version: WINOGRAD_S2_MIN_PIXELS says why
+    winograd_s2: bool = True  # v28 (off before: WINOGRAD_S2_MIN_PIXELS says why)
     stem_weight_split: bool = True
     pointwise_weight_split: bool = True
     pointwise_small_gemms: bool = True
@@ -264,9 +269,9 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27: forward and
-    backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its weight
-    gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    "winograd4", "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
+    forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
+    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -1206,8 +1211,8 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
             conv_winograd.forward_by_xi(x, w, out, False, threads, rows, scratch)
     elif kind == "winograd-s2":
         with blas_on_calling_thread:
-            rows = conv_winograd_s2.block_rows(x.shape, w.shape[1], w.shape[0], threads)
-            conv_winograd_s2.forward(x, w, out, threads, rows, scratch)
+            images = conv_winograd_s2.block_images(x.shape, w.shape[1], w.shape[0], threads)
+            conv_winograd_s2.forward(x, w, out, threads, images, scratch)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(

@@ -111,13 +111,20 @@ kernels/README.md ("What each step bought").
   session and not in any version: a polyphase Winograd stride-2 forward (``conv_winograd_s2``,
   ``Paths.winograd_s2``, off: −5 to −10% on 64→128 and 128→256 for 3.2 s of cold compile CPU; figures in
   ``conv.WINOGRAD_S2_MIN_PIXELS``).
-- v27 ``pointwise small GEMMs`` (exported): v26, but a 1×1 stride-1 conv (groups 1) runs
+- v27 ``pointwise small GEMMs`` (v28 adds to it): v26, but a 1×1 stride-1 conv (groups 1) runs
   forward and backward-data as one sgemm per image per block of output rows of ≤ 10⁶ multiply-adds
   (OpenBLAS's small-matrix kernel; ``Paths.pointwise_small_gemms``), and its weight gradient on planes
   of ≥ 16×16 with each thread owning a block of dW, in ≤ 32-row, ≤ 1200-element GEMMs
   (``Paths.pointwise_weight_split``; ``conv_pointwise.py``). Batch 32, two threads, median ms v26 →
   v27: forward 144→32 @16×16 0.641 → 0.400, 384→64 @8×8 0.694 → 0.496, 384→96 0.946 → 0.718;
   backward-data 384→64 0.753 → 0.510, 960→320 @4×4 1.975 → 1.743; weight 144→32 0.758 → 0.440.
+- v28 ``polyphase Winograd stride-2 forward`` (exported): v27, but the 3×3 stride-2 forward
+  with ≥ 64 channels in and out on inputs of ≥ 8×8 (ResNet-18's 64→128, 128→256 and 256→512) runs the
+  polyphase Winograd transform of ``conv_winograd_s2`` (25 instead of 36 multiplies per 2×2 output tile),
+  whose input and output transforms now run as flat loops over a whole block of tiles, and on 8×8 inputs
+  with the threads split by output channel (``Paths.winograd_s2``). Two threads, batch 32, wall ms,
+  im2col → v28: 64→128 @32×32 8.21 → 6.52, 128→256 @16×16 7.27 → 6.10, 256→512 @8×8 6.93 → 6.33; 3.44 s
+  of cold compile CPU (``conv.WINOGRAD_S2_MIN_PIXELS``).
 """
 
 from __future__ import annotations
@@ -134,9 +141,9 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27),
-            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27),
-            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27)}
+VERSIONS = {"forward": (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28),
+            "data": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28),
+            "weight": (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28)}
 """The numbered versions per direction (v1 exists for forward only)."""
 
 BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "winograd_by_xi": False,
@@ -148,6 +155,8 @@ BEFORE_V26 = {"stem_weight_split": False}
 """What v26 added, off in every earlier version (``_paths``)."""
 BEFORE_V27 = {"pointwise_small_gemms": False, "pointwise_weight_split": False}
 """What v27 added, off in every earlier version (``_paths``)."""
+BEFORE_V28 = {"winograd_s2": False}
+"""What v28 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -737,7 +746,9 @@ def _paths(version: int) -> conv.Paths:
     chosen = paths.get(version, conv.EXPORTED)
     if version < 26:
         chosen = dataclasses.replace(chosen, **BEFORE_V26)
-    return dataclasses.replace(chosen, **BEFORE_V27) if version < 27 else chosen
+    if version < 27:
+        chosen = dataclasses.replace(chosen, **BEFORE_V27)
+    return dataclasses.replace(chosen, **BEFORE_V28) if version < 28 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -745,7 +756,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27) and direction
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28) and direction
     ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -852,8 +863,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27), "data" or "weight" (2-18,
-    20, 21, 23, 25, 26, 27), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28), "data" or "weight" (2-18,
+    20, 21, 23, 25, 26, 27, 28), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

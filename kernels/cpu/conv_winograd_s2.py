@@ -1,4 +1,4 @@
-"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform (``conv.Paths.winograd_s2``, off).
+"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform: v28 (``conv.Paths.winograd_s2``).
 
 Why. ResNet-18's three downsampling 3×3 convolutions (64→128 @32×32, 128→256 @16×16, 256→512
 @8×8, stride 2) ran on im2col and one sgemm, and the sgemm was ⅞ of the forward's time. OpenBLAS's
@@ -29,51 +29,80 @@ U[a, b]. Each group is ONE GEMM ``M[a, b] (K × mult·Tb) = U[a, b] (K × C) @ V
 its positions side by side as columns (V and M laid out [channel][position in group][tile]): 16
 GEMMs per block, four of them two or four times wider.
 
-Layout, blocks and threads as ``conv_winograd.forward``: tiles in raster order over (image, tile
-row, tile column), thread ``t`` owns the tile rows ``[t·R/T, (t+1)·R/T)`` and walks them in blocks
-of ``rows`` tile rows (``TARGET_TILES`` tiles within ``BLOCK_BUDGET_ELEMENTS``); per block the input
-transform into V, the 16 GEMMs (``conv_shifted.sgemm``, single-threaded BLAS), the output transform
-straight into ``out``. The filter transform is split over the threads by output channel. Each output
-element is one GEMM column's dot products and one thread's output transform: the same bits at any
-thread count (tested at 1, 2 and 3).
+Layout, blocks and threads (v28). Tiles in raster order over (image, tile row, tile column): block
+column j = i·T + ty·tw + tx for image n0 + i of a block of whole images (T = tiles per image); thread
+``t`` owns the images ``[t·N/T, (t+1)·N/T)`` and walks them in blocks of ``block_images`` images
+(``TARGET_TILES`` tiles within ``BLOCK_BUDGET_ELEMENTS``); per block the input transform into V, the 16
+GEMMs (``conv_shifted.sgemm``, single-threaded BLAS), the output transform straight into ``out``. The
+filter transform is split over the threads by output channel, before. On 8×8 inputs (``by_channel``)
+thread ``t`` owns output channels instead: it transforms its rows of U, then every image in blocks of
+``BY_CHANNEL_TARGET_TILES`` tiles, multiplying by its rows of U only. Each output element is one GEMM column's
+dot products and one thread's output transform: the same bits for the same thread count (tested at 1, 2
+and 3).
 
-Planes must be multiples of 4 (32×32, 16×16, 8×8: every stride-2 3×3 layer of ResNet-18); the input
-tile then only crosses the top and left edges (row / column −1, the padding).
+Both transforms run as flat loops over a whole block of tiles, which LLVM vectorizes, instead of tile by
+tile. Input: per channel, the five row positions of every tile row (e0 = row 4ty, e1 = row 4ty + 2,
+m1 = row 4ty − 1 − row 4ty + 1, m2 = row 4ty + 1, m3 = row 4ty + 3 − row 4ty + 1) are copied as runs of W
+into five arrays p[ra][(i·th + ty)·W + x]; since (i·th + ty)·W + 4tx = 4j, column j's five inputs are
+then p[ra][4j − 1 … 4j + 3], and the columns' transform is one loop over the block per row position that
+reads the whole interleave group 4j … 4j + 3 (wide loads and ``vpermt2ps`` shuffles), with d0 (the
+previous column's d4, zero at tx = 0) in a second, contiguous loop. Output: per channel, A across the
+columns is one loop over the block per row position into z[ra][2j + b] (an interleaved store), then Aᵀ
+down the rows is runs of OW = 2tw straight into ``dst``. Planes must be multiples of 4 (every stride-2
+3×3 layer of ResNet-18); the input tile then only crosses the top and left edges (the padding).
 
-Measured (AMD EPYC, OpenBLAS). One thread, 16 images, ms, each part alone (filter transform, input
-transform, 16 GEMMs and their GFLOP/s, output transform; the whole call): 64→128 @32×32 0.06 + 1.23 +
-4.75 (88) + 0.88 = 7.13; 128→256 @16×16 0.24 + 0.66 + 4.44 (94) + 0.51 = 6.36; 256→512 @8×8 1.05 + 0.47 +
-5.54 (76) + 0.31 = 8.22 (run-to-run spread ~10%). Whole convolutions against im2col, two threads:
-``conv.WINOGRAD_S2_MIN_PIXELS``, which also says why the table does not take this path (3.2 s of cold
-compile CPU for −5 to −10% on two records). Max abs error against a float64 reference, outputs of
-magnitude ~100–200: 4e-5 to 1.4e-4 (relative ~5e-7).
+Measured (AMD EPYC Zen 4, OpenBLAS). One thread, 16 images, ms, each part alone (filter transform, input
+transform, output transform), v26's module → v28: 64→128 @32×32 0.06 / 1.23 / 0.88 → 0.06 / 0.46–0.52 /
+0.39; 128→256 @16×16 0.24 / 0.66 / 0.51 → 0.24 / 0.26 / 0.24; 256→512 @8×8 1.05 / 0.47 / 0.31 → 1.05 /
+0.20 / 0.19. The 16 GEMMs are unchanged (~4.5–5.4 ms of a thread's 16 images at 64→128 and 128→256).
+Whole convolutions, two threads, batch 32, wall ms, median of 5 alternating rounds of best-of-7 in one
+process (``quiesce`` before each block), the table (im2col, v26) / v26's module / v28, one sitting: 64→128
+@32×32 8.21 / 7.59 / **6.52**; 128→256 @16×16 7.27 / 6.45 / **6.10**; 256→512 @8×8 (split by channel, below)
+6.93 / — / **6.33**.
+``conv.WINOGRAD_S2_MIN_PIXELS`` has the records against PyTorch and the cold compile.
+Max abs error against a float64 reference, relative to the largest output: ≤ 3.4e-7.
 
 Tried and dropped:
 
-- One tile at a time (25 scalar loads, 25 scalar stores), in both transforms: input 1.23–1.31 ms, output
-  1.50 ms at 64→128 (one thread, 16 images); the output transform's ten block-wide loops took it to 0.88.
-  The input's phase-split copy (this version) did not beat the scalar one: its 5·(W + 1) scalar copies
-  per tile row are the cost. Group starts kept in local scalars instead of read from ``offsets`` in the
-  loop: no change.
-- Blocks of 64 or 256 tiles instead of 128, two threads, ms (v23 → this): 64→128 8.41 → 8.43 and 8.36 →
-  7.81 (128: 8.37 → 7.76); 128→256 7.63 → 7.57 and 8.51 → 8.13; 256→512 7.73 → 8.31 and 8.50 → 8.19.
-- The threads sharing each block (input transform split by channel, the 16 GEMMs by position group, about
-  half of the 25 positions each, the output transform by channel; blocks independent of the thread count),
-  as ``conv_winograd.forward_by_xi`` does for 4×4 planes: two threads, batch 32, ms, v23 / tile split /
-  group split: 64→128 8.16 / 7.56 / 10.56, 128→256 7.28 / 6.30 / 6.91, 256→512 7.52 / 7.58 / 7.79. Three
-  barriers per block, and per thread no fewer GEMM columns than the tile split at 8×8.
+- v26's version of this module (the same transform and GEMMs; tiles column-major within a block of tile
+  rows, j = tx·nr + r, the input's phase split as 5·(W + 1) scalar copies per tile row, the output's Aᵀ
+  one tile at a time): the part times above. Before it, one tile at a time (25 scalar loads, 25 scalar
+  stores) in both transforms: input 1.23–1.31 ms, output 1.50 ms at 64→128.
+- v28's loops over one plane at a time (the same loops with T instead of a block's columns): the 8×8
+  planes' 4 tiles are shorter than one 16-lane vector, so they ran scalar (input 0.63, output 0.51 ms at
+  256→512 against 0.20 and 0.19 over a block).
+- The interleaved reads as single strided loads (one loop per V row, reading 2 of the 4 members of the
+  group): LLVM made them ``vgatherqps`` gathers, input 1.05 ms at 64→128 against 0.46–0.52.
+- The transforms on flat ``uint64`` offsets into the scratch instead of one slice per stream: input 0.73,
+  output 1.19 ms at 64→128 (against 0.50, 0.39: a store and its loads in one array defeat the vectorizer's
+  alias checks), and no cheaper to compile.
+- The filter transform copying w[k] tap-major first, then 16 contiguous loops over C: 1.13 ms against
+  1.05 at 256→512 (it writes an 8 MiB U and is bound by memory, not by its scalar loop), and 1.9 s more
+  cold compile (``ug[:] = t`` slice assignments pull in Numba's shape-error formatting).
+- 256→512 @8×8 split by images like the larger planes (a thread's 64 tiles after a U shared by both): level
+  with im2col (two threads, ms, im2col / tiles: 7.38 / 7.47, 6.85 / 6.74). Its 16 GEMMs ran at ~77 GFLOP/s
+  (one thread, 16 distinct U and V, M 512 × K 256 × 64 columns) where the same GEMM repeated on one U and V
+  (both in cache) runs at 98.5: the 8 MiB U, written by the filter transform and read by both threads, is what
+  costs, not the GEMM's shape (64 × 512 instead of 512 × 64: 86.8). Hence the split by output channel on 8×8
+  inputs (``by_channel``): each thread writes and reads only its half of U, in one parallel region, for every
+  thread transforming every image's input (0.2 ms per 16 images). Two threads, batch 32, ms, median of 5–7
+  alternating rounds of best-of-7, im2col / by channel in blocks of 4, 8, 16, 27 images: 6.85 / 6.25 (16);
+  7.16 / 7.05, 6.50, 6.99, 7.66; 6.93 / 6.33 (8), 6.54 (16). 16×16 inputs keep the image split (5.66 against
+  5.80–6.09 by channel).
+- v26's notes: blocks of 64 or 256 tiles instead of 128, and the threads sharing each block (by channel and
+  position group, three barriers per block) did not pay.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import run_shares
 
 TARGET_TILES = 128
-"""Tiles per block (Tb), rounded up to whole tile rows, before the cache budget below."""
+"""Tiles per block (Tb), rounded up to whole images, before the cache budget below."""
 
 BLOCK_BUDGET_ELEMENTS = 1 << 21
 """At most this many float32 (8 MiB) in a block's V and M together (25·(C + K)·Tb)."""
@@ -94,13 +123,28 @@ def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     )
 
 
-def block_rows(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = TARGET_TILES) -> int:
-    """Tile rows per block: ``target_tiles`` tiles, within the budget, ≤ a thread's share."""
+BY_CHANNEL_MAX_PIXELS = 64
+"""Inputs of at most this many pixels (8×8: ResNet-18's 256→512) split the threads by output channel
+(``forward``'s ``by_channel``), in blocks of ``BY_CHANNEL_TARGET_TILES``."""
+
+BY_CHANNEL_TARGET_TILES = 32
+
+
+def by_channel(x_shape) -> bool:
+    """Whether ``forward`` splits the threads by output channel (small planes) rather than by image."""
+    return x_shape[2] * x_shape[3] <= BY_CHANNEL_MAX_PIXELS
+
+
+def block_images(x_shape, c_in: int, c_out: int, threads: int, target_tiles: int = 0) -> int:
+    """Images per block: ``target_tiles`` tiles (0: ``TARGET_TILES``, or ``BY_CHANNEL_TARGET_TILES`` on
+    small planes), within the budget, ≤ a thread's share (all images when split by channel)."""
     n, _, h, w = x_shape
-    tw = w // 4
-    share = -(-n * (h // 4) // threads)
-    wanted = -(-target_tiles // tw)
-    fits = max(1, BLOCK_BUDGET_ELEMENTS // (POSITIONS * (c_in + c_out) * tw))
+    tiles = (h // 4) * (w // 4)
+    split = by_channel(x_shape)
+    target_tiles = target_tiles or (BY_CHANNEL_TARGET_TILES if split else TARGET_TILES)
+    share = n if split else -(-n // threads)
+    wanted = -(-target_tiles // tiles)
+    fits = max(1, BLOCK_BUDGET_ELEMENTS // (POSITIONS * (c_in + c_out) * tiles))
     return max(1, min(share, wanted, fits))
 
 
@@ -108,32 +152,17 @@ def _filter_size(c_in: int, c_out: int) -> int:
     return GROUPS * (c_in * c_out + SKEW)
 
 
-def _per_thread(c_in: int, c_out: int, width: int, rows: int) -> int:
-    """A thread's scratch: a block's V and M, and the transforms' buffer."""
-    cols = rows * (width // 4)
-    return POSITIONS * (c_in + c_out) * cols + 2 * GROUPS * SKEW + _buffer(width, rows)
+def _per_thread(c_in: int, c_out: int, height: int, width: int, images: int) -> int:
+    """A thread's scratch: a block's V and M, and the transforms' buffer (5 row-position arrays of th × W)."""
+    cols = images * (height // 4) * (width // 4)
+    return POSITIONS * (c_in + c_out) * cols + 2 * GROUPS * SKEW + 5 * (4 * cols + 16) + cols
 
 
 def workspace_size(x_shape, w_shape, threads: int) -> int:
     """Scratch (float32 elements) of ``forward``: U (16 groups of K × C), per thread a block's V and M."""
     k, c = w_shape[0], w_shape[1]
-    rows = block_rows(x_shape, c, k, threads)
-    return _filter_size(c, k) + threads * _per_thread(c, k, x_shape[3], rows)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mult(a):
-    return 2 if a == 0 else 1
-
-
-@njit(cache=True, nogil=True)
-def _group_offsets(channels, cols, offsets):
-    """offsets[g] = the start of position group g = 4a + b in V or M ([channel][position][tile]); g = 16: the end."""
-    at = 0
-    for g in range(GROUPS):
-        offsets[g] = at
-        at += channels * _mult(g // 4) * _mult(g % 4) * cols + SKEW
-    offsets[GROUPS] = at
+    images = block_images(x_shape, c, k, threads)
+    return _filter_size(c, k) + threads * _per_thread(c, k, x_shape[2], x_shape[3], images)
 
 
 @njit(cache=True, nogil=True)
@@ -165,183 +194,178 @@ def _filter_transform(w, k_lo, k_hi, u):
                 u[b0 + 3 * plane] = r2
 
 
-def _buffer(width: int, rows: int) -> int:
-    """The transforms' buffer: the input transform's phase-split rows (5 rows × 4 phases × (tw + 1)·rows)
-    and its two difference rows; more than the output transform's 10 rows of tw·rows."""
-    return 7 * 4 * (width // 4 + 1) * rows
-
-
-@njit(cache=True, inline="always")
-def _row_position(buf, offsets, i, channel, cols):
-    """Row position i's five column slices of V (or M) for one channel: e0 and e1 of its 2-wide group
-    (positions e0, e1) or of its row (m1, m2, m3), then the group's m1, m2, m3 (the transforms' layout,
-    read the same way by the input and the output transform)."""
-    pa, sa = (0, i) if i < 2 else (i - 1, 0)
-    ma = 2 if pa == 0 else 1
-    at = offsets[4 * pa] + (channel * ma * 2 + sa * 2) * cols
-    at1 = (channel * ma + sa) * cols
-    return (
-        buf[at : at + cols], buf[at + cols : at + 2 * cols],
-        buf[offsets[4 * pa + 1] + at1 : offsets[4 * pa + 1] + at1 + cols],
-        buf[offsets[4 * pa + 2] + at1 : offsets[4 * pa + 2] + at1 + cols],
-        buf[offsets[4 * pa + 3] + at1 : offsets[4 * pa + 3] + at1 + cols],
-    )  # fmt: skip
-
-
 @njit(cache=True, nogil=True)
-def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, offsets, tmp):
-    """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of every tile of tile rows
-    [r0, r0 + nr) and the channels [c_lo, c_hi); tile (r, tx) at column j = tx·nr + r (column-major
-    within the block).
-    Bᵀ's rows: d1, d3, d0 − d2, d2, d4 − d2.
+def _offsets(channels, cols, offsets):
+    """offsets[g] = the start of position group g = 4a + b in V or M ([channel][position][tile]); g = 16: the end."""
+    at = 0
+    for g in range(GROUPS):
+        offsets[g] = at
+        at += channels * (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols + SKEW
+    offsets[GROUPS] = at
 
-    Per channel, the block's five input rows per tile row are copied split by column phase,
-    p[a][φ][m·nr + r] = d(4ty − 1 + a, 4m + φ − 1) (zero outside the plane), so that a tile's five
-    columns are p[·][0…3] at j and p[·][0] at j + nr; then Bᵀ down the rows (two difference rows: the
-    others are rows of p as they are) and B across the columns are one loop each over the whole block,
-    as ``conv_winograd._input_transform`` does it (a first version, one tile at a time with 25 scalar
-    loads and stores, took 1.2–1.3 ms of a 7.7 ms forward at 64→128 @32×32, one thread, 16 images)."""
+
+@njit(cache=True, nogil=True, inline="always")  # compiled once, inside _images: 3.70 → 3.44 s cold CPU
+def _input_transform(src, n0, images, channels, height, width, v, offsets, cols, p):
+    """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of block column j = i·T + ty·tw + tx
+    (image n0 + i, tile row ty, tile column tx), channel c. Bᵀ's rows: d1, d3, d0 − d2, d2, d4 − d2.
+
+    Per channel, rows first: the five row positions of every tile row of the block's images,
+    p[ra][(i·th + ty)·W + x] (e0 = row 4ty, e1 = row 4ty + 2, m1 = row 4ty − 1 − row 4ty + 1, m2 = row
+    4ty + 1, m3 = row 4ty + 3 − row 4ty + 1), runs of W. Then columns, one flat loop over the block's
+    columns per row position: column j's five inputs are p[ra][4j − 1 … 4j + 3] ((i·th + ty)·W + 4tx =
+    4j); the loop reads the whole interleave group 4j + 0 … 3 (wide loads and shuffles, not gathers),
+    keeps d4, and the column −1 (d0: the previous column's d4, zero at tx = 0) is a second, contiguous loop."""
     th, tw = height // 4, width // 4
-    cols = nr * tw
-    span = (tw + 1) * nr  # one phase of one input row over the block
-    row = 4 * span
-    p = tmp[: 5 * row]
-    t1 = tmp[5 * row : 6 * row]  # row m1: d0 − d2
-    t3 = tmp[6 * row : 7 * row]  # row m3: d4 − d2
+    span = cols * 4 + 16
     plane = height * width
-    zero = np.float32(0.0)
-    for c in range(c_lo, c_hi):
-        for r in range(nr):
-            n, ty = (r0 + r) // th, (r0 + r) % th
-            s0 = (n * channels + c) * plane
-            for a in range(5):
-                y = 4 * ty - 1 + a
-                pa = p[a * row + r :]
-                if y >= 0:
-                    b = s0 + y * width - 1
-                    pa[0] = zero  # x = −1
-                    pa[span] = src[b + 1]
-                    pa[2 * span] = src[b + 2]
-                    pa[3 * span] = src[b + 3]
-                    for mm in range(1, tw):
-                        at = mm * nr
-                        q = b + 4 * mm
-                        pa[at] = src[q]
-                        pa[span + at] = src[q + 1]
-                        pa[2 * span + at] = src[q + 2]
-                        pa[3 * span + at] = src[q + 3]
-                    pa[tw * nr] = src[b + 4 * tw]  # x = W − 1, the last tile's fifth column
+    pe0 = p[:span]
+    pe1 = p[span : 2 * span]
+    pm1 = p[2 * span : 3 * span]
+    pm2 = p[3 * span : 4 * span]
+    pm3 = p[4 * span : 5 * span]
+    d4 = p[5 * span : 5 * span + cols]
+    for c in range(channels):
+        for i in range(images):
+            s0 = ((n0 + i) * channels + c) * plane
+            for ty in range(th):
+                r0 = src[s0 + 4 * ty * width : s0 + (4 * ty + 1) * width]
+                r1 = src[s0 + (4 * ty + 1) * width : s0 + (4 * ty + 2) * width]
+                r2 = src[s0 + (4 * ty + 2) * width : s0 + (4 * ty + 3) * width]
+                r3 = src[s0 + (4 * ty + 3) * width : s0 + (4 * ty + 4) * width]
+                d = uint64((i * th + ty) * width)
+                for x in range(width):
+                    pe0[d + uint64(x)] = r0[x]
+                for x in range(width):
+                    pe1[d + uint64(x)] = r2[x]
+                for x in range(width):
+                    pm2[d + uint64(x)] = r1[x]
+                for x in range(width):
+                    pm3[d + uint64(x)] = r3[x] - r1[x]
+                if ty == 0:
+                    for x in range(width):
+                        pm1[d + uint64(x)] = -r1[x]
                 else:
-                    for mm in range(tw + 1):
-                        pa[mm * nr] = zero
-                        pa[span + mm * nr] = zero
-                        pa[2 * span + mm * nr] = zero
-                        pa[3 * span + mm * nr] = zero
-        r0_, r2_, r4_ = p[0:row], p[2 * row : 3 * row], p[4 * row : 5 * row]
-        for e in range(row):
-            t1[e] = r0_[e] - r2_[e]
-        for e in range(row):
-            t3[e] = r4_[e] - r2_[e]
-        for i in range(5):  # row positions e0, e1, m1, m2, m3 = p[1], p[3], t1, p[2], t3
-            if i == 0:
-                ti = p[row : 2 * row]
-            elif i == 1:
-                ti = p[3 * row : 4 * row]
-            elif i == 2:
-                ti = t1
-            elif i == 3:
-                ti = r2_
-            else:
-                ti = t3
-            f0, f1 = ti[0:cols], ti[span : span + cols]
-            f2, f3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
-            f4 = ti[nr : nr + cols]
-            w0, w1, w2, w3, w4 = _row_position(v, offsets, i, c, cols)
+                    rm = src[s0 + (4 * ty - 1) * width : s0 + 4 * ty * width]
+                    for x in range(width):
+                        pm1[d + uint64(x)] = rm[x] - r1[x]
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            q = p[ra * span : (ra + 1) * span]  # q[4j + φ] = column 4tx + φ of column j's tile row
+            g0 = 4 * ga
+            e = offsets[g0] + (c * ma + sa) * 2 * cols
+            m1 = offsets[g0 + 1] + (c * ma + sa) * cols
+            m2 = offsets[g0 + 2] + (c * ma + sa) * cols
+            m3 = offsets[g0 + 3] + (c * ma + sa) * cols
+            ve0, ve1 = v[e : e + cols], v[e + cols : e + 2 * cols]
+            vm1, vm2, vm3 = v[m1 : m1 + cols], v[m2 : m2 + cols], v[m3 : m3 + cols]
             for j in range(cols):
-                w0[j] = f1[j]
+                ve0[j] = q[uint64(4 * j)]
+                vm2[j] = q[uint64(4 * j + 1)]
+                ve1[j] = q[uint64(4 * j + 2)]
+                d4[j] = q[uint64(4 * j + 3)]
             for j in range(cols):
-                w1[j] = f3[j]
-            for j in range(cols):
-                w2[j] = f0[j] - f2[j]
-            for j in range(cols):
-                w3[j] = f2[j]
-            for j in range(cols):
-                w4[j] = f4[j] - f2[j]
+                vm3[j] = d4[j] - vm2[j]
+            vm1[0] = -vm2[0]
+            for j in range(1, cols):
+                vm1[j] = d4[j - 1] - vm2[j]
+            for row in range(images * th):
+                vm1[row * tw] = -vm2[row * tw]
 
 
-@njit(cache=True, nogil=True)
-def _output_transform(m, r0, nr, k_lo, k_hi, channels, height, width, dst, offsets, tmp):
-    """dst[n, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (tile (r, tx)
-    at column tx·nr + r) and the channels [k_lo, k_hi). A's rows: e0 + m1 + m2 and e1 + m2 + m3.
+@njit(cache=True, nogil=True, inline="always")
+def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, offsets, cols, z):
+    """dst[n0 + i, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] of block column j = i·T + ty·tw + tx. A's rows:
+    e0 + m1 + m2 and e1 + m2 + m3.
 
-    Per channel, A across the columns of each of the five row positions is ten loops over the whole
-    block; Aᵀ down the rows then runs per tile, into ``dst``'s two output rows."""
+    Per channel, columns first, one flat loop over the block's columns per row position: z[ra][2j + b]
+    (= z[ra][(i·th + ty)·OW + 2tx + b], OW = 2tw the output row; an interleaved store); then rows, runs of
+    OW per tile row, straight into ``dst``."""
     th, tw = height // 4, width // 4
-    out_w = width // 2
-    out_plane = (height // 2) * out_w
-    cols = nr * tw
-    z = tmp[: 10 * cols]
+    ow = 2 * tw
+    span = 2 * cols
+    out_plane = 4 * th * tw
+    z0, z1, z2 = z[:span], z[span : 2 * span], z[2 * span : 3 * span]
+    z3, z4 = z[3 * span : 4 * span], z[4 * span : 5 * span]
     for k in range(k_lo, k_hi):
-        for i in range(5):
-            me0, me1, m1, m2, m3 = _row_position(m, offsets, i, k, cols)
-            z0, z1 = z[2 * i * cols : (2 * i + 1) * cols], z[(2 * i + 1) * cols : (2 * i + 2) * cols]
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            g0 = 4 * ga
+            row = (k - k_lo) * ma + sa  # M holds the channels [k_lo, k_hi)
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
+            me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
+            mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
+            zr = z[ra * span : (ra + 1) * span]
             for j in range(cols):
-                z0[j] = me0[j] + m1[j] + m2[j]
-            for j in range(cols):
-                z1[j] = me1[j] + m2[j] + m3[j]
-        for r in range(nr):
-            n, ty = (r0 + r) // th, (r0 + r) % th
-            o = (n * channels + k) * out_plane + 2 * ty * out_w
-            for tx in range(tw):
-                j = tx * nr + r
-                # z rows: e0 (0, 1), e1 (2, 3), m1 (4, 5), m2 (6, 7), m3 (8, 9); columns 0 / 1 interleaved
-                x = o + 2 * tx
-                dst[x] = z[j] + z[4 * cols + j] + z[6 * cols + j]
-                dst[x + 1] = z[cols + j] + z[5 * cols + j] + z[7 * cols + j]
-                dst[x + out_w] = z[2 * cols + j] + z[6 * cols + j] + z[8 * cols + j]
-                dst[x + out_w + 1] = z[3 * cols + j] + z[7 * cols + j] + z[9 * cols + j]
+                zr[uint64(2 * j)] = me0[j] + mm1[j] + mm2[j]
+                zr[uint64(2 * j + 1)] = me1[j] + mm2[j] + mm3[j]
+        for i in range(images):
+            o = ((n0 + i) * channels + k) * out_plane
+            for ty in range(th):
+                r = uint64((i * th + ty) * ow)
+                top = dst[o + 2 * ty * ow : o + (2 * ty + 1) * ow]
+                bottom = dst[o + (2 * ty + 1) * ow : o + (2 * ty + 2) * ow]
+                for x in range(ow):
+                    top[x] = z0[r + uint64(x)] + z2[r + uint64(x)] + z3[r + uint64(x)]
+                for x in range(ow):
+                    bottom[x] = z1[r + uint64(x)] + z3[r + uint64(x)] + z4[r + uint64(x)]
 
 
 @njit(cache=True, nogil=True)
-def _rows(x, u, out, first, last, rows, mine):
-    """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 16 GEMMs, transform."""
+def _images(x, u, out, first, last, block, mine, k_lo, k_hi):
+    """Images [first, last) on the calling thread, ``block`` at a time: transform, 16 GEMMs, transform."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
-    c_out = out.shape[1]
-    tw = width // 4
+    c_out = k_hi - k_lo
+    tiles = (height // 4) * (width // 4)
     src, dst = x.reshape(x.size), out.reshape(out.size)
     v_offsets = np.empty(GROUPS + 1, np.int64)
     m_offsets = np.empty(GROUPS + 1, np.int64)
     scalars = np.empty(2, np.float32)
-    plane = c_in * c_out + SKEW
-    for r0 in range(first, last, rows):
-        nr = min(rows, last - r0)
-        cols = nr * tw
-        _group_offsets(c_in, cols, v_offsets)
-        _group_offsets(c_out, cols, m_offsets)
+    plane = c_in * out.shape[1] + SKEW  # U's group stride: all K output channels
+    for n0 in range(first, last, block):
+        images = min(block, last - n0)
+        cols = images * tiles
+        _offsets(c_in, cols, v_offsets)
+        _offsets(c_out, cols, m_offsets)
         v = mine[: v_offsets[GROUPS]]
         m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
         tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
-        _input_transform(src, r0, nr, np.int64(0), c_in, c_in, height, width, v, v_offsets, tmp)
+        _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         for g in range(GROUPS):
-            wide = _mult(g // 4) * _mult(g % 4) * cols
-            sgemm(False, False, c_out, wide, c_in, u[g * plane :], c_in, v[v_offsets[g] :], wide, 0.0,
+            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+            sgemm(False, False, c_out, wide, c_in, u[g * plane + k_lo * c_in :], c_in, v[v_offsets[g] :], wide, 0.0,
                   m[m_offsets[g] :], wide, scalars)
-        _output_transform(m, r0, nr, np.int64(0), c_out, c_out, height, width, dst, m_offsets, tmp)
+        _output_transform(m, n0, images, k_lo, k_hi, out.shape[1], height, width, dst, m_offsets, cols, tmp)
 
 
-def forward(x, w, out, threads: int, rows: int, scratch) -> None:
-    """out = conv3×3(x, w), stride 2, pad 1 (``supported`` shapes), by the polyphase Winograd transform."""
+def forward(x, w, out, threads: int, block: int, scratch) -> None:
+    """out = conv3×3(x, w), stride 2, pad 1 (``supported`` shapes), by the polyphase Winograd transform.
+
+    Split by output channel (``by_channel``: small planes), each thread transforms and multiplies its own
+    output channels for all images (its share of U written and read by itself, no barrier, but every
+    thread transforms every image's input); else each thread its images, after a U shared by all."""
     n, c_in, height, width = x.shape
     c_out = out.shape[1]
-    total = n * (height // 4)
     start = _filter_size(c_in, c_out)
     u = scratch[:start]
+    per_thread = _per_thread(c_in, c_out, height, width, block)
+    if by_channel(x.shape):
+
+        def own(t: int) -> None:
+            k_lo, k_hi = t * c_out // threads, (t + 1) * c_out // threads
+            _filter_transform(w, k_lo, k_hi, u)
+            _images(x, u, out, 0, n, block, scratch[start + t * per_thread : start + (t + 1) * per_thread], k_lo, k_hi)
+
+        run_shares(own, threads)
+        return
     run_shares(lambda t: _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u), threads)
-    per_thread = _per_thread(c_in, c_out, width, rows)
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine)
+        _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out)
 
     run_shares(work, threads)
-

@@ -35,6 +35,7 @@ SHAPES = [
     (2, 8, 32, 33, 3, 3, 1, 1, 1),  # shifted GEMMs, every direction: one-image tiles in place
     (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
     (3, 64, 3, 4, 64, 3, 1, 1, 1),  # Winograd by ξ (v23: ≤ 16 pixels): odd plane, forward and backward-data
+    (3, 64, 16, 20, 72, 3, 2, 1, 1),  # polyphase Winograd stride 2 forward (v28, OpenBLAS): not square, 3 images
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -135,8 +136,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -148,7 +149,7 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
 
 @pytest.mark.parametrize("version", conv_study.VERSIONS["forward"])
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (1, 3, 8, 13, 18, 22)], ids=[IDS[i] for i in (1, 3, 8, 13, 18, 22)]
+    "shape", [SHAPES[i] for i in (1, 3, 8, 13, 18, 22, 23)], ids=[IDS[i] for i in (1, 3, 8, 13, 18, 22, 23)]
 )
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
@@ -252,7 +253,8 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd-by-xi"),  # v23 (weight gradient: "winograd")
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
-        ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "gemm"),
+        ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "winograd-s2"),  # v28, with OpenBLAS (else im2col)
+        ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "winograd-s2"),  # v28: threads split by output channel
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-registers"),  # v25 (v21: plane by plane)
         ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-registers"),
@@ -264,6 +266,8 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
     ],
 )
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
+    if expected == "winograd-s2" and blas.select_sgemm() != blas.OPENBLAS:
+        expected = "gemm"
     assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
 
 
@@ -1012,13 +1016,16 @@ S2_WINOGRAD_SHAPES = [  # (n, c, h, w, k): stride 2, pad 1, 3×3; sides multiple
     (2, 8, 8, 8, 16),  # a 2×2 tile grid, the padding row and column in every tile of the first row / column
     (3, 5, 12, 16, 7),  # planes that are not square, odd channel counts, blocks across images
     (2, 64, 32, 32, 128),  # ResNet-18's 64→128 downsampling shape (two images)
+    (5, 16, 16, 16, 8),  # blocks of 1 to 5 images, a last block shorter than the others
+    (10, 16, 8, 8, 24),  # 8x8: threads split by output channel, blocks of 8 images and a last of 2
 ]
 
 
 @pytest.mark.parametrize("shape", S2_WINOGRAD_SHAPES, ids=["x".join(map(str, s)) for s in S2_WINOGRAD_SHAPES])
 def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape):
-    """v26: the polyphase Winograd stride-2 forward against the NumPy reference at 1, 2 and 3 threads and
-    at blocks of 1 tile row and of the planner's size; the same bits on a second call."""
+    """v28: the polyphase Winograd stride-2 forward against the NumPy reference at 1, 2 and 3 threads and
+    at blocks of 1 image and of the planner's size (8x8 inputs: the threads split by output channel); the
+    same bits on a second call."""
     from kernels.cpu import conv_winograd_s2 as s2
 
     n, c, h, wd, k = shape
@@ -1030,32 +1037,34 @@ def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape)
     ref.conv2d_forward(x, w, None, want, 2, 1, 1)
     scale = np.abs(want).max()
     for threads in (1, 2, 3):
-        for rows in sorted({1, s2.block_rows(x.shape, c, k, threads)}):
-            size = s2._filter_size(c, k) + threads * s2._per_thread(c, k, wd, rows)
+        for images in sorted({1, s2.block_images(x.shape, c, k, threads)}):
+            size = s2._filter_size(c, k) + threads * s2._per_thread(c, k, h, wd, images)
             got = [np.full(want.shape, np.nan, np.float32) for _ in range(2)]
             for out in got:
-                s2.forward(x, w, out, threads, rows, np.full(size, np.nan, np.float32))
+                s2.forward(x, w, out, threads, images, np.full(size, np.nan, np.float32))
             np.testing.assert_allclose(got[0], want, rtol=0, atol=2e-6 * scale)
             assert np.array_equal(got[0], got[1])
 
 
-def test_winograd_s2_is_a_switch_the_table_does_not_take():
-    """The polyphase stride-2 forward is reached only through ``Paths(winograd_s2=True)``, and then only on
-    inputs of >= 16x16 with OpenBLAS (``conv.WINOGRAD_S2_MIN_PIXELS`` says why it is not exported)."""
+def test_winograd_s2_is_taken_from_v28_on_8x8_and_larger_inputs():
+    """The polyphase stride-2 forward is the table's path (v28) on inputs of >= 8x8 with OpenBLAS, not v26's,
+    and never backward or below 8x8 (``conv.WINOGRAD_S2_MIN_PIXELS``)."""
     big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
-    on = cpu.Paths(winograd_s2=True)
-    assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
-    assert cpu.path(*big, "forward", on) == ("winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm")
-    assert cpu.path(*big, "data", on) == cpu.path(*big, "weight", on) == "gemm"
-    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward", on) == cpu.path(*big, "forward", on)
-    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward", on) == "gemm"
+    on = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
+    assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(28)) == on
+    assert cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
+    assert cpu.path(*big, "data") == cpu.path(*big, "weight") == "gemm"
+    assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward") == on
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward") == on
+    assert cpu.conv_winograd_s2.by_channel((32, 256, 8, 8)) and not cpu.conv_winograd_s2.by_channel((32, 128, 16, 16))
+    assert cpu.path((32, 512, 4, 4), (512, 512, 3, 3), 2, 1, 1, "forward") == "gemm"
     assert not cpu.conv_winograd_s2.supported((2, 64, 30, 30), (128, 64, 3, 3), 2, 1, 1)
     if blas.select_sgemm() == blas.OPENBLAS:  # through conv.forward: workspace, BLAS on the calling thread
         x, w, _, dout, args = _case((2, 64, 32, 32, 128, 3, 2, 1, 1), seed=2)
         want, got = np.empty(dout.shape, np.float32), np.full(dout.shape, np.nan, np.float32)
         ref.conv2d_forward(x, w, None, want, *args)
-        size = cpu.workspace_size(x.shape, w.shape, *args, "forward", on)
-        cpu.forward(x, w, None, got, *args, np.full(size, np.nan, np.float32), on)
+        size = cpu.workspace_size(x.shape, w.shape, *args, "forward")
+        cpu.forward(x, w, None, got, *args, np.full(size, np.nan, np.float32))
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
