@@ -200,8 +200,10 @@ transforms inlined 2.63–2.77 s, ``_filter_transform`` 0.31 s), against 3.26–
 transform ~0.7 s (each compiled out, one at a time): vectorized loops are what LLVM spends its time on. ResNet-18's
 first-run warm-up pool (``engine.warmup.ensure_compiled`` of its 20 → 21 jobs, empty cache, two workers,
 alternating): 11.75, 11.94, 12.36 s → 13.31, 14.12, 14.16 s, i.e. +1.6 to +2.2 s on the README command's
-cold − warm, which was ~14 s against a goal of ≤ 15 s: this path takes the first run past it unless something
-else compiles less."""
+cold − warm, which was ~14 s against a goal of ≤ 15 s. Exported all the same: the merged tree's README command
+measured cold − warm 14.88 and 15.35 s against 12.22 and 13.12 s for the session's start (alternating, one
+sitting), a cost paid once against 1–1.5 ms on each of three layers in every step (kernels/README.md, "The records
+and the first run with v27 and v28"); ``Paths(winograd_s2=False)`` gives the seconds back."""
 
 
 @dataclass(frozen=True)
