@@ -382,6 +382,11 @@ def train(
         if averaging == "parameters" and offload_options["offload_params"]:
             fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
     # --- end of data parallel ---
+    early_workers = None
+    if backend.name == "cpu" and world is None:  # a cold cache's warm-up workers start now, beside the set-up
+        from engine.warmup import start_workers
+
+        early_workers = start_workers(model)
     _set_threads(threads)
     if checkpoint_every and not save:
         fail("--checkpoint-every writes the --save file: give --save FILE too")
@@ -513,7 +518,7 @@ def train(
     if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
         from engine.warmup import warm_for_training
 
-        warm_for_training(net.graph, optimizer, model)
+        warm_for_training(net.graph, optimizer, model, pool=early_workers)
     monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
     from engine.guard import CheckpointWriter, guarded_fit
 

@@ -422,29 +422,82 @@ class WarmupResult:
     failed: list[str]
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _prepare_worker() -> None:
+    """A worker's start (its pool's initializer): what every job needs, before the first job arrives."""
+    import kernels.cpu  # noqa: F401  NumPy, Numba, SciPy's BLAS and the kernel table
+
+    _start_numba()
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def start_workers(label: str) -> ProcessPoolExecutor | None:
+    """Start the warm-up's worker processes now, early, if the cache looks cold for ``label`` (no
+    marker for it, nor for ``engine kernels --warmup``); None otherwise. Hand the pool to
+    ``warm_for_training`` / ``ensure_compiled``, which uses it or shuts it down.
+
+    Why. A worker imports NumPy, Numba, SciPy and the kernels and sets up Numba's compiler (~0.8 s of
+    CPU and 1.3 s of wall, plus ~0.6 s for Numba's typing and target contexts) before its first job.
+    Started when the warm-up begins, that is all inside the first run's wall time; started here, at
+    the top of ``engine train``, it overlaps the parent's own loading of the data and building of the
+    network. Spawned, not forked: by then the parent has imported ``kernels.cpu``, whose import
+    starts Numba's OpenMP pool, and Numba aborts a forked child that uses it. Figures: kernels/README.md,
+    "The records and the first run with v27 and v28"."""
+    labels = warm_labels()
+    if label in labels or any("--warmup" in name for name in labels):
+        return None  # likely warm: if not, ensure_compiled spawns its workers as before
+    import multiprocessing
+
+    pool = ProcessPoolExecutor(
+        max_workers=_cores(), mp_context=multiprocessing.get_context("spawn"), initializer=_prepare_worker
+    )
+    for _ in range(_cores()):  # a spawn pool starts a worker per submit while none is idle: all of them, now
+        pool.submit(_ready)
+    return pool
+
+
+def _start_numba() -> None:
+    """Numba's typing and target contexts (~0.6 s) are set up on a process's first compile: here, with a
+    throwaway function outside the kernel table and the cache, before the first job."""
+    from numba import njit
+
+    njit(lambda value: value + 1)(1)
+
+
 def ensure_compiled(
     jobs: list[Job],
     label: str,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     force: bool = False,
+    pool: ProcessPoolExecutor | None = None,
 ) -> WarmupResult | None:
     """Run ``jobs`` in worker processes unless the cache is already warm for them (then None).
 
     ``progress(done, total)`` is called as jobs finish. A job that fails is named in the result and
-    left to compile on its first real call: training does not depend on the warm-up."""
+    left to compile on its first real call: training does not depend on the warm-up. ``pool``: workers
+    started early (``start_workers``), used instead of spawning new ones, and shut down either way."""
     if not jobs or (is_warm(jobs) and not force):
+        if pool is not None:
+            pool.shutdown(wait=False)
         return None
     import multiprocessing
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = max(1, min(workers or cores, len(jobs)))
+    if pool is None:
+        workers = max(1, min(workers or _cores(), len(jobs)))
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    else:
+        workers = _cores()  # what start_workers started
     start = time.perf_counter()
     failed: list[str] = []
     if progress:
         progress(0, len(jobs))
-    context = multiprocessing.get_context("spawn")  # the parent's OpenMP threads do not survive a fork
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for done, future in enumerate(as_completed(futures), 1):
@@ -468,7 +521,7 @@ def ensure_compiled(
 
 def _write_marker(jobs: list[Job], label: str, seconds: float) -> None:
     keys = sorted({job.key for job in jobs})
-    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:12]
+    digest = hashlib.sha256("\n".join([label, *keys]).encode()).hexdigest()[:12]  # one marker per label and job set
     path = os.path.join(cache_dir(), f"{MARKER_PREFIX}{source_stamp()}-{digest}.json")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -498,14 +551,20 @@ class ProgressLine:
         self.stream.flush()
 
 
-def warm_for_training(graph: Any, optimizer: str, label: str, stream=None) -> WarmupResult | None:
+def warm_for_training(
+    graph: Any, optimizer: str, label: str, stream=None, pool: ProcessPoolExecutor | None = None
+) -> WarmupResult | None:
     """Before a CPU training run: fill the cache for this model in worker processes, with a
-    progress line, unless it is warm already (then nothing is printed and None returned)."""
+    progress line, unless it is warm already (then nothing is printed and None returned). ``pool``:
+    workers ``start_workers`` started early (used, or shut down when the cache is warm)."""
     jobs = model_jobs(graph, optimizer)
     if is_warm(jobs):
+        if pool is not None:  # started for nothing: warm under another label, so say so for this one
+            pool.shutdown(wait=False)
+            _write_marker(jobs, label, 0.0)
         return None
     line = ProgressLine(stream)
-    result = ensure_compiled(jobs, label, line)
+    result = ensure_compiled(jobs, label, line, pool=pool)
     if result is not None:
         out = line.stream
         out.write(

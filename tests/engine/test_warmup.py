@@ -215,3 +215,53 @@ def test_jitted_callers_pass_no_literal_numbers_to_compiled_kernels():
                         if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)):
                             found.append(f"{info.name}.{fn.name} line {call.lineno}: {call.func.id}({value.value})")
     assert found == []
+
+
+
+def test_early_workers_fill_the_cache_and_only_for_a_cold_one(tmp_path, monkeypatch):
+    # engine train starts the warm-up's workers at its top (start_workers), so their imports and
+    # Numba's set-up overlap its own; they must then do the warm-up's work, and not start at all
+    # where a marker says the cache is warm
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    jobs = [warmup.Job("relu_forward")]
+    pool = warmup.start_workers("tiny")
+    assert pool is not None
+    pids = {pool.submit(os.getpid).result() for _ in range(4)}
+    assert os.getpid() not in pids and 1 <= len(pids) <= len(os.sched_getaffinity(0))
+    result = warmup.ensure_compiled(jobs, "tiny", pool=pool)
+    assert result is not None and result.failed == [] and warmup.is_warm(jobs)
+    with pytest.raises(RuntimeError):  # handed over: shut down after its jobs
+        pool.submit(os.getpid)
+    assert warmup.start_workers("tiny") is None  # a marker for the label: nothing started
+
+
+def test_a_pool_handed_over_for_a_warm_cache_is_shut_down(tmp_path, monkeypatch):
+    # warm already: the early workers are not used, and not left running
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    jobs = [warmup.Job("relu_forward")]
+    assert warmup.ensure_compiled(jobs, "tiny", workers=1) is not None
+
+    class Pool:
+        closed = False
+
+        def shutdown(self, wait: bool = True) -> None:
+            Pool.closed = True
+
+    assert warmup.ensure_compiled(jobs, "tiny", pool=Pool()) is None and Pool.closed
+
+
+def test_early_workers_started_for_a_cache_warm_under_another_label_leave_a_marker(tmp_path, monkeypatch):
+    # the early start goes by the label's marker; where the jobs turn out warm under another label
+    # (another model with the same kernels), the label gets its marker, so the next run starts none
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    data = synthetic(num_classes=10, seed=0, train=4, test=2)
+    graph = build_network("cnn", data, get_backend("cpu"), seed=0).graph
+    assert warmup.ensure_compiled(warmup.model_jobs(graph, "sgd"), "first", workers=1) is not None
+    pool = warmup.start_workers("second")
+    assert pool is not None
+    assert warmup.warm_for_training(graph, "sgd", "second", stream=io.StringIO(), pool=pool) is None
+    assert sorted(warmup.warm_labels()) == ["first", "second"]
+    assert warmup.start_workers("second") is None
