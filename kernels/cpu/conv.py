@@ -237,6 +237,7 @@ class Paths:
     stem_weight_split: bool = True
     pointwise_weight_split: bool = True
     pointwise_small_gemms: bool = True
+    winograd_s2_small_gemms: bool = True
 
 
 EXPORTED = Paths()
@@ -1215,7 +1216,8 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "winograd-s2":
         with blas_on_calling_thread:
             images = conv_winograd_s2.block_images(x.shape, w.shape[1], w.shape[0], threads)
-            conv_winograd_s2.forward(x, w, out, threads, images, scratch)
+            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd_s2_small_gemms else 0  # v29
+            conv_winograd_s2.forward(x, w, out, threads, images, scratch, limit)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.forward(

@@ -316,8 +316,9 @@ def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, o
 
 
 @njit(cache=True, nogil=True)
-def _images(x, u, out, first, last, block, mine, k_lo, k_hi):
-    """Images [first, last) on the calling thread, ``block`` at a time: transform, 16 GEMMs, transform."""
+def _images(x, u, out, first, last, block, mine, k_lo, k_hi, limit):
+    """Images [first, last) on the calling thread, ``block`` at a time: transform, 16 GEMMs (each in row
+    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = k_hi - k_lo
     tiles = (height // 4) * (width // 4)
@@ -337,13 +338,28 @@ def _images(x, u, out, first, last, block, mine, k_lo, k_hi):
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         for g in range(GROUPS):
             wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            sgemm(False, False, c_out, wide, c_in, u[g * plane + k_lo * c_in :], c_in, v[v_offsets[g] :], wide, 0.0,
-                  m[m_offsets[g] :], wide, scalars)
+            rows = c_out
+            if limit > 0:
+                most = max(1, limit // (wide * c_in))
+                parts = (c_out + most - 1) // most
+                rows = (c_out + parts - 1) // parts
+            for r0 in range(0, c_out, rows):
+                r = min(rows, c_out - r0)
+                sgemm(False, False, r, wide, c_in, u[g * plane + (k_lo + r0) * c_in :], c_in, v[v_offsets[g] :], wide,
+                      0.0, m[m_offsets[g] + r0 * wide :], wide, scalars)
         _output_transform(m, n0, images, k_lo, k_hi, out.shape[1], height, width, dst, m_offsets, cols, tmp)
 
 
-def forward(x, w, out, threads: int, block: int, scratch) -> None:
+def forward(x, w, out, threads: int, block: int, scratch, limit: int = 0) -> None:
     """out = conv3×3(x, w), stride 2, pad 1 (``supported`` shapes), by the polyphase Winograd transform.
+
+    ``limit`` > 0 (v29): each of the 16 GEMMs in blocks of output channels of ≤ ``limit`` multiply-adds,
+    where SciPy's OpenBLAS takes its small-matrix kernel and packs nothing (``conv_pointwise``'s
+    ``SMALL_GEMM_MNK``, found on the 1×1 layers). The same bits as one GEMM (checked on the three
+    ResNet-18 shapes). Batch 32, two threads, median of 15 alternating calls, ms, one GEMM → blocks
+    of ≤ 10⁶ → ≤ 2·10⁶, two sittings: 256→512 @8×8 6.93 → 5.70 → 7.33 and 8.43 → 6.80 → 8.72;
+    128→256 @16×16 6.61 → 6.70 → 7.77 and 8.19 → 7.95 → 8.65; 64→128 @32×32 7.05 → 6.16 → 7.41 and
+    8.41 → 7.23 → 8.89 (``/tmp/s2rows.py``-style A/B: the table's forward with the limit switched).
 
     Split by output channel (``by_channel``: small planes), each thread transforms and multiplies its own
     output channels for all images (its share of U written and read by itself, no barrier, but every
@@ -358,7 +374,8 @@ def forward(x, w, out, threads: int, block: int, scratch) -> None:
         def own(t: int) -> None:
             k_lo, k_hi = t * c_out // threads, (t + 1) * c_out // threads
             _filter_transform(w, k_lo, k_hi, u)
-            _images(x, u, out, 0, n, block, scratch[start + t * per_thread : start + (t + 1) * per_thread], k_lo, k_hi)
+            _images(x, u, out, 0, n, block, scratch[start + t * per_thread : start + (t + 1) * per_thread], k_lo, k_hi,
+                    limit)
 
         run_shares(own, threads)
         return
@@ -366,6 +383,6 @@ def forward(x, w, out, threads: int, block: int, scratch) -> None:
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out)
+        _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out, limit)
 
     run_shares(work, threads)

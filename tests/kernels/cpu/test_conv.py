@@ -1025,7 +1025,8 @@ S2_WINOGRAD_SHAPES = [  # (n, c, h, w, k): stride 2, pad 1, 3×3; sides multiple
 def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape):
     """v28: the polyphase Winograd stride-2 forward against the NumPy reference at 1, 2 and 3 threads and
     at blocks of 1 image and of the planner's size (8x8 inputs: the threads split by output channel); the
-    same bits on a second call."""
+    same bits on a second call. v29: the same with each GEMM in row blocks (a limit of 3000 multiply-adds
+    cuts every shape here into several, the last one shorter)."""
     from kernels.cpu import conv_winograd_s2 as s2
 
     n, c, h, wd, k = shape
@@ -1036,12 +1037,12 @@ def test_winograd_s2_matches_reference_and_gives_the_same_bits_every_call(shape)
     want = np.empty((n, k, h // 2, wd // 2), np.float32)
     ref.conv2d_forward(x, w, None, want, 2, 1, 1)
     scale = np.abs(want).max()
-    for threads in (1, 2, 3):
+    for threads, limit in ((1, 0), (2, 0), (3, 0), (1, 3000), (2, 3000), (3, 3000)):
         for images in sorted({1, s2.block_images(x.shape, c, k, threads)}):
             size = s2._filter_size(c, k) + threads * s2._per_thread(c, k, h, wd, images)
             got = [np.full(want.shape, np.nan, np.float32) for _ in range(2)]
             for out in got:
-                s2.forward(x, w, out, threads, images, np.full(size, np.nan, np.float32))
+                s2.forward(x, w, out, threads, images, np.full(size, np.nan, np.float32), limit)
             np.testing.assert_allclose(got[0], want, rtol=0, atol=2e-6 * scale)
             assert np.array_equal(got[0], got[1])
 
@@ -1052,6 +1053,7 @@ def test_winograd_s2_is_taken_from_v28_on_8x8_and_larger_inputs():
     big = ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1)
     on = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
     assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(28)) == on
+    assert conv_study._paths(29).winograd_s2_small_gemms and not conv_study._paths(28).winograd_s2_small_gemms
     assert cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
     assert cpu.path(*big, "data") == cpu.path(*big, "weight") == "gemm"
     assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward") == on
