@@ -238,6 +238,7 @@ class Paths:
     pointwise_weight_split: bool = True
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
+    winograd4_small_gemms: bool = True
 
 
 EXPORTED = Paths()
@@ -1204,7 +1205,8 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
-            conv_winograd4.forward(x, w, out, False, threads, rows, scratch)
+            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd4_small_gemms else 0  # v30
+            conv_winograd4.forward(x, w, out, False, threads, rows, scratch, limit)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1256,7 +1258,8 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
-            conv_winograd4.forward(dout, w, dx, True, threads, rows, scratch)
+            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd4_small_gemms else 0  # v30
+            conv_winograd4.forward(dout, w, dx, True, threads, rows, scratch, limit)
     elif kind == "winograd":
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)

@@ -299,8 +299,9 @@ def _output_transform(m, r0, nr, channels, height, width, dst, buf):
 
 
 @njit(cache=True, nogil=True)
-def _rows(x, u, out, first, last, rows, mine):
-    """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 36 GEMMs, transform."""
+def _rows(x, u, out, first, last, rows, mine, limit):
+    """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 36 GEMMs (each in row
+    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = out.shape[1]
     tw = (width + 3) // 4
@@ -318,14 +319,29 @@ def _rows(x, u, out, first, last, rows, mine):
         cols = nr * tw
         # every argument given, typed: omitted defaults (or a literal 0) compile a second signature
         _input_transform(src, r0, nr, c_in, height, width, v, buf, np.int64(0), c_in)
+        step = c_out
+        if limit > 0:
+            most = max(1, limit // (cols * c_in))
+            parts = (c_out + most - 1) // most
+            step = (c_out + parts - 1) // parts
         for xi in range(36):
-            sgemm(False, False, c_out, cols, c_in, u[xi * plane :], c_in, v[xi * (c_in * cols + SKEW) :], cols,
-                  0.0, m[xi * (c_out * cols + SKEW) :], cols, scalars)
+            for k0 in range(0, c_out, step):
+                k = min(step, c_out - k0)
+                sgemm(False, False, k, cols, c_in, u[xi * plane + k0 * c_in :], c_in, v[xi * (c_in * cols + SKEW) :],
+                      cols, 0.0, m[xi * (c_out * cols + SKEW) + k0 * cols :], cols, scalars)
         _output_transform(m, r0, nr, c_out, height, width, dst, buf)
 
 
-def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
-    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(4×4, 3×3) (flipped: backward-data, x = dout)."""
+def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: int = 0) -> None:
+    """out = conv3×3(x, w), stride 1, pad 1, by Winograd F(4×4, 3×3) (flipped: backward-data, x = dout).
+
+    ``limit`` > 0 (v30): each of the 36 GEMMs in blocks of output channels of ≤ ``limit`` multiply-adds,
+    where SciPy's OpenBLAS takes its small-matrix kernel (``conv_pointwise.SMALL_GEMM_MNK``, v27's finding).
+    Same thread count, same bits, as before; the bits can differ from one GEMM's (256 @8×8 did, 64 @32×32
+    and 128 @16×16 did not).
+    Batch 32, two threads, the table's forward with the limit switched, median of 15 alternating calls, ms,
+    one GEMM → blocks of ≤ 10⁶: 64 @32×32 6.72 → 6.68 (its GEMMs are ≤ 10⁶ already), 128 @16×16 7.20 →
+    6.46, 256 @8×8 8.32 → 7.48."""
     n, c_in, height, width = x.shape
     c_out = out.shape[1]
     total = n * ((height + 3) // 4)
@@ -337,7 +353,7 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch) -> None:
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine)
+        _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine, limit)
 
     run_shares(work, threads)
 

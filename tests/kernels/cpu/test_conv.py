@@ -1170,3 +1170,30 @@ def test_pointwise_weight_split_blocks_cover_dw_once(k, c, threads):
     for k0, k1, c0, c1 in blocks:
         covered[k0:k1, c0:c1] += 1
     assert (covered == 1).all()
+
+
+@pytest.mark.parametrize("shape", [(3, 24, 16, 16, 40), (5, 16, 8, 12, 8)], ids=["3x24x16x16x40", "5x16x8x12x8"])
+def test_winograd4_in_small_gemm_blocks_matches_reference_and_gives_the_same_bits_every_call(shape):
+    """v30: F(4×4)'s 36 GEMMs in row blocks of ≤ ``limit`` multiply-adds (3000 cuts these into several, the
+    last shorter), forward and flipped (backward-data), against the NumPy reference at 1, 2 and 3 threads;
+    the same bits on a second call (the forward's are also the same at every thread count here; the
+    flipped one's differ between 1 and 2 threads with or without blocks, as before v30)."""
+    n, c, h, wd, k = shape
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((k, c, 3, 3), dtype=np.float32)
+    dout = rng.standard_normal((n, k, h, wd), dtype=np.float32)
+    want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty(x.shape, np.float32)
+    ref.conv2d_forward(x, w, None, want_out, 1, 1, 1)
+    ref.conv2d_backward_data(dout, w, want_dx, 1, 1, 1)
+    for src, want, flipped in ((x, want_out, False), (dout, want_dx, True)):
+        c_in, c_out = src.shape[1], want.shape[1]
+        for threads in (1, 2, 3):
+            rows = winograd4.block_rows(src.shape, c_in, c_out, threads)
+            size = 36 * (c_in * c_out + winograd4.SKEW) + threads * winograd4._per_thread(c_in, c_out, wd, rows)
+            got = [np.full(want.shape, np.nan, np.float32) for _ in range(2)]
+            for out in got:
+                winograd4.forward(src, w, out, flipped, threads, rows, np.full(size, np.nan, np.float32), 3000)
+            np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=max(1e-4, 2e-5 * float(np.abs(want).max())))
+            assert np.array_equal(got[0], got[1])
+    assert conv_study._paths(30).winograd4_small_gemms and not conv_study._paths(29).winograd4_small_gemms
