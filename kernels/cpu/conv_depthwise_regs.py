@@ -370,22 +370,23 @@ def weight_share(x, g, dw, images, channels, plane, out_plane, kind, t, threads)
         _weight(x, c * plane, xs, g, c * out_plane, gs, images, dw, c * 9, case)  # one call site: one switch
 
 
-def run_forward(x, w, out, stride: int) -> None:
+def _run_filter(src, w, dst, stride: int, data: bool) -> None:
+    """dst = the filter over src (forward), or its transposed filter (``data``: src = dout, dst = dx);
+    the geometry is the input plane's, ``dst`` for backward-data."""
     threads = get_num_threads()
-    n, c = x.shape[0], x.shape[1]
-    kind = geometry(x.shape, stride)
-    src, dst, weights = x.reshape(x.size), out.reshape(out.size), w.reshape(w.size)
-    plane, out_plane = x.shape[2] * x.shape[3], out.shape[2] * out.shape[3]
-    run_shares(lambda t: filter_share(src, dst, weights, n * c, c, plane, out_plane, kind, False, t, threads), threads)
+    n, c = src.shape[0], src.shape[1]
+    kind = geometry((dst if data else src).shape, stride)
+    plane, out_plane = src.shape[2] * src.shape[3], dst.shape[2] * dst.shape[3]
+    s, d, weights = src.reshape(src.size), dst.reshape(dst.size), w.reshape(w.size)
+    run_shares(lambda t: filter_share(s, d, weights, n * c, c, plane, out_plane, kind, data, t, threads), threads)
+
+
+def run_forward(x, w, out, stride: int) -> None:
+    _run_filter(x, w, out, stride, False)
 
 
 def run_backward_data(dout, w, dx, stride: int) -> None:
-    threads = get_num_threads()
-    n, c = dx.shape[0], dx.shape[1]
-    kind = geometry(dx.shape, stride)
-    src, dst, weights = dout.reshape(dout.size), dx.reshape(dx.size), w.reshape(w.size)
-    plane, out_plane = dout.shape[2] * dout.shape[3], dx.shape[2] * dx.shape[3]
-    run_shares(lambda t: filter_share(src, dst, weights, n * c, c, plane, out_plane, kind, True, t, threads), threads)
+    _run_filter(dout, w, dx, stride, True)
 
 
 def run_backward_weight(x, dout, dw, stride: int) -> None:
