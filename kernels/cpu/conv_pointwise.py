@@ -82,7 +82,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
 
@@ -165,16 +165,16 @@ WEIGHT_SPLIT_MIN_PIXELS = 256
 
 
 @njit(cache=True, nogil=True)
-def images(src, w, dst, transposed, first, last, row_block):
-    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``row_block`` output rows:
+def images(src, w, dst, transposed, first, last, block_rows):
+    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows:
     forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``."""
     depth, rows = src.shape[1], dst.shape[1]
     pixels = src.shape[2] * src.shape[3]
     s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
     scalars = np.empty(2, np.float32)
     for n in range(first, last):
-        for m0 in range(0, rows, row_block):
-            block = min(row_block, rows - m0)
+        for m0 in range(0, rows, block_rows):
+            block = min(block_rows, rows - m0)
             if transposed:
                 sgemm(
                     True, False, block, pixels, depth, w_flat[m0:], rows,
@@ -185,13 +185,6 @@ def images(src, w, dst, transposed, first, last, row_block):
                     False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
                     s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
                 )  # fmt: skip
-
-
-def row_block(rows: int, depth: int, pixels: int, limit: int = SMALL_GEMM_MNK) -> int:
-    """Output rows per sgemm: the fewest near-equal blocks with rows × pixels × depth ≤ ``limit``."""
-    most = max(1, limit // max(1, pixels * depth))
-    blocks = -(-rows // most)
-    return -(-rows // blocks)
 
 
 def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = None) -> None:

@@ -109,6 +109,18 @@ def sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, scalars):
     )
 
 
+@njit(cache=True, nogil=True)
+def row_block(rows, depth, columns, limit):
+    """Rows of C per sgemm: the fewest near-equal blocks with rows × depth × columns ≤ ``limit``
+    multiply-adds, where SciPy's OpenBLAS takes its small-matrix kernel (``conv_pointwise``'s
+    ``SMALL_GEMM_MNK``); ``limit`` ≤ 0: all rows in one. Called from Python and from the drivers."""
+    if limit <= 0:
+        return rows
+    most = max(1, limit // max(1, depth * columns))
+    blocks = max(1, (rows + most - 1) // most)
+    return (rows + blocks - 1) // blocks
+
+
 def tile_images(x_shape, channels: int, threads: int) -> int:
     """Images per tile: enough for ``TARGET_COLUMNS`` columns, within the budget, ≤ a thread's share."""
     n, _, h, w = x_shape

@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.conv_winograd import SKEW, block_buffers, weight_gemms
 from kernels.cpu.threads import run_shares
 
@@ -319,11 +319,7 @@ def _rows(x, u, out, first, last, rows, mine, limit):
         cols = nr * tw
         # every argument given, typed: omitted defaults (or a literal 0) compile a second signature
         _input_transform(src, r0, nr, c_in, height, width, v, buf, np.int64(0), c_in)
-        step = c_out
-        if limit > 0:
-            most = max(1, limit // (cols * c_in))
-            parts = (c_out + most - 1) // most
-            step = (c_out + parts - 1) // parts
+        step = row_block(c_out, c_in, cols, limit)
         for xi in range(36):
             for k0 in range(0, c_out, step):
                 k = min(step, c_out - k0)

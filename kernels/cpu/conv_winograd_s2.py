@@ -98,7 +98,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
-from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.threads import run_shares
 
 TARGET_TILES = 128
@@ -338,11 +338,7 @@ def _images(x, u, out, first, last, block, mine, k_lo, k_hi, limit):
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         for g in range(GROUPS):
             wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            rows = c_out
-            if limit > 0:
-                most = max(1, limit // (wide * c_in))
-                parts = (c_out + most - 1) // most
-                rows = (c_out + parts - 1) // parts
+            rows = row_block(c_out, c_in, wide, limit)
             for r0 in range(0, c_out, rows):
                 r = min(rows, c_out - r0)
                 sgemm(False, False, r, wide, c_in, u[g * plane + (k_lo + r0) * c_in :], c_in, v[v_offsets[g] :], wide,
