@@ -448,7 +448,7 @@ def start_workers(label: str) -> ProcessPoolExecutor | None:
     the top of ``engine train``, it overlaps the parent's own loading of the data and building of the
     network. Spawned, not forked: by then the parent has imported ``kernels.cpu``, whose import
     starts Numba's OpenMP pool, and Numba aborts a forked child that uses it. Figures: kernels/README.md,
-    "The records and the first run with v27 and v28"."""
+    "The records and the first run with v27–v30"."""
     labels = warm_labels()
     if label in labels or any("--warmup" in name for name in labels):
         return None  # likely warm: if not, ensure_compiled spawns its workers as before

@@ -203,7 +203,7 @@ alternating): 11.75, 11.94, 12.36 s → 13.31, 14.12, 14.16 s, i.e. +1.6 to +2.2
 cold − warm, which was ~14 s against a goal of ≤ 15 s. Exported all the same: the merged tree's README command
 measured cold − warm 14.88 and 15.35 s against 12.22 and 13.12 s for the session's start (alternating, one
 sitting), a cost paid once against 1–1.5 ms on each of three layers in every step (kernels/README.md, "The records
-and the first run with v27 and v28"); ``Paths(winograd_s2=False)`` gives the seconds back. The warm-up's workers
+and the first run with v27–v30"); ``Paths(winograd_s2=False)`` gives the seconds back. The warm-up's workers
 now start at the top of ``engine train`` (``engine.warmup.start_workers``): cold − warm median 13.6 s."""
 
 
