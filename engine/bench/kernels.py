@@ -412,7 +412,8 @@ def build_cases(backend: str, ops: list[str] | None, batch: int, versions: bool,
         for shape in TINY_CONVS:
             cases += [c for c in conv_cases(shape, table, reference, False, backend) if wanted(c.op)]
         return cases, []
-    if wanted("conv2d"):
+    # "conv2d" asks for every conv op, "conv2d_forward" for one of them
+    if not ops or any(prefix.startswith("conv2d") or "conv2d".startswith(prefix) for prefix in ops):
         shapes = []
         if "resnet18" in models:
             shapes += resnet18_convs(batch)

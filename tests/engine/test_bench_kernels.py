@@ -164,3 +164,10 @@ def test_quiesce_waits_out_a_busy_thread_and_not_a_quiet_process():
     waited = quiesce()
     worker.join()
     assert waited >= 0.15
+
+
+def test_ops_prefix_can_name_one_conv_direction():
+    """``--ops conv2d_forward`` keeps the conv forwards alone (it once matched nothing: the conv
+    shapes were built only when "conv2d" itself started with a prefix)."""
+    cases, _ = kernel_bench.build_cases("cpu", ["conv2d_forward"], 2, False, models=("resnet18",))
+    assert cases and {case.op for case in cases} == {"conv2d_forward"}
