@@ -107,9 +107,10 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
-SHARED_FORWARD_KERNEL = ("winograd4", "winograd", "winograd-by-xi", "shifted", "depthwise-flat", "depthwise-planes",
-                         "depthwise-registers", "pointwise")
+SHARED_FORWARD_KERNEL = ("winograd4", "winograd4-by-k", "winograd", "winograd-by-xi", "shifted", "depthwise-flat",
+                         "depthwise-planes", "depthwise-registers", "pointwise")
 """Paths whose backward-data calls the forward kernel (``conv_winograd4.forward(..., flipped=True)``,
+``conv_winograd4.forward_by_k(..., flipped=True)``,
 ``conv_winograd.forward(..., flipped=True)``, ``conv_winograd.forward_by_xi(..., flipped=True)``,
 ``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``,
 ``conv_depthwise.plane_forward(..., mirrored=True)``, ``conv_depthwise_regs.filter_share(..., data=True)``,
@@ -168,6 +169,7 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 4, 5, 5), (4, 4, 3, 3), 1, 1, 1),  # 3×3 on a small plane: im2col
         ((BATCH, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1),  # 3×3 stride 1 on ≥ 64 pixels: shifted GEMMs
         ((BATCH, 64, 4, 4), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels: Winograd (weight: im2col)
+        ((BATCH, 64, 3, 3), (64, 64, 3, 3), 1, 1, 1),  # ... on < 16 pixels: F(2×2) by ξ (4×4 to 8×8: F(4×4) by k, v34)
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1
         ((BATCH, 4, 5, 5), (4, 1, 3, 3), 2, 1, 4),  # depthwise, flat
         ((BATCH, 4, 24, 24), (4, 1, 3, 3), 1, 1, 4),  # depthwise plane by plane; weight gradient by groups

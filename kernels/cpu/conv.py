@@ -172,6 +172,13 @@ input and output transforms ran over a whole block of tiles instead of one tile 
 12.15 → 13.58 (36 GEMMs of 16 columns per thread against a 36 MiB U)."""
 
 
+WINOGRAD4_BY_K_MIN_PIXELS = 16
+WINOGRAD4_BY_K_MAX_PIXELS = 64
+"""v34: forward and backward-data of 3×3 stride-1 convs with ≥ 64 channels on planes of 4×4 to 8×8
+run F(4×4) split by output channel (``conv_winograd4.forward_by_k``), each block's filters transformed
+where its GEMMs read them. Measurements in ``forward_by_k``'s docstring and kernels/README.md."""
+
+
 WINOGRAD_BY_XI_MAX_PIXELS = 16
 """v23: forward and backward-data of F(2×2) on planes of at most this many pixels (4×4: ResNet-18's
 512-channel layers) split the work across the threads by Winograd position ξ instead of by tiles
@@ -239,6 +246,7 @@ class Paths:
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
     winograd4_small_gemms: bool = True
+    winograd4_by_k: bool = True  # v34
 
 
 EXPORTED = Paths()
@@ -300,6 +308,15 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
     ):
         return "pointwise-weight-split"
+    if (
+        paths.winograd4_by_k
+        and direction != "weight"
+        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
+        and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
+        and WINOGRAD4_BY_K_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD4_BY_K_MAX_PIXELS
+        and blas.select_sgemm() == blas.OPENBLAS
+    ):
+        return "winograd4-by-k"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
@@ -518,6 +535,8 @@ def workspace_size(
         return conv_winograd.by_xi_workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd-s2":
         return conv_winograd_s2.workspace_size(x_shape, w_shape, threads)
+    if kind == "winograd4-by-k":
+        return conv_winograd4.by_k_workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd4" and direction == "weight":
         rows = conv_winograd4.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd4.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1202,6 +1221,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "pointwise":
         with blas_on_calling_thread:
             conv_pointwise.run_images(x, w, out, False, threads)
+    elif kind == "winograd4-by-k":
+        with blas_on_calling_thread:
+            conv_winograd4.forward_by_k(x, w, out, False, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1255,6 +1277,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     elif kind == "pointwise":
         with blas_on_calling_thread:
             conv_pointwise.run_images(dout, w, dx, True, threads)
+    elif kind == "winograd4-by-k":
+        with blas_on_calling_thread:
+            conv_winograd4.forward_by_k(dout, w, dx, True, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)

@@ -240,19 +240,19 @@ def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=
 
 
 @njit(cache=True, nogil=True)
-def _output_transform(m, r0, nr, channels, height, width, dst, buf):
-    """dst[n, k, 4ty + a, 4tx + b] = (Aᵀ M A)[a, b] for the tiles of tile rows [r0, r0 + nr) (tile
-    (r, tx) at column j = tx·nr + r of M, as ``_input_transform`` wrote V): Aᵀ down the six rows of
-    every tile of the block in 24 loops over the block, then A across each tile's six columns into
-    the output rows."""
+def _output_transform(m, r0, nr, channels, height, width, dst, buf, k_lo, k_hi):
+    """dst[n, k, 4ty + a, 4tx + b] = (Aᵀ M A)[a, b] for the output channels [k_lo, k_hi) (M holds just
+    those, k at row k − k_lo) and the tiles of tile rows [r0, r0 + nr) (tile (r, tx) at column
+    j = tx·nr + r of M, as ``_input_transform`` wrote V): Aᵀ down the six rows of every tile of the
+    block in 24 loops over the block, then A across each tile's six columns into the output rows."""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
-    stride = channels * cols + SKEW
+    stride = (k_hi - k_lo) * cols + SKEW
     plane = height * width
     s = buf[: 24 * cols]  # s[a][j'][tile] = Σ_i Aᵀ[a, i] M[(i, j')][tile]
     two, four, eight = np.float32(2.0), np.float32(4.0), np.float32(8.0)
-    for k in range(channels):
-        b = k * cols
+    for k in range(k_lo, k_hi):
+        b = (k - k_lo) * cols
         for jj in range(6):
             at = b + jj * stride
             m0, m1, m2 = m[at : at + cols], m[at + 6 * stride :], m[at + 12 * stride :]
@@ -325,7 +325,7 @@ def _rows(x, u, out, first, last, rows, mine, limit):
                 k = min(step, c_out - k0)
                 sgemm(False, False, k, cols, c_in, u[xi * plane + k0 * c_in :], c_in, v[xi * (c_in * cols + SKEW) :],
                       cols, 0.0, m[xi * (c_out * cols + SKEW) + k0 * cols :], cols, scalars)
-        _output_transform(m, r0, nr, c_out, height, width, dst, buf)
+        _output_transform(m, r0, nr, c_out, height, width, dst, buf, np.int64(0), c_out)
 
 
 def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: int = 0) -> None:
@@ -352,6 +352,160 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: i
         _rows(x, u, out, t * total // threads, (t + 1) * total // threads, rows, mine, limit)
 
     run_shares(work, threads)
+
+
+@njit(cache=True, nogil=True)
+def _filter_rows(w, lo, hi, u, plane, flipped, tmp):
+    """u[ξ·plane + (o − lo)·R + r] = (G g Gᵀ)[ξ] for the output channels o in [lo, hi) and every
+    reduction channel r (R of them), g = w[o, r] (flipped, backward-data: g = w[r, o] rotated 180°):
+    ``_filter_transform``'s arithmetic, the same bits, as loops over r that LLVM vectorizes.
+
+    Per output channel the nine taps are gathered into nine rows of R (``tmp[:9R]``), G runs down the
+    three columns (18 rows, ``tmp[9R:27R]``), then across the six rows into six runs of u each."""
+    c = w.shape[1]
+    inner = w.shape[0] if flipped else c
+    g = w.reshape(w.size)
+    taps = tmp[: 9 * inner]
+    col = tmp[9 * inner : 27 * inner]
+    q, s, t = np.float32(0.25), np.float32(1.0 / 6.0), np.float32(1.0 / 24.0)
+    h12 = np.float32(1.0 / 12.0)
+    for o in range(lo, hi):
+        if flipped:  # tap (i, j) of w[r, o] rotated: w[r, o, 2 − i, 2 − j]
+            for r in range(inner):
+                b = 9 * (r * c + o) + 8
+                for e in range(9):
+                    taps[e * inner + r] = g[b - e]
+        else:
+            b = 9 * o * c
+            for r in range(inner):
+                for e in range(9):
+                    taps[e * inner + r] = g[b + 9 * r + e]
+        for j in range(3):  # G down column j: rows i = 0..5 of column j at col[(3i + j)·R]
+            x0, x1, x2 = taps[j * inner :], taps[(3 + j) * inner :], taps[(6 + j) * inner :]
+            y0, y1, y2 = col[j * inner :], col[(3 + j) * inner :], col[(6 + j) * inner :]
+            y3, y4, y5 = col[(9 + j) * inner :], col[(12 + j) * inner :], col[(15 + j) * inner :]
+            for r in range(inner):
+                a = x0[r] + x2[r]
+                bb = t * x0[r] + s * x2[r]
+                hh = h12 * x1[r]
+                y0[r] = q * x0[r]
+                y1[r] = -s * (a + x1[r])
+                y2[r] = -s * (a - x1[r])
+                y3[r] = bb + hh
+                y4[r] = bb - hh
+                y5[r] = x2[r]
+        at = (o - lo) * inner
+        for i in range(6):  # then G across row i
+            x0, x1, x2 = col[3 * i * inner :], col[(3 * i + 1) * inner :], col[(3 * i + 2) * inner :]
+            b = 6 * i * plane + at
+            z0, z1, z2 = u[b :], u[b + plane :], u[b + 2 * plane :]
+            z3, z4, z5 = u[b + 3 * plane :], u[b + 4 * plane :], u[b + 5 * plane :]
+            for r in range(inner):
+                a = x0[r] + x2[r]
+                bb = t * x0[r] + s * x2[r]
+                hh = h12 * x1[r]
+                z0[r] = q * x0[r]
+                z1[r] = -s * (a + x1[r])
+                z2[r] = -s * (a - x1[r])
+                z3[r] = bb + hh
+                z4[r] = bb - hh
+                z5[r] = x2[r]
+
+
+BY_K_BLOCK = 16
+"""Output channels per block of ``forward_by_k``: its GEMMs are 16 × C times C × tiles."""
+
+BY_K_V_BUDGET = 3 << 19
+"""At most this many float32 (6 MiB) in ``forward_by_k``'s V: larger batches go in groups of images."""
+
+
+def by_k_images(x_shape, c_in: int) -> int:
+    """Images per group of ``forward_by_k`` (fixed by the shape, not the threads: the same bits at any
+    thread count): as many as keep V within ``BY_K_V_BUDGET``, all of a batch of 32 at 512 @4×4 and
+    256 @8×8."""
+    n, _, h, w = x_shape
+    per_image = 36 * c_in * ((h + 3) // 4) * ((w + 3) // 4)
+    return max(1, min(n, BY_K_V_BUDGET // per_image))
+
+
+def by_k_workspace_size(x_shape, w_shape, direction: str, threads: int, block: int = BY_K_BLOCK) -> int:
+    """Scratch of ``forward_by_k``: one group's V, and per thread a block's U and M and the buffers."""
+    k, c = w_shape[0], w_shape[1]
+    c_in, c_out = (k, c) if direction == "data" else (c, k)
+    h, wd = x_shape[2], x_shape[3]
+    rows = by_k_images(x_shape, c_in) * ((h + 3) // 4)
+    cols = rows * ((wd + 3) // 4)
+    return 36 * (c_in * cols + SKEW) + threads * _by_k_per_thread(c_in, c_out, wd, rows, block)
+
+
+def _by_k_per_thread(c_in: int, c_out: int, width: int, rows: int, block: int) -> int:
+    cols = rows * ((width + 3) // 4)
+    kb = min(block, c_out)
+    return 36 * (kb * c_in + SKEW) + 36 * (kb * cols + SKEW) + max(_buffer(width, rows), 24 * cols, 27 * c_in)
+
+
+@njit(cache=True, nogil=True)
+def _k_blocks(w, v, out, flipped, r0, nr, first, last, block, mine):
+    """Output-channel blocks [first, last) of ``forward_by_k`` for the tile rows [r0, r0 + nr), on the
+    calling thread: per block the filter transform of its channels into U (``_filter_rows``), 36 GEMMs
+    with all of V's tiles as columns, the output transform of its channels."""
+    c_in = w.shape[0] if flipped else w.shape[1]
+    c_out, height, width = out.shape[1], out.shape[2], out.shape[3]
+    cols = nr * ((width + 3) // 4)
+    kb = min(block, c_out)
+    uplane = kb * c_in + SKEW
+    u = mine[: 36 * uplane]
+    m = mine[36 * uplane : 36 * (uplane + kb * cols + SKEW)]
+    buf = mine[36 * (uplane + kb * cols + SKEW) :]
+    dst = out.reshape(out.size)
+    scalars = np.empty(2, np.float32)
+    vplane = c_in * cols + SKEW
+    for b in range(first, last):
+        k0 = b * block
+        k1 = min(k0 + block, c_out)
+        rows = k1 - k0
+        mplane = rows * cols + SKEW  # ``_output_transform``'s layout for this block's channels
+        _filter_rows(w, k0, k1, u, uplane, flipped, buf)
+        for xi in range(36):
+            sgemm(False, False, rows, cols, c_in, u[xi * uplane :], c_in, v[xi * vplane :], cols, 0.0,
+                  m[xi * mplane :], cols, scalars)
+        _output_transform(m, r0, nr, c_out, height, width, dst, buf, k0, k1)
+
+
+def forward_by_k(x, w, out, flipped: bool, threads: int, scratch, block: int = BY_K_BLOCK) -> None:
+    """``forward`` for small planes split by output channel (v34): per group of images
+    (``by_k_images``: the whole batch of 32) the threads transform the input by channel into one V,
+    then each takes whole blocks of ``block`` output channels and, per block, transforms just those
+    channels' filters (``_filter_rows``), runs the 36 GEMMs (``block`` × C times C × every tile of the
+    group) and the output transform of those channels.
+
+    Why. At 512 @4×4 U is 36 MiB: ``forward`` wrote it (3.6–6 ms of a 10 ms call, two threads, mostly
+    stores: the vectorized transform only halved it) and then every thread's GEMMs read all of it from
+    memory again for 16 tiles each; F(2×2) by ξ (v23, 9.9 ms) has half the U and four times the
+    tiles. Here U never leaves the cache (a block's is 1.2 MiB), the GEMMs have every tile as columns
+    and, at ≤ 10⁶ multiply-adds (16 · 512 · 32 or 16 · 256 · 128), run on OpenBLAS's small-matrix
+    kernel. The blocks and groups are fixed by the shape, every output is one GEMM column's dot
+    product and one thread's transform: the same bits at any thread count."""
+    n, c_in, height, width = x.shape
+    c_out = out.shape[1]
+    th, tw = (height + 3) // 4, (width + 3) // 4
+    images = by_k_images(x.shape, c_in)
+    rows = images * th
+    vsize = 36 * (c_in * rows * tw + SKEW)
+    per_thread = _by_k_per_thread(c_in, c_out, width, rows, block)
+    src = x.reshape(x.size)
+    blocks = -(-c_out // block)
+
+    def mine(t: int):
+        return scratch[vsize + t * per_thread : vsize + (t + 1) * per_thread]
+
+    for n0 in range(0, n, images):
+        r0, nr = n0 * th, min(images, n - n0) * th
+        v = scratch[: 36 * (c_in * nr * tw + SKEW)]
+        run_shares(lambda t, r0=r0, nr=nr, v=v: _input_transform(
+            src, r0, nr, c_in, height, width, v, mine(t), t * c_in // threads, (t + 1) * c_in // threads), threads)
+        run_shares(lambda t, r0=r0, nr=nr, v=v: _k_blocks(
+            w, v, out, flipped, r0, nr, t * blocks // threads, (t + 1) * blocks // threads, block, mine(t)), threads)
 
 
 # ----------------------------------------------------------------------------------------------

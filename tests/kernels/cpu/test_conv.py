@@ -1,5 +1,7 @@
 """The Numba CPU conv against the NumPy reference and against torch, plus determinism and bad input."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,7 @@ SHAPES = [
     (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
     (3, 64, 3, 4, 64, 3, 1, 1, 1),  # Winograd by ξ (v23: ≤ 16 pixels): odd plane, forward and backward-data
     (3, 64, 16, 20, 72, 3, 2, 1, 1),  # polyphase Winograd stride 2 forward (v28, OpenBLAS): not square, 3 images
+    (3, 64, 5, 6, 72, 3, 1, 1, 1),  # F(4×4) by output channel (v34, OpenBLAS, 16–64 pixels): partial tiles, blocks
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -100,11 +103,11 @@ def test_cpu_conv_matches_reference(shape):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=_atol(x.shape, w.shape, args, direction, want))
 
 
-def _atol(x_shape, w_shape, args, direction, want) -> float:
+def _atol(x_shape, w_shape, args, direction, want, paths=cpu.EXPORTED) -> float:
     """1e-4, but on the F(4×4) Winograd path an error that scales with the outputs: its transforms'
     coefficients (up to 8 and 1/24) round at ~5e-6 of the largest output (the unscaled weights here
     make outputs of ~100 and errors of up to 5e-4, where F(2×2) stays under 1e-4)."""
-    if cpu.path(x_shape, w_shape, *args, direction) == "winograd4":
+    if cpu.path(x_shape, w_shape, *args, direction, paths) in ("winograd4", "winograd4-by-k"):
         return max(1e-4, 2e-5 * float(np.abs(want).max()))
     return 1e-4
 
@@ -136,8 +139,8 @@ def test_cpu_conv_without_bias_leaves_no_bias_term():
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23)],
-    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23)],
+    "shape", [SHAPES[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23, 24)],
+    ids=[IDS[i] for i in (0, 4, 8, 10, 11, 13, 14, 15, 18, 19, 21, 22, 23, 24)],
 )
 def test_cpu_conv_gives_the_same_bits_every_call(shape):
     x, w, b, dout, args = _case(shape)
@@ -149,7 +152,7 @@ def test_cpu_conv_gives_the_same_bits_every_call(shape):
 
 @pytest.mark.parametrize("version", conv_study.VERSIONS["forward"])
 @pytest.mark.parametrize(
-    "shape", [SHAPES[i] for i in (1, 3, 8, 13, 18, 22, 23)], ids=[IDS[i] for i in (1, 3, 8, 13, 18, 22, 23)]
+    "shape", [SHAPES[i] for i in (1, 3, 8, 13, 18, 22, 23, 24)], ids=[IDS[i] for i in (1, 3, 8, 13, 18, 22, 23, 24)]
 )
 def test_numbered_versions_match_reference(version, shape):
     x, w, b, dout, args = _case(shape)
@@ -157,7 +160,9 @@ def test_numbered_versions_match_reference(version, shape):
     out = np.full(dout.shape, np.nan, np.float32)
     size = conv_study.conv2d_version_workspace_size(version, "forward", x.shape, w.shape, *args)
     conv_study.conv2d_version(version, "forward")(x, w, b, out, *args, np.full(size, np.nan, np.float32))
-    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-4)
+    paths = conv_study._paths(version)
+    atol = _atol(x.shape, w.shape, args, "forward", expected[0], paths)
+    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=atol)
     if version == 1:
         return
     dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
@@ -165,8 +170,8 @@ def test_numbered_versions_match_reference(version, shape):
     conv_study.conv2d_version(version, "data")(dout, w, dx, *args, np.full(size, np.nan, np.float32))
     size = conv_study.conv2d_version_workspace_size(version, "weight", x.shape, w.shape, *args)
     conv_study.conv2d_version(version, "weight")(x, dout, dw, db, *args, np.full(size, np.nan, np.float32))
-    for got, want in zip((dx, dw, db), expected[1:]):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for got, want, direction in zip((dx, dw, db), expected[1:], ("data", "weight", "weight")):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_atol(x.shape, w.shape, args, direction, want, paths))
 
 
 def test_too_small_scratch_says_how_to_size_it():
@@ -251,7 +256,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
     ("x_shape", "w_shape", "stride", "pad", "groups", "expected"),
     [
         # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
-        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd-by-xi"),  # v23 (weight gradient: "winograd")
+        ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd4-by-k"),  # v34, OpenBLAS (v23-v30: F(2x2) by ξ)
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "winograd-s2"),  # v28, with OpenBLAS (else im2col)
         ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "winograd-s2"),  # v28: threads split by output channel
@@ -268,6 +273,8 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
 def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, pad, groups, expected):
     if expected == "winograd-s2" and blas.select_sgemm() != blas.OPENBLAS:
         expected = "gemm"
+    if expected == "winograd4-by-k" and blas.select_sgemm() != blas.OPENBLAS:
+        expected = "winograd-by-xi"
     assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
 
 
@@ -278,9 +285,10 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
         ((32, 128, 16, 16), (128, 128, 3, 3), "winograd4", "winograd"),  # 9.9 -> 8.0
         ((32, 256, 16, 16), (256, 256, 3, 3), "winograd4", "winograd"),  # ≤ 256 channels
         ((32, 512, 16, 16), (512, 512, 3, 3), "winograd", "winograd"),  # 36·K·C of U: F(2x2)
-        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4", "winograd"),  # v18: 10.4 -> 7.5 ms (v14-v17: F(2x2))
-        # v18: F(4x4) 11.1 -> 13.0 ms, F(2x2); v23: F(2x2) split by Winograd position
-        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd-by-xi", "winograd-by-xi"),
+        # v18: 10.4 -> 7.5 ms (v14-v17: F(2x2)); v34: by output channel, 8.0 -> 5.7
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4-by-k", "winograd"),
+        # v18: F(4x4) 11.1 -> 13.0 ms, F(2x2); v23: F(2x2) split by Winograd position; v34: F(4x4) by k 10.2 -> 6.7
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd4-by-k", "winograd-by-xi"),
         ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
     ],
 )
@@ -288,10 +296,14 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
 def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl, direction):
     expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
     assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
+    if expected == "winograd4-by-k":
+        before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.BEFORE_V34)
+        expected = "winograd4" if x_shape[2] == 8 else "winograd-by-xi"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, before_v34) == expected
     if expected == "winograd4":
-        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V13_PATHS) == "winograd"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study._paths(13)) == "winograd"
     if x_shape[2] * x_shape[3] < 256:  # 8x8 planes took F(2x2) until v18
-        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study.V17_PATHS) == "winograd"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, conv_study._paths(17)) == "winograd"
 
 
 @pytest.mark.parametrize(
@@ -504,9 +516,15 @@ def test_pointwise_weight_in_place_is_reached_by_the_tested_shapes():
 
 def test_winograd_runs_on_the_tested_shape_in_every_direction():
     # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
+    # (its forward and backward-data through the numbered versions v10-v30 where the sgemm is OpenBLAS:
+    # since v34 the table runs them by output channel in F(4x4))
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == "winograd"
+    v30 = conv_study._paths(30)
+    assert cpu.path(*shapes, "forward", v30) == cpu.path(*shapes, "data", v30) == "winograd"
+    assert cpu.path(*shapes, "weight") == "winograd"
+    if blas.select_sgemm() == blas.OPENBLAS:
+        assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd4-by-k"
     assert cpu.path(*shapes, "weight", conv_study.V10_PATHS) == "gemm"  # v10: 35 pixels, below the shifted path's 64
     assert cpu.path(*shapes, "forward", conv_study.V9_PATHS) == "gemm"  # v9 keeps its own path
 
@@ -583,12 +601,14 @@ def test_winograd_by_xi_bits_do_not_depend_on_the_thread_count():
 
 @pytest.mark.parametrize("direction", ["forward", "data"])
 def test_512_channels_on_4x4_take_winograd_by_xi(direction):
-    # v23: 512 @4x4 forward 9.6 -> 9.15 ms, backward-data 10.05 -> 9.65 (two threads, batch 32); 8x8 lost
+    # v23: 512 @4x4 forward 9.6 -> 9.15 ms, backward-data 10.05 -> 9.65 (two threads, batch 32); 8x8 lost.
+    # Until v34 (F(4x4) by output channel), and still where the sgemm is not OpenBLAS.
     shapes = ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1)
-    assert cpu.path(*shapes, direction) == "winograd-by-xi"
-    assert cpu.path(*shapes, direction, conv_study.V20_PATHS) == "winograd"
+    before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.BEFORE_V34)
+    assert cpu.path(*shapes, direction, before_v34) == "winograd-by-xi"
+    assert cpu.path(*shapes, direction, conv_study._paths(20)) == "winograd"
     assert cpu.path(*shapes, "weight") == "winograd"
-    assert cpu.path((32, 512, 8, 8), (512, 512, 3, 3), 1, 1, 1, direction) == "winograd"
+    assert cpu.path((32, 512, 8, 8), (512, 512, 3, 3), 1, 1, 1, direction, before_v34) == "winograd"
 
 
 def test_winograd_by_xi_is_reached_by_the_tested_shapes():
@@ -1197,3 +1217,54 @@ def test_winograd4_in_small_gemm_blocks_matches_reference_and_gives_the_same_bit
             np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=max(1e-4, 2e-5 * float(np.abs(want).max())))
             assert np.array_equal(got[0], got[1])
     assert conv_study._paths(30).winograd4_small_gemms and not conv_study._paths(29).winograd4_small_gemms
+
+
+@pytest.mark.parametrize("flipped", [False, True])
+def test_vectorized_filter_rows_give_the_transforms_bits(flipped):
+    """``_filter_rows`` (v34) is ``_filter_transform``'s arithmetic as loops over the reduction channel:
+    the same bits, written at a block's offsets."""
+    w = np.random.default_rng(3).standard_normal((24, 40, 3, 3), dtype=np.float32)
+    outer, inner = (40, 24) if flipped else (24, 40)
+    plane = 24 * 40 + winograd4.SKEW
+    want = np.full(36 * plane, np.nan, np.float32)
+    winograd4._filter_transform(w, 0, outer, want, flipped)
+    lo, hi = 5, 17  # a block: rows lo..hi at the block's own plane stride
+    block_plane = (hi - lo) * inner + 3
+    got = np.full(36 * block_plane, np.nan, np.float32)
+    winograd4._filter_rows(w, lo, hi, got, block_plane, flipped, np.full(27 * inner, np.nan, np.float32))
+    for xi in range(36):
+        np.testing.assert_array_equal(got[xi * block_plane : xi * block_plane + (hi - lo) * inner],
+                                      want[xi * plane + lo * inner : xi * plane + hi * inner])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("block", "budget"), [(16, winograd4.BY_K_V_BUDGET), (5, 3000)])
+def test_winograd4_by_k_matches_reference_and_its_bits_do_not_depend_on_threads(threads, block, budget, monkeypatch):
+    """F(4×4) by output channel (v34): odd and non-square planes (partial tiles), blocks that do not
+    divide the channels, several image groups (a small V budget); forward and backward-data; each
+    output is one GEMM column and one thread's transform, so every thread count gives one thread's bits."""
+    monkeypatch.setattr(winograd4, "BY_K_V_BUDGET", budget)
+    for n, c, h, wd, k in ((3, 12, 4, 4, 7), (5, 9, 5, 7, 11), (2, 8, 8, 8, 16)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want_out, want_dx = np.empty((n, k, h, wd), np.float32), np.empty_like(x)
+        ref.conv2d_forward(x, w, None, want_out, *args)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        for direction, src, want in (("forward", x, want_out), ("data", dout, want_dx)):
+            bits = []
+            for count in (1, threads):
+                size = winograd4.by_k_workspace_size(x.shape, w.shape, direction, count, block)
+                got = np.full(want.shape, np.nan, np.float32)
+                with cpu.blas_on_calling_thread:
+                    winograd4.forward_by_k(src, w, got, direction == "data", count, np.full(size, np.nan, np.float32),
+                                           block)
+                bits.append(got)
+            np.testing.assert_allclose(bits[1], want, rtol=1e-5, atol=2e-4)
+            np.testing.assert_array_equal(bits[0], bits[1])
+
+
+def test_winograd4_by_k_is_reached_by_the_tested_shapes():
+    # the reference, determinism, torch and numbered-version tests reach forward_by_k through this shape
+    n, c, h, wd, k, r, stride, pad, groups = SHAPES[-1]
+    shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
+    expected = "winograd4-by-k" if blas.select_sgemm() == blas.OPENBLAS else "winograd-by-xi"
+    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == expected
