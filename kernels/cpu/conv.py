@@ -17,7 +17,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   gradient too (≤ 16×16). Since v14 (v15: the weight gradient too), with OpenBLAS, 64–256
   channels on 16×16 to 32×32 planes (the weight gradient from 8×8, and since v18 forward and
   backward-data too) take Winograd F(4×4, 3×3)
-  instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``). Larger planes and narrower layers,
+  instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``); since v34 forward and backward-data on
+  4×4 to 8×8 planes (512 channels too) run F(4×4) with the threads splitting the output channels, each
+  block's filters transformed where its GEMMs read them (``conv_winograd4.forward_by_k``,
+  ``WINOGRAD4_BY_K_MIN_PIXELS``). Larger planes and narrower layers,
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
@@ -282,7 +285,7 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
+    "winograd4", "winograd4-by-k" (v34), "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 

@@ -485,7 +485,18 @@ def forward_by_k(x, w, out, flipped: bool, threads: int, scratch, block: int = B
     tiles. Here U never leaves the cache (a block's is 1.2 MiB), the GEMMs have every tile as columns
     and, at ≤ 10⁶ multiply-adds (16 · 512 · 32 or 16 · 256 · 128), run on OpenBLAS's small-matrix
     kernel. The blocks and groups are fixed by the shape, every output is one GEMM column's dot
-    product and one thread's transform: the same bits at any thread count."""
+    product and one thread's transform: the same bits at any thread count.
+
+    An output-channel split was tried before for F(2×2) and dropped (``conv_study.forward_by_channels``:
+    512 @4×4 12.90 → 13.23 ms): it kept the shared U, transformed whole and written to memory by both
+    threads, and handed V over per block of tile rows. Here the filter transform is the thread's own
+    and in cache, and V is handed over once per call. Batch 32, two threads, ``conv.forward`` /
+    ``conv.backward_data`` with v30's and v34's paths alternating, median of 15 calls, ms: 512 @4×4
+    10.17 → 6.70 / 10.85 → 7.15, 256 @8×8 8.01 → 5.65 / 8.43 → 5.79, ImageNet's 512 @7×7 36.50 →
+    21.38 (F(2×2) before); blocks of 8 / 16 / 32 / 48 channels at 512 @4×4 6.2 / 6.4 / 6.2 / 6.8, at
+    256 @8×8 5.2 / 5.0 / 7.2 / 7.4 (above 10⁶ multiply-adds a GEMM packs). On 16×16 and larger planes
+    it loses (128 @16×16 8.33 → 8.96, 64 @32×32 6.81 → 12.90: V no longer fits the cache), so those
+    keep ``forward``."""
     n, c_in, height, width = x.shape
     c_out = out.shape[1]
     th, tw = (height + 3) // 4, (width + 3) // 4
