@@ -284,8 +284,8 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
-    "depthwise-flat", "depthwise-direct",
-    "winograd4", "winograd4-by-k" (v34), "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
+    "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34),
+    "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
 
