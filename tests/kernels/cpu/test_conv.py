@@ -1006,7 +1006,8 @@ def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any
     for direction in ("forward", "data", "weight"):
         assert cpu.path(x.shape, w.shape, stride, pad, groups, direction) == "depthwise-registers"
         assert cpu.workspace_size(x.shape, w.shape, stride, pad, groups, direction) == 0
-        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, conv_study._paths(23)) != "depthwise-registers"
+        v23 = conv_study._paths(23)
+        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, v23) != "depthwise-registers"
     expected = _reference(x, w, b, dout, args)
     results = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
     for got, want in zip(results[0], expected):
