@@ -142,7 +142,7 @@ kernels/README.md ("What each step bought").
   forward 10.17 → 6.70, backward-data 10.85 → 7.15; 256 @8×8 8.01 → 5.65, 8.43 → 5.79; ImageNet's 512 @7×7
   36.50 → 21.38 (F(2×2) before); 128 @16×16 and larger planes lose (8.33 → 8.96, 64 @32×32 6.81 → 12.90).
 - v35 ``F(4×4) weight gradient by output channel`` (exported): v34, but the weight gradient on the same planes
-  too, where the batch's transformed x and dout fit 10 MiB (``conv_winograd4.backward_weight_by_k``,
+  too, where the batch's transformed x and dout fit 24 MiB (``conv_winograd4.backward_weight_by_k``,
   ``Paths.winograd4_weight_by_k``): per block of 16 output channels 36 GEMMs dUᵀ = V Mᵀ and dw = Gᵀ dU G
   vectorized over the block's 16 rows, where v15–v34 wrote a 36·K·C dU to memory (F(4×4) by ξ, 256 @8×8) or
   ran F(2×2) (512 @4×4). Batch 32, two threads, median of 15 alternating calls, ms, v34 → v35, two sittings:

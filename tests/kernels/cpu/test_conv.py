@@ -1300,10 +1300,10 @@ def test_winograd4_weight_by_k_matches_reference_and_its_bits_do_not_depend_on_t
 
 
 def test_winograd4_weight_by_k_needs_the_batch_to_fit():
-    # batch 32 at 512 @4x4 fits the 10 MiB of V and M; batch 128 keeps F(2x2) (or whatever comes next)
+    # batch 128 at 512 @4x4 fits the 24 MiB of V and M; batch 256 keeps F(2x2)
     w_shape = (512, 512, 3, 3)
-    assert winograd4.by_k_weight_fits((32, 512, 4, 4), w_shape)
-    assert not winograd4.by_k_weight_fits((128, 512, 4, 4), w_shape)
+    assert winograd4.by_k_weight_fits((128, 512, 4, 4), w_shape)
+    assert not winograd4.by_k_weight_fits((256, 512, 4, 4), w_shape)
     if blas.select_sgemm() == blas.OPENBLAS:
-        assert cpu.path((32, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd4-weight-by-k"
-        assert cpu.path((128, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd"
+        assert cpu.path((128, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd4-weight-by-k"
+        assert cpu.path((256, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd"
