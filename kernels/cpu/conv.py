@@ -249,6 +249,7 @@ class Paths:
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
     winograd4_small_gemms: bool = True
+    pointwise_weight_transposed: bool = True  # v31
     winograd4_by_k: bool = True  # v34
 
 
@@ -311,6 +312,12 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
     ):
         return "pointwise-weight-split"
+    if (
+        direction == "weight" and paths.pointwise_weight_transposed
+        and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
+        and x_shape[2] * x_shape[3] < conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
+    ):
+        return "pointwise-weight-transposed"
     if (
         paths.winograd4_by_k
         and direction != "weight"
@@ -529,6 +536,8 @@ def workspace_size(
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind in ("depthwise-direct", "depthwise-registers", "pointwise", "pointwise-weight-split"):
         return 0
+    if kind == "pointwise-weight-transposed":
+        return conv_pointwise.transposed_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1331,6 +1340,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-weight-split":
         with blas_on_calling_thread:
             conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK)
+    elif kind == "pointwise-weight-transposed":
+        with blas_on_calling_thread:
+            conv_pointwise.backward_weight_transposed(x, dout, dw, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -80,7 +80,7 @@ MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neit
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
@@ -198,3 +198,155 @@ def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = 
         lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
         chunks, threads,
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# v31: the weight gradient on planes under 16×16 as non-transposed GEMMs (path "pointwise-weight-transposed")
+# ----------------------------------------------------------------------------------------------
+
+TRANSPOSED_MIN_DEPTH = 64
+"""Images per GEMM on planes of fewer pixels than this: enough for ``TRANSPOSED_TARGET_DEPTH`` pixels of depth;
+8×8 planes (64 pixels) run one image per GEMM."""
+
+TRANSPOSED_TARGET_DEPTH = 128
+"""The depth (pixels of consecutive images) of each GEMM on planes under ``TRANSPOSED_MIN_DEPTH`` pixels:
+8 images of 4×4."""
+
+
+def transposed_group(x_shape) -> int:
+    """Images per GEMM of ``backward_weight_transposed``: 1 on planes of ≥ 64 pixels, else enough for a
+    depth of ``TRANSPOSED_TARGET_DEPTH`` (never more than the batch)."""
+    pixels = x_shape[2] * x_shape[3]
+    if pixels >= TRANSPOSED_MIN_DEPTH:
+        return 1
+    return max(1, min(x_shape[0], -(-TRANSPOSED_TARGET_DEPTH // max(1, pixels))))
+
+
+def transposed_shares(w_shape, threads: int) -> int:
+    """Threads that get a share: one per row of the larger side at most."""
+    return max(1, min(threads, max(w_shape[0], w_shape[1])))
+
+
+def transposed_share_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch (float32) of one share: the smaller side of ``group`` images transposed (pixels × channels),
+    the larger side's rows of those images side by side (only when ``group`` > 1) and, when the larger side
+    is x (C ≥ K), the share's block of dWᵀ."""
+    k, c = w_shape[0], w_shape[1]
+    pixels = x_shape[2] * x_shape[3]
+    group = transposed_group(x_shape)
+    big, small = (c, k) if k <= c else (k, c)
+    rows = -(-big // transposed_shares(w_shape, threads))
+    return group * pixels * small + (rows * group * pixels if group > 1 else 0) + (rows * k if k <= c else 0)
+
+
+def transposed_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch (float32) of ``backward_weight_transposed`` on ``threads`` threads: one share's per thread."""
+    return transposed_shares(w_shape, threads) * transposed_share_size(x_shape, w_shape, threads)
+
+
+@njit(cache=True, nogil=True)
+def transpose_images(a, n0, images, dst):
+    """dst[(i·P + p)·S + s] = a[n0 + i, s, p] (a: N × S × P): images n0 … n0 + images − 1, each P × S,
+    one after the other. Written in column strips of 16 channels (each row of dst a 64-byte run)."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src = a.reshape(a.size)
+    for i in range(images):
+        base = uint64((n0 + i) * channels * pixels)
+        out = uint64(i * pixels * channels)
+        for s0 in range(0, channels, 16):
+            s1 = min(s0 + 16, channels)
+            for p in range(pixels):
+                row = out + uint64(p * channels)
+                for s in range(s0, s1):
+                    dst[row + uint64(s)] = src[base + uint64(s * pixels + p)]
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(a, n0, images, b0, b1, dst):
+    """dst[b·(images·P) + i·P + p] = a[n0 + i, b0 + b, p]: channels b0 … b1 − 1 of several images side by side."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src = a.reshape(a.size)
+    width = images * pixels
+    for b in range(b1 - b0):
+        for i in range(images):
+            s0 = uint64(((n0 + i) * channels + b0 + b) * pixels)
+            d0 = uint64(b * width + i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
+
+
+@njit(cache=True, nogil=True)
+def transposed_share(x, dout, dw, b0, b1, group, mine, limit):
+    """Rows [b0, b1) of dW's larger side, summed over every image, as NN GEMMs ≤ ``limit`` multiply-adds.
+
+    C ≥ K: ``dWᵀ[b0:b1] (rows × K) += x_n[b0:b1] (rows × P) @ doutᵀ_n (P × K)``, x read in place (one image
+    per GEMM) or gathered (``group`` images side by side), dout transposed into ``mine``; the share's dWᵀ
+    block is then written into dw's columns b0 … b1 − 1. K > C: ``dW[b0:b1] += dout_n[b0:b1] @ xᵀ_n``
+    straight into dw. ``mine``: ``transposed_share_size`` floats."""
+    n_images, c_total, k_total = x.shape[0], x.shape[1], dout.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    on_c = k_total <= c_total
+    big = x if on_c else dout
+    small = dout if on_c else x
+    big_channels, small_channels = big.shape[1], small.shape[1]
+    rows = b1 - b0
+    big_flat, w_flat = big.reshape(big.size), dw.reshape(dw.size)
+    transposed_size = group * pixels * small_channels
+    gathered_size = rows * group * pixels if group > 1 else 0
+    transposed = mine[:transposed_size]
+    gathered = mine[transposed_size : transposed_size + gathered_size]
+    result = mine[transposed_size + gathered_size :]
+    scalars = np.empty(2, np.float32)
+    if n_images == 0:
+        for r in range(b0, b1):
+            for s in range(small_channels):
+                w_flat[s * c_total + r if on_c else r * c_total + s] = 0.0
+        return
+    for n0 in range(0, n_images, group):
+        images = min(group, n_images - n0)
+        depth = images * pixels
+        transpose_images(small, n0, images, transposed)
+        if group > 1:
+            gathered_rows = gathered[: rows * depth]
+            gather_rows(big, n0, images, b0, b1, gathered_rows)
+        beta = 0.0 if n0 == 0 else 1.0
+        step = row_block(rows, depth, small_channels, limit)
+        for r0 in range(0, rows, step):
+            m = min(step, rows - r0)
+            if group > 1:
+                a_view, lda = gathered[r0 * depth :], depth
+            else:
+                a_view, lda = big_flat[(n0 * big_channels + b0 + r0) * pixels :], pixels
+            if on_c:
+                target, ldc = result[r0 * k_total :], k_total
+            else:
+                target, ldc = w_flat[(b0 + r0) * c_total :], c_total
+            sgemm(False, False, m, small_channels, depth, a_view, lda, transposed, small_channels, beta, target, ldc,
+                  scalars)  # fmt: skip
+    if on_c:
+        for k in range(k_total):
+            for r in range(rows):
+                w_flat[k * c_total + b0 + r] = result[r * k_total + k]
+
+
+def backward_weight_transposed(x, dout, dw, threads: int, scratch, limit: int | None = None) -> None:
+    """dW of a 1×1 stride-1 conv (groups 1) on planes under 16×16 (v31): each thread owns a range of dW's
+    larger side (``transposed_shares``), transposes the smaller side of each image (group) into its slice of
+    ``scratch`` (``transposed_workspace_size``) and runs NN GEMMs of ≤ ``limit`` multiply-adds (default
+    ``SMALL_GEMM_MNK``): OpenBLAS's small-matrix kernel. No partial sums; the bits depend on the thread
+    count (the share bounds), not on which thread runs what."""
+    limit = SMALL_GEMM_MNK if limit is None else limit
+    k, c = dw.shape[0], dw.shape[1]
+    big = max(k, c)
+    shares = transposed_shares(dw.shape, threads)
+    per = transposed_share_size(x.shape, dw.shape, threads)
+    group = transposed_group(x.shape)
+
+    def work(t: int) -> None:
+        transposed_share(x, dout, dw, t * big // shares, (t + 1) * big // shares, group,
+                         scratch[t * per : (t + 1) * per], limit)  # fmt: skip
+
+    if shares == 1:
+        work(0)
+        return
+    run_shares(work, shares)

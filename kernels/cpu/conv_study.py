@@ -157,7 +157,7 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 34)
+_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -176,6 +176,8 @@ BEFORE_V29 = {"winograd_s2_small_gemms": False}
 """What v29 added, off in every earlier version (``_paths``)."""
 BEFORE_V30 = {"winograd4_small_gemms": False}
 """What v30 added, off in every earlier version (``_paths``)."""
+BEFORE_V31 = {"pointwise_weight_transposed": False}
+"""What v31 added, off in every earlier version (``_paths``)."""
 BEFORE_V34 = {"winograd4_by_k": False}
 """What v34 added, off in every earlier version (``_paths``)."""
 
@@ -775,6 +777,8 @@ def _paths(version: int) -> conv.Paths:
         chosen = dataclasses.replace(chosen, **BEFORE_V29)
     if version < 30:
         chosen = dataclasses.replace(chosen, **BEFORE_V30)
+    if version < 31:
+        chosen = dataclasses.replace(chosen, **BEFORE_V31)
     return dataclasses.replace(chosen, **BEFORE_V34) if version < 34 else chosen
 
 
@@ -783,7 +787,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30) and direction
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31) and direction
     ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -890,8 +894,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30), "data" or "weight" (2-18,
-    20, 21, 23, 25, 26, 27, 28, 29, 30), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31), "data" or "weight"
+    (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""
