@@ -307,17 +307,17 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
     if (
+        direction == "weight" and paths.pointwise_weight_transposed
+        and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
+        and conv_pointwise.takes_transposed(x_shape, w_shape)
+    ):
+        return "pointwise-weight-transposed"
+    if (
         direction == "weight" and paths.pointwise_weight_split
         and x_shape[2] * x_shape[3] >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
         and _pointwise_weight_in_place(x_shape, w_shape, stride, pad, groups)
     ):
         return "pointwise-weight-split"
-    if (
-        direction == "weight" and paths.pointwise_weight_transposed
-        and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
-        and x_shape[2] * x_shape[3] < conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
-    ):
-        return "pointwise-weight-transposed"
     if (
         paths.winograd4_by_k
         and direction != "weight"

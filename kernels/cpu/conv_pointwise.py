@@ -213,6 +213,20 @@ TRANSPOSED_TARGET_DEPTH = 128
 8 images of 4×4."""
 
 
+TRANSPOSED_WIDE_MAX_PIXELS = 256
+"""Planes of up to this many pixels (16×16) take v31's path also at or above ``WEIGHT_SPLIT_MIN_PIXELS`` when
+K > C (32→192 @16×16); where C ≥ K there (144→32, 192→32) v27's split measured level with it and stays."""
+
+
+def takes_transposed(x_shape, w_shape) -> bool:
+    """Whether a plain 1×1 weight gradient takes ``backward_weight_transposed`` (v31): planes under
+    ``WEIGHT_SPLIT_MIN_PIXELS``, and up to ``TRANSPOSED_WIDE_MAX_PIXELS`` when K > C."""
+    pixels = x_shape[2] * x_shape[3]
+    if pixels < WEIGHT_SPLIT_MIN_PIXELS:
+        return True
+    return pixels <= TRANSPOSED_WIDE_MAX_PIXELS and w_shape[0] > w_shape[1]
+
+
 def transposed_group(x_shape) -> int:
     """Images per GEMM of ``backward_weight_transposed``: 1 on planes of ≥ 64 pixels, else enough for a
     depth of ``TRANSPOSED_TARGET_DEPTH`` (never more than the batch)."""
