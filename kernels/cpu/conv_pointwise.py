@@ -261,18 +261,18 @@ def transposed_workspace_size(x_shape, w_shape, threads: int) -> int:
 @njit(cache=True, nogil=True)
 def transpose_images(a, n0, images, dst):
     """dst[(i·P + p)·S + s] = a[n0 + i, s, p] (a: N × S × P): images n0 … n0 + images − 1, each P × S,
-    one after the other. Written in column strips of 16 channels (each row of dst a 64-byte run)."""
+    one after the other. Read in order, written with a stride of S: of the orders tried, the fastest
+    (32 images, one thread, ms: 64 ch @8×8 0.041 against 0.052 for 16-channel strips written in rows and
+    0.094 for 8 × 8 blocks through a local array; 160 ch @4×4 0.024 / 0.033 / 0.063)."""
     channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
     src = a.reshape(a.size)
     for i in range(images):
         base = uint64((n0 + i) * channels * pixels)
         out = uint64(i * pixels * channels)
-        for s0 in range(0, channels, 16):
-            s1 = min(s0 + 16, channels)
+        for s in range(channels):
+            row = base + uint64(s * pixels)
             for p in range(pixels):
-                row = out + uint64(p * channels)
-                for s in range(s0, s1):
-                    dst[row + uint64(s)] = src[base + uint64(s * pixels + p)]
+                dst[out + uint64(p * channels + s)] = src[row + uint64(p)]
 
 
 @njit(cache=True, nogil=True)
