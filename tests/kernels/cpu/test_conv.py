@@ -1120,11 +1120,11 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
 
 POINTWISE_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1, groups 1 (v27)
     (5, 40, 16, 16, 12),  # C ≥ K: the weight gradient split over input channels
-    (4, 12, 16, 20, 40),  # K > C: split over output channels (on 16×16, K > C takes v31's path)
-    (3, 24, 8, 8, 10),  # 8×8: the weight gradient keeps v16's images split
-    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient keeps them)
+    (4, 12, 16, 16, 40),  # K > C: split over output channels
+    (3, 24, 8, 8, 10),  # 8×8: the weight gradient on v31's path (v16–v30: images split)
+    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient: v31's path)
     (6, 96, 16, 16, 24),  # ≥ 16×16: the weight gradient in ≤ 32-row, ≤ 1200-element dW blocks
-    (2, 40, 16, 20, 100),  # > 16×16, K > C: several 32-row blocks per thread, a short last one
+    (2, 40, 16, 16, 100),  # ≥ 16×16, K > C: several 32-row blocks per thread, a short last one
     (3, 8, 5, 7, 200),  # odd plane below 8×8
 ]
 
@@ -1144,7 +1144,7 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
         monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
     n, c, h, wd, k = shape
     x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
-    split = not conv_pointwise.takes_transposed(x.shape, w.shape)  # below 16×16 (and K > C at 16×16): v31's path
+    split = not conv_pointwise.takes_transposed(x.shape, w.shape)  # below 16×16: v31's path
     assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
         "pointwise", "pointwise", "pointwise-weight-split" if split else "pointwise-weight-transposed"
     ]
@@ -1179,7 +1179,7 @@ TRANSPOSED_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1 on planes under 16×16 (
     (3, 13, 3, 5, 6),  # odd plane of 15 pixels: 3 images per group, fewer images than a full group
     (4, 2, 5, 7, 1),  # the larger side narrower than the thread count: fewer shares than threads
     (1, 19, 1, 1, 21),  # one pixel, one image
-    (3, 12, 16, 16, 40),  # 16×16 with K > C (v31 there too), one image per GEMM
+    (3, 12, 16, 16, 40),  # 16×16 (the table keeps v27's split there), one image per GEMM
 ]
 
 
@@ -1226,7 +1226,7 @@ def test_pointwise_weight_transposed_is_the_table_path_below_16x16_with_its_scra
     assert conv_pointwise.transposed_group((32, 160, 4, 4)) == 8
     assert conv_pointwise.transposed_group((3, 160, 4, 4)) == 3
     assert cpu.path((32, 144, 16, 16), (32, 144, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
-    assert cpu.path((32, 32, 16, 16), (192, 32, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-transposed"  # K > C
+    assert cpu.path((32, 32, 16, 16), (192, 32, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
     assert cpu.path((32, 16, 32, 32), (96, 16, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
     assert cpu.path((32, 64, 8, 8), (128, 64, 1, 1), 2, 0, 1, "weight") == "gemm"
     assert conv_study._paths(31).pointwise_weight_transposed and not conv_study._paths(30).pointwise_weight_transposed
