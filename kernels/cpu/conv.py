@@ -309,7 +309,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     if (
         direction == "weight" and paths.pointwise_weight_transposed
         and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
-        and conv_pointwise.takes_transposed(x_shape, w_shape)
+        and conv_pointwise.takes_transposed(x_shape)
     ):
         return "pointwise-weight-transposed"
     if (

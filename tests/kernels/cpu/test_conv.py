@@ -1144,7 +1144,7 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
         monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
     n, c, h, wd, k = shape
     x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
-    split = not conv_pointwise.takes_transposed(x.shape, w.shape)  # below 16×16: v31's path
+    split = not conv_pointwise.takes_transposed(x.shape)  # below 16×16: v31's path
     assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
         "pointwise", "pointwise", "pointwise-weight-split" if split else "pointwise-weight-transposed"
     ]
