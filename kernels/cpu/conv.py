@@ -42,7 +42,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   sgemm per image per block of output rows, each ≤ 10⁶ multiply-adds, where SciPy's OpenBLAS takes its
   small-matrix kernel (1.35× over the 20 MobileNetV2 shapes); the weight gradient on ≥ 16×16 planes
   with each thread owning a block of dW, in ≤ 32 × 1200 sub-blocks (``Paths.pointwise_small_gemms``,
-  ``Paths.pointwise_weight_split``).
+  ``Paths.pointwise_weight_split``). Since v31 its weight gradient on planes under 16×16 too: each thread a
+  range of dW's larger side, the smaller side transposed per image so that every GEMM is NN (the transposed-A
+  GEMM ``dout_n @ x_nᵀ`` missed OpenBLAS's small-matrix kernel), 1.12–1.35× on the 11 MobileNetV2 shapes
+  (``Paths.pointwise_weight_transposed``, ``conv_pointwise.backward_weight_transposed``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -288,7 +291,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34),
     "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
-    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
+    that weight gradient on smaller planes as NN GEMMs) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),

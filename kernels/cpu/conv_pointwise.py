@@ -270,8 +270,7 @@ def takes_transposed(x_shape) -> bool:
     ``WEIGHT_SPLIT_MIN_PIXELS`` (16×16). At 16×16 with K > C it went both ways against v27's split (32→192, two
     threads, batch 32, median ms of alternating calls, v27 → v31, six sittings: 0.757 → 0.655, 0.740 → 0.681,
     0.620 → 0.586, then with the final transposition 0.609 → 0.657, 0.837 → 0.868, 0.576 → 0.593; 144→32 and
-    192→32 level), so
-    16×16 stays on v27's split."""
+    192→32 level), so 16×16 stays on v27's split."""
     return x_shape[2] * x_shape[3] < WEIGHT_SPLIT_MIN_PIXELS
 
 

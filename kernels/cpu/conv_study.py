@@ -134,6 +134,14 @@ kernels/README.md ("What each step bought").
   run each of their 36 GEMMs in blocks of output channels of ≤ 10⁶ multiply-adds, OpenBLAS's small-matrix
   kernel (``Paths.winograd4_small_gemms``). Batch 32, two threads, median ms, v29 → v30: 128 @16×16 7.20 →
   6.46, 256 @8×8 8.32 → 7.48, 64 @32×32 level (``conv_winograd4.forward``).
+- v31 ``pointwise weight as NN GEMMs`` (v34 adds to it): v30, but the weight gradient of a 1×1 stride-1 conv on
+  planes under 16×16 (MobileNetV2's 8×8 and 4×4 layers; v16's per-image GEMMs and im2col's stacked tiles before) runs
+  with each thread owning a range of dW's larger side and the smaller side transposed per image (8 images of 4×4
+  side by side), so that every GEMM is NN and ≤ 10⁶ multiply-adds: OpenBLAS's small-matrix kernel, which the
+  transposed-A ``dout_n @ x_nᵀ`` missed (``Paths.pointwise_weight_transposed``,
+  ``conv_pointwise.backward_weight_transposed``). Batch 32, two threads, median ms, v30 → v31: 192→64 @8×8
+  0.479 → 0.354, 384→64 0.757 → 0.567, 576→96 1.436 → 1.182, 576→160 @4×4 0.665 → 0.556, 960→320 1.926 →
+  1.723 (all 11 shapes 1.12–1.35×).
 - v34 ``F(4×4) by output channel`` (exported; v31–v33 are numbers given to work on other branches): v30, but
   forward and backward-data on planes of 4×4 to 8×8 (ResNet-18's 512 @4×4, until now F(2×2) by ξ, and 256
   @8×8) split by output channel, each block of 16 channels transforming its own filters where its GEMMs read
