@@ -20,7 +20,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   instead (``conv_winograd4.py``, ``WINOGRAD4_MIN_PIXELS``); since v34 forward and backward-data on
   4×4 to 8×8 planes (512 channels too) run F(4×4) with the threads splitting the output channels, each
   block's filters transformed where its GEMMs read them (``conv_winograd4.forward_by_k``,
-  ``WINOGRAD4_BY_K_MIN_PIXELS``). Larger planes and narrower layers,
+  ``WINOGRAD4_BY_K_MIN_PIXELS``), and since v35 their weight gradient when the batch's transforms fit
+  (``conv_winograd4.backward_weight_by_k``). Larger planes and narrower layers,
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
@@ -254,6 +255,7 @@ class Paths:
     winograd4_small_gemms: bool = True
     pointwise_weight_transposed: bool = True  # v31
     winograd4_by_k: bool = True  # v34
+    winograd4_weight_by_k: bool = True  # v35
 
 
 EXPORTED = Paths()
@@ -288,7 +290,7 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
-    "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34),
+    "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34), "winograd4-weight-by-k" (v35),
     "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
@@ -331,6 +333,16 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd4-by-k"
+    if (
+        paths.winograd4_weight_by_k
+        and direction == "weight"
+        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
+        and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
+        and WINOGRAD4_BY_K_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD4_BY_K_MAX_PIXELS
+        and conv_winograd4.by_k_weight_fits(x_shape, w_shape)
+        and blas.select_sgemm() == blas.OPENBLAS
+    ):
+        return "winograd4-weight-by-k"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
@@ -553,6 +565,8 @@ def workspace_size(
         return conv_winograd_s2.workspace_size(x_shape, w_shape, threads)
     if kind == "winograd4-by-k":
         return conv_winograd4.by_k_workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd4-weight-by-k":
+        return conv_winograd4.by_k_weight_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd4" and direction == "weight":
         rows = conv_winograd4.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd4.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1347,6 +1361,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-weight-transposed":
         with blas_on_calling_thread:
             conv_pointwise.backward_weight_transposed(x, dout, dw, threads, scratch)
+    elif kind == "winograd4-weight-by-k":
+        with blas_on_calling_thread:
+            conv_winograd4.backward_weight_by_k(x, dout, dw, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -142,13 +142,19 @@ kernels/README.md ("What each step bought").
   ``conv_pointwise.backward_weight_transposed``). Batch 32, two threads, median ms, v30 → v31: 192→64 @8×8
   0.479 → 0.354, 384→64 0.757 → 0.567, 576→96 1.436 → 1.182, 576→160 @4×4 0.665 → 0.556, 960→320 1.926 →
   1.723 (all 11 shapes 1.12–1.35×).
-- v34 ``F(4×4) by output channel`` (exported; v31–v33 are numbers given to work on other branches): v30, but
+- v34 ``F(4×4) by output channel`` (v31–v33 are numbers given to work on other branches): v30, but
   forward and backward-data on planes of 4×4 to 8×8 (ResNet-18's 512 @4×4, until now F(2×2) by ξ, and 256
   @8×8) split by output channel, each block of 16 channels transforming its own filters where its GEMMs read
   them, with every tile of the batch as the GEMMs' columns (``conv_winograd4.forward_by_k``,
   ``Paths.winograd4_by_k``). Batch 32, two threads, median of 15 alternating calls, ms, v30 → v34: 512 @4×4
   forward 10.17 → 6.70, backward-data 10.85 → 7.15; 256 @8×8 8.01 → 5.65, 8.43 → 5.79; ImageNet's 512 @7×7
   36.50 → 21.38 (F(2×2) before); 128 @16×16 and larger planes lose (8.33 → 8.96, 64 @32×32 6.81 → 12.90).
+- v35 ``F(4×4) weight gradient by output channel`` (exported): v34, but the weight gradient on the same planes
+  too, where the batch's transformed x and dout fit 10 MiB (``conv_winograd4.backward_weight_by_k``,
+  ``Paths.winograd4_weight_by_k``): per block of 16 output channels 36 GEMMs dUᵀ = V Mᵀ and dw = Gᵀ dU G
+  vectorized over the block's 16 rows, where v15–v34 wrote a 36·K·C dU to memory (F(4×4) by ξ, 256 @8×8) or
+  ran F(2×2) (512 @4×4). Batch 32, two threads, median of 15 alternating calls, ms, v34 → v35, two sittings:
+  512 @4×4 10.18 → 7.92, 9.67 → 7.76; 256 @8×8 7.41 → 6.93, 6.63 → 5.70.
 """
 
 from __future__ import annotations
@@ -165,7 +171,7 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34)
+_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -188,6 +194,8 @@ BEFORE_V31 = {"pointwise_weight_transposed": False}
 """What v31 added, off in every earlier version (``_paths``)."""
 BEFORE_V34 = {"winograd4_by_k": False}
 """What v34 added, off in every earlier version (``_paths``)."""
+BEFORE_V35 = {"winograd4_weight_by_k": False}
+"""What v35 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -787,7 +795,9 @@ def _paths(version: int) -> conv.Paths:
         chosen = dataclasses.replace(chosen, **BEFORE_V30)
     if version < 31:
         chosen = dataclasses.replace(chosen, **BEFORE_V31)
-    return dataclasses.replace(chosen, **BEFORE_V34) if version < 34 else chosen
+    if version < 34:
+        chosen = dataclasses.replace(chosen, **BEFORE_V34)
+    return dataclasses.replace(chosen, **BEFORE_V35) if version < 35 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -795,8 +805,8 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34) and
-    direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35)
+    and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -902,8 +912,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34), "data" or "weight"
-    (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35), "data" or
+    "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

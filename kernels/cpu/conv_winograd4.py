@@ -620,20 +620,21 @@ def _gt3(x0, x1, x2, x3, x4, x5):
 
 
 @njit(cache=True, nogil=True)
-def _filter_backward(du, dw, k_lo, k_hi):
-    """dw[k, c] = Gᵀ du[·][k, c] G for k in [k_lo, k_hi): 36 read streams, 9 floats out."""
-    k, c = dw.shape[0], dw.shape[1]
-    plane = k * c + SKEW
+def _filter_backward(du, dw, k_lo, k_hi, plane, k_step, c_step):
+    """dw[k, c] = Gᵀ du[·][k, c] G for k in [k_lo, k_hi): 36 read streams, 9 floats out; du[ξ][k, c]
+    at du[ξ·plane + (k − k_lo)·k_step + c·c_step] (``backward_weight``: all of dU, [K][C] planes, k_lo's
+    row first; ``backward_weight_by_k``: one block's, [C][block])."""
+    c = dw.shape[1]
     out = dw.reshape(dw.size)
     cols = np.empty((3, 6), np.float32)
     for kk in range(k_lo, k_hi):
         for cc in range(c):
-            at = kk * c + cc
+            at = (kk - k_lo) * k_step + cc * c_step
             for j in range(6):  # Gᵀ down each column j: rows i of dU are the planes 6i + j
                 r = _gt3(du[j * plane + at], du[(6 + j) * plane + at], du[(12 + j) * plane + at],
                          du[(18 + j) * plane + at], du[(24 + j) * plane + at], du[(30 + j) * plane + at])
                 cols[0, j], cols[1, j], cols[2, j] = r[0], r[1], r[2]
-            o = 9 * at
+            o = 9 * (kk * c + cc)
             for a in range(3):  # then G across each of the three rows
                 r = _gt3(cols[a, 0], cols[a, 1], cols[a, 2], cols[a, 3], cols[a, 4], cols[a, 5])
                 out[o + 3 * a], out[o + 3 * a + 1], out[o + 3 * a + 2] = r[0], r[1], r[2]
@@ -663,4 +664,127 @@ def backward_weight(x, dout, dw, threads: int, rows: int, scratch) -> None:
         run_shares(lambda t, r0=r0, nr=nr: transforms(t, r0, nr), threads)
         run_shares(lambda t, nr=nr, beta=beta: weight_gemms(
             m, v, du, t * 36 // threads, (t + 1) * 36 // threads, k, c, nr * tw, beta), threads)
-    run_shares(lambda t: _filter_backward(du, dw, t * k // threads, (t + 1) * k // threads), threads)
+    plane = k * c + SKEW
+
+    def filters(t: int) -> None:
+        k_lo, k_hi = t * k // threads, (t + 1) * k // threads
+        _filter_backward(du[k_lo * c :], dw, k_lo, k_hi, plane, c, 1)
+
+    run_shares(filters, threads)
+
+
+BY_K_WEIGHT_BUDGET = 5 << 19
+"""At most this many float32 (10 MiB) in ``backward_weight_by_k``'s V and M of the whole batch; above
+it (batch 128 at 512 @4×4) the weight gradient keeps its other path."""
+
+
+def by_k_weight_fits(x_shape, w_shape) -> bool:
+    n, _, h, wd = x_shape
+    cols = n * ((h + 3) // 4) * ((wd + 3) // 4)
+    return 36 * (w_shape[0] + w_shape[1]) * cols <= BY_K_WEIGHT_BUDGET
+
+
+def by_k_weight_workspace_size(x_shape, w_shape, threads: int, block: int = BY_K_BLOCK) -> int:
+    """Scratch of ``backward_weight_by_k``: V and M of the batch, per thread a block's Mᵀ and dUᵀ and the
+    transforms' buffer."""
+    k, c = w_shape[0], w_shape[1]
+    n, _, h, wd = x_shape
+    nr = n * ((h + 3) // 4)
+    cols = nr * ((wd + 3) // 4)
+    return 36 * ((c + k) * cols + 2 * SKEW) + threads * _by_k_weight_per_thread(c, k, wd, nr, block)
+
+
+def _by_k_weight_per_thread(c: int, k: int, width: int, rows: int, block: int) -> int:
+    cols = rows * ((width + 3) // 4)
+    kb = min(block, k)
+    return 36 * (kb * cols + SKEW) + 36 * (c * kb + SKEW) + max(_weight_buffer(width, rows), 18 * kb)
+
+
+@njit(cache=True, nogil=True)
+def _filter_backward_lanes(du, dw, k0, rows, plane, cols):
+    """dw[k0 + r, c] = Gᵀ du[·][c, r] G for r < ``rows``: ``_filter_backward``'s arithmetic on one block's
+    dUᵀ ([C][rows] planes, ``plane`` apart), as loops over r that LLVM vectorizes (16 lanes at 16 rows);
+    ``cols``: 18·rows floats of scratch for Gᵀ down the columns."""
+    c = dw.shape[1]
+    out = dw.reshape(dw.size)
+    for cc in range(c):
+        base = cc * rows
+        for j in range(6):  # Gᵀ down column j: rows i of dU are the planes 6i + j
+            c0, c1, c2 = cols[j * rows :], cols[(6 + j) * rows :], cols[(12 + j) * rows :]
+            d0, d1, d2 = du[j * plane + base :], du[(6 + j) * plane + base :], du[(12 + j) * plane + base :]
+            d3, d4, d5 = du[(18 + j) * plane + base :], du[(24 + j) * plane + base :], du[(30 + j) * plane + base :]
+            for r in range(rows):
+                y = _gt3(d0[r], d1[r], d2[r], d3[r], d4[r], d5[r])
+                c0[r], c1[r], c2[r] = y[0], y[1], y[2]
+        for a in range(3):  # then G across each of the three rows
+            e = cols[6 * a * rows :]
+            o = out[(k0 * c + cc) * 9 + 3 * a :]
+            for r in range(rows):
+                y = _gt3(e[r], e[rows + r], e[2 * rows + r], e[3 * rows + r], e[4 * rows + r], e[5 * rows + r])
+                at = 9 * c * r
+                o[at], o[at + 1], o[at + 2] = y[0], y[1], y[2]
+
+
+@njit(cache=True, nogil=True)
+def _weight_k_blocks(v, m, dw, cols, first, last, block, mine):
+    """Output-channel blocks [first, last) of ``backward_weight_by_k`` on the calling thread: per block,
+    its rows of M transposed (tiles × block), the 36 GEMMs dUᵀ[ξ] = V[ξ] (C × tiles) @ Mᵀ[ξ], then
+    dw of its channels = Gᵀ dU G."""
+    k, c = dw.shape[0], dw.shape[1]
+    kb = min(block, k)
+    mt = mine[: 36 * (kb * cols + SKEW)]
+    du = mine[36 * (kb * cols + SKEW) : 36 * (kb * cols + SKEW) + 36 * (c * kb + SKEW)]
+    lanes = mine[36 * (kb * cols + SKEW) + 36 * (c * kb + SKEW) :]
+    scalars = np.empty(2, np.float32)
+    vplane, mplane = c * cols + SKEW, k * cols + SKEW
+    for b in range(first, last):
+        k0 = b * block
+        rows = min(block, k - k0)
+        tplane, uplane = rows * cols + SKEW, c * rows + SKEW
+        for xi in range(36):
+            src = m[xi * mplane + k0 * cols :]
+            dst = mt[xi * tplane :]
+            for r in range(rows):
+                for j in range(cols):
+                    dst[j * rows + r] = src[r * cols + j]
+            sgemm(False, False, c, rows, cols, v[xi * vplane :], cols, dst, rows, 0.0, du[xi * uplane :], rows,
+                  scalars)
+        _filter_backward_lanes(du, dw, k0, rows, uplane, lanes)
+
+
+def backward_weight_by_k(x, dout, dw, threads: int, scratch, block: int = BY_K_BLOCK) -> None:
+    """``backward_weight`` for small planes split by output channel (v35): the threads transform the
+    whole batch, x by channel into V and dout by output channel into M, then each takes whole blocks of
+    ``block`` output channels and, per block, runs the 36 GEMMs dUᵀ[ξ] = V[ξ] @ M[ξ]ᵀ with the batch's
+    tiles as the inner dimension (its rows of M transposed first, so the GEMMs are plain ones of
+    ≤ 10⁶ multiply-adds: OpenBLAS's small-matrix kernel; with Mᵀ read transposed they ran at half
+    speed) and dw of its channels from its dU. ``by_k_weight_fits`` says when the batch's V and M are
+    small enough.
+
+    Why. ``backward_weight`` splits the 36 GEMMs by ξ: each thread writes its planes of a dU of 36·K·C
+    floats (36 MiB at 512 @4×4) to memory and the filter transform reads them back; here a block's dU
+    (1.2 MiB) stays in cache. The blocks are fixed by the shape and each dw element is one GEMM's dot
+    products over all tiles and one thread's transform: the same bits at any thread count."""
+    n, c, h, width = x.shape
+    k = dw.shape[0]
+    nr = n * ((h + 3) // 4)
+    cols = nr * ((width + 3) // 4)
+    vsize = 36 * (c * cols + SKEW)
+    v = scratch[:vsize]
+    m = scratch[vsize : vsize + 36 * (k * cols + SKEW)]
+    start = vsize + 36 * (k * cols + SKEW)
+    per_thread = _by_k_weight_per_thread(c, k, width, nr, block)
+    src, dsrc = x.reshape(x.size), dout.reshape(dout.size)
+
+    def mine(t: int):
+        return scratch[start + t * per_thread : start + (t + 1) * per_thread]
+
+    def transforms(t: int) -> None:
+        buf = mine(t)
+        _input_transform(src, 0, nr, c, h, width, v, buf, t * c // threads, (t + 1) * c // threads)
+        _dout_transform(dsrc, 0, nr, t * k // threads, (t + 1) * k // threads, k, h, width, m, buf)
+
+    run_shares(transforms, threads)
+    blocks = -(-k // block)
+    run_shares(lambda t: _weight_k_blocks(v, m, dw, cols, t * blocks // threads, (t + 1) * blocks // threads, block,
+                                          mine(t)), threads)

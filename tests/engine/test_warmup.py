@@ -100,6 +100,9 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
         # v34: forward and backward-data on 4×4 and 8×8 planes by output channel in F(4×4) (no by-ξ job)
         winograd4.add("conv2d_forward/winograd4-by-k/bias=False/v=None")
         winograd.discard("conv2d_forward/winograd-by-xi/bias=False/v=None")
+        # v35: so does the weight gradient (512 @4×4 took F(2×2), the only "winograd" job left)
+        winograd4.add("conv2d_backward_weight/winograd4-weight-by-k/bias=False/v=None")
+        winograd.discard("conv2d_backward_weight/winograd/bias=False/v=None")
     assert conv == gemm | shifted | winograd | winograd4
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 

@@ -38,7 +38,7 @@ SHAPES = [
     (2, 64, 16, 17, 64, 3, 1, 1, 1),  # Winograd F(4×4) with OpenBLAS (≥ 16×16): a partial last tile column
     (3, 64, 3, 4, 64, 3, 1, 1, 1),  # Winograd by ξ (v23: ≤ 16 pixels): odd plane, forward and backward-data
     (3, 64, 16, 20, 72, 3, 2, 1, 1),  # polyphase Winograd stride 2 forward (v28, OpenBLAS): not square, 3 images
-    (3, 64, 5, 6, 72, 3, 1, 1, 1),  # F(4×4) by output channel (v34, OpenBLAS, 16–64 pixels): partial tiles, blocks
+    (3, 64, 5, 6, 72, 3, 1, 1, 1),  # F(4×4) by output channel (v34, v35 weight; OpenBLAS, 16–64 pixels): partial tiles
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
 
@@ -107,7 +107,7 @@ def _atol(x_shape, w_shape, args, direction, want, paths=cpu.EXPORTED) -> float:
     """1e-4, but on the F(4×4) Winograd path an error that scales with the outputs: its transforms'
     coefficients (up to 8 and 1/24) round at ~5e-6 of the largest output (the unscaled weights here
     make outputs of ~100 and errors of up to 5e-4, where F(2×2) stays under 1e-4)."""
-    if cpu.path(x_shape, w_shape, *args, direction, paths) in ("winograd4", "winograd4-by-k"):
+    if cpu.path(x_shape, w_shape, *args, direction, paths) in ("winograd4", "winograd4-by-k", "winograd4-weight-by-k"):
         return max(1e-4, 2e-5 * float(np.abs(want).max()))
     return 1e-4
 
@@ -311,17 +311,21 @@ def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas
     [
         ((32, 64, 32, 32), (64, 64, 3, 3), "winograd4", "shifted"),  # v15: 15.5 -> 11.3 ms (AMD, OpenBLAS)
         ((32, 128, 16, 16), (128, 128, 3, 3), "winograd4", "winograd"),  # 10.6 -> 9.1
-        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4", "winograd"),  # 10.3 -> 9.2 (forward: no)
-        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd", "winograd"),
-        ((32, 256, 4, 4), (256, 256, 3, 3), "winograd", "winograd"),  # below 8x8: not measured
+        # v15: 10.3 -> 9.2 (forward: no); v35: by output channel, 7.4 -> 6.9 and 6.6 -> 5.7
+        ((32, 256, 8, 8), (256, 256, 3, 3), "winograd4-weight-by-k", "winograd"),
+        ((32, 512, 4, 4), (512, 512, 3, 3), "winograd4-weight-by-k", "winograd"),  # v35: F(2x2) 10.2 -> 7.9
+        ((32, 256, 4, 4), (256, 256, 3, 3), "winograd4-weight-by-k", "winograd"),  # v35's rule (not measured)
         ((32, 64, 64, 64), (64, 64, 3, 3), "shifted", "shifted"),  # not measured
     ],
 )
 def test_winograd4_weight_gradient_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl):
     expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
     assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight") == expected
+    if expected == "winograd4-weight-by-k":
+        expected = "winograd4" if x_shape[2] == 8 else "winograd"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study._paths(34)) == expected
     if expected == "winograd4":
-        assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) != "winograd4"
+        assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study._paths(14)) != "winograd4"
 
 
 def test_winograd4_runs_on_the_tested_shape():
@@ -457,11 +461,11 @@ def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
     assert cpu.winograd_max_pixels(direction, sgemm="MKL 2026.2 (sequential, reproducible mode)") == 16 * 16
     assert cpu.winograd_max_pixels("weight", sgemm=blas.OPENBLAS) == 16 * 16  # level at 32x32: shifted
     openblas = blas.select_sgemm() == blas.OPENBLAS
-    assert cpu.path(*shapes, conv_study.V13_PATHS) == ("winograd" if openblas else "shifted")
-    assert cpu.path(*shapes, conv_study.V11_PATHS) == "shifted"
+    assert cpu.path(*shapes, conv_study._paths(13)) == ("winograd" if openblas else "shifted")
+    assert cpu.path(*shapes, conv_study._paths(11)) == "shifted"
     assert cpu.path((32, 64, 64, 64), (64, 64, 3, 3), 1, 1, 1, direction) == "shifted"  # not measured: shifted
     # F(2x2) was level with the shifted GEMMs on the weight gradient at 32x32; F(4x4) is not (v15)
-    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight", conv_study.V14_PATHS) == "shifted"
+    assert cpu.path((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, "weight", conv_study._paths(14)) == "shifted"
 
 
 @pytest.mark.parametrize(("index", "direction", "per_image"), [
@@ -516,17 +520,18 @@ def test_pointwise_weight_in_place_is_reached_by_the_tested_shapes():
 
 def test_winograd_runs_on_the_tested_shape_in_every_direction():
     # the reference, determinism and numbered-version tests reach conv_winograd only through this shape
-    # (its forward and backward-data through the numbered versions v10-v30 where the sgemm is OpenBLAS:
-    # since v34 the table runs them by output channel in F(4x4))
+    # (through the numbered versions v10-v30 where the sgemm is OpenBLAS: since v34 the table runs
+    # forward and backward-data by output channel in F(4x4), since v35 the weight gradient too)
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[18]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
     v30 = conv_study._paths(30)
     assert cpu.path(*shapes, "forward", v30) == cpu.path(*shapes, "data", v30) == "winograd"
-    assert cpu.path(*shapes, "weight") == "winograd"
-    if blas.select_sgemm() == blas.OPENBLAS:
+    assert cpu.path(*shapes, "weight", v30) == "winograd"
+    if blas.select_sgemm() == blas.OPENBLAS:  # v35: the weight gradient too
         assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd4-by-k"
-    assert cpu.path(*shapes, "weight", conv_study.V10_PATHS) == "gemm"  # v10: 35 pixels, below the shifted path's 64
-    assert cpu.path(*shapes, "forward", conv_study.V9_PATHS) == "gemm"  # v9 keeps its own path
+        assert cpu.path(*shapes, "weight") == "winograd4-weight-by-k"
+    assert cpu.path(*shapes, "weight", conv_study._paths(10)) == "gemm"  # v10: 35 pixels, below the shifted path's 64
+    assert cpu.path(*shapes, "forward", conv_study._paths(9)) == "gemm"  # v9 keeps its own path
 
 
 @pytest.mark.parametrize(
@@ -542,7 +547,7 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
 )
 def test_weight_gradient_takes_the_path_the_figures_chose(x_shape, w_shape, expected):
     # v14's rules (with OpenBLAS, v15 moves the first two to F(4x4): test_winograd4_takes_the_planes_...)
-    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study.V14_PATHS) == expected
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, "weight", conv_study._paths(14)) == expected
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -607,7 +612,7 @@ def test_512_channels_on_4x4_take_winograd_by_xi(direction):
     before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.BEFORE_V34)
     assert cpu.path(*shapes, direction, before_v34) == "winograd-by-xi"
     assert cpu.path(*shapes, direction, conv_study._paths(20)) == "winograd"
-    assert cpu.path(*shapes, "weight") == "winograd"
+    assert cpu.path(*shapes, "weight", conv_study._paths(34)) == "winograd"
     assert cpu.path((32, 512, 8, 8), (512, 512, 3, 3), 1, 1, 1, direction, before_v34) == "winograd"
 
 
@@ -704,8 +709,8 @@ def test_shifted_path_runs_on_the_tested_shapes():
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         for direction in ("forward", "weight"):
             assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "gemm"  # < 8 channels
-        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward", conv_study.V16_PATHS) == "shifted"
-        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study.V10_PATHS) == "shifted"
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward", conv_study._paths(16)) == "shifted"
+        assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study._paths(10)) == "shifted"
     for i in (19, 20):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         for direction in ("forward", "data", "weight"):
@@ -780,9 +785,9 @@ def test_stems_run_on_im2col_in_every_direction(direction):
     # backward-data on the shifted GEMMs (the first run's reason is in SHIFTED_MIN_CHANNELS' docstring)
     stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
     assert cpu.path(*stem, 1, 1, 1, direction) == "gemm"
-    assert cpu.path(*wide, 1, 1, 1, direction, conv_study.V13_PATHS) == "shifted"
+    assert cpu.path(*wide, 1, 1, 1, direction, conv_study._paths(13)) == "shifted"
     if direction != "weight":
-        assert cpu.path(*stem, 1, 1, 1, direction, conv_study.V16_PATHS) == "shifted"
+        assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(16)) == "shifted"
 
 
 DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pairs, full resolution, stride 1
@@ -1001,7 +1006,8 @@ def test_depthwise_in_registers_matches_reference_and_gives_the_same_bits_at_any
     for direction in ("forward", "data", "weight"):
         assert cpu.path(x.shape, w.shape, stride, pad, groups, direction) == "depthwise-registers"
         assert cpu.workspace_size(x.shape, w.shape, stride, pad, groups, direction) == 0
-        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, conv_study.V23_PATHS) != "depthwise-registers"
+        v23 = conv_study._paths(23)
+        assert cpu.path(x.shape, w.shape, stride, pad, groups, direction, v23) != "depthwise-registers"
     expected = _reference(x, w, b, dout, args)
     results = _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3))
     for got, want in zip(results[0], expected):
@@ -1333,3 +1339,36 @@ def test_winograd4_by_k_is_reached_by_the_tested_shapes():
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
     expected = "winograd4-by-k" if blas.select_sgemm() == blas.OPENBLAS else "winograd-by-xi"
     assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == expected
+    expected = "winograd4-weight-by-k" if blas.select_sgemm() == blas.OPENBLAS else "winograd"
+    assert cpu.path(*shapes, "weight") == expected
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("block", [16, 5])
+def test_winograd4_weight_by_k_matches_reference_and_its_bits_do_not_depend_on_threads(threads, block):
+    """The F(4×4) weight gradient by output channel (v35): odd, non-square planes, blocks that do not
+    divide the output channels; each dw element is one GEMM's sums over all tiles and one thread's
+    transform, so every thread count gives one thread's bits."""
+    for n, c, h, wd, k in ((3, 12, 4, 4, 7), (5, 9, 5, 7, 11), (2, 8, 8, 8, 16), (4, 20, 3, 5, 33)):
+        x, w, _, dout, args = _case((n, c, h, wd, k, 3, 1, 1, 1))
+        want = np.empty_like(w)
+        ref.conv2d_backward_weight(x, dout, want, None, *args)
+        bits = []
+        for count in (1, threads):
+            size = winograd4.by_k_weight_workspace_size(x.shape, w.shape, count, block)
+            got = np.full(w.shape, np.nan, np.float32)
+            with cpu.blas_on_calling_thread:
+                winograd4.backward_weight_by_k(x, dout, got, count, np.full(size, np.nan, np.float32), block)
+            bits.append(got)
+        np.testing.assert_allclose(bits[1], want, rtol=1e-4, atol=2e-5 * float(np.abs(want).max()))
+        np.testing.assert_array_equal(bits[0], bits[1])
+
+
+def test_winograd4_weight_by_k_needs_the_batch_to_fit():
+    # batch 32 at 512 @4x4 fits the 10 MiB of V and M; batch 128 keeps F(2x2) (or whatever comes next)
+    w_shape = (512, 512, 3, 3)
+    assert winograd4.by_k_weight_fits((32, 512, 4, 4), w_shape)
+    assert not winograd4.by_k_weight_fits((128, 512, 4, 4), w_shape)
+    if blas.select_sgemm() == blas.OPENBLAS:
+        assert cpu.path((32, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd4-weight-by-k"
+        assert cpu.path((128, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd"
