@@ -100,10 +100,11 @@ gathered side by side (``gather_rows``): a 16-deep GEMM per image ran ~5–10% s
 
 Measured first, one thread, 16 images, ms (v16 per image → NN with x transposed, one image per GEMM):
 192→64 @8×8 0.335 → 0.301, 384→64 0.602 → 0.610 (its x transposition alone 0.158: hence the smaller side),
-96→576 1.228 → 1.067, 960→320 @4×4 1.761 → 1.660 (→ 1.503 with 8 images per GEMM). One share of the final
-kernel alone (half of dW, 32 images, one thread): 576→160 @4×4 0.486 ms, of which 0.035 transposes and
-0.020 gathers; its GEMMs run at ~109 GFLOP/s, this core's peak for OpenBLAS (NumPy's 1024³ sgemm: ~85 per
-core); the two-thread call costs ~0.08 ms more than a share (``run_shares``' round trip alone is 35 µs).
+96→576 1.228 → 1.067, 960→320 @4×4 1.761 → 1.660 (→ 1.503 with 8 images per GEMM). One share alone (half of
+dW, 32 images, one thread, with the first transposition): 576→160 @4×4 0.486 ms, of which 0.035 transposes
+and 0.020 gathers; its GEMMs ran at ~109 GFLOP/s (NumPy's 1024³ sgemm: ~85 per core here), so what is left
+is outside them: the two-thread call costs ~0.08 ms more than a share (``run_shares``' round trip alone is
+35 µs, the whole table call on a tiny shape 59 µs).
 
 Two threads, batch 32, ``conv.backward_weight`` with v30's and v31's paths alternating call by call (10 each,
 twice, a NumPy 384² sgemm and ``quiesce`` before each round), median ms, v30 → v31, two sittings:
