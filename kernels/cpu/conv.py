@@ -43,7 +43,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   sgemm per image per block of output rows, each ≤ 10⁶ multiply-adds, where SciPy's OpenBLAS takes its
   small-matrix kernel (1.35× over the 20 MobileNetV2 shapes); the weight gradient on ≥ 16×16 planes
   with each thread owning a block of dW, in ≤ 32 × 1200 sub-blocks (``Paths.pointwise_small_gemms``,
-  ``Paths.pointwise_weight_split``).
+  ``Paths.pointwise_weight_split``). Since v31 its weight gradient on planes under 16×16 too: each thread a
+  range of dW's larger side, the smaller side transposed per image so that every GEMM is NN (the transposed-A
+  GEMM ``dout_n @ x_nᵀ`` missed OpenBLAS's small-matrix kernel), 1.12–1.35× on the 11 MobileNetV2 shapes
+  (``Paths.pointwise_weight_transposed``, ``conv_pointwise.backward_weight_transposed``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -250,6 +253,7 @@ class Paths:
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
     winograd4_small_gemms: bool = True
+    pointwise_weight_transposed: bool = True  # v31
     winograd4_by_k: bool = True  # v34
     winograd4_weight_by_k: bool = True  # v35
 
@@ -289,7 +293,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34), "winograd4-weight-by-k" (v35),
     "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
-    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
+    that weight gradient on smaller planes as NN GEMMs) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -307,6 +312,12 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "depthwise-direct"
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
+    if (
+        direction == "weight" and paths.pointwise_weight_transposed
+        and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
+        and conv_pointwise.takes_transposed(x_shape)
+    ):
+        return "pointwise-weight-transposed"
     if (
         direction == "weight" and paths.pointwise_weight_split
         and x_shape[2] * x_shape[3] >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
@@ -541,6 +552,8 @@ def workspace_size(
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind in ("depthwise-direct", "depthwise-registers", "pointwise", "pointwise-weight-split"):
         return 0
+    if kind == "pointwise-weight-transposed":
+        return conv_pointwise.transposed_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1345,6 +1358,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-weight-split":
         with blas_on_calling_thread:
             conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK)
+    elif kind == "pointwise-weight-transposed":
+        with blas_on_calling_thread:
+            conv_pointwise.backward_weight_transposed(x, dout, dw, threads, scratch)
     elif kind == "winograd4-weight-by-k":
         with blas_on_calling_thread:
             conv_winograd4.backward_weight_by_k(x, dout, dw, threads, scratch)

@@ -9,6 +9,8 @@ v16's ``_pointwise_weight_in_place``), one sgemm as large as the layer. Here:
   into blocks of output rows so that rows × pixels × depth ≤ ``SMALL_GEMM_MNK`` (10⁶), on every plane
   size, the images handed out in chunks as before (``threads.run_chunks``). The row blocks do not
   depend on the thread count: the same bits at any thread count.
+- the weight gradient on planes under 16×16 (v31, ``backward_weight_transposed``; path
+  "pointwise-weight-transposed"): NN GEMMs over the smaller side transposed, below.
 - the weight gradient on planes of ≥ 16×16 (``backward_weight``; path "pointwise-weight-split"):
   each thread owns a block of dW (a range of its longer side: input channels when C ≥ K) and sums
   every image into it, in sub-blocks of ≤ 32 rows × ≤ 1200 elements (``weight_steps``): one hand-out,
@@ -75,12 +77,62 @@ two threads instead of over images (144→32 0.795 → 0.484 / 0.498, but 384→
 
 Cold compile: ``images`` 0.71 s, ``weight_block`` 0.41 s on an empty cache (one job each in a
 MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neither).
+
+v31: the weight gradient on planes under 16×16 (``backward_weight_transposed``; path
+"pointwise-weight-transposed", ``Paths.pointwise_weight_transposed``). Until v30 8×8 planes ran v16's
+``dW += dout_n @ x_nᵀ`` per image (each thread a partial dW, added after) and 4×4 planes im2col's stacked
+tiles; issue 13 had them at 0.69–0.89× PyTorch (192→64 @8×8 0.72–0.80 over seven runs, 576→160 @4×4
+0.69–0.88). That GEMM reads x transposed: the one case OpenBLAS's small-matrix kernel takes only when
+M·N ≤ 1200 and K ≥ 32 (``sgemm_small_kernel_permit`` for SkylakeX: transposed A needs both; NN and NT
+only MNK ≤ 10⁶), so a whole-dW GEMM went through the packing path. Now each thread owns a range of dW's
+larger side (``transposed_shares``) and the smaller side of each image is transposed into the thread's
+scratch (``transpose_images``), so every GEMM is NN, cut into row blocks of ≤ ``SMALL_GEMM_MNK``:
+
+- C ≥ K: ``dWᵀ[c0:c1] (rows × K) += x_n[c0:c1] (rows × P) @ doutᵀ_n (P × K)``, x read in place; the block of
+  dWᵀ is written into dw's columns at the end (K × rows floats, once a call);
+- K > C: ``dW[k0:k1] += dout_n[k0:k1] @ xᵀ_n`` straight into dw.
+
+The transposed side is the smaller one (each thread transposes all of it: dout on 384→64, x on 64→384), so
+the duplicated copy is the cheap one and no partial dW is summed. On planes under 64 pixels the GEMMs take
+``TRANSPOSED_TARGET_DEPTH`` (128) pixels of consecutive images (8 images of 4×4), the larger side's rows
+gathered side by side (``gather_rows``): a 16-deep GEMM per image ran ~5–10% slower. Scratch: the caller's,
+``transposed_workspace_size`` (the transposed images, the gathered rows, the dWᵀ block, per thread).
+
+Measured first, one thread, 16 images, ms (v16 per image → NN with x transposed, one image per GEMM):
+192→64 @8×8 0.335 → 0.301, 384→64 0.602 → 0.610 (its x transposition alone 0.158: hence the smaller side),
+96→576 1.228 → 1.067, 960→320 @4×4 1.761 → 1.660 (→ 1.503 with 8 images per GEMM). One share alone (half of
+dW, 32 images, one thread, with the first transposition): 576→160 @4×4 0.486 ms, of which 0.035 transposes
+and 0.020 gathers; its GEMMs ran at ~109 GFLOP/s (NumPy's 1024³ sgemm: ~85 per core here), so what is left
+is outside them: the two-thread call costs ~0.08 ms more than a share (``run_shares``' round trip alone is
+35 µs, the whole table call on a tiny shape 59 µs).
+
+Two threads, batch 32, ``conv.backward_weight`` with v30's and v31's paths alternating call by call (10 each,
+twice, a NumPy 384² sgemm and ``quiesce`` before each round), median ms, v30 → v31, two sittings:
+192→64 @8×8 0.479 → 0.354 / 0.455 → 0.336, 64→384 0.677 → 0.566 / 0.697 → 0.581, 384→64 0.757 → 0.567 /
+0.747 → 0.566, 384→96 1.019 → 0.845 / 1.016 → 0.833, 96→576 1.379 → 1.166 / 1.427 → 1.183, 576→96 1.436 →
+1.182 / 1.471 → 1.196, 576→160 @4×4 0.665 → 0.556 / 0.712 → 0.585, 160→960 0.979 → 0.823 / 1.088 → 0.876,
+960→160 1.026 → 0.878 / 1.223 → 0.953, 960→320 1.926 → 1.723 / 2.035 → 1.769, 320→1280 2.492 → 2.102 /
+2.533 → 2.146 (1.12–1.35×, every shape). PyTorch (``aten.convolution_backward``, two threads, its own
+process, median of 40) in a third sitting, before and after the same comparison: 192→64 0.571 / 0.568 (v31
+0.372), 384→64 0.939 / 0.944 (0.654), 576→160 0.878 / 0.883 (0.700), 960→320 2.364 / 2.278 (1.931); in
+``engine kernels``' first run of the day PyTorch's best was 0.474, 0.596, 0.567 and 1.639 ms on the same
+four: this machine's two states (kernels/README.md has the record runs).
+
+Tried and dropped: both sides transposed and the GEMM as ``Aᵀ·B`` (NT in OpenBLAS's terms, also a small-kernel
+case), one thread, 16 images: 3–25% slower than NN on every 8×8 and 4×4 shape (64→384 0.633 against 0.524 ms,
+96→576 1.331 against 1.067); 2 images per GEMM on 8×8 (faster on 64→384 and 96→576 in one sitting, slower on
+all six in the next); row blocks of ≤ 2.5·10⁵ multiply-adds (192→64 faster in one sitting, 96→576 and 576→96
+15–25% slower), of ≤ 2·10⁶ (6–29% slower on 4×4) or uncut (level to 10% slower) instead of 10⁶; 4 instead of
+8 images of 4×4 (within 5% either way); 16×16 planes with K > C (32→192 against v27's split: 1.06–1.16× in
+three sittings, 0.93–0.97× in three more once the transposition was the final one; ``takes_transposed``).
+Cold compile: the path's first call 1.77–1.82 s CPU on an empty cache
+(0.22 s warm): one more MobileNetV2 warm-up job (22 → 23); ResNet-18 has no plain 1×1 stride-1 conv.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
@@ -160,8 +212,9 @@ SMALL_TN_ELEMENTS = 1200
 """The weight gradient's GEMMs on planes of ≥ 16×16 in dW blocks of ≤ 32 rows and ≤ 1200 elements."""
 
 WEIGHT_SPLIT_MIN_PIXELS = 256
-"""The weight gradient takes this module's split on planes of ≥ 16×16; 8×8 keeps v16's images split
-(one β = 1 sgemm per image, a partial per extra thread), 4×4 v9's stacked tiles."""
+"""The weight gradient takes this module's split on planes of ≥ 16×16; smaller planes take v31's
+``backward_weight_transposed`` (v16–v30: 8×8 v16's images split, one β = 1 sgemm per image and a partial per
+extra thread; 4×4 v9's stacked tiles)."""
 
 
 @njit(cache=True, nogil=True)
@@ -198,3 +251,182 @@ def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = 
         lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
         chunks, threads,
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# v31: the weight gradient on planes under 16×16 as non-transposed GEMMs (path "pointwise-weight-transposed")
+# ----------------------------------------------------------------------------------------------
+
+TRANSPOSED_MIN_DEPTH = 64
+"""Images per GEMM on planes of fewer pixels than this: enough for ``TRANSPOSED_TARGET_DEPTH`` pixels of depth;
+8×8 planes (64 pixels) run one image per GEMM."""
+
+TRANSPOSED_TARGET_DEPTH = 128
+"""The depth (pixels of consecutive images) of each GEMM on planes under ``TRANSPOSED_MIN_DEPTH`` pixels:
+8 images of 4×4."""
+
+
+def takes_transposed(x_shape) -> bool:
+    """Whether a plain 1×1 weight gradient takes ``backward_weight_transposed`` (v31): planes under
+    ``WEIGHT_SPLIT_MIN_PIXELS`` (16×16). At 16×16 with K > C it went both ways against v27's split (32→192, two
+    threads, batch 32, median ms of alternating calls, v27 → v31, six sittings: 0.757 → 0.655, 0.740 → 0.681,
+    0.620 → 0.586, then with the final transposition 0.609 → 0.657, 0.837 → 0.868, 0.576 → 0.593; 144→32 and
+    192→32 level), so 16×16 stays on v27's split."""
+    return x_shape[2] * x_shape[3] < WEIGHT_SPLIT_MIN_PIXELS
+
+
+def transposed_group(x_shape) -> int:
+    """Images per GEMM of ``backward_weight_transposed``: 1 on planes of ≥ 64 pixels, else enough for a
+    depth of ``TRANSPOSED_TARGET_DEPTH`` (never more than the batch)."""
+    pixels = x_shape[2] * x_shape[3]
+    if pixels >= TRANSPOSED_MIN_DEPTH:
+        return 1
+    return max(1, min(x_shape[0], -(-TRANSPOSED_TARGET_DEPTH // max(1, pixels))))
+
+
+def transposed_shares(w_shape, threads: int) -> int:
+    """Threads that get a share: one per row of the larger side at most."""
+    return max(1, min(threads, max(w_shape[0], w_shape[1])))
+
+
+def transposed_share_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch (float32) of one share: the smaller side of ``group`` images transposed (pixels × channels),
+    the larger side's rows of those images side by side (only when ``group`` > 1) and, when the larger side
+    is x (C ≥ K), the share's block of dWᵀ."""
+    k, c = w_shape[0], w_shape[1]
+    pixels = x_shape[2] * x_shape[3]
+    group = transposed_group(x_shape)
+    big, small = (c, k) if k <= c else (k, c)
+    rows = -(-big // transposed_shares(w_shape, threads))
+    return group * pixels * small + (rows * group * pixels if group > 1 else 0) + (rows * k if k <= c else 0)
+
+
+def transposed_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch (float32) of ``backward_weight_transposed`` on ``threads`` threads: one share's per thread."""
+    return transposed_shares(w_shape, threads) * transposed_share_size(x_shape, w_shape, threads)
+
+
+@njit(cache=True, nogil=True)
+def transpose_images(a, n0, images, dst):
+    """dst[(i·P + p)·S + s] = a[n0 + i, s, p] (a: N × S × P): images n0 … n0 + images − 1, each P × S,
+    one after the other. Eight channels at a time: eight loads a plane apart, one contiguous run of eight
+    stores. Of the orders tried, the fastest (32 images, one thread, ms, this / every channel read in order
+    and written with a stride of S / 16-channel strips written in rows / 8 × 8 blocks through a local array):
+    32 ch @16×16 0.074 / 0.121 / – / 0.186; 64 ch @8×8 0.037 / 0.040 / 0.052 / 0.095; 160 ch @4×4 0.023 /
+    0.024 / 0.033 / 0.063."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src = a.reshape(a.size)
+    plane = uint64(pixels)
+    for i in range(images):
+        base = uint64((n0 + i) * channels * pixels)
+        out = uint64(i * pixels * channels)
+        s0 = 0
+        while s0 + 8 <= channels:
+            row = base + uint64(s0 * pixels)
+            for p in range(pixels):
+                at = out + uint64(p * channels + s0)
+                q = row + uint64(p)
+                dst[at] = src[q]
+                dst[at + uint64(1)] = src[q + plane]
+                dst[at + uint64(2)] = src[q + uint64(2) * plane]
+                dst[at + uint64(3)] = src[q + uint64(3) * plane]
+                dst[at + uint64(4)] = src[q + uint64(4) * plane]
+                dst[at + uint64(5)] = src[q + uint64(5) * plane]
+                dst[at + uint64(6)] = src[q + uint64(6) * plane]
+                dst[at + uint64(7)] = src[q + uint64(7) * plane]
+            s0 += 8
+        for s in range(s0, channels):
+            row = base + uint64(s * pixels)
+            for p in range(pixels):
+                dst[out + uint64(p * channels + s)] = src[row + uint64(p)]
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(a, n0, images, b0, b1, dst):
+    """dst[b·(images·P) + i·P + p] = a[n0 + i, b0 + b, p]: channels b0 … b1 − 1 of several images side by side."""
+    channels, pixels = a.shape[1], a.shape[2] * a.shape[3]
+    src = a.reshape(a.size)
+    width = images * pixels
+    for b in range(b1 - b0):
+        for i in range(images):
+            s0 = uint64(((n0 + i) * channels + b0 + b) * pixels)
+            d0 = uint64(b * width + i * pixels)
+            for p in range(pixels):
+                dst[d0 + uint64(p)] = src[s0 + uint64(p)]
+
+
+@njit(cache=True, nogil=True)
+def transposed_share(x, dout, dw, b0, b1, group, mine, limit):
+    """Rows [b0, b1) of dW's larger side, summed over every image, as NN GEMMs ≤ ``limit`` multiply-adds.
+
+    C ≥ K: ``dWᵀ[b0:b1] (rows × K) += x_n[b0:b1] (rows × P) @ doutᵀ_n (P × K)``, x read in place (one image
+    per GEMM) or gathered (``group`` images side by side), dout transposed into ``mine``; the share's dWᵀ
+    block is then written into dw's columns b0 … b1 − 1. K > C: ``dW[b0:b1] += dout_n[b0:b1] @ xᵀ_n``
+    straight into dw. ``mine``: ``transposed_share_size`` floats."""
+    n_images, c_total, k_total = x.shape[0], x.shape[1], dout.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    on_c = k_total <= c_total
+    big = x if on_c else dout
+    small = dout if on_c else x
+    big_channels, small_channels = big.shape[1], small.shape[1]
+    rows = b1 - b0
+    big_flat, w_flat = big.reshape(big.size), dw.reshape(dw.size)
+    transposed_size = group * pixels * small_channels
+    gathered_size = rows * group * pixels if group > 1 else 0
+    transposed = mine[:transposed_size]
+    gathered = mine[transposed_size : transposed_size + gathered_size]
+    result = mine[transposed_size + gathered_size :]
+    scalars = np.empty(2, np.float32)
+    if n_images == 0:
+        for r in range(b0, b1):
+            for s in range(small_channels):
+                w_flat[s * c_total + r if on_c else r * c_total + s] = 0.0
+        return
+    for n0 in range(0, n_images, group):
+        images = min(group, n_images - n0)
+        depth = images * pixels
+        transpose_images(small, n0, images, transposed)
+        if group > 1:
+            gathered_rows = gathered[: rows * depth]
+            gather_rows(big, n0, images, b0, b1, gathered_rows)
+        beta = 0.0 if n0 == 0 else 1.0
+        step = row_block(rows, depth, small_channels, limit)
+        for r0 in range(0, rows, step):
+            m = min(step, rows - r0)
+            if group > 1:
+                a_view, lda = gathered[r0 * depth :], depth
+            else:
+                a_view, lda = big_flat[(n0 * big_channels + b0 + r0) * pixels :], pixels
+            if on_c:
+                target, ldc = result[r0 * k_total :], k_total
+            else:
+                target, ldc = w_flat[(b0 + r0) * c_total :], c_total
+            sgemm(False, False, m, small_channels, depth, a_view, lda, transposed, small_channels, beta, target, ldc,
+                  scalars)  # fmt: skip
+    if on_c:
+        for k in range(k_total):
+            for r in range(rows):
+                w_flat[k * c_total + b0 + r] = result[r * k_total + k]
+
+
+def backward_weight_transposed(x, dout, dw, threads: int, scratch, limit: int | None = None) -> None:
+    """dW of a 1×1 stride-1 conv (groups 1) on planes under 16×16 (v31): each thread owns a range of dW's
+    larger side (``transposed_shares``), transposes the smaller side of each image (group) into its slice of
+    ``scratch`` (``transposed_workspace_size``) and runs NN GEMMs of ≤ ``limit`` multiply-adds (default
+    ``SMALL_GEMM_MNK``): OpenBLAS's small-matrix kernel. No partial sums; the bits depend on the thread
+    count (the share bounds), not on which thread runs what."""
+    limit = SMALL_GEMM_MNK if limit is None else limit
+    k, c = dw.shape[0], dw.shape[1]
+    big = max(k, c)
+    shares = transposed_shares(dw.shape, threads)
+    per = transposed_share_size(x.shape, dw.shape, threads)
+    group = transposed_group(x.shape)
+
+    def work(t: int) -> None:
+        transposed_share(x, dout, dw, t * big // shares, (t + 1) * big // shares, group,
+                         scratch[t * per : (t + 1) * per], limit)  # fmt: skip
+
+    if shares == 1:
+        work(0)
+        return
+    run_shares(work, shares)

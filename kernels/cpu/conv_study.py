@@ -134,6 +134,14 @@ kernels/README.md ("What each step bought").
   run each of their 36 GEMMs in blocks of output channels of ≤ 10⁶ multiply-adds, OpenBLAS's small-matrix
   kernel (``Paths.winograd4_small_gemms``). Batch 32, two threads, median ms, v29 → v30: 128 @16×16 7.20 →
   6.46, 256 @8×8 8.32 → 7.48, 64 @32×32 level (``conv_winograd4.forward``).
+- v31 ``pointwise weight as NN GEMMs`` (v34 adds to it): v30, but the weight gradient of a 1×1 stride-1 conv on
+  planes under 16×16 (MobileNetV2's 8×8 and 4×4 layers; v16's per-image GEMMs and im2col's stacked tiles before) runs
+  with each thread owning a range of dW's larger side and the smaller side transposed per image (8 images of 4×4
+  side by side), so that every GEMM is NN and ≤ 10⁶ multiply-adds: OpenBLAS's small-matrix kernel, which the
+  transposed-A ``dout_n @ x_nᵀ`` missed (``Paths.pointwise_weight_transposed``,
+  ``conv_pointwise.backward_weight_transposed``). Batch 32, two threads, median ms, v30 → v31: 192→64 @8×8
+  0.479 → 0.354, 384→64 0.757 → 0.567, 576→96 1.436 → 1.182, 576→160 @4×4 0.665 → 0.556, 960→320 1.926 →
+  1.723 (all 11 shapes 1.12–1.35×).
 - v34 ``F(4×4) by output channel`` (v31–v33 are numbers given to work on other branches): v30, but
   forward and backward-data on planes of 4×4 to 8×8 (ResNet-18's 512 @4×4, until now F(2×2) by ξ, and 256
   @8×8) split by output channel, each block of 16 channels transforming its own filters where its GEMMs read
@@ -163,7 +171,7 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 34, 35)
+_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -182,6 +190,8 @@ BEFORE_V29 = {"winograd_s2_small_gemms": False}
 """What v29 added, off in every earlier version (``_paths``)."""
 BEFORE_V30 = {"winograd4_small_gemms": False}
 """What v30 added, off in every earlier version (``_paths``)."""
+BEFORE_V31 = {"pointwise_weight_transposed": False}
+"""What v31 added, off in every earlier version (``_paths``)."""
 BEFORE_V34 = {"winograd4_by_k": False}
 """What v34 added, off in every earlier version (``_paths``)."""
 BEFORE_V35 = {"winograd4_weight_by_k": False}
@@ -783,6 +793,8 @@ def _paths(version: int) -> conv.Paths:
         chosen = dataclasses.replace(chosen, **BEFORE_V29)
     if version < 30:
         chosen = dataclasses.replace(chosen, **BEFORE_V30)
+    if version < 31:
+        chosen = dataclasses.replace(chosen, **BEFORE_V31)
     if version < 34:
         chosen = dataclasses.replace(chosen, **BEFORE_V34)
     return dataclasses.replace(chosen, **BEFORE_V35) if version < 35 else chosen
@@ -793,8 +805,8 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30) and direction
-    ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35)
+    and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -900,8 +912,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30), "data" or "weight" (2-18,
-    20, 21, 23, 25, 26, 27, 28, 29, 30), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35), "data" or
+    "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 34, 35), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

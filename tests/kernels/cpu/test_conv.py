@@ -1127,8 +1127,8 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
 POINTWISE_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1, groups 1 (v27)
     (5, 40, 16, 16, 12),  # C ≥ K: the weight gradient split over input channels
     (4, 12, 16, 16, 40),  # K > C: split over output channels
-    (3, 24, 8, 8, 10),  # 8×8: the weight gradient keeps v16's images split
-    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient keeps them)
+    (3, 24, 8, 8, 10),  # 8×8: the weight gradient on v31's path (v16–v30: images split)
+    (3, 30, 4, 4, 9),  # 4×4 (v8–v26: stacked tiles; the weight gradient: v31's path)
     (6, 96, 16, 16, 24),  # ≥ 16×16: the weight gradient in ≤ 32-row, ≤ 1200-element dW blocks
     (2, 40, 16, 16, 100),  # ≥ 16×16, K > C: several 32-row blocks per thread, a short last one
     (3, 8, 5, 7, 200),  # odd plane below 8×8
@@ -1150,10 +1150,13 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
         monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", limit)
     n, c, h, wd, k = shape
     x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=7)
-    split = h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS  # below 16×16 the weight gradient keeps v26's path
+    split = not conv_pointwise.takes_transposed(x.shape)  # below 16×16: v31's path
     assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == [
-        "pointwise", "pointwise", "pointwise-weight-split" if split else "gemm"
+        "pointwise", "pointwise", "pointwise-weight-split" if split else "pointwise-weight-transposed"
     ]
+    assert cpu.path(x.shape, w.shape, *args, "weight", conv_study._paths(30)) == (
+        "pointwise-weight-split" if h * wd >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS else "gemm"
+    )
     assert [cpu.path(x.shape, w.shape, *args, d, conv_study._paths(26)) for d in ("forward", "data", "weight")] == [
         "gemm", "gemm", "gemm"
     ]
@@ -1171,6 +1174,68 @@ def test_pointwise_row_blocks_and_weight_split_match_reference_at_one_two_and_th
     for other in first[1:]:
         assert other[0].tobytes() == first[0][0].tobytes()
         assert other[1].tobytes() == first[0][1].tobytes()
+
+
+TRANSPOSED_SHAPES = [  # (n, c, h, w, k): 1×1 stride 1 on planes under 16×16 (v31)
+    (5, 24, 8, 8, 10),  # 8×8, C ≥ K: split over input channels, dout transposed, dWᵀ written back
+    (4, 10, 8, 8, 24),  # 8×8, K > C: split over output channels, x transposed, straight into dw
+    (3, 17, 8, 8, 17),  # C = K, odd
+    (11, 30, 4, 4, 9),  # 4×4: 8 images per GEMM (gathered), a short last group
+    (9, 7, 4, 4, 33),  # 4×4, K > C
+    (3, 13, 3, 5, 6),  # odd plane of 15 pixels: 3 images per group, fewer images than a full group
+    (4, 2, 5, 7, 1),  # the larger side narrower than the thread count: fewer shares than threads
+    (1, 19, 1, 1, 21),  # one pixel, one image
+    (3, 12, 16, 16, 40),  # 16×16 (the table keeps v27's split there), one image per GEMM
+]
+
+
+@pytest.mark.parametrize("shape", TRANSPOSED_SHAPES, ids=["x".join(map(str, s)) for s in TRANSPOSED_SHAPES])
+@pytest.mark.parametrize("limit", [None, 600])
+def test_pointwise_weight_transposed_matches_reference_at_one_two_and_three_threads(shape, limit):
+    """v31: the 1×1 stride-1 weight gradient on planes under 16×16 as NN GEMMs over the smaller side transposed
+    (``conv_pointwise.backward_weight_transposed``), each thread owning a range of dW's larger side: the NumPy
+    reference's dW at 1, 2 and 3 threads (called directly, so the thread count is the shares', whatever Numba's
+    pool holds), with the table's limit and one that cuts every GEMM into several row blocks; scratch from the
+    planning function, filled with NaN (a read of unwritten scratch shows); the same bits on a second call."""
+    from kernels.cpu import conv_pointwise
+
+    n, c, h, wd, k = shape
+    x, w, b, dout, args = _case((n, c, h, wd, k, 1, 1, 0, 1), seed=11)
+    want = np.empty(w.shape, np.float32)
+    ref.conv2d_backward_weight(x, dout, want, None, *args)
+    for threads in (1, 2, 3):
+        size = conv_pointwise.transposed_workspace_size(x.shape, w.shape, threads)
+        got = []
+        for _ in range(2):
+            dw = np.full(w.shape, np.nan, np.float32)
+            with cpu.blas_on_calling_thread:
+                conv_pointwise.backward_weight_transposed(x, dout, dw, threads, np.full(size, np.nan, np.float32),
+                                                          limit)  # fmt: skip
+            np.testing.assert_allclose(dw, want, rtol=1e-4, atol=1e-4)
+            got.append(dw)
+        assert got[0].tobytes() == got[1].tobytes()
+
+
+def test_pointwise_weight_transposed_is_the_table_path_below_16x16_with_its_scratch():
+    """v31 takes the plain 1×1 weight gradient on planes under 16×16 (v30: im2col tiles or v16's per-image GEMMs),
+    its scratch from ``transposed_workspace_size``; ≥ 16×16 stays on v27's split, stride 2 on im2col."""
+    from kernels.cpu import conv_pointwise
+
+    threads = cpu.get_num_threads()
+    for x_shape, w_shape in (((32, 192, 8, 8), (64, 192, 1, 1)), ((32, 160, 4, 4), (960, 160, 1, 1))):
+        assert cpu.path(x_shape, w_shape, 1, 0, 1, "weight") == "pointwise-weight-transposed"
+        assert cpu.workspace_size(x_shape, w_shape, 1, 0, 1, "weight") == conv_pointwise.transposed_workspace_size(
+            x_shape, w_shape, threads
+        )
+        assert cpu.path(x_shape, w_shape, 1, 0, 1, "weight", conv_study._paths(30)) == "gemm"
+    assert conv_pointwise.transposed_group((32, 192, 8, 8)) == 1
+    assert conv_pointwise.transposed_group((32, 160, 4, 4)) == 8
+    assert conv_pointwise.transposed_group((3, 160, 4, 4)) == 3
+    assert cpu.path((32, 144, 16, 16), (32, 144, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
+    assert cpu.path((32, 32, 16, 16), (192, 32, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
+    assert cpu.path((32, 16, 32, 32), (96, 16, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
+    assert cpu.path((32, 64, 8, 8), (128, 64, 1, 1), 2, 0, 1, "weight") == "gemm"
+    assert conv_study._paths(31).pointwise_weight_transposed and not conv_study._paths(30).pointwise_weight_transposed
 
 
 @pytest.mark.parametrize(
