@@ -75,6 +75,14 @@ were: cutting the forward's batch into 1 or 2 chunks per thread instead of 4 (14
 two threads instead of over images (144→32 0.795 → 0.484 / 0.498, but 384→96 1.12 → 1.25 and 960→320
 @4×4 1.95 → 3.2 / 6.9): the gain there was the smaller GEMMs, which the row blocks give without it.
 
+Tried and dropped (2026-11-26, after v35): cutting a forward or backward-data GEMM over 10⁶ multiply-adds into
+blocks of pixels (all output rows, ≥ 64 pixels each) instead of blocks of output rows, so that no block re-reads
+the image. One thread on 16 images that stay in the cache it looked decisive (144→24 @32×32 2.55 ms in 6-row
+blocks → 1.07 in 128-pixel blocks), but on the batch, two threads, ``conv.forward`` / ``conv.backward_data``
+alternating, median of 15, ms, row → pixel blocks: 144→24 forward 2.16 → 1.74, backward-data 2.15 → 2.18;
+96→24 forward 0.89 → 0.96; 24→144 forward 2.40 → 2.44; the 16×16 shapes level (0.40–0.55 either way): the
+32×32 layers are bound by reading the batch (19 MiB at 144 channels), not by the blocks.
+
 Cold compile: ``images`` 0.71 s, ``weight_block`` 0.41 s on an empty cache (one job each in a
 MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neither).
 
