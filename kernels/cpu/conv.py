@@ -207,6 +207,13 @@ and the first run with v27–v30"); ``Paths(winograd_s2=False)`` gives the secon
 now start at the top of ``engine train`` (``engine.warmup.start_workers``): cold − warm median 13.6 s."""
 
 
+WINOGRAD_S2_WEIGHT_MIN_PIXELS = 256
+"""v32 (``Paths.winograd_s2_backward``): backward-data of the same stride-2 layers as v28's forward, and their weight
+gradient on inputs of at least this many pixels (16×16: 64→128 and 128→256), by the polyphase transform transposed
+(``conv_winograd_s2.backward_data``, ``backward_weight``); 256→512 @8×8's weight gradient (1.16× torch on im2col)
+was not faster on it and stays on im2col. Figures in ``conv_winograd_s2``'s v32 section."""
+
+
 @dataclass(frozen=True)
 class Paths:
     """Which fast paths a call may take (the study versions switch them off one by one)."""
@@ -239,6 +246,7 @@ class Paths:
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
     winograd4_small_gemms: bool = True
+    winograd_s2_backward: bool = True  # v32
 
 
 EXPORTED = Paths()
@@ -312,11 +320,11 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "winograd4"
     if (
-        paths.winograd_s2
-        and direction == "forward"
+        (paths.winograd_s2 if direction == "forward" else paths.winograd_s2_backward)
         and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] >= WINOGRAD_S2_MIN_PIXELS
+        and x_shape[2] * x_shape[3]
+        >= (WINOGRAD_S2_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD_S2_MIN_PIXELS)
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd-s2"
@@ -516,6 +524,10 @@ def workspace_size(
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd-by-xi":
         return conv_winograd.by_xi_workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd-s2" and direction == "data":
+        return conv_winograd_s2.data_workspace_size(x_shape, w_shape, threads)
+    if kind == "winograd-s2" and direction == "weight":
+        return conv_winograd_s2.weight_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd-s2":
         return conv_winograd_s2.workspace_size(x_shape, w_shape, threads)
     if kind == "winograd4" and direction == "weight":
@@ -1264,6 +1276,10 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
             conv_winograd.forward(dout, w, dx, True, threads, rows, scratch, transposed=paths.winograd_data_transposed)
+    elif kind == "winograd-s2":  # v32
+        with blas_on_calling_thread:
+            images = conv_winograd_s2.data_block_images(dx.shape, w.shape, threads)
+            conv_winograd_s2.backward_data(dout, w, dx, threads, images, scratch, conv_pointwise.SMALL_GEMM_MNK)
     elif kind == "winograd-by-xi":
         with blas_on_calling_thread:
             rows = conv_winograd.by_xi_block_rows(dx.shape, w.shape[0], w.shape[1])
@@ -1311,6 +1327,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         with blas_on_calling_thread:
             rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
             conv_winograd.backward_weight(x, dout, dw, threads, rows, scratch)
+    elif kind == "winograd-s2":  # v32
+        with blas_on_calling_thread:
+            images = conv_winograd_s2.weight_block_images(x.shape, dw.shape, threads)
+            conv_winograd_s2.backward_weight(x, dout, dw, threads, images, scratch, conv_pointwise.SMALL_GEMM_MNK)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.backward_weight(

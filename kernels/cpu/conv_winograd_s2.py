@@ -382,3 +382,348 @@ def forward(x, w, out, threads: int, block: int, scratch, limit: int = 0) -> Non
         _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out, limit)
 
     run_shares(work, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# v32: backward-data and the weight gradient by the same transform, transposed
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _dout_transform(src, n0, images, k_lo, k_hi, channels, height, width, m, offsets, cols, q):
+    """dM[(a, b)][k − k_lo][(sa, sb)][j] = (A g Aᵀ)[(a, sa), (b, sb)] of the 2×2 gradient tile g of block column
+    j = i·T + ty·tw + tx (image n0 + i; ``height`` × ``width`` the conv's input plane, ``channels`` dout's): the
+    transpose of the forward's output transform. Per dimension A maps (y0, y1) to (e0, e1, m1, m2, m3) =
+    (y0, y1, y0, y0 + y1, y1).
+
+    Per channel, rows first: three arrays over the block's tile rows, q[y0 | y1 | y0 + y1][(i·th + ty)·OW + x]
+    (OW = 2tw, runs of OW); then per row position one flat loop over the block's columns reading q[2j] and
+    q[2j + 1] (column j's pair)."""
+    th, tw = height // 4, width // 4
+    ow = 2 * tw
+    span = 2 * cols
+    out_plane = 4 * th * tw
+    q0, q1, qs = q[:span], q[span : 2 * span], q[2 * span : 3 * span]
+    for k in range(k_lo, k_hi):
+        for i in range(images):
+            s0 = ((n0 + i) * channels + k) * out_plane
+            for ty in range(th):
+                top = src[s0 + 2 * ty * ow : s0 + (2 * ty + 1) * ow]
+                bottom = src[s0 + (2 * ty + 1) * ow : s0 + (2 * ty + 2) * ow]
+                d = uint64((i * th + ty) * ow)
+                for x in range(ow):
+                    q0[d + uint64(x)] = top[x]
+                for x in range(ow):
+                    q1[d + uint64(x)] = bottom[x]
+                for x in range(ow):
+                    qs[d + uint64(x)] = top[x] + bottom[x]
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            zr = q0 if ra == 0 or ra == 2 else (q1 if ra == 1 or ra == 4 else qs)
+            g0 = 4 * ga
+            row = (k - k_lo) * ma + sa
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
+            me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
+            mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
+            for j in range(cols):
+                a = zr[uint64(2 * j)]
+                b = zr[uint64(2 * j + 1)]
+                me0[j] = a
+                me1[j] = b
+                mm1[j] = a
+                mm2[j] = a + b
+                mm3[j] = b
+
+
+@njit(cache=True, nogil=True)
+def _scatter_transform(v, n0, images, c_lo, c_hi, channels, height, width, dst, offsets, cols, z):
+    """dx[n0 + i, c] = the transpose of the forward's input transform of dV (channels [c_lo, c_hi), V's rows
+    from 0): per dimension Bᵀ's transpose gives the tile's five inputs d0 … d4 (columns 4tx − 1 … 4tx + 3) as
+    (m1, e0, −m1 + m2 − m3, e1, m3); d0 is the previous tile's d4 column (its m3 plus this m1) and the one at
+    column −1 (tx = 0) is the padding, dropped. Each dx element is written once (no scatter-add into dx).
+
+    Per channel, columns first, one flat loop over the block per row position into z[ra][4j + φ] (φ = 0 … 3:
+    columns 4tx … 4tx + 3), the column-3 sum in a second loop (m1 of column j + 1, but not across a tile row's
+    end); then rows, runs of W straight into ``dst``: rows 4ty … 4ty + 3 from (e0), (−m1 + m2 − m3), (e1),
+    (m3 + the next tile row's m1)."""
+    th, tw = height // 4, width // 4
+    span = 4 * cols
+    plane = height * width
+    for c in range(c_lo, c_hi):
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            g0 = 4 * ga
+            row = (c - c_lo) * ma + sa
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
+            ve0, ve1 = v[e : e + cols], v[e + cols : e + 2 * cols]
+            vm1, vm2, vm3 = v[m1 : m1 + cols], v[m2 : m2 + cols], v[m3 : m3 + cols]
+            zr = z[ra * span : (ra + 1) * span]
+            for j in range(cols):
+                zr[uint64(4 * j)] = ve0[j]
+                zr[uint64(4 * j + 1)] = vm2[j] - vm1[j] - vm3[j]
+                zr[uint64(4 * j + 2)] = ve1[j]
+                zr[uint64(4 * j + 3)] = vm3[j]
+            for j in range(cols - 1):
+                zr[uint64(4 * j + 3)] += vm1[j + 1]
+            for r in range(1, images * th):  # a tile row's last column takes nothing from the next row's first
+                j = r * tw - 1
+                zr[uint64(4 * j + 3)] = vm3[j]
+        z0, z1, z2 = z[:span], z[span : 2 * span], z[2 * span : 3 * span]
+        z3, z4 = z[3 * span : 4 * span], z[4 * span : 5 * span]
+        for i in range(images):
+            o = ((n0 + i) * channels + c) * plane
+            for ty in range(th):
+                r = uint64((i * th + ty) * width)
+                row0 = dst[o + 4 * ty * width : o + (4 * ty + 1) * width]
+                row1 = dst[o + (4 * ty + 1) * width : o + (4 * ty + 2) * width]
+                row2 = dst[o + (4 * ty + 2) * width : o + (4 * ty + 3) * width]
+                row3 = dst[o + (4 * ty + 3) * width : o + (4 * ty + 4) * width]
+                for x in range(width):
+                    row0[x] = z0[r + uint64(x)]
+                for x in range(width):
+                    row1[x] = z3[r + uint64(x)] - z2[r + uint64(x)] - z4[r + uint64(x)]
+                for x in range(width):
+                    row2[x] = z1[r + uint64(x)]
+                if ty + 1 < th:
+                    nxt = r + uint64(width)
+                    for x in range(width):
+                        row3[x] = z4[r + uint64(x)] + z2[nxt + uint64(x)]
+                else:
+                    for x in range(width):
+                        row3[x] = z4[r + uint64(x)]
+
+
+@njit(cache=True, nogil=True)
+def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
+    """dx for images [first, last) and input channels [c_lo, c_hi) on the calling thread, ``block`` images at a
+    time: the gradient transform (all K channels), 16 GEMMs dV[g] = U[g]ᵀ dM[g] (rows of dV in blocks of ≤
+    ``limit`` multiply-adds when ``limit`` > 0), the scatter transform straight into ``dx``."""
+    k_all, c_all, height, width = dout.shape[1], dx.shape[1], dx.shape[2], dx.shape[3]
+    c_out = c_hi - c_lo
+    tiles = (height // 4) * (width // 4)
+    src, dst = dout.reshape(dout.size), dx.reshape(dx.size)
+    m_offsets = np.empty(GROUPS + 1, np.int64)
+    v_offsets = np.empty(GROUPS + 1, np.int64)
+    scalars = np.empty(2, np.float32)
+    plane = c_all * k_all + SKEW  # U's group stride
+    for n0 in range(first, last, block):
+        images = min(block, last - n0)
+        cols = images * tiles
+        _offsets(k_all, cols, m_offsets)
+        _offsets(c_out, cols, v_offsets)
+        m = mine[: m_offsets[GROUPS]]
+        v = mine[m_offsets[GROUPS] : m_offsets[GROUPS] + v_offsets[GROUPS]]
+        tmp = mine[m_offsets[GROUPS] + v_offsets[GROUPS] :]
+        _dout_transform(src, n0, images, 0, k_all, k_all, height, width, m, m_offsets, cols, tmp)
+        for g in range(GROUPS):
+            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+            rows = row_block(c_out, k_all, wide, limit)
+            for r0 in range(0, c_out, rows):
+                r = min(rows, c_out - r0)
+                sgemm(True, False, r, wide, k_all, u[g * plane + c_lo + r0 :], c_all, m[m_offsets[g] :], wide,
+                      0.0, v[v_offsets[g] + r0 * wide :], wide, scalars)
+        _scatter_transform(v, n0, images, c_lo, c_hi, c_all, height, width, dst, v_offsets, cols, tmp)
+
+
+def backward_data(dout, w, dx, threads: int, block: int, scratch, limit: int = 0) -> None:
+    """dx = the gradient of the stride-2 conv's input (``supported`` shapes) by the transposed polyphase
+    transform: dM = A dout Aᵀ per 2×2 gradient tile, dV[g] = U[g]ᵀ dM[g] (the forward's U), dx = B dV Bᵀ.
+    Each thread its images, after a U shared by all (the filter transform split by output channel)."""
+    n = dx.shape[0]
+    c_in, c_out = dx.shape[1], dout.shape[1]  # the conv's input (dx) and output (dout) channels
+    start = _filter_size(c_in, c_out)
+    u = scratch[:start]
+    per_thread = _per_thread(c_out, c_in, dx.shape[2], dx.shape[3], block)
+    run_shares(lambda t: _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u), threads)
+
+    def work(t: int) -> None:
+        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+        _data_images(dout, u, dx, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_in, limit)
+
+    run_shares(work, threads)
+
+
+@njit(cache=True, nogil=True)
+def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_step):
+    """dU[g][k_lo:k_hi] = Σ over images [first, last) of dM[g] V[g]ᵀ on the calling thread, ``block`` at a time:
+    the forward's input transform of x (all C channels), the gradient transform of dout's channels [k_lo, k_hi),
+    16 GEMMs (β = 1 after the first block) in sub-blocks of ``k_step`` × ``c_step`` of dU."""
+    n, c_in, height, width = x.shape
+    k_all = dout.shape[1]
+    k_out = k_hi - k_lo
+    tiles = (height // 4) * (width // 4)
+    src, grad = x.reshape(x.size), dout.reshape(dout.size)
+    v_offsets = np.empty(GROUPS + 1, np.int64)
+    m_offsets = np.empty(GROUPS + 1, np.int64)
+    scalars = np.empty(2, np.float32)
+    plane = c_in * k_all + SKEW
+    if first >= last:
+        for g in range(GROUPS):
+            for i in range(g * plane + k_lo * c_in, g * plane + k_hi * c_in):
+                du[i] = 0.0
+    for n0 in range(first, last, block):
+        images = min(block, last - n0)
+        cols = images * tiles
+        _offsets(c_in, cols, v_offsets)
+        _offsets(k_out, cols, m_offsets)
+        v = mine[: v_offsets[GROUPS]]
+        m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
+        tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
+        _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
+        _dout_transform(grad, n0, images, k_lo, k_hi, k_all, height, width, m, m_offsets, cols, tmp)
+        beta = 0.0 if n0 == first else 1.0
+        for g in range(GROUPS):
+            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+            for k0 in range(0, k_out, k_step):
+                kr = min(k_step, k_out - k0)
+                for c0 in range(0, c_in, c_step):
+                    sgemm(False, True, kr, min(c_step, c_in - c0), wide, m[m_offsets[g] + k0 * wide :], wide,
+                          v[v_offsets[g] + c0 * wide :], wide, beta, du[g * plane + (k_lo + k0) * c_in + c0 :], c_in,
+                          scalars)
+
+
+@njit(cache=True, nogil=True)
+def _filter_gradient(du, slots, k_lo, k_hi, dw):
+    """dw[k, c] = Gᵀ dU[k, c] G for k in [k_lo, k_hi) (the filter transform's transpose), dU the sum of
+    ``slots`` consecutive partial dU (added slot after slot): per dimension (dU_e, dU_m1, dU_m2, dU_m3) give
+    (w0, w1, w2) = (m1 + m2, e, m2 + m3)."""
+    k, c = dw.shape[0], dw.shape[1]
+    plane = k * c + SKEW
+    size = GROUPS * plane
+    out = dw.reshape(dw.size)
+    t = np.empty(12, np.float32)
+    d = np.empty(16, np.float32)
+    for kk in range(k_lo, k_hi):
+        for cc in range(c):
+            at = kk * c + cc
+            for g in range(GROUPS):
+                total = du[g * plane + at]
+                for s in range(1, slots):
+                    total += du[s * size + g * plane + at]
+                d[g] = total
+            for b in range(4):  # rows: t[r][b] = Σ_a G[a][r] dU[a][b]
+                e = d[b]
+                m1 = d[4 + b]
+                m2 = d[8 + b]
+                m3 = d[12 + b]
+                t[b] = m1 + m2
+                t[4 + b] = e
+                t[8 + b] = m2 + m3
+            s = 9 * at
+            for r in range(3):
+                out[s + 3 * r] = t[4 * r + 1] + t[4 * r + 2]
+                out[s + 3 * r + 1] = t[4 * r]
+                out[s + 3 * r + 2] = t[4 * r + 2] + t[4 * r + 3]
+
+
+WEIGHT_BY_IMAGES_MAX = 1 << 18
+"""dU of at most this many float32 (16·K·C: 64→128) is summed by image shares, one partial dU per extra thread;
+larger ones split by output channel (``weight_by_images``)."""
+
+
+def weight_by_images(w_shape) -> bool:
+    """Whether ``backward_weight`` splits the threads by images (partial dU per extra thread) rather than by
+    output channel (every thread transforms every image's input)."""
+    return GROUPS * w_shape[0] * w_shape[1] <= WEIGHT_BY_IMAGES_MAX
+
+
+def weight_block_images(x_shape, w_shape, threads: int, target_tiles: int = 0) -> int:
+    """Images per block of ``backward_weight``: ``target_tiles`` tiles (0: ``TARGET_TILES``) within the budget
+    for V (all C channels) and dM (all K, or a thread's K / threads when split by channel), ≤ a thread's images."""
+    n, _, h, w = x_shape
+    c_out, c_in = w_shape[0], w_shape[1]
+    tiles = (h // 4) * (w // 4)
+    split = weight_by_images(w_shape)
+    k_share = c_out if split else -(-c_out // threads)
+    share = -(-n // threads) if split else n
+    wanted = -(-(target_tiles or TARGET_TILES) // tiles)
+    fits = max(1, BLOCK_BUDGET_ELEMENTS // (POSITIONS * (c_in + k_share) * tiles))
+    return max(1, min(share, wanted, fits))
+
+
+def weight_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch of ``backward_weight``: dU (16 groups of K × C; one per thread when split by images), per
+    thread a block's V and dM (its share of K when split by channel) and the transforms' buffer."""
+    k, c = w_shape[0], w_shape[1]
+    images = weight_block_images(x_shape, w_shape, threads)
+    split = weight_by_images(w_shape)
+    k_share = k if split else -(-k // threads)
+    per_thread = _per_thread(c, k_share, x_shape[2], x_shape[3], images)
+    return (threads if split else 1) * _filter_size(c, k) + threads * per_thread
+
+
+DATA_BUDGET_ELEMENTS = 320 * 1024
+"""At most this many float32 (1.25 MiB) in a block's dM and dV together (25·(C + K)·Tb) of ``backward_data``:
+its blocks stay in the 2 MiB L2 beside the U they stream through (the forward's 8 MiB blocks ran it slower)."""
+
+
+def data_block_images(x_shape, w_shape, threads: int) -> int:
+    """Images per block of ``backward_data``: as many as ``DATA_BUDGET_ELEMENTS`` holds (≥ 1), ≤ a thread's share."""
+    n, _, h, w = x_shape
+    tiles = (h // 4) * (w // 4)
+    fits = DATA_BUDGET_ELEMENTS // (POSITIONS * (w_shape[0] + w_shape[1]) * tiles)
+    return max(1, min(-(-n // threads), fits))
+
+
+def data_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch of ``backward_data``: U (16 groups of K × C), per thread a block's dM and dV."""
+    k, c = w_shape[0], w_shape[1]
+    images = data_block_images(x_shape, w_shape, threads)
+    return _filter_size(c, k) + threads * _per_thread(k, c, x_shape[2], x_shape[3], images)
+
+
+WEIGHT_K_STEP = 32
+WEIGHT_ELEMENTS = 1200
+"""The weight gradient's GEMMs in sub-blocks of dU of ≤ 32 rows and ≤ 1200 elements (OpenBLAS's small-matrix
+kernel for a transposed-A-only call: M·N ≤ 1200, K ≥ 32, MNK ≤ 10⁶; ``conv_pointwise.weight_steps``)."""
+
+
+def weight_steps(k_share: int, c_in: int, depth: int, limit: int) -> tuple[int, int]:
+    """Sub-blocks (rows of dU, columns of dU) for GEMMs of depth ``depth``; ``limit`` ≤ 0: one GEMM."""
+    if limit <= 0:
+        return k_share, c_in
+    k_step = row_block(k_share, 1, 1, WEIGHT_K_STEP)
+    most = max(1, min(WEIGHT_ELEMENTS // k_step, limit // (k_step * depth)))
+    return k_step, row_block(c_in, 1, 1, most)
+
+
+def backward_weight(x, dout, dw, threads: int, block: int, scratch, limit: int = 0) -> None:
+    """dw of the stride-2 conv (``supported`` shapes) by the polyphase transform: dU[g] = Σ dM[g] V[g]ᵀ over
+    every tile (V the forward's input transform, dM = A dout Aᵀ), dw = Gᵀ dU G. Thread t owns output channels
+    [t·K/T, (t+1)·K/T) of dU and dw: it transforms every image's input (as the forward's ``by_channel``) and its
+    channels of dout; no partial sums, no barrier."""
+    n, c_in, k = x.shape[0], x.shape[1], dw.shape[0]
+    split = weight_by_images(dw.shape)
+    size = _filter_size(c_in, k)
+    start = (threads if split else 1) * size
+    du = scratch[:start]
+    k_share = k if split else -(-k // threads)
+    per_thread = _per_thread(c_in, k_share, x.shape[2], x.shape[3], block)
+    depth = 4 * block * (x.shape[2] // 4) * (x.shape[3] // 4)
+    k_step, c_step = weight_steps(k_share, c_in, depth, limit)
+    if split:
+
+        def images(t: int) -> None:
+            mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+            _weight_images(x, dout, du[t * size : (t + 1) * size], t * n // threads, (t + 1) * n // threads, block,
+                           mine, 0, k, k_step, c_step)
+
+        run_shares(images, threads)
+        run_shares(lambda t: _filter_gradient(du, threads, t * k // threads, (t + 1) * k // threads, dw), threads)
+        return
+
+    def own(t: int) -> None:
+        k_lo, k_hi = t * k // threads, (t + 1) * k // threads
+        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+        _weight_images(x, dout, du, 0, n, block, mine, k_lo, k_hi, k_step, c_step)
+        _filter_gradient(du, 1, k_lo, k_hi, dw)
+
+    run_shares(own, threads)
