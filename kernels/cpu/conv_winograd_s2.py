@@ -522,7 +522,8 @@ def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
         m = mine[: m_offsets[GROUPS]]
         v = mine[m_offsets[GROUPS] : m_offsets[GROUPS] + v_offsets[GROUPS]]
         tmp = mine[m_offsets[GROUPS] + v_offsets[GROUPS] :]
-        _dout_transform(src, n0, images, 0, k_all, k_all, height, width, m, m_offsets, cols, tmp)
+        # np.int64(0), not 0: a literal argument compiles a second signature of the callee (the weight's is int64)
+        _dout_transform(src, n0, images, np.int64(0), k_all, k_all, height, width, m, m_offsets, cols, tmp)
         for g in range(GROUPS):
             wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
             rows = row_block(c_out, k_all, wide, limit)
@@ -593,35 +594,34 @@ def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_
 @njit(cache=True, nogil=True)
 def _filter_gradient(du, slots, k_lo, k_hi, dw):
     """dw[k, c] = Gᵀ dU[k, c] G for k in [k_lo, k_hi) (the filter transform's transpose), dU the sum of
-    ``slots`` consecutive partial dU (added slot after slot): per dimension (dU_e, dU_m1, dU_m2, dU_m3) give
-    (w0, w1, w2) = (m1 + m2, e, m2 + m3)."""
+    ``slots`` consecutive partial dU (added into the first, slot after slot): per dimension (dU_e, dU_m1, dU_m2,
+    dU_m3) give (w0, w1, w2) = (m1 + m2, e, m2 + m3). Scalar code (8 MiB of dU at most, read once)."""
     k, c = dw.shape[0], dw.shape[1]
     plane = k * c + SKEW
     size = GROUPS * plane
     out = dw.reshape(dw.size)
-    t = np.empty(12, np.float32)
-    d = np.empty(16, np.float32)
-    for kk in range(k_lo, k_hi):
-        for cc in range(c):
-            at = kk * c + cc
-            for g in range(GROUPS):
-                total = du[g * plane + at]
-                for s in range(1, slots):
-                    total += du[s * size + g * plane + at]
-                d[g] = total
-            for b in range(4):  # rows: t[r][b] = Σ_a G[a][r] dU[a][b]
-                e = d[b]
-                m1 = d[4 + b]
-                m2 = d[8 + b]
-                m3 = d[12 + b]
-                t[b] = m1 + m2
-                t[4 + b] = e
-                t[8 + b] = m2 + m3
-            s = 9 * at
-            for r in range(3):
-                out[s + 3 * r] = t[4 * r + 1] + t[4 * r + 2]
-                out[s + 3 * r + 1] = t[4 * r]
-                out[s + 3 * r + 2] = t[4 * r + 2] + t[4 * r + 3]
+    for s in range(1, slots):
+        part = s * size
+        for g in range(GROUPS):
+            lo = g * plane + k_lo * c
+            for i in range(lo, lo + (k_hi - k_lo) * c):
+                du[i] += du[part + i]
+    for at in range(k_lo * c, k_hi * c):
+        for r in range(3):  # G's rows holding tap r: r = 0 in m1, m2; r = 1 in e; r = 2 in m2, m3
+            ra, rb = (1, 2) if r == 0 else ((0, 0) if r == 1 else (2, 3))
+            t0 = du[4 * ra * plane + at]
+            t1 = du[(4 * ra + 1) * plane + at]
+            t2 = du[(4 * ra + 2) * plane + at]
+            t3 = du[(4 * ra + 3) * plane + at]
+            if r != 1:
+                t0 += du[4 * rb * plane + at]
+                t1 += du[(4 * rb + 1) * plane + at]
+                t2 += du[(4 * rb + 2) * plane + at]
+                t3 += du[(4 * rb + 3) * plane + at]
+            o = 9 * at + 3 * r
+            out[o] = t1 + t2
+            out[o + 1] = t0
+            out[o + 2] = t2 + t3
 
 
 WEIGHT_BY_IMAGES_MAX = 1 << 18
