@@ -99,7 +99,7 @@ import numpy as np
 from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import row_block, sgemm
-from kernels.cpu.threads import run_shares
+from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
 TARGET_TILES = 128
 """Tiles per block (Tb), rounded up to whole images, before the cache budget below."""
@@ -545,11 +545,13 @@ def backward_data(dout, w, dx, threads: int, block: int, scratch, limit: int = 0
     per_thread = _per_thread(c_out, c_in, dx.shape[2], dx.shape[3], block)
     run_shares(lambda t: _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u), threads)
 
-    def work(t: int) -> None:
-        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
-        _data_images(dout, u, dx, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_in, limit)
+    chunks = chunk_count(n, block, threads)
 
-    run_shares(work, threads)
+    def work(c: int, slot: int) -> None:
+        mine = scratch[start + slot * per_thread : start + (slot + 1) * per_thread]
+        _data_images(dout, u, dx, c * n // chunks, (c + 1) * n // chunks, block, mine, 0, c_in, limit)
+
+    run_chunks(work, chunks, threads)
 
 
 @njit(cache=True, nogil=True)
