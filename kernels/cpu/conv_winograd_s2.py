@@ -1,4 +1,5 @@
-"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform: v28 (``conv.Paths.winograd_s2``).
+"""3×3 stride-2 pad-1 convolution by a polyphase Winograd transform: the forward v28 (``conv.Paths.winograd_s2``),
+backward-data and the weight gradient v32 (``conv.Paths.winograd_s2_backward``, its section at the end).
 
 Why. ResNet-18's three downsampling 3×3 convolutions (64→128 @32×32, 128→256 @16×16, 256→512
 @8×8, stride 2) ran on im2col and one sgemm, and the sgemm was ⅞ of the forward's time. OpenBLAS's
@@ -91,6 +92,73 @@ Tried and dropped:
   5.80–6.09 by channel).
 - v26's notes: blocks of 64 or 256 tiles instead of 128, and the threads sharing each block (by channel and
   position group, three barriers per block) did not pay.
+
+**v32: backward-data and the weight gradient** (``conv.Paths.winograd_s2_backward``). Until v30 both ran on im2col,
+and three of their records were below 0.9× PyTorch (issue 13: weight 64→128 0.79–0.84, 128→256 0.86–0.91, data
+128→256 0.73–0.87, 256→512 0.78–0.96 in this session's runs). Where the time went, one thread, 16 images, ms: the
+im2col weight gradient of 64→128 is 1.37 of im2col (per image) and 6.26 of GEMM (``dW (128 × 576) += dout_n @
+cols_nᵀ``, 97 GFLOP/s); cut into OpenBLAS small-kernel blocks (32 × 36 of dW, idea (b) of the issue) the GEMM
+took 5.97 (−5%); backward-data's ``dcols = Wᵀ dout`` 6.22, in row blocks of ≤ 10⁶ multiply-adds 5.49, and col2im
+1.68. Every one of the three layers is 1.21 GFLOP per call, ~6 ms of GEMM at ~100 GFLOP/s on two threads, about
+torch's whole time: no blocking of the im2col GEMM reaches 0.9× with room. So both directions take the same
+transform as the forward, transposed, for the same 25 instead of 36 multiplies per tile:
+
+- backward-data (``backward_data``): dM = A dout Aᵀ per 2×2 gradient tile (``_dout_transform``: per dimension
+  (y0, y1) → (e0, e1, m1, m2, m3) = (y0, y1, y0, y0 + y1, y1), copies and one add, tiles do not overlap), the 16
+  GEMMs dV[g] (C × L) = U[g]ᵀ dM[g] on the forward's U read transposed (the same filter transform), and dx = B dV
+  Bᵀ (``_scatter_transform``: per dimension the tile's inputs 4tx − 1 … 4tx + 3 get (m1, e0, −m1 + m2 − m3, e1,
+  m3); the overlapping column 4tx − 1 is summed with the previous tile's m3 in the transform, so every dx element is
+  written once, no scatter-add). U is built by all threads first, then the images go in chunks
+  (``threads.run_chunks``, as the im2col path) in blocks of ``data_block_images`` (dM and dV ≤ 1.25 MiB).
+- weight gradient (``backward_weight``): V = the forward's ``_input_transform`` of x, dM as above, dU[g] (K × C) =
+  Σ dM[g] V[g]ᵀ over the tiles (each group's positions side by side: one GEMM of depth mult·Tb), in sub-blocks of
+  ≤ 32 × (1200 / 32) of dU (OpenBLAS's small kernel for a transposed-A-only call), β = 1 after a thread's first
+  block; dw = Gᵀ dU G (``_filter_gradient``: (w0, w1, w2) = (m1 + m2, e, m2 + m3) per dimension). A dU of ≤ 2¹⁸
+  floats (64→128) is summed by image shares, one partial dU per extra thread added in thread order; larger ones
+  (128→256) split by output channel, each thread transforming every image's input (``weight_by_images``).
+
+Bits: each dx element is one GEMM column's dot products and one thread's transform; each dw element's partial sums
+are added in a fixed order: the same bits for the same thread count (tested at 1, 2 and 3 threads and both splits).
+Max abs error against the float64-accumulated reference, relative to the largest value: dx ≤ 1.1e-6, dw ≤ 7.3e-7.
+
+Measured (two threads, batch 32, wall ms; A/B scripts alternating the table's v30 and v32 paths call by call in
+one process under the CPU lock, median of 15 unless said):
+
+- Blocks. The forward's 8 MiB blocks (128 tiles) ran backward-data slower than blocks that stay in L2. Images per
+  block (median of 11): 128→256 1 / 2 / 4 / 8: 6.48 / **6.12** / 6.57 / 8.45 (im2col 9.15); 256→512 1 / 2 / 4:
+  6.42 / 8.04 / **6.13** (im2col 8.29; 8 and 16 images 9.51 and 8.96 in another run); 64→128 1 / 2: **5.70** /
+  6.06 (im2col 8.01): hence ``DATA_BUDGET_ELEMENTS``. The weight gradient (dU is summed over the blocks, so larger
+  blocks pay): 64→128 by channel / by images, 1 image 7.70 / 7.04, 2 images 6.83 / 6.83 (im2col 8.36); 128→256 2
+  images 8.51 / 8.49, 4 7.08 / 7.28, 8 **6.73** / 7.75 (im2col 8.30); 256→512 by channel 8, 16, 32 images 9.76,
+  8.85, 8.01, by images 11.88, 9.99, 10.04, against im2col's 7.86: its weight gradient stays on im2col
+  (``conv.WINOGRAD_S2_WEIGHT_MIN_PIXELS``).
+- Small GEMMs (``conv_pointwise.SMALL_GEMM_MNK``), with the forward's blocks, one GEMM → blocks: data 64→128 9.16
+  → 7.45, 128→256 9.28 → 8.45, 256→512 11.66 → 8.96; weight 64→128 by channel 9.41 → 8.31, by images 8.36 → 8.21,
+  128→256 by channel 8.42 → 8.16.
+- The final paths, v30 → v32: data 64→128 8.40 → 6.13, 128→256 7.84 → 5.39, 256→512 8.41 → 6.20; weight 64→128
+  8.47 → 6.88, 128→256 8.19 → 7.02. In ``engine kernels``' conditions (a 1024² NumPy sgemm on all threads and
+  ``quiesce`` before each best-of-7, five alternating rounds): data 7.85 → 5.64, 7.14 → 4.80, 7.96 → 5.45.
+- ``engine kernels --models resnet18 --ops conv2d --compare torch --no-versions --repeat 7``, the session's start
+  (a8fad6a) and v32 alternating, two pairs (ms, ratio torch / ours): data 64→128 7.60, 7.94 → 5.70, 5.59 (2.07,
+  2.14 → 2.49, 2.60); data 128→256 8.15, 7.17 → 5.36, 5.19 (0.73, 0.87 → 1.22, 1.20); data 256→512 7.33, 7.82 →
+  6.83, 7.14 (0.83, 0.96 → 1.16, 0.96); weight 64→128 8.22, 8.42 → 6.31, 6.24 (0.83, 0.79 → 1.07, 1.03); weight
+  128→256 7.14, 7.52 → 6.25, 5.91 (0.91, 0.95 → 1.14, 1.19); weight 256→512 (im2col in both) 7.11, 7.80 → 7.87,
+  7.59 (0.99, 0.95 → 0.94, 0.98). Two more v32 runs alone: data 256→512 5.35 and 5.43 ms (1.13, 1.14).
+
+Cold compile (empty ``NUMBA_CACHE_DIR``, CPU s, each function's first call in one process): ``_dout_transform``
+0.52, ``_scatter_transform`` 0.84, ``_data_images`` 1.10, ``_weight_images`` (the input transform inlined) 1.98,
+``_filter_gradient`` 0.65–0.77: ~5.1 s; as warm-up jobs (``engine.warmup.run_job``) backward-data 3.27 s and the
+weight gradient 2.94 s. Two more jobs in ResNet-18's warm-up (21 → 23); its pool of two workers on an empty cache:
+13.46 → 15.67 s (see the kernels README for the first-run pairs).
+
+Tried and dropped:
+
+- Backward-data on 8×8 inputs split by input channel (as the forward's ``by_channel``: each thread transforms its
+  columns of U and every image's gradient): 6.82 and 6.76 ms against 6.13 and 6.27 split by images.
+- A transposed U for backward-data (NN GEMMs instead of Uᵀ): one thread, 16 images, the GEMMs alone 3.76 against
+  3.93 ms at 256→512 and level at 64→128 and 128→256, with L2-sized blocks; not worth another filter transform.
+- Fixed shares instead of chunks for backward-data: level (5.45 vs 5.52 ms at 256→512 in the conditions above);
+  chunks as the im2col path, which gives a late pool thread less to hold up.
 """
 
 from __future__ import annotations
