@@ -146,10 +146,13 @@ one process under the CPU lock, median of 15 unless said):
   7.59 (0.99, 0.95 → 0.94, 0.98). Two more v32 runs alone: data 256→512 5.35 and 5.43 ms (1.13, 1.14).
 
 Cold compile (empty ``NUMBA_CACHE_DIR``, CPU s, each function's first call in one process): ``_dout_transform``
-0.52, ``_scatter_transform`` 0.84, ``_data_images`` 1.10, ``_weight_images`` (the input transform inlined) 1.98,
-``_filter_gradient`` 0.65–0.77: ~5.1 s; as warm-up jobs (``engine.warmup.run_job``) backward-data 3.27 s and the
-weight gradient 2.94 s. Two more jobs in ResNet-18's warm-up (21 → 23); its pool of two workers on an empty cache:
-13.46 → 15.67 s (see the kernels README for the first-run pairs).
+0.52, ``_scatter_transform`` 0.84, ``_data_images`` 1.10, ``_weight_images`` 1.15 (1.98–2.14 with the input
+transform inlined: now one compile shared with the forward, ``_input_transform``), ``_filter_gradient`` 0.65–0.95:
+~4.3 s; as warm-up jobs (``engine.warmup.run_job``, input transform inlined) backward-data 3.27 s, the weight
+gradient 2.94 s. ResNet-18's warm-up has two more jobs (21 → 23); its pool of two workers on an empty cache
+(``engine.warmup.ensure_compiled``, the session's start and v32 alternating, four pairs): 13.46 → 15.67, 13.11 →
+16.13 (input transform inlined), 13.11 → 15.36, 13.16 → 15.86 s: **+2.2 to +2.7 s** on the first run, against the
+≤ 15 s cold − warm goal it was ~13.5–14.5 s from. ``Paths(winograd_s2_backward=False)`` gives it back.
 
 Tried and dropped:
 
