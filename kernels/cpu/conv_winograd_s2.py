@@ -139,11 +139,13 @@ one process under the CPU lock, median of 15 unless said):
   8.47 → 6.88, 128→256 8.19 → 7.02. In ``engine kernels``' conditions (a 1024² NumPy sgemm on all threads and
   ``quiesce`` before each best-of-7, five alternating rounds): data 7.85 → 5.64, 7.14 → 4.80, 7.96 → 5.45.
 - ``engine kernels --models resnet18 --ops conv2d --compare torch --no-versions --repeat 7``, the session's start
-  (a8fad6a) and v32 alternating, two pairs (ms, ratio torch / ours): data 64→128 7.60, 7.94 → 5.70, 5.59 (2.07,
-  2.14 → 2.49, 2.60); data 128→256 8.15, 7.17 → 5.36, 5.19 (0.73, 0.87 → 1.22, 1.20); data 256→512 7.33, 7.82 →
-  6.83, 7.14 (0.83, 0.96 → 1.16, 0.96); weight 64→128 8.22, 8.42 → 6.31, 6.24 (0.83, 0.79 → 1.07, 1.03); weight
-  128→256 7.14, 7.52 → 6.25, 5.91 (0.91, 0.95 → 1.14, 1.19); weight 256→512 (im2col in both) 7.11, 7.80 → 7.87,
-  7.59 (0.99, 0.95 → 0.94, 0.98). Two more v32 runs alone: data 256→512 5.35 and 5.43 ms (1.13, 1.14).
+  (a8fad6a) and v32 alternating, three pairs (the third with the final tree; ms, ratio torch / ours): data 64→128
+  7.60, 7.94, 7.85 → 5.70, 5.59, 5.27 (2.07, 2.14, 2.22 → 2.49, 2.60, 2.93); data 128→256 8.15, 7.17, 7.26 → 5.36,
+  5.19, 4.86 (0.73, 0.87, 0.90 → 1.22, 1.20, 1.26); data 256→512 7.33, 7.82, 7.52 → 6.83, 7.14, 5.47 (0.83, 0.96,
+  0.79 → 1.16, 0.96, 1.08); weight 64→128 8.22, 8.42, 8.40 → 6.31, 6.24, 5.55 (0.83, 0.79, 0.76 → 1.07, 1.03,
+  1.12); weight 128→256 7.14, 7.52, 7.39 → 6.25, 5.91, 5.40 (0.91, 0.95, 0.97 → 1.14, 1.19, 1.16); weight 256→512
+  (im2col in both) 7.11, 7.80, 7.87 → 7.87, 7.59, 6.95 (0.99, 0.95, 0.92 → 0.94, 0.98, 1.00). Two more v32 runs
+  alone: data 256→512 5.35 and 5.43 ms (1.13, 1.14): its record moves most from run to run.
 
 Cold compile (empty ``NUMBA_CACHE_DIR``, CPU s, each function's first call in one process): ``_dout_transform``
 0.52, ``_scatter_transform`` 0.84, ``_data_images`` 1.10, ``_weight_images`` 1.15 (1.98–2.14 with the input
