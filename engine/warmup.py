@@ -176,6 +176,7 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 4, 32, 32), (4, 1, 3, 3), 2, 1, 4),  # depthwise 4×4 to 32×32 planes: in registers (v25)
         ((BATCH, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels, 16×16: F(4×4) with OpenBLAS
         ((BATCH, 4, 16, 16), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1 on ≥ 16×16: the weight gradient split over dW (v27)
+        ((BATCH, 64, 16, 16), (64, 64, 3, 3), 2, 1, 1),  # 3×3 stride 2, ≥ 64 channels: polyphase Winograd (v28, v32)
     ]
     jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
     if versions:

@@ -28,7 +28,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
 - **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
   polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
-  ``WINOGRAD_S2_MIN_PIXELS``).
+  ``WINOGRAD_S2_MIN_PIXELS``); since v32 backward-data of the same layers and their weight gradient on
+  inputs of ≥ 16×16 too, by the transform transposed (``WINOGRAD_S2_WEIGHT_MIN_PIXELS``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
   groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
@@ -221,6 +222,13 @@ and the first run with v27–v30"); ``Paths(winograd_s2=False)`` gives the secon
 now start at the top of ``engine train`` (``engine.warmup.start_workers``): cold − warm median 13.6 s."""
 
 
+WINOGRAD_S2_WEIGHT_MIN_PIXELS = 256
+"""v32 (``Paths.winograd_s2_backward``): backward-data of the same stride-2 layers as v28's forward, and their weight
+gradient on inputs of at least this many pixels (16×16: 64→128 and 128→256), by the polyphase transform transposed
+(``conv_winograd_s2.backward_data``, ``backward_weight``); 256→512 @8×8's weight gradient (1.16× torch on im2col)
+was not faster on it and stays on im2col. Figures in ``conv_winograd_s2``'s v32 section."""
+
+
 @dataclass(frozen=True)
 class Paths:
     """Which fast paths a call may take (the study versions switch them off one by one)."""
@@ -256,6 +264,7 @@ class Paths:
     pointwise_weight_transposed: bool = True  # v31
     winograd4_by_k: bool = True  # v34
     winograd4_weight_by_k: bool = True  # v35
+    winograd_s2_backward: bool = True  # v32
 
 
 EXPORTED = Paths()
@@ -291,7 +300,8 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34), "winograd4-weight-by-k" (v35),
-    "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
+    "winograd-s2" (v28; backward-data and weight gradient v32), "winograd", "winograd-by-xi" (v23), "shifted",
+    "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
     that weight gradient on smaller planes as NN GEMMs) or "gemm" (im2col).
@@ -355,11 +365,11 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "winograd4"
     if (
-        paths.winograd_s2
-        and direction == "forward"
+        (paths.winograd_s2 if direction == "forward" else paths.winograd_s2_backward)
         and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
-        and x_shape[2] * x_shape[3] >= WINOGRAD_S2_MIN_PIXELS
+        and x_shape[2] * x_shape[3]
+        >= (WINOGRAD_S2_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD_S2_MIN_PIXELS)
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd-s2"
@@ -561,6 +571,10 @@ def workspace_size(
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd-by-xi":
         return conv_winograd.by_xi_workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd-s2" and direction == "data":
+        return conv_winograd_s2.data_workspace_size(x_shape, w_shape, threads)
+    if kind == "winograd-s2" and direction == "weight":
+        return conv_winograd_s2.weight_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd-s2":
         return conv_winograd_s2.workspace_size(x_shape, w_shape, threads)
     if kind == "winograd4-by-k":
@@ -1319,6 +1333,10 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         with blas_on_calling_thread:
             rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
             conv_winograd.forward(dout, w, dx, True, threads, rows, scratch, transposed=paths.winograd_data_transposed)
+    elif kind == "winograd-s2":  # v32
+        with blas_on_calling_thread:
+            images = conv_winograd_s2.data_block_images(dx.shape, w.shape, threads)
+            conv_winograd_s2.backward_data(dout, w, dx, threads, images, scratch, conv_pointwise.SMALL_GEMM_MNK)
     elif kind == "winograd-by-xi":
         with blas_on_calling_thread:
             rows = conv_winograd.by_xi_block_rows(dx.shape, w.shape[0], w.shape[1])
@@ -1372,6 +1390,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         with blas_on_calling_thread:
             rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
             conv_winograd.backward_weight(x, dout, dw, threads, rows, scratch)
+    elif kind == "winograd-s2":  # v32
+        with blas_on_calling_thread:
+            images = conv_winograd_s2.weight_block_images(x.shape, dw.shape, threads)
+            conv_winograd_s2.backward_weight(x, dout, dw, threads, images, scratch, conv_pointwise.SMALL_GEMM_MNK)
     elif kind == "shifted":
         with blas_on_calling_thread:
             conv_shifted.backward_weight(

@@ -1,4 +1,5 @@
-"""3×3 stride-2 pad-1 convolution forward by a polyphase Winograd transform: v28 (``conv.Paths.winograd_s2``).
+"""3×3 stride-2 pad-1 convolution by a polyphase Winograd transform: the forward v28 (``conv.Paths.winograd_s2``),
+backward-data and the weight gradient v32 (``conv.Paths.winograd_s2_backward``, its section at the end).
 
 Why. ResNet-18's three downsampling 3×3 convolutions (64→128 @32×32, 128→256 @16×16, 256→512
 @8×8, stride 2) ran on im2col and one sgemm, and the sgemm was ⅞ of the forward's time. OpenBLAS's
@@ -91,6 +92,78 @@ Tried and dropped:
   5.80–6.09 by channel).
 - v26's notes: blocks of 64 or 256 tiles instead of 128, and the threads sharing each block (by channel and
   position group, three barriers per block) did not pay.
+
+**v32: backward-data and the weight gradient** (``conv.Paths.winograd_s2_backward``). Until v30 both ran on im2col,
+and three of their records were below 0.9× PyTorch (issue 13: weight 64→128 0.79–0.84, 128→256 0.86–0.91, data
+128→256 0.73–0.87, 256→512 0.78–0.96 in this session's runs). Where the time went, one thread, 16 images, ms: the
+im2col weight gradient of 64→128 is 1.37 of im2col (per image) and 6.26 of GEMM (``dW (128 × 576) += dout_n @
+cols_nᵀ``, 97 GFLOP/s); cut into OpenBLAS small-kernel blocks (32 × 36 of dW, idea (b) of the issue) the GEMM
+took 5.97 (−5%); backward-data's ``dcols = Wᵀ dout`` 6.22, in row blocks of ≤ 10⁶ multiply-adds 5.49, and col2im
+1.68. Every one of the three layers is 1.21 GFLOP per call, ~6 ms of GEMM at ~100 GFLOP/s on two threads, about
+torch's whole time: no blocking of the im2col GEMM reaches 0.9× with room. So both directions take the same
+transform as the forward, transposed, for the same 25 instead of 36 multiplies per tile:
+
+- backward-data (``backward_data``): dM = A dout Aᵀ per 2×2 gradient tile (``_dout_transform``: per dimension
+  (y0, y1) → (e0, e1, m1, m2, m3) = (y0, y1, y0, y0 + y1, y1), copies and one add, tiles do not overlap), the 16
+  GEMMs dV[g] (C × L) = U[g]ᵀ dM[g] on the forward's U read transposed (the same filter transform), and dx = B dV
+  Bᵀ (``_scatter_transform``: per dimension the tile's inputs 4tx − 1 … 4tx + 3 get (m1, e0, −m1 + m2 − m3, e1,
+  m3); the overlapping column 4tx − 1 is summed with the previous tile's m3 in the transform, so every dx element is
+  written once, no scatter-add). U is built by all threads first, then the images go in chunks
+  (``threads.run_chunks``, as the im2col path) in blocks of ``data_block_images`` (dM and dV ≤ 1.25 MiB).
+- weight gradient (``backward_weight``): V = the forward's ``_input_transform`` of x, dM as above, dU[g] (K × C) =
+  Σ dM[g] V[g]ᵀ over the tiles (each group's positions side by side: one GEMM of depth mult·Tb), in sub-blocks of
+  ≤ 32 × (1200 / 32) of dU (OpenBLAS's small kernel for a transposed-A-only call), β = 1 after a thread's first
+  block; dw = Gᵀ dU G (``_filter_gradient``: (w0, w1, w2) = (m1 + m2, e, m2 + m3) per dimension). A dU of ≤ 2¹⁸
+  floats (64→128) is summed by image shares, one partial dU per extra thread added in thread order; larger ones
+  (128→256) split by output channel, each thread transforming every image's input (``weight_by_images``).
+
+Bits: each dx element is one GEMM column's dot products and one thread's transform; each dw element's partial sums
+are added in a fixed order: the same bits for the same thread count (tested at 1, 2 and 3 threads and both splits).
+Max abs error against the float64-accumulated reference, relative to the largest value: dx ≤ 1.1e-6, dw ≤ 7.3e-7.
+
+Measured (two threads, batch 32, wall ms; A/B scripts alternating the table's v30 and v32 paths call by call in
+one process under the CPU lock, median of 15 unless said):
+
+- Blocks. The forward's 8 MiB blocks (128 tiles) ran backward-data slower than blocks that stay in L2. Images per
+  block (median of 11): 128→256 1 / 2 / 4 / 8: 6.48 / **6.12** / 6.57 / 8.45 (im2col 9.15); 256→512 1 / 2 / 4:
+  6.42 / 8.04 / **6.13** (im2col 8.29; 8 and 16 images 9.51 and 8.96 in another run); 64→128 1 / 2: **5.70** /
+  6.06 (im2col 8.01): hence ``DATA_BUDGET_ELEMENTS``. The weight gradient (dU is summed over the blocks, so larger
+  blocks pay): 64→128 by channel / by images, 1 image 7.70 / 7.04, 2 images 6.83 / 6.83 (im2col 8.36); 128→256 2
+  images 8.51 / 8.49, 4 7.08 / 7.28, 8 **6.73** / 7.75 (im2col 8.30); 256→512 by channel 8, 16, 32 images 9.76,
+  8.85, 8.01, by images 11.88, 9.99, 10.04, against im2col's 7.86: its weight gradient stays on im2col
+  (``conv.WINOGRAD_S2_WEIGHT_MIN_PIXELS``).
+- Small GEMMs (``conv_pointwise.SMALL_GEMM_MNK``), with the forward's blocks, one GEMM → blocks: data 64→128 9.16
+  → 7.45, 128→256 9.28 → 8.45, 256→512 11.66 → 8.96; weight 64→128 by channel 9.41 → 8.31, by images 8.36 → 8.21,
+  128→256 by channel 8.42 → 8.16.
+- The final paths, v30 → v32: data 64→128 8.40 → 6.13, 128→256 7.84 → 5.39, 256→512 8.41 → 6.20; weight 64→128
+  8.47 → 6.88, 128→256 8.19 → 7.02. In ``engine kernels``' conditions (a 1024² NumPy sgemm on all threads and
+  ``quiesce`` before each best-of-7, five alternating rounds): data 7.85 → 5.64, 7.14 → 4.80, 7.96 → 5.45.
+- ``engine kernels --models resnet18 --ops conv2d --compare torch --no-versions --repeat 7``, the session's start
+  (a8fad6a) and v32 alternating, three pairs (the third with the final tree; ms, ratio torch / ours): data 64→128
+  7.60, 7.94, 7.85 → 5.70, 5.59, 5.27 (2.07, 2.14, 2.22 → 2.49, 2.60, 2.93); data 128→256 8.15, 7.17, 7.26 → 5.36,
+  5.19, 4.86 (0.73, 0.87, 0.90 → 1.22, 1.20, 1.26); data 256→512 7.33, 7.82, 7.52 → 6.83, 7.14, 5.47 (0.83, 0.96,
+  0.79 → 1.16, 0.96, 1.08); weight 64→128 8.22, 8.42, 8.40 → 6.31, 6.24, 5.55 (0.83, 0.79, 0.76 → 1.07, 1.03,
+  1.12); weight 128→256 7.14, 7.52, 7.39 → 6.25, 5.91, 5.40 (0.91, 0.95, 0.97 → 1.14, 1.19, 1.16); weight 256→512
+  (im2col in both) 7.11, 7.80, 7.87 → 7.87, 7.59, 6.95 (0.99, 0.95, 0.92 → 0.94, 0.98, 1.00). Two more v32 runs
+  alone: data 256→512 5.35 and 5.43 ms (1.13, 1.14): its record moves most from run to run.
+
+Cold compile (empty ``NUMBA_CACHE_DIR``, CPU s, each function's first call in one process): ``_dout_transform``
+0.52, ``_scatter_transform`` 0.84, ``_data_images`` 1.10, ``_weight_images`` 1.15 (1.98–2.14 with the input
+transform inlined: now one compile shared with the forward, ``_input_transform``), ``_filter_gradient`` 0.65–0.95:
+~4.3 s; as warm-up jobs (``engine.warmup.run_job``, input transform inlined) backward-data 3.27 s, the weight
+gradient 2.94 s. ResNet-18's warm-up has two more jobs (21 → 23); its pool of two workers on an empty cache
+(``engine.warmup.ensure_compiled``, the session's start and v32 alternating, four pairs): 13.46 → 15.67, 13.11 →
+16.13 (input transform inlined), 13.11 → 15.36, 13.16 → 15.86 s: **+2.2 to +2.7 s** on the first run, against the
+≤ 15 s cold − warm goal it was ~13.5–14.5 s from. ``Paths(winograd_s2_backward=False)`` gives it back.
+
+Tried and dropped:
+
+- Backward-data on 8×8 inputs split by input channel (as the forward's ``by_channel``: each thread transforms its
+  columns of U and every image's gradient): 6.82 and 6.76 ms against 6.13 and 6.27 split by images.
+- A transposed U for backward-data (NN GEMMs instead of Uᵀ): one thread, 16 images, the GEMMs alone 3.76 against
+  3.93 ms at 256→512 and level at 64→128 and 128→256, with L2-sized blocks; not worth another filter transform.
+- Fixed shares instead of chunks for backward-data: level (5.45 vs 5.52 ms at 256→512 in the conditions above);
+  chunks as the im2col path, which gives a late pool thread less to hold up.
 """
 
 from __future__ import annotations
@@ -99,7 +172,7 @@ import numpy as np
 from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import row_block, sgemm
-from kernels.cpu.threads import run_shares
+from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
 TARGET_TILES = 128
 """Tiles per block (Tb), rounded up to whole images, before the cache budget below."""
@@ -204,7 +277,7 @@ def _offsets(channels, cols, offsets):
     offsets[GROUPS] = at
 
 
-@njit(cache=True, nogil=True, inline="always")  # compiled once, inside _images: 3.70 → 3.44 s cold CPU
+@njit(cache=True, nogil=True)  # not inlined since v32: _images and _weight_images share one compile (below)
 def _input_transform(src, n0, images, channels, height, width, v, offsets, cols, p):
     """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of block column j = i·T + ty·tw + tx
     (image n0 + i, tile row ty, tile column tx), channel c. Bᵀ's rows: d1, d3, d0 − d2, d2, d4 − d2.
@@ -214,7 +287,13 @@ def _input_transform(src, n0, images, channels, height, width, v, offsets, cols,
     4ty + 1, m3 = row 4ty + 3 − row 4ty + 1), runs of W. Then columns, one flat loop over the block's
     columns per row position: column j's five inputs are p[ra][4j − 1 … 4j + 3] ((i·th + ty)·W + 4tx =
     4j); the loop reads the whole interleave group 4j + 0 … 3 (wide loads and shuffles, not gathers),
-    keeps d4, and the column −1 (d0: the previous column's d4, zero at tx = 0) is a second, contiguous loop."""
+    keeps d4, and the column −1 (d0: the previous column's d4, zero at tx = 0) is a second, contiguous loop.
+
+    Compiled on its own, not inlined: inlined into ``_images`` alone it saved 0.26 s of cold CPU (3.70 → 3.44 s,
+    v28), but since v32 ``_weight_images`` calls it too, and one compile for both took the four functions' cold CPU
+    in one process from 6.53 to 5.64 s (the forward's time level: 6.63 / 6.74 / 6.26 and 6.31 / 6.29 / 6.16 ms
+    inlined, 6.57 / 6.22 / 6.25 and 6.34 / 6.87 / 5.79 called, the three shapes, median of 15, processes
+    alternating)."""
     th, tw = height // 4, width // 4
     span = cols * 4 + 16
     plane = height * width
@@ -382,3 +461,350 @@ def forward(x, w, out, threads: int, block: int, scratch, limit: int = 0) -> Non
         _images(x, u, out, t * n // threads, (t + 1) * n // threads, block, mine, 0, c_out, limit)
 
     run_shares(work, threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# v32: backward-data and the weight gradient by the same transform, transposed
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _dout_transform(src, n0, images, k_lo, k_hi, channels, height, width, m, offsets, cols, q):
+    """dM[(a, b)][k − k_lo][(sa, sb)][j] = (A g Aᵀ)[(a, sa), (b, sb)] of the 2×2 gradient tile g of block column
+    j = i·T + ty·tw + tx (image n0 + i; ``height`` × ``width`` the conv's input plane, ``channels`` dout's): the
+    transpose of the forward's output transform. Per dimension A maps (y0, y1) to (e0, e1, m1, m2, m3) =
+    (y0, y1, y0, y0 + y1, y1).
+
+    Per channel, rows first: three arrays over the block's tile rows, q[y0 | y1 | y0 + y1][(i·th + ty)·OW + x]
+    (OW = 2tw, runs of OW); then per row position one flat loop over the block's columns reading q[2j] and
+    q[2j + 1] (column j's pair)."""
+    th, tw = height // 4, width // 4
+    ow = 2 * tw
+    span = 2 * cols
+    out_plane = 4 * th * tw
+    q0, q1, qs = q[:span], q[span : 2 * span], q[2 * span : 3 * span]
+    for k in range(k_lo, k_hi):
+        for i in range(images):
+            s0 = ((n0 + i) * channels + k) * out_plane
+            for ty in range(th):
+                top = src[s0 + 2 * ty * ow : s0 + (2 * ty + 1) * ow]
+                bottom = src[s0 + (2 * ty + 1) * ow : s0 + (2 * ty + 2) * ow]
+                d = uint64((i * th + ty) * ow)
+                for x in range(ow):
+                    q0[d + uint64(x)] = top[x]
+                for x in range(ow):
+                    q1[d + uint64(x)] = bottom[x]
+                for x in range(ow):
+                    qs[d + uint64(x)] = top[x] + bottom[x]
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            zr = q0 if ra == 0 or ra == 2 else (q1 if ra == 1 or ra == 4 else qs)
+            g0 = 4 * ga
+            row = (k - k_lo) * ma + sa
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
+            me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
+            mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
+            for j in range(cols):
+                a = zr[uint64(2 * j)]
+                b = zr[uint64(2 * j + 1)]
+                me0[j] = a
+                me1[j] = b
+                mm1[j] = a
+                mm2[j] = a + b
+                mm3[j] = b
+
+
+@njit(cache=True, nogil=True)
+def _scatter_transform(v, n0, images, c_lo, c_hi, channels, height, width, dst, offsets, cols, z):
+    """dx[n0 + i, c] = the transpose of the forward's input transform of dV (channels [c_lo, c_hi), V's rows
+    from 0): per dimension Bᵀ's transpose gives the tile's five inputs d0 … d4 (columns 4tx − 1 … 4tx + 3) as
+    (m1, e0, −m1 + m2 − m3, e1, m3); d0 is the previous tile's d4 column (its m3 plus this m1) and the one at
+    column −1 (tx = 0) is the padding, dropped. Each dx element is written once (no scatter-add into dx).
+
+    Per channel, columns first, one flat loop over the block per row position into z[ra][4j + φ] (φ = 0 … 3:
+    columns 4tx … 4tx + 3), the column-3 sum in a second loop (m1 of column j + 1, but not across a tile row's
+    end); then rows, runs of W straight into ``dst``: rows 4ty … 4ty + 3 from (e0), (−m1 + m2 − m3), (e1),
+    (m3 + the next tile row's m1)."""
+    th, tw = height // 4, width // 4
+    span = 4 * cols
+    plane = height * width
+    for c in range(c_lo, c_hi):
+        for ra in range(5):
+            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+            ma = 2 if ra < 2 else 1
+            g0 = 4 * ga
+            row = (c - c_lo) * ma + sa
+            e = offsets[g0] + row * 2 * cols
+            m1 = offsets[g0 + 1] + row * cols
+            m2 = offsets[g0 + 2] + row * cols
+            m3 = offsets[g0 + 3] + row * cols
+            ve0, ve1 = v[e : e + cols], v[e + cols : e + 2 * cols]
+            vm1, vm2, vm3 = v[m1 : m1 + cols], v[m2 : m2 + cols], v[m3 : m3 + cols]
+            zr = z[ra * span : (ra + 1) * span]
+            for j in range(cols):
+                zr[uint64(4 * j)] = ve0[j]
+                zr[uint64(4 * j + 1)] = vm2[j] - vm1[j] - vm3[j]
+                zr[uint64(4 * j + 2)] = ve1[j]
+                zr[uint64(4 * j + 3)] = vm3[j]
+            for j in range(cols - 1):
+                zr[uint64(4 * j + 3)] += vm1[j + 1]
+            for r in range(1, images * th):  # a tile row's last column takes nothing from the next row's first
+                j = r * tw - 1
+                zr[uint64(4 * j + 3)] = vm3[j]
+        z0, z1, z2 = z[:span], z[span : 2 * span], z[2 * span : 3 * span]
+        z3, z4 = z[3 * span : 4 * span], z[4 * span : 5 * span]
+        for i in range(images):
+            o = ((n0 + i) * channels + c) * plane
+            for ty in range(th):
+                r = uint64((i * th + ty) * width)
+                row0 = dst[o + 4 * ty * width : o + (4 * ty + 1) * width]
+                row1 = dst[o + (4 * ty + 1) * width : o + (4 * ty + 2) * width]
+                row2 = dst[o + (4 * ty + 2) * width : o + (4 * ty + 3) * width]
+                row3 = dst[o + (4 * ty + 3) * width : o + (4 * ty + 4) * width]
+                for x in range(width):
+                    row0[x] = z0[r + uint64(x)]
+                for x in range(width):
+                    row1[x] = z3[r + uint64(x)] - z2[r + uint64(x)] - z4[r + uint64(x)]
+                for x in range(width):
+                    row2[x] = z1[r + uint64(x)]
+                if ty + 1 < th:
+                    nxt = r + uint64(width)
+                    for x in range(width):
+                        row3[x] = z4[r + uint64(x)] + z2[nxt + uint64(x)]
+                else:
+                    for x in range(width):
+                        row3[x] = z4[r + uint64(x)]
+
+
+@njit(cache=True, nogil=True)
+def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
+    """dx for images [first, last) and input channels [c_lo, c_hi) on the calling thread, ``block`` images at a
+    time: the gradient transform (all K channels), 16 GEMMs dV[g] = U[g]ᵀ dM[g] (rows of dV in blocks of ≤
+    ``limit`` multiply-adds when ``limit`` > 0), the scatter transform straight into ``dx``."""
+    k_all, c_all, height, width = dout.shape[1], dx.shape[1], dx.shape[2], dx.shape[3]
+    c_out = c_hi - c_lo
+    tiles = (height // 4) * (width // 4)
+    src, dst = dout.reshape(dout.size), dx.reshape(dx.size)
+    m_offsets = np.empty(GROUPS + 1, np.int64)
+    v_offsets = np.empty(GROUPS + 1, np.int64)
+    scalars = np.empty(2, np.float32)
+    plane = c_all * k_all + SKEW  # U's group stride
+    for n0 in range(first, last, block):
+        images = min(block, last - n0)
+        cols = images * tiles
+        _offsets(k_all, cols, m_offsets)
+        _offsets(c_out, cols, v_offsets)
+        m = mine[: m_offsets[GROUPS]]
+        v = mine[m_offsets[GROUPS] : m_offsets[GROUPS] + v_offsets[GROUPS]]
+        tmp = mine[m_offsets[GROUPS] + v_offsets[GROUPS] :]
+        # np.int64(0), not 0: a literal argument compiles a second signature of the callee (the weight's is int64)
+        _dout_transform(src, n0, images, np.int64(0), k_all, k_all, height, width, m, m_offsets, cols, tmp)
+        for g in range(GROUPS):
+            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+            rows = row_block(c_out, k_all, wide, limit)
+            for r0 in range(0, c_out, rows):
+                r = min(rows, c_out - r0)
+                sgemm(True, False, r, wide, k_all, u[g * plane + c_lo + r0 :], c_all, m[m_offsets[g] :], wide,
+                      0.0, v[v_offsets[g] + r0 * wide :], wide, scalars)
+        _scatter_transform(v, n0, images, c_lo, c_hi, c_all, height, width, dst, v_offsets, cols, tmp)
+
+
+def backward_data(dout, w, dx, threads: int, block: int, scratch, limit: int = 0) -> None:
+    """dx = the gradient of the stride-2 conv's input (``supported`` shapes) by the transposed polyphase
+    transform: dM = A dout Aᵀ per 2×2 gradient tile, dV[g] = U[g]ᵀ dM[g] (the forward's U), dx = B dV Bᵀ.
+    Each thread its images, after a U shared by all (the filter transform split by output channel)."""
+    n = dx.shape[0]
+    c_in, c_out = dx.shape[1], dout.shape[1]  # the conv's input (dx) and output (dout) channels
+    start = _filter_size(c_in, c_out)
+    u = scratch[:start]
+    per_thread = _per_thread(c_out, c_in, dx.shape[2], dx.shape[3], block)
+    run_shares(lambda t: _filter_transform(w, t * c_out // threads, (t + 1) * c_out // threads, u), threads)
+
+    chunks = chunk_count(n, block, threads)
+
+    def work(c: int, slot: int) -> None:
+        mine = scratch[start + slot * per_thread : start + (slot + 1) * per_thread]
+        _data_images(dout, u, dx, c * n // chunks, (c + 1) * n // chunks, block, mine, 0, c_in, limit)
+
+    run_chunks(work, chunks, threads)
+
+
+@njit(cache=True, nogil=True)
+def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_step):
+    """dU[g][k_lo:k_hi] = Σ over images [first, last) of dM[g] V[g]ᵀ on the calling thread, ``block`` at a time:
+    the forward's input transform of x (all C channels), the gradient transform of dout's channels [k_lo, k_hi),
+    16 GEMMs (β = 1 after the first block) in sub-blocks of ``k_step`` × ``c_step`` of dU."""
+    n, c_in, height, width = x.shape
+    k_all = dout.shape[1]
+    k_out = k_hi - k_lo
+    tiles = (height // 4) * (width // 4)
+    src, grad = x.reshape(x.size), dout.reshape(dout.size)
+    v_offsets = np.empty(GROUPS + 1, np.int64)
+    m_offsets = np.empty(GROUPS + 1, np.int64)
+    scalars = np.empty(2, np.float32)
+    plane = c_in * k_all + SKEW
+    if first >= last:
+        for g in range(GROUPS):
+            for i in range(g * plane + k_lo * c_in, g * plane + k_hi * c_in):
+                du[i] = 0.0
+    for n0 in range(first, last, block):
+        images = min(block, last - n0)
+        cols = images * tiles
+        _offsets(c_in, cols, v_offsets)
+        _offsets(k_out, cols, m_offsets)
+        v = mine[: v_offsets[GROUPS]]
+        m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
+        tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
+        _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
+        _dout_transform(grad, n0, images, k_lo, k_hi, k_all, height, width, m, m_offsets, cols, tmp)
+        beta = 0.0 if n0 == first else 1.0
+        for g in range(GROUPS):
+            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+            for k0 in range(0, k_out, k_step):
+                kr = min(k_step, k_out - k0)
+                for c0 in range(0, c_in, c_step):
+                    sgemm(False, True, kr, min(c_step, c_in - c0), wide, m[m_offsets[g] + k0 * wide :], wide,
+                          v[v_offsets[g] + c0 * wide :], wide, beta, du[g * plane + (k_lo + k0) * c_in + c0 :], c_in,
+                          scalars)
+
+
+@njit(cache=True, nogil=True)
+def _filter_gradient(du, slots, k_lo, k_hi, dw):
+    """dw[k, c] = Gᵀ dU[k, c] G for k in [k_lo, k_hi) (the filter transform's transpose), dU the sum of
+    ``slots`` consecutive partial dU (added into the first, slot after slot): per dimension (dU_e, dU_m1, dU_m2,
+    dU_m3) give (w0, w1, w2) = (m1 + m2, e, m2 + m3). Scalar code (8 MiB of dU at most, read once)."""
+    k, c = dw.shape[0], dw.shape[1]
+    plane = k * c + SKEW
+    size = GROUPS * plane
+    out = dw.reshape(dw.size)
+    for s in range(1, slots):
+        part = s * size
+        for g in range(GROUPS):
+            lo = g * plane + k_lo * c
+            for i in range(lo, lo + (k_hi - k_lo) * c):
+                du[i] += du[part + i]
+    for at in range(k_lo * c, k_hi * c):
+        for r in range(3):  # G's rows holding tap r: r = 0 in m1, m2; r = 1 in e; r = 2 in m2, m3
+            ra, rb = (1, 2) if r == 0 else ((0, 0) if r == 1 else (2, 3))
+            t0 = du[4 * ra * plane + at]
+            t1 = du[(4 * ra + 1) * plane + at]
+            t2 = du[(4 * ra + 2) * plane + at]
+            t3 = du[(4 * ra + 3) * plane + at]
+            if r != 1:
+                t0 += du[4 * rb * plane + at]
+                t1 += du[(4 * rb + 1) * plane + at]
+                t2 += du[(4 * rb + 2) * plane + at]
+                t3 += du[(4 * rb + 3) * plane + at]
+            o = 9 * at + 3 * r
+            out[o] = t1 + t2
+            out[o + 1] = t0
+            out[o + 2] = t2 + t3
+
+
+WEIGHT_BY_IMAGES_MAX = 1 << 18
+"""dU of at most this many float32 (16·K·C: 64→128) is summed by image shares, one partial dU per extra thread;
+larger ones split by output channel (``weight_by_images``)."""
+
+
+def weight_by_images(w_shape) -> bool:
+    """Whether ``backward_weight`` splits the threads by images (partial dU per extra thread) rather than by
+    output channel (every thread transforms every image's input)."""
+    return GROUPS * w_shape[0] * w_shape[1] <= WEIGHT_BY_IMAGES_MAX
+
+
+def weight_block_images(x_shape, w_shape, threads: int, target_tiles: int = 0) -> int:
+    """Images per block of ``backward_weight``: ``target_tiles`` tiles (0: ``TARGET_TILES``) within the budget
+    for V (all C channels) and dM (all K, or a thread's K / threads when split by channel), ≤ a thread's images."""
+    n, _, h, w = x_shape
+    c_out, c_in = w_shape[0], w_shape[1]
+    tiles = (h // 4) * (w // 4)
+    split = weight_by_images(w_shape)
+    k_share = c_out if split else -(-c_out // threads)
+    share = -(-n // threads) if split else n
+    wanted = -(-(target_tiles or TARGET_TILES) // tiles)
+    fits = max(1, BLOCK_BUDGET_ELEMENTS // (POSITIONS * (c_in + k_share) * tiles))
+    return max(1, min(share, wanted, fits))
+
+
+def weight_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch of ``backward_weight``: dU (16 groups of K × C; one per thread when split by images), per
+    thread a block's V and dM (its share of K when split by channel) and the transforms' buffer."""
+    k, c = w_shape[0], w_shape[1]
+    images = weight_block_images(x_shape, w_shape, threads)
+    split = weight_by_images(w_shape)
+    k_share = k if split else -(-k // threads)
+    per_thread = _per_thread(c, k_share, x_shape[2], x_shape[3], images)
+    return (threads if split else 1) * _filter_size(c, k) + threads * per_thread
+
+
+DATA_BUDGET_ELEMENTS = 320 * 1024
+"""At most this many float32 (1.25 MiB) in a block's dM and dV together (25·(C + K)·Tb) of ``backward_data``:
+its blocks stay in the 2 MiB L2 beside the U they stream through (the forward's 8 MiB blocks ran it slower)."""
+
+
+def data_block_images(x_shape, w_shape, threads: int) -> int:
+    """Images per block of ``backward_data``: as many as ``DATA_BUDGET_ELEMENTS`` holds (≥ 1), ≤ a thread's share."""
+    n, _, h, w = x_shape
+    tiles = (h // 4) * (w // 4)
+    fits = DATA_BUDGET_ELEMENTS // (POSITIONS * (w_shape[0] + w_shape[1]) * tiles)
+    return max(1, min(-(-n // threads), fits))
+
+
+def data_workspace_size(x_shape, w_shape, threads: int) -> int:
+    """Scratch of ``backward_data``: U (16 groups of K × C), per thread a block's dM and dV."""
+    k, c = w_shape[0], w_shape[1]
+    images = data_block_images(x_shape, w_shape, threads)
+    return _filter_size(c, k) + threads * _per_thread(k, c, x_shape[2], x_shape[3], images)
+
+
+WEIGHT_K_STEP = 32
+WEIGHT_ELEMENTS = 1200
+"""The weight gradient's GEMMs in sub-blocks of dU of ≤ 32 rows and ≤ 1200 elements (OpenBLAS's small-matrix
+kernel for a transposed-A-only call: M·N ≤ 1200, K ≥ 32, MNK ≤ 10⁶; ``conv_pointwise.weight_steps``)."""
+
+
+def weight_steps(k_share: int, c_in: int, depth: int, limit: int) -> tuple[int, int]:
+    """Sub-blocks (rows of dU, columns of dU) for GEMMs of depth ``depth``; ``limit`` ≤ 0: one GEMM."""
+    if limit <= 0:
+        return k_share, c_in
+    k_step = row_block(k_share, 1, 1, WEIGHT_K_STEP)
+    most = max(1, min(WEIGHT_ELEMENTS // k_step, limit // (k_step * depth)))
+    return k_step, row_block(c_in, 1, 1, most)
+
+
+def backward_weight(x, dout, dw, threads: int, block: int, scratch, limit: int = 0) -> None:
+    """dw of the stride-2 conv (``supported`` shapes) by the polyphase transform: dU[g] = Σ dM[g] V[g]ᵀ over
+    every tile (V the forward's input transform, dM = A dout Aᵀ), dw = Gᵀ dU G. Thread t owns output channels
+    [t·K/T, (t+1)·K/T) of dU and dw: it transforms every image's input (as the forward's ``by_channel``) and its
+    channels of dout; no partial sums, no barrier."""
+    n, c_in, k = x.shape[0], x.shape[1], dw.shape[0]
+    split = weight_by_images(dw.shape)
+    size = _filter_size(c_in, k)
+    start = (threads if split else 1) * size
+    du = scratch[:start]
+    k_share = k if split else -(-k // threads)
+    per_thread = _per_thread(c_in, k_share, x.shape[2], x.shape[3], block)
+    depth = 4 * block * (x.shape[2] // 4) * (x.shape[3] // 4)
+    k_step, c_step = weight_steps(k_share, c_in, depth, limit)
+    if split:
+
+        def images(t: int) -> None:
+            mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+            _weight_images(x, dout, du[t * size : (t + 1) * size], t * n // threads, (t + 1) * n // threads, block,
+                           mine, 0, k, k_step, c_step)
+
+        run_shares(images, threads)
+        run_shares(lambda t: _filter_gradient(du, threads, t * k // threads, (t + 1) * k // threads, dw), threads)
+        return
+
+    def own(t: int) -> None:
+        k_lo, k_hi = t * k // threads, (t + 1) * k // threads
+        mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
+        _weight_images(x, dout, du, 0, n, block, mine, k_lo, k_hi, k_step, c_step)
+        _filter_gradient(du, 1, k_lo, k_hi, dw)
+
+    run_shares(own, threads)

@@ -103,6 +103,8 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
         # v35: so does the weight gradient (512 @4×4 took F(2×2), the only "winograd" job left)
         winograd4.add("conv2d_backward_weight/winograd4-weight-by-k/bias=False/v=None")
         winograd.discard("conv2d_backward_weight/winograd/bias=False/v=None")
+        # v32: their backward-data, and the weight gradient of 64->128 and 128->256 (256->512 @8x8 keeps im2col)
+        winograd4 |= {f"conv2d_{d}/winograd-s2/bias=False/v=None" for d in ("backward_data", "backward_weight")}
     assert conv == gemm | shifted | winograd | winograd4
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 

@@ -1081,7 +1081,8 @@ def test_winograd_s2_is_taken_from_v28_on_8x8_and_larger_inputs():
     assert cpu.path(*big, "forward") == cpu.path(*big, "forward", conv_study._paths(28)) == on
     assert conv_study._paths(29).winograd_s2_small_gemms and not conv_study._paths(28).winograd_s2_small_gemms
     assert cpu.path(*big, "forward", conv_study._paths(26)) == "gemm"
-    assert cpu.path(*big, "data") == cpu.path(*big, "weight") == "gemm"
+    # v32 took backward-data and the >= 16x16 weight gradients (test_winograd_s2_backward_is_taken_from_v32)
+    assert cpu.path(*big, "data", conv_study._paths(30)) == cpu.path(*big, "weight", conv_study._paths(30)) == "gemm"
     assert cpu.path((32, 128, 16, 16), (256, 128, 3, 3), 2, 1, 1, "forward") == on
     assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "forward") == on
     assert cpu.conv_winograd_s2.by_channel((32, 256, 8, 8)) and not cpu.conv_winograd_s2.by_channel((32, 128, 16, 16))
@@ -1094,6 +1095,75 @@ def test_winograd_s2_is_taken_from_v28_on_8x8_and_larger_inputs():
         size = cpu.workspace_size(x.shape, w.shape, *args, "forward")
         cpu.forward(x, w, None, got, *args, np.full(size, np.nan, np.float32))
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+S2_BACKWARD_SHAPES = S2_WINOGRAD_SHAPES + [
+    (3, 5, 16, 12, 9),  # taller than wide, odd channel counts
+    (7, 3, 4, 8, 5),  # one tile row per image, three channels in
+]
+
+
+@pytest.mark.parametrize("shape", S2_BACKWARD_SHAPES, ids=["x".join(map(str, s)) for s in S2_BACKWARD_SHAPES])
+def test_winograd_s2_backward_matches_reference_and_gives_the_same_bits_every_call(shape, monkeypatch):
+    """v32: the polyphase stride-2 backward-data and weight gradient against the NumPy reference at 1, 2 and 3
+    threads, in blocks of 1 image and of the planner's size, with and without the small-GEMM cuts (a limit of
+    3000 multiply-adds cuts every shape here into several blocks); the weight gradient both split by images
+    (partial dU per extra thread) and by output channel. The same bits on a second call."""
+    from kernels.cpu import conv_winograd_s2 as s2
+
+    n, c, h, wd, k = shape
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((k, c, 3, 3), dtype=np.float32)
+    dout = rng.standard_normal((n, k, h // 2, wd // 2), dtype=np.float32)
+    want_dx, want_dw = np.empty_like(x), np.empty_like(w)
+    ref.conv2d_backward_data(dout, w, want_dx, 2, 1, 1)
+    ref.conv2d_backward_weight(x, dout, want_dw, None, 2, 1, 1)
+    for threads, limit in ((1, 0), (2, 0), (3, 0), (1, 3000), (2, 3000), (3, 3000)):
+        for images in sorted({1, s2.data_block_images(x.shape, w.shape, threads)}):
+            size = s2._filter_size(c, k) + threads * s2._per_thread(k, c, h, wd, images)
+            got = [np.full(x.shape, np.nan, np.float32) for _ in range(2)]
+            for dx in got:
+                s2.backward_data(dout, w, dx, threads, images, np.full(size, np.nan, np.float32), limit)
+            np.testing.assert_allclose(got[0], want_dx, rtol=0, atol=2e-6 * np.abs(want_dx).max())
+            assert np.array_equal(got[0], got[1])
+        for by_images in (True, False):
+            monkeypatch.setattr(s2, "WEIGHT_BY_IMAGES_MAX", 1 << 40 if by_images else 0)
+            assert s2.weight_by_images(w.shape) == by_images
+            for images in sorted({1, s2.weight_block_images(x.shape, w.shape, threads)}):
+                k_share = k if by_images else -(-k // threads)
+                size = (threads if by_images else 1) * s2._filter_size(c, k)
+                size += threads * s2._per_thread(c, k_share, h, wd, images)
+                got = [np.full(w.shape, np.nan, np.float32) for _ in range(2)]
+                for dw in got:
+                    s2.backward_weight(x, dout, dw, threads, images, np.full(size, np.nan, np.float32), limit)
+                np.testing.assert_allclose(got[0], want_dw, rtol=0, atol=4e-6 * np.abs(want_dw).max())
+                assert np.array_equal(got[0], got[1])
+
+
+def test_winograd_s2_backward_is_taken_from_v32():
+    """v32: backward-data of v28's stride-2 layers and the weight gradient on >= 16x16 inputs take the polyphase
+    transform with OpenBLAS (not before v32); 256->512 @8x8's weight gradient stays on im2col. Through the table's
+    entries (scratch from the planner, BLAS on the calling thread) against the reference."""
+    on = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
+    for x_shape, w_shape in (((32, 64, 32, 32), (128, 64, 3, 3)), ((32, 128, 16, 16), (256, 128, 3, 3))):
+        assert cpu.path(x_shape, w_shape, 2, 1, 1, "data") == cpu.path(x_shape, w_shape, 2, 1, 1, "weight") == on
+        for direction in ("data", "weight"):
+            assert cpu.path(x_shape, w_shape, 2, 1, 1, direction, conv_study._paths(30)) == "gemm"
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "data") == on
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "weight") == "gemm"
+    assert cpu.path((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "weight", conv_study._paths(32)) == on
+    if blas.select_sgemm() == blas.OPENBLAS:
+        x, w, b, dout, args = _case((3, 64, 16, 20, 72, 3, 2, 1, 1), seed=3)
+        want_dx, want_dw, want_db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
+        ref.conv2d_backward_data(dout, w, want_dx, *args)
+        ref.conv2d_backward_weight(x, dout, want_dw, want_db, *args)
+        assert cpu.path(x.shape, w.shape, *args, "data") == cpu.path(x.shape, w.shape, *args, "weight") == on
+        for _ in range(2):
+            _, dx, dw, db = _run_cpu(x, w, b, dout, args)
+            np.testing.assert_allclose(dx, want_dx, rtol=0, atol=2e-6 * np.abs(want_dx).max())
+            np.testing.assert_allclose(dw, want_dw, rtol=0, atol=4e-6 * np.abs(want_dw).max())
+            np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("k", [64, 40])
