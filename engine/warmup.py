@@ -119,14 +119,18 @@ with the same argument types: their backward-data shares the forward's job, whic
 (``run_job``), so the two workers never compile the same kernel at once."""
 
 
-def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list[Job]:
-    """One job per distinct (path, direction, bias) among ``(x_shape, w_shape, stride, pad, groups, bias)``."""
+def conv_jobs(convs: Iterable[tuple]) -> list[Job]:
+    """One job per distinct (path, direction, bias) among ``(x_shape, w_shape, stride, pad, groups, bias)``,
+    each with an optional seventh element: whether its backward-data is ever called (False for a conv
+    on the network's input, which has no input gradient)."""
     from kernels.cpu import conv as cpu_conv
 
     seen: dict[tuple, Job] = {}
-    for x_shape, w_shape, stride, pad, groups, bias in convs:
+    for x_shape, w_shape, stride, pad, groups, bias, *data in convs:
         x_shape = (BATCH, *tuple(x_shape)[1:])
         for direction, op in CONV_OPS.items():
+            if direction == "data" and data and not data[0]:
+                continue  # a conv on the network's input: no input gradient, never called
             kind = cpu_conv.path(x_shape, tuple(w_shape), stride, pad, groups, direction)
             # backward-data runs forward's kernel (a flag flips the filter) on these two paths:
             # one job compiles both, and two workers never compile the same kernel at once
@@ -139,6 +143,8 @@ def conv_jobs(convs: Iterable[tuple[tuple, tuple, int, int, int, bool]]) -> list
 
 def model_jobs(graph: Any, optimizer: str = "sgd") -> list[Job]:
     """The jobs one training run of ``graph`` (an ``engine.graph.Graph``) with ``optimizer`` needs."""
+    from engine.graph import GRAPH_INPUT
+
     shapes = graph.shapes(BATCH)
     convs, ops = [], list(ALWAYS)
     if optimizer in OPTIMIZER_OPS:
@@ -151,7 +157,8 @@ def model_jobs(graph: Any, optimizer: str = "sgd") -> list[Job]:
         if kind == "Conv2d":
             k, r = layer.out_channels, layer.kernel_size
             w_shape = (k, layer.in_channels // layer.groups, r, r)
-            convs.append((shapes[node.inputs[0]], w_shape, layer.stride, layer.padding, layer.groups, layer.has_bias))
+            convs.append((shapes[node.inputs[0]], w_shape, layer.stride, layer.padding, layer.groups, layer.has_bias,
+                          node.inputs[0] != GRAPH_INPUT))
         elif kind in LAYER_OPS:
             ops += LAYER_OPS[kind]
         else:
