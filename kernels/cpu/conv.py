@@ -239,6 +239,7 @@ class Paths:
     pointwise_small_gemms: bool = True
     winograd_s2_small_gemms: bool = True
     winograd4_small_gemms: bool = True
+    pointwise_strided: bool = True  # v33
 
 
 EXPORTED = Paths()
@@ -271,12 +272,18 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
     return w_shape[2] == 1 and stride == 1 and pad == 0
 
 
+def _is_strided_1x1(w_shape, stride: int, pad: int, groups: int) -> bool:
+    """v33's shapes: a 1×1 conv (groups 1, pad 0) at stride 2, ResNet's downsample shortcuts."""
+    return groups == 1 and w_shape[2] == 1 and w_shape[3] == 1 and stride == 2 and pad == 0
+
+
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct",
     "winograd4", "winograd-s2" (v28), "winograd", "winograd-by-xi" (v23), "shifted", "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
-    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``) or "gemm" (im2col).
+    weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-strided" (v33: a 1×1
+    stride-2 conv in every direction on its kept pixels, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -294,6 +301,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "depthwise-direct"
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
+    if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
+        return "pointwise-strided"
     if (
         direction == "weight" and paths.pointwise_weight_split
         and x_shape[2] * x_shape[3] >= conv_pointwise.WEIGHT_SPLIT_MIN_PIXELS
@@ -509,6 +518,8 @@ def workspace_size(
         return conv_depthwise.workspace_size(x_shape, stride)
     if kind in ("depthwise-direct", "depthwise-registers", "pointwise", "pointwise-weight-split"):
         return 0
+    if kind == "pointwise-strided":
+        return conv_pointwise.strided_workspace_size(x_shape, w_shape, stride, direction, threads)
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -975,6 +986,30 @@ def gemm_backward_weight(
         )
 
 
+def pointwise_strided_backward_weight(x, dout, dw, stride: int, threads: int, scratch) -> None:
+    """v33: dW of a strided 1×1 conv (``conv_pointwise.strided_weight``): thread t sums images
+    [t·N/T, (t+1)·N/T) into dw (t = 0) or its own partial, added in thread order as ``gemm_backward_weight``
+    does; scratch as ``conv_pointwise.strided_workspace_size``."""
+    n_images, pixels = x.shape[0], dout.shape[2] * dout.shape[3]
+    count = conv_pointwise.strided_weight_images(x.shape, pixels, threads)
+    slots = (threads - 1) * dw.size
+    share = (scratch.size - slots) // threads
+    sums = scratch[scratch.size - slots :]
+
+    def work(t: int) -> None:
+        acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
+        first, last = t * n_images // threads, (t + 1) * n_images // threads
+        conv_pointwise.strided_weight(x, dout, acc, first, last, stride, count, scratch[t * share : (t + 1) * share])
+
+    run_shares(work, threads)
+    if threads > 1:
+        flat = dw.reshape(dw.size)
+        run_shares(
+            lambda t: add_partials(flat, sums, threads - 1, t * flat.size // threads, (t + 1) * flat.size // threads),
+            threads,
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # Direct depthwise kernels (groups == C == K): shapes the flat kernels do not take (stride-2 32×32 forward, 5×5 ...)
 # ----------------------------------------------------------------------------------------------
@@ -1202,6 +1237,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "pointwise":
         with blas_on_calling_thread:
             conv_pointwise.run_images(x, w, out, False, threads)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(x, w, out, False, threads, stride=stride, scratch=scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1255,6 +1293,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     elif kind == "pointwise":
         with blas_on_calling_thread:
             conv_pointwise.run_images(dout, w, dx, True, threads)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(dout, w, dx, True, threads, stride=stride, scratch=scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
@@ -1303,6 +1344,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-weight-split":
         with blas_on_calling_thread:
             conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -80,7 +80,7 @@ MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neit
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from kernels.cpu.conv_shifted import row_block, sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
@@ -165,36 +165,178 @@ WEIGHT_SPLIT_MIN_PIXELS = 256
 
 
 @njit(cache=True, nogil=True)
-def images(src, w, dst, transposed, first, last, block_rows):
-    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows:
-    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``."""
+def gather_kept(x, n0, count, stride, tile, start, channel_step, image_step):
+    """The kept pixels of images [n0, n0 + count) of ``x`` at ``stride`` (1×1, pad 0: pixel (s·i, s·j) of
+    the input feeds output (i, j)) into ``tile``: pixel p of channel c of image i at
+    ``start + c · channel_step + i · image_step + p``. One image after another (``channel_step`` = P,
+    ``image_step`` = C·P: the images' own NCHW planes, what ``images`` runs its per-image GEMMs on) or side
+    by side (``channel_step`` = count·P, ``image_step`` = P: one [C, count·P] matrix, ``strided_weight``'s).
+    Stride 1 copies whole planes (``strided_weight``'s dout tile)."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
+    pixels = out_h * out_w
+    src, dst = x.reshape(x.size), tile.reshape(tile.size)
+    for i in range(count):
+        for c in range(channels):
+            s0 = uint64(((n0 + i) * channels + c) * height * width)
+            d0 = uint64(start + c * channel_step + i * image_step)
+            if stride == 1:
+                for p in range(pixels):
+                    dst[d0 + uint64(p)] = src[s0 + uint64(p)]
+                continue
+            for y in range(out_h):
+                row_in = s0 + uint64(y * stride * width)
+                row_out = d0 + uint64(y * out_w)
+                for j in range(out_w):
+                    dst[row_out + uint64(j)] = src[row_in + uint64(j * stride)]
+
+
+@njit(cache=True, nogil=True)
+def scatter_kept(tile, n, stride, dx):
+    """dx[n] = the C × P matrix ``tile`` on the kept pixels (stride ``stride``, as ``gather_kept``), zero on
+    the others: every element of the image written once, row by row (zeros, then the kept ones)."""
+    channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
+    out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
+    src, dst = tile.reshape(tile.size), dx.reshape(dx.size)
+    for c in range(channels):
+        plane = uint64((n * channels + c) * height * width)
+        line = uint64(c * out_h * out_w)
+        for y in range(height):
+            row = plane + uint64(y * width)
+            for xx in range(width):
+                dst[row + uint64(xx)] = 0.0
+            if y % stride == 0:
+                read = line + uint64((y // stride) * out_w)
+                for j in range(out_w):
+                    dst[row + uint64(j * stride)] = src[read + uint64(j)]
+
+
+@njit(cache=True, nogil=True)
+def images(src, w, dst, transposed, first, last, block_rows, stride, tile, tile_images):
+    """Images [first, last) of a 1×1 conv (pad 0, groups 1), one sgemm per block of ``block_rows`` output
+    rows: forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``.
+
+    Stride 1 (v27) reads and writes NCHW in place. Stride > 1 (v33): the forward gathers the kept pixels of
+    ``tile_images`` images at a time into ``tile`` (``gather_kept``) and runs each image's GEMMs on them;
+    backward-data runs each image's GEMMs into ``tile`` and scatters them into dst[n] with its zeros
+    (``scatter_kept``)."""
     depth, rows = src.shape[1], dst.shape[1]
-    pixels = src.shape[2] * src.shape[3]
     s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
+    pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
     scalars = np.empty(2, np.float32)
-    for n in range(first, last):
-        for m0 in range(0, rows, block_rows):
-            block = min(block_rows, rows - m0)
-            if transposed:
-                sgemm(
-                    True, False, block, pixels, depth, w_flat[m0:], rows,
-                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
-                )  # fmt: skip
+    for n0 in range(first, last, tile_images):
+        count = min(tile_images, last - n0)
+        if stride > 1 and not transposed:
+            gather_kept(src, n0, count, stride, tile, 0, pixels, depth * pixels)
+        for n in range(n0, n0 + count):
+            if stride > 1 and not transposed:
+                a_in, a_start = tile, (n - n0) * depth * pixels
             else:
-                sgemm(
-                    False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
-                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
-                )  # fmt: skip
+                a_in, a_start = s_flat, n * depth * pixels
+            if stride > 1 and transposed:
+                out, o_start = tile, 0
+            else:
+                out, o_start = d_flat, n * rows * pixels
+            for m0 in range(0, rows, block_rows):
+                block = min(block_rows, rows - m0)
+                if transposed:
+                    sgemm(
+                        True, False, block, pixels, depth, w_flat[m0:], rows,
+                        a_in[a_start:], pixels, 0.0, out[o_start + m0 * pixels :], pixels, scalars,
+                    )  # fmt: skip
+                else:
+                    sgemm(
+                        False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
+                        a_in[a_start:], pixels, 0.0, out[o_start + m0 * pixels :], pixels, scalars,
+                    )  # fmt: skip
+            if stride > 1 and transposed:
+                scatter_kept(tile, n, stride, dst)
 
 
-def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = None) -> None:
+def run_images(
+    src, w, dst, transposed: bool, threads: int, limit: int | None = None, stride: int = 1, scratch=None
+) -> None:
     """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
-    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``)."""
+    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``); at stride > 1 each thread's tile
+    is its slice of ``scratch`` (``strided_workspace_size``)."""
     n_images = src.shape[0]
     limit = SMALL_GEMM_MNK if limit is None else limit
-    block = row_block(dst.shape[1], src.shape[1], src.shape[2] * src.shape[3], limit)
-    chunks = chunk_count(n_images, 1, threads)
+    pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
+    block = row_block(dst.shape[1], src.shape[1], pixels, limit)
+    tile_images = 1 if transposed or stride == 1 else strided_tile_images(src.shape, pixels, threads)
+    share = 0 if stride == 1 else w.shape[1] * pixels * tile_images
+    tile = np.empty(0, np.float32) if stride == 1 else scratch
+    chunks = chunk_count(n_images, tile_images, threads)
     run_chunks(
-        lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
+        lambda c, slot: images(
+            src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block, stride,
+            tile[slot * share : (slot + 1) * share], tile_images,
+        ),
         chunks, threads,
     )  # fmt: skip
+
+
+STRIDED_TILE_ELEMENTS = 1 << 16
+"""v33: the forward of a strided 1×1 gathers the kept pixels of as many images at a time as fit in this many
+float32 (256 KiB; at most a thread's share of the batch)."""
+
+
+def strided_tile_images(x_shape, pixels: int, threads: int) -> int:
+    """Images per gather of a strided 1×1 forward (``images``): ``STRIDED_TILE_ELEMENTS`` // (C · output
+    pixels), at least 1, at most a thread's share of the batch."""
+    share = -(-x_shape[0] // max(1, threads))
+    return max(1, min(share, STRIDED_TILE_ELEMENTS // max(1, x_shape[1] * pixels)))
+
+
+STRIDED_WEIGHT_MIN_DEPTH = 64
+"""v33: the strided 1×1 weight gradient sums ``dout @ keptᵀ`` over blocks of images side by side, enough that
+each GEMM is at least this deep (one image from 8×8 outputs up; four at 4×4)."""
+
+
+def strided_weight_images(x_shape, pixels: int, threads: int) -> int:
+    """Images per GEMM of the strided 1×1 weight gradient (``strided_weight``)."""
+    share = -(-x_shape[0] // max(1, threads))
+    return max(1, min(share, -(-STRIDED_WEIGHT_MIN_DEPTH // max(1, pixels))))
+
+
+def strided_workspace_size(x_shape, w_shape, stride: int, direction: str, threads: int) -> int:
+    """Scratch (float32 elements) of a strided 1×1 conv (v33): per thread its tile of kept pixels (forward:
+    ``strided_tile_images`` images; backward-data: one image's C × P GEMM result; weight gradient: x's kept
+    pixels and, for blocks of several images, dout side by side), plus one K × C partial dW per extra thread."""
+    k, c = w_shape[0], w_shape[1]
+    pixels = ((x_shape[2] - 1) // stride + 1) * ((x_shape[3] - 1) // stride + 1)
+    if direction == "forward":
+        return threads * c * pixels * strided_tile_images(x_shape, pixels, threads)
+    if direction == "data":
+        return threads * c * pixels
+    count = strided_weight_images(x_shape, pixels, threads)
+    per_thread = c * pixels * count + (k * pixels * count if count > 1 else 0)
+    return threads * per_thread + (threads - 1) * k * c
+
+
+@njit(cache=True, nogil=True)
+def strided_weight(x, dout, acc, first, last, stride, tile_images, tile):
+    """acc (K × C) = Σ over images [first, last) of dout[n] @ kept(x[n])ᵀ at ``stride`` (v33): blocks of
+    ``tile_images`` images side by side (x's kept pixels gathered, dout copied; one image: dout in place), one
+    sgemm per block, β = 1 from the second on."""
+    channels, k_total = x.shape[1], dout.shape[1]
+    pixels = dout.shape[2] * dout.shape[3]
+    d_flat, acc_flat = dout.reshape(dout.size), acc.reshape(acc.size)
+    scalars = np.empty(2, np.float32)
+    if first >= last:
+        for i in range(acc_flat.size):
+            acc_flat[i] = 0.0
+        return
+    for n0 in range(first, last, tile_images):
+        count = min(tile_images, last - n0)
+        columns = count * pixels
+        gather_kept(x, n0, count, stride, tile, 0, columns, pixels)
+        if count == 1:
+            a_in, a_start, lda = d_flat, n0 * k_total * pixels, pixels
+        else:
+            a_in, a_start, lda = tile, channels * columns, columns
+            gather_kept(dout, n0, count, 1, tile, channels * columns, columns, pixels)
+        sgemm(
+            False, True, k_total, channels, columns, a_in[a_start:], lda, tile, columns,
+            0.0 if n0 == first else 1.0, acc_flat, channels, scalars,
+        )  # fmt: skip
