@@ -164,7 +164,7 @@ WEIGHT_SPLIT_MIN_PIXELS = 256
 (one β = 1 sgemm per image, a partial per extra thread), 4×4 v9's stacked tiles."""
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def gather_kept(x, n0, count, stride, tile, start, channel_step, image_step):
     """The kept pixels of images [n0, n0 + count) of ``x`` at ``stride`` (1×1, pad 0: pixel (s·i, s·j) of
     the input feeds output (i, j)) into ``tile``: pixel p of channel c of image i at
@@ -191,7 +191,7 @@ def gather_kept(x, n0, count, stride, tile, start, channel_step, image_step):
                     dst[row_out + uint64(j)] = src[row_in + uint64(j * stride)]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def scatter_kept(tile, n, stride, dx):
     """dx[n] = the C × P matrix ``tile`` on the kept pixels (stride ``stride``, as ``gather_kept``), zero on
     the others: every element of the image written once, row by row (zeros, then the kept ones)."""

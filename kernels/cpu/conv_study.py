@@ -130,7 +130,7 @@ kernels/README.md ("What each step bought").
   (v27's finding; ``Paths.winograd_s2_small_gemms``); the same bits. Batch 32, two threads, median ms, v28 →
   v29, two sittings: 256→512 @8×8 6.93 → 5.70, 8.43 → 6.80; 64→128 @32×32 7.05 → 6.16, 8.41 → 7.23;
   128→256 @16×16 6.61 → 6.70, 8.19 → 7.95 (``conv_winograd_s2.forward``).
-- v30 ``F(4×4) in small GEMMs`` (exported): v29, but F(4×4)'s forward and backward-data (its flipped forward)
+- v30 ``F(4×4) in small GEMMs`` (v33 adds to it): v29, but F(4×4)'s forward and backward-data (its flipped forward)
   run each of their 36 GEMMs in blocks of output channels of ≤ 10⁶ multiply-adds, OpenBLAS's small-matrix
   kernel (``Paths.winograd4_small_gemms``). Batch 32, two threads, median ms, v29 → v30: 128 @16×16 7.20 →
   6.46, 256 @8×8 8.32 → 7.48, 64 @32×32 level (``conv_winograd4.forward``).
@@ -150,7 +150,7 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30)
+_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 33)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -169,6 +169,8 @@ BEFORE_V29 = {"winograd_s2_small_gemms": False}
 """What v29 added, off in every earlier version (``_paths``)."""
 BEFORE_V30 = {"winograd4_small_gemms": False}
 """What v30 added, off in every earlier version (``_paths``)."""
+BEFORE_V33 = {"pointwise_strided": False}
+"""What v33 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -764,7 +766,9 @@ def _paths(version: int) -> conv.Paths:
         chosen = dataclasses.replace(chosen, **BEFORE_V28)
     if version < 29:
         chosen = dataclasses.replace(chosen, **BEFORE_V29)
-    return dataclasses.replace(chosen, **BEFORE_V30) if version < 30 else chosen
+    if version < 30:
+        chosen = dataclasses.replace(chosen, **BEFORE_V30)
+    return dataclasses.replace(chosen, **BEFORE_V33) if version < 33 else chosen
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
@@ -772,7 +776,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30) and direction
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 33) and direction
     ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
@@ -879,8 +883,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30), "data" or "weight" (2-18,
-    20, 21, 23, 25, 26, 27, 28, 29, 30), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 33), "data" or "weight"
+    (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 33), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

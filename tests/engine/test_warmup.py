@@ -97,7 +97,9 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
         # v28: the three 3×3 stride-2 forwards take the polyphase Winograd (the stem and the 1×1 stride-2
         # forwards keep the im2col job)
         winograd4.add("conv2d_forward/winograd-s2/bias=False/v=None")
-    assert conv == gemm | shifted | winograd | winograd4
+    # v33: the 1×1 stride-2 shortcuts on their kept pixels; backward-data shares the forward's job
+    strided = {f"conv2d_{d}/pointwise-strided/bias=False/v=None" for d in ("forward", "backward_weight")}
+    assert conv == gemm | shifted | winograd | winograd4 | strided
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 
 
