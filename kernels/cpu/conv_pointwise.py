@@ -288,9 +288,9 @@ def strided_tile_images(x_shape, pixels: int, threads: int) -> int:
     return max(1, min(share, STRIDED_TILE_ELEMENTS // max(1, x_shape[1] * pixels)))
 
 
-STRIDED_WEIGHT_MIN_DEPTH = 64
+STRIDED_WEIGHT_MIN_DEPTH = 256
 """v33: the strided 1×1 weight gradient sums ``dout @ keptᵀ`` over blocks of images side by side, enough that
-each GEMM is at least this deep (one image from 8×8 outputs up; four at 4×4)."""
+each GEMM is at least this deep (one image of 16×16 outputs, four of 8×8, sixteen of 4×4)."""
 
 
 def strided_weight_images(x_shape, pixels: int, threads: int) -> int:
