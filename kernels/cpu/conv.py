@@ -40,6 +40,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   small-matrix kernel (1.35× over the 20 MobileNetV2 shapes); the weight gradient on ≥ 16×16 planes
   with each thread owning a block of dW, in ≤ 32 × 1200 sub-blocks (``Paths.pointwise_small_gemms``,
   ``Paths.pointwise_weight_split``).
+  Since v33 a 1×1 stride-2 conv (pad 0, groups 1: ResNet-18's downsample shortcuts) runs there too, in every
+  direction, on its kept pixels: the forward gathers them (256 KiB of images at a time) for v27's per-image
+  GEMMs, backward-data scatters each image's GEMM result into dx with its zeros, the weight gradient sums
+  256-deep GEMMs of images side by side (``Paths.pointwise_strided``; figures in ``conv_pointwise``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights

@@ -1,4 +1,5 @@
-"""1×1 stride-1 convolutions (groups 1) as GEMMs small enough for OpenBLAS's small-matrix kernel (v27).
+"""1×1 convolutions (groups 1, pad 0) as GEMMs small enough for OpenBLAS's small-matrix kernel: stride 1 (v27),
+stride 2 on the kept pixels (v33, at the end of this docstring).
 
 What it computes. A plain 1×1 conv is a GEMM per image on NCHW read in place: forward
 ``out[n] (K × P) = W (K × C) @ x[n] (C × P)``, backward-data ``dx[n] = Wᵀ @ dout[n]``, weight gradient
@@ -75,6 +76,56 @@ two threads instead of over images (144→32 0.795 → 0.484 / 0.498, but 384→
 
 Cold compile: ``images`` 0.71 s, ``weight_block`` 0.41 s on an empty cache (one job each in a
 MobileNetV2 warm-up; ResNet-18 has no plain 1×1 stride-1 conv and compiles neither).
+
+Stride 2 (v33, path "pointwise-strided"; ResNet-18's downsample shortcuts 64→128 @32×32, 128→256 @16×16,
+256→512 @8×8, which ran on im2col). A 1×1 conv at stride s with pad 0 reads input pixel (s·i, s·j) for output
+(i, j) (output (H−1)//s + 1 × (W−1)//s + 1: a 7×9 plane gives 4×5) and nothing else, so each direction is the
+stride-1 GEMM on those *kept* pixels:
+
+- forward: ``images(..., stride, tile, tile_images)`` gathers the kept pixels of ``strided_tile_images``
+  images at a time (≤ ``STRIDED_TILE_ELEMENTS``, 256 KiB: 4 images at 64→128, 8 at 128→256, 16 at 256→512)
+  into the thread's tile (``gather_kept``), then runs each image's row-blocked GEMMs on it, as at stride 1;
+- backward-data: each image's GEMMs ``Wᵀ @ dout[n]`` into the thread's C × P tile, then ``scatter_kept`` writes
+  the whole of dx[n], row by row: zeros, then the kept pixels (one pass over dx, no separate zeroing);
+- weight gradient (``strided_weight``, driven by ``conv.pointwise_strided_backward_weight``): each thread sums
+  its half of the images into dw or one K × C partial (added in thread order, as the im2col path does), one
+  β = 1 sgemm per block of images placed side by side (x's kept pixels and dout copied into [C, b·P] and
+  [K, b·P]; one image: dout read in place), b = ``STRIDED_WEIGHT_MIN_DEPTH`` (256) // P: 1, 4 and 16.
+
+Same bits: forward and backward-data at every thread count (a gather is a copy; each image's GEMMs do not
+depend on which tile or thread holds it), the weight gradient at a given thread count (its partials).
+
+Measured, batch 32, two threads, median of 21 calls alternating v30's im2col / v33 in one process (quiesce
+every 7), ms (best call in brackets): forward 64→128 1.074 → 0.874 (1.000 → 0.792), 128→256 0.937 → 0.705,
+256→512 0.845 → 0.704; backward-data 1.478 → 1.111, 1.114 → 0.800, 1.220 → 0.816; weight 1.233 → 1.116,
+1.023 → 0.899, 0.908 → 0.837 (0.842 → 0.795). Against PyTorch (``engine kernels --models resnet18 --ops
+conv2d --compare torch --no-versions --repeat 7``, the branch point a8fad6a and this tree alternating, two
+pairs; torch's best-of-7 ms in brackets), ratio torch / ours, v30 → v33: forward 64→128 1.09 / 1.07 → 1.60 /
+1.37 (1.12–1.36), 128→256 0.91 / 0.87 → 1.17 / 1.12 (0.78–0.83), 256→512 0.90 / 0.89 → 1.07 / 1.08 (0.73–0.74);
+backward-data (torch 1.19–10.9) 8.44 / 6.06 → 9.38 / 12.08, 1.13 / 1.30 → 1.81 / 1.61, 1.04 / 1.09 → 1.54 /
+1.52; weight 1.11 / 1.29 → 1.34 / 1.47, 0.88 / 0.92 → 1.02 / 0.99 (0.85–0.89), 0.90 / 0.90 → 0.94 / 0.96
+(0.79–0.81). The weight gradients are at OpenBLAS's GEMM rate: 16 images of 256→512 on one thread take 0.72 ms,
+of which 0.66–0.68 the GEMMs (~100 GFLOP/s, a 512 × 256 × 64 sgemm alone: 100.6) and 0.08 the copies; two
+threads side by side each take ~0.85 (two 16-GEMM loops side by side: 3–17% slower than one alone), about
+torch's 0.80 for the whole call.
+
+Tried and measured (same sittings, medians of 15–21 alternating calls, ms): the forward gathering per image
+(64→128 1.370, 128→256 0.821, 256→512 0.750) against blocks of 4 images (1.047, 0.755, 0.724), 8 (—, 0.743,
+0.723) and 16 (—, 0.768, 0.721), or the thread's whole share at once (1.173, 0.806, 0.718); blocks of images
+side by side in one wider GEMM and a scatter of the result (2 images: 1.170, 0.793, 0.744; 4: 1.569, 0.842,
+0.751; a share: 3.421, 1.618, 0.957): the per-image GEMMs stay, the gather goes by 256 KiB. Backward-data in
+two chunks instead of eight: level (0.861 / 0.850, 0.733 / 0.756, 0.730 / 0.746). The weight gradient's GEMMs in
+blocks of 32 or 64 rows of dW (OpenBLAS's small kernel): 15–40% slower (256→512, one image a GEMM: 1.311 / 1.116
+/ 0.953 for 32 / 64 / all rows); dW split over output channels between the threads (each gathering all of x,
+no partial): level (0.898 / 0.892 with blocks of four; 0.843 / 0.865 with 256-deep blocks, 11 rounds of
+best-of-7); GEMM depth 64 against 256: 0.820 / 0.808 (256→512), 0.851 / 0.840 (128→256).
+
+Cold compile (ResNet-18's warm-up jobs one after another in one process, empty cache): the path's forward job
+(``images`` with the gather and scatter inlined; backward-data shares it) 1.04–1.08 s of CPU, its weight job
+(``strided_weight``) 0.70 s: ResNet-18's 21 → 23 jobs, 26.0 → 27.7 s of job CPU (branch point a8fad6a → this
+tree, one run each), i.e. about +0.9 s of wall on the two-worker warm-up, on a cold − warm of ~13.5–14.5 s against
+the 15 s goal. Not measured: the README command's cold − warm itself. MobileNetV2 compiles the same ``images``, which grew
+with the stride code: its pointwise job 0.52 → 0.99 s.
 """
 
 from __future__ import annotations

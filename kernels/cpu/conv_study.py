@@ -134,6 +134,13 @@ kernels/README.md ("What each step bought").
   run each of their 36 GEMMs in blocks of output channels of ≤ 10⁶ multiply-adds, OpenBLAS's small-matrix
   kernel (``Paths.winograd4_small_gemms``). Batch 32, two threads, median ms, v29 → v30: 128 @16×16 7.20 →
   6.46, 256 @8×8 8.32 → 7.48, 64 @32×32 level (``conv_winograd4.forward``).
+- v33 ``strided 1×1 on kept pixels`` (exported): v30, but a 1×1 stride-2 conv (pad 0, groups 1: ResNet-18's
+  downsample shortcuts) runs on its kept pixels instead of im2col (``Paths.pointwise_strided``): the forward
+  gathers them for v27's per-image row-blocked GEMMs, backward-data scatters each image's GEMM result into dx
+  with its zeros, the weight gradient sums 256-deep GEMMs of images side by side (``conv_pointwise``). Batch 32,
+  two threads, median ms v30 → v33: forward 64→128 @32×32 1.074 → 0.874, 128→256 @16×16 0.937 → 0.705, 256→512
+  @8×8 0.845 → 0.704; backward-data 1.478 → 1.111, 1.114 → 0.800, 1.220 → 0.816; weight 1.233 → 1.116,
+  1.023 → 0.899, 0.908 → 0.837.
 """
 
 from __future__ import annotations

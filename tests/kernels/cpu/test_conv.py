@@ -1218,11 +1218,14 @@ def _strided_parts(x, w, dout, threads):
 
     out = np.full(dout.shape, np.nan, np.float32)
     dx, dw = np.full(x.shape, np.nan, np.float32), np.full(w.shape, np.nan, np.float32)
-    size = {d: conv_pointwise.strided_workspace_size(x.shape, w.shape, 2, d, threads) for d in ("forward", "data", "weight")}
+    scratch = {
+        d: np.full(conv_pointwise.strided_workspace_size(x.shape, w.shape, 2, d, threads), np.nan, np.float32)
+        for d in ("forward", "data", "weight")
+    }
     with cpu.blas_on_calling_thread:
-        conv_pointwise.run_images(x, w, out, False, threads, stride=2, scratch=np.full(size["forward"], np.nan, np.float32))
-        conv_pointwise.run_images(dout, w, dx, True, threads, stride=2, scratch=np.full(size["data"], np.nan, np.float32))
-        cpu.pointwise_strided_backward_weight(x, dout, dw, 2, threads, np.full(size["weight"], np.nan, np.float32))
+        conv_pointwise.run_images(x, w, out, False, threads, stride=2, scratch=scratch["forward"])
+        conv_pointwise.run_images(dout, w, dx, True, threads, stride=2, scratch=scratch["data"])
+        cpu.pointwise_strided_backward_weight(x, dout, dw, 2, threads, scratch["weight"])
     return out, dx, dw
 
 
