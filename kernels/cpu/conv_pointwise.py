@@ -82,11 +82,12 @@ Stride 2 (v33, path "pointwise-strided"; ResNet-18's downsample shortcuts 64→1
 (i, j) (output (H−1)//s + 1 × (W−1)//s + 1: a 7×9 plane gives 4×5) and nothing else, so each direction is the
 stride-1 GEMM on those *kept* pixels:
 
-- forward: ``images(..., stride, tile, tile_images)`` gathers the kept pixels of ``strided_tile_images``
-  images at a time (≤ ``STRIDED_TILE_ELEMENTS``, 256 KiB: 4 images at 64→128, 8 at 128→256, 16 at 256→512)
-  into the thread's tile (``gather_kept``), then runs each image's row-blocked GEMMs on it, as at stride 1;
-- backward-data: each image's GEMMs ``Wᵀ @ dout[n]`` into the thread's C × P tile, then ``scatter_kept`` writes
-  the whole of dx[n], row by row: zeros, then the kept pixels (one pass over dx, no separate zeroing);
+- forward (``run_images(..., stride, scratch)``): per block of ``strided_tile_images`` images (≤
+  ``STRIDED_TILE_ELEMENTS``, 256 KiB: 4 images at 64→128, 8 at 128→256, 16 at 256→512) ``move_kept`` gathers
+  their kept pixels into the thread's tile, then v27's ``images``, unchanged, runs each image's row-blocked GEMMs
+  on the tile into out;
+- backward-data: ``images`` runs ``Wᵀ @ dout[n]`` of a block of images into the tile, then ``move_kept`` writes the
+  whole of each dx[n], row by row: zeros, then the kept pixels (one pass over dx, no separate zeroing);
 - weight gradient (``strided_weight``, driven by ``conv.pointwise_strided_backward_weight``): each thread sums
   its half of the images into dw or one K × C partial (added in thread order, as the im2col path does), one
   β = 1 sgemm per block of images placed side by side (x's kept pixels and dout copied into [C, b·P] and
@@ -120,12 +121,15 @@ blocks of 32 or 64 rows of dW (OpenBLAS's small kernel): 15–40% slower (256→
 no partial): level (0.898 / 0.892 with blocks of four; 0.843 / 0.865 with 256-deep blocks, 11 rounds of
 best-of-7); GEMM depth 64 against 256: 0.820 / 0.808 (256→512), 0.851 / 0.840 (128→256).
 
-Cold compile (ResNet-18's warm-up jobs one after another in one process, empty cache): the path's forward job
-(``images`` with the gather and scatter inlined; backward-data shares it) 1.04–1.08 s of CPU, its weight job
-(``strided_weight``) 0.70 s: ResNet-18's 21 → 23 jobs, 26.0 → 27.7 s of job CPU (branch point a8fad6a → this
-tree, one run each), i.e. about +0.9 s of wall on the two-worker warm-up, on a cold − warm of ~13.5–14.5 s against
-the 15 s goal. Not measured: the README command's cold − warm itself. MobileNetV2 compiles the same ``images``, which grew
-with the stride code: its pointwise job 0.52 → 0.99 s.
+Cold compile (ResNet-18's warm-up jobs one after another in one process, empty cache, ``time.process_time``
+per job): the path's forward job (``images``, new to ResNet-18, and ``move_kept``; backward-data shares the job)
+1.03–1.08 s of CPU, its weight job (``strided_weight``) 0.64 s: +1.7 s of job CPU on ResNet-18's 21 → 23 jobs
+(all jobs 26.0 s on the branch point a8fad6a, 26.1–27.7 s here: that total moves by ±1 s run to run), about
++0.85 s of wall on the two-worker warm-up, on a cold − warm of ~13.5–14.5 s against the 15 s goal (the README
+command's cold − warm itself not measured). First written with the stride inside ``images`` (gather and scatter
+inlined there): the same speed (forward and backward-data level within 1–2%, median of 9 rounds of best-of-7)
+and the same cost for ResNet-18 (1.04 + 0.70 s), but MobileNetV2's ``images`` job grew 0.52 → 0.99 s for code it
+never runs; with ``images`` unchanged it stays 0.48.
 """
 
 from __future__ import annotations
@@ -263,78 +267,96 @@ def scatter_kept(tile, n, stride, dx):
 
 
 @njit(cache=True, nogil=True)
-def images(src, w, dst, transposed, first, last, block_rows, stride, tile, tile_images):
-    """Images [first, last) of a 1×1 conv (pad 0, groups 1), one sgemm per block of ``block_rows`` output
-    rows: forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``.
+def move_kept(x, n0, count, stride, tile, scatter):
+    """Images [n0, n0 + count) between ``x`` (N × C × H × W) and ``tile`` (count × C × P, one image after
+    another): gather the kept pixels into the tile (``gather_kept``), or ``scatter`` the tile into the whole of
+    each image, zeros included (``scatter_kept``). One kernel for both: one compile on a cold cache."""
+    if not scatter:
+        pixels = tile.shape[2] * tile.shape[3]
+        gather_kept(x, n0, count, stride, tile, 0, pixels, x.shape[1] * pixels)
+        return
+    size = tile.shape[1] * tile.shape[2] * tile.shape[3]
+    flat = tile.reshape(tile.size)
+    for i in range(count):
+        scatter_kept(flat[i * size : (i + 1) * size], n0 + i, stride, x)
 
-    Stride 1 (v27) reads and writes NCHW in place. Stride > 1 (v33): the forward gathers the kept pixels of
-    ``tile_images`` images at a time into ``tile`` (``gather_kept``) and runs each image's GEMMs on them;
-    backward-data runs each image's GEMMs into ``tile`` and scatters them into dst[n] with its zeros
-    (``scatter_kept``)."""
+
+@njit(cache=True, nogil=True)
+def images(src, w, dst, transposed, first, last, block_rows):
+    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows:
+    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``.
+    At stride 2 (v33) ``run_images`` calls it on tiles of kept pixels."""
     depth, rows = src.shape[1], dst.shape[1]
+    pixels = src.shape[2] * src.shape[3]
     s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
-    pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
     scalars = np.empty(2, np.float32)
-    for n0 in range(first, last, tile_images):
-        count = min(tile_images, last - n0)
-        if stride > 1 and not transposed:
-            gather_kept(src, n0, count, stride, tile, 0, pixels, depth * pixels)
-        for n in range(n0, n0 + count):
-            if stride > 1 and not transposed:
-                a_in, a_start = tile, (n - n0) * depth * pixels
+    for n in range(first, last):
+        for m0 in range(0, rows, block_rows):
+            block = min(block_rows, rows - m0)
+            if transposed:
+                sgemm(
+                    True, False, block, pixels, depth, w_flat[m0:], rows,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
             else:
-                a_in, a_start = s_flat, n * depth * pixels
-            if stride > 1 and transposed:
-                out, o_start = tile, 0
-            else:
-                out, o_start = d_flat, n * rows * pixels
-            for m0 in range(0, rows, block_rows):
-                block = min(block_rows, rows - m0)
-                if transposed:
-                    sgemm(
-                        True, False, block, pixels, depth, w_flat[m0:], rows,
-                        a_in[a_start:], pixels, 0.0, out[o_start + m0 * pixels :], pixels, scalars,
-                    )  # fmt: skip
-                else:
-                    sgemm(
-                        False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
-                        a_in[a_start:], pixels, 0.0, out[o_start + m0 * pixels :], pixels, scalars,
-                    )  # fmt: skip
-            if stride > 1 and transposed:
-                scatter_kept(tile, n, stride, dst)
+                sgemm(
+                    False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
+                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
+                )  # fmt: skip
 
 
 def run_images(
     src, w, dst, transposed: bool, threads: int, limit: int | None = None, stride: int = 1, scratch=None
 ) -> None:
     """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
-    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``); at stride > 1 each thread's tile
-    is its slice of ``scratch`` (``strided_workspace_size``)."""
+    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``).
+
+    Stride > 1 (v33): per block of ``strided_tile_images`` images of a chunk, in the thread's slice of
+    ``scratch`` (``strided_workspace_size``), the forward gathers the kept pixels (``move_kept``) and runs
+    ``images`` on them into out; backward-data runs ``images`` into the tile and scatters it into dx with its
+    zeros (``move_kept``). ``images`` then has the signature it has at stride 1: nothing more to compile."""
     n_images = src.shape[0]
     limit = SMALL_GEMM_MNK if limit is None else limit
     pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
     block = row_block(dst.shape[1], src.shape[1], pixels, limit)
-    tile_images = 1 if transposed or stride == 1 else strided_tile_images(src.shape, pixels, threads)
-    share = 0 if stride == 1 else w.shape[1] * pixels * tile_images
-    tile = np.empty(0, np.float32) if stride == 1 else scratch
+    if stride == 1:
+        chunks = chunk_count(n_images, 1, threads)
+        run_chunks(
+            lambda c, slot: images(
+                src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block
+            ),
+            chunks, threads,
+        )  # fmt: skip
+        return
+    kept = src if transposed else dst
+    channels, out_h, out_w = w.shape[1], kept.shape[2], kept.shape[3]
+    tile_images = strided_tile_images((n_images, channels), pixels, threads)
+    share = channels * pixels * tile_images
     chunks = chunk_count(n_images, tile_images, threads)
-    run_chunks(
-        lambda c, slot: images(
-            src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block, stride,
-            tile[slot * share : (slot + 1) * share], tile_images,
-        ),
-        chunks, threads,
-    )  # fmt: skip
+
+    def work(c: int, slot: int) -> None:
+        tile = scratch[slot * share : (slot + 1) * share].reshape(tile_images, channels, out_h, out_w)
+        last = (c + 1) * n_images // chunks
+        for n0 in range(c * n_images // chunks, last, tile_images):
+            count = min(tile_images, last - n0)
+            if transposed:
+                images(src[n0 : n0 + count], w, tile[:count], True, 0, count, block)
+                move_kept(dst, n0, count, stride, tile, True)
+            else:
+                move_kept(src, n0, count, stride, tile, False)
+                images(tile[:count], w, dst[n0 : n0 + count], False, 0, count, block)
+
+    run_chunks(work, chunks, threads)
 
 
 STRIDED_TILE_ELEMENTS = 1 << 16
-"""v33: the forward of a strided 1×1 gathers the kept pixels of as many images at a time as fit in this many
-float32 (256 KiB; at most a thread's share of the batch)."""
+"""v33: a strided 1×1 forward (backward-data) gathers (scatters) the kept pixels of as many images at a time as
+fit in this many float32 (256 KiB; at most a thread's share of the batch)."""
 
 
 def strided_tile_images(x_shape, pixels: int, threads: int) -> int:
-    """Images per gather of a strided 1×1 forward (``images``): ``STRIDED_TILE_ELEMENTS`` // (C · output
-    pixels), at least 1, at most a thread's share of the batch."""
+    """Images per tile of a strided 1×1 forward or backward-data (``run_images``): ``STRIDED_TILE_ELEMENTS`` //
+    (C · output pixels), at least 1, at most a thread's share of the batch."""
     share = -(-x_shape[0] // max(1, threads))
     return max(1, min(share, STRIDED_TILE_ELEMENTS // max(1, x_shape[1] * pixels)))
 
@@ -351,15 +373,13 @@ def strided_weight_images(x_shape, pixels: int, threads: int) -> int:
 
 
 def strided_workspace_size(x_shape, w_shape, stride: int, direction: str, threads: int) -> int:
-    """Scratch (float32 elements) of a strided 1×1 conv (v33): per thread its tile of kept pixels (forward:
-    ``strided_tile_images`` images; backward-data: one image's C × P GEMM result; weight gradient: x's kept
-    pixels and, for blocks of several images, dout side by side), plus one K × C partial dW per extra thread."""
+    """Scratch (float32 elements) of a strided 1×1 conv (v33): per thread its tile of kept pixels (forward and
+    backward-data: ``strided_tile_images`` images' C × P; weight gradient: x's kept pixels and, for blocks of
+    several images, dout side by side), plus one K × C partial dW per extra thread."""
     k, c = w_shape[0], w_shape[1]
     pixels = ((x_shape[2] - 1) // stride + 1) * ((x_shape[3] - 1) // stride + 1)
-    if direction == "forward":
+    if direction in ("forward", "data"):
         return threads * c * pixels * strided_tile_images(x_shape, pixels, threads)
-    if direction == "data":
-        return threads * c * pixels
     count = strided_weight_images(x_shape, pixels, threads)
     per_thread = c * pixels * count + (k * pixels * count if count > 1 else 0)
     return threads * per_thread + (threads - 1) * k * c

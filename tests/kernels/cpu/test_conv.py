@@ -1280,8 +1280,8 @@ def test_pointwise_strided_through_the_table_gives_the_same_bits_every_call():
 @pytest.mark.parametrize("direction", ["forward", "data", "weight"])
 def test_pointwise_strided_scratch_is_what_the_drivers_use(direction):
     """The planned scratch of each direction (``conv.workspace_size`` → ``strided_workspace_size``) on the three
-    ResNet-18 shortcuts: the forward's gather tiles, backward-data's one-image results, the weight gradient's
-    tiles plus a K × C partial per extra thread."""
+    ResNet-18 shortcuts: the forward's gather tiles, backward-data's GEMM results of as many images, the weight
+    gradient's tiles plus a K × C partial per extra thread."""
     from numba import get_num_threads
 
     from kernels.cpu import conv_pointwise
@@ -1290,10 +1290,8 @@ def test_pointwise_strided_scratch_is_what_the_drivers_use(direction):
     for c, k, h in ((64, 128, 32), (128, 256, 16), (256, 512, 8)):
         x_shape, w_shape, pixels = (32, c, h, h), (k, c, 1, 1), (h // 2) ** 2
         size = cpu.workspace_size(x_shape, w_shape, 2, 0, 1, direction)
-        if direction == "forward":
+        if direction in ("forward", "data"):
             assert size == threads * c * pixels * conv_pointwise.strided_tile_images(x_shape, pixels, threads)
-        elif direction == "data":
-            assert size == threads * c * pixels
         else:
             count = conv_pointwise.strided_weight_images(x_shape, pixels, threads)
             tiles = (c + (k if count > 1 else 0)) * pixels * count
