@@ -97,17 +97,19 @@ Same bits: forward and backward-data at every thread count (a gather is a copy; 
 depend on which tile or thread holds it), the weight gradient at a given thread count (its partials).
 
 Measured, batch 32, two threads, median of 21 calls alternating v30's im2col / v33 in one process (quiesce
-every 7), ms (best call in brackets): forward 64→128 1.074 → 0.874 (1.000 → 0.792), 128→256 0.937 → 0.705,
-256→512 0.845 → 0.704; backward-data 1.478 → 1.111, 1.114 → 0.800, 1.220 → 0.816; weight 1.233 → 1.116,
-1.023 → 0.899, 0.908 → 0.837 (0.842 → 0.795). Against PyTorch (``engine kernels --models resnet18 --ops
-conv2d --compare torch --no-versions --repeat 7``, the branch point a8fad6a and this tree alternating, two
-pairs; torch's best-of-7 ms in brackets), ratio torch / ours, v30 → v33: forward 64→128 1.09 / 1.07 → 1.60 /
-1.37 (1.12–1.36), 128→256 0.91 / 0.87 → 1.17 / 1.12 (0.78–0.83), 256→512 0.90 / 0.89 → 1.07 / 1.08 (0.73–0.74);
-backward-data (torch 1.19–10.9) 8.44 / 6.06 → 9.38 / 12.08, 1.13 / 1.30 → 1.81 / 1.61, 1.04 / 1.09 → 1.54 /
-1.52; weight 1.11 / 1.29 → 1.34 / 1.47, 0.88 / 0.92 → 1.02 / 0.99 (0.85–0.89), 0.90 / 0.90 → 0.94 / 0.96
-(0.79–0.81). The weight gradients are at OpenBLAS's GEMM rate: 16 images of 256→512 on one thread take 0.72 ms,
-of which 0.66–0.68 the GEMMs (~100 GFLOP/s, a 512 × 256 × 64 sgemm alone: 100.6) and 0.08 the copies; two
-threads side by side each take ~0.85 (two 16-GEMM loops side by side: 3–17% slower than one alone), about
+every 7), ms (best call in brackets): forward 64→128 1.124 → 0.913 (1.032 → 0.808), 128→256 0.920 → 0.720,
+256→512 0.861 → 0.704; backward-data 1.388 → 1.024, 1.132 → 0.830, 1.194 → 0.826; weight 1.175 → 1.018,
+1.074 → 0.922, 0.961 → 0.887 (0.854 → 0.814). Against PyTorch (``engine kernels --models resnet18 --ops
+conv2d --compare torch --no-versions --repeat 7 --format json``, the branch point a8fad6a and this tree
+alternating, one pair per CPU-lock hold, two pairs; torch's best-of-7 ms over the four runs in brackets), ratio
+torch / ours, v30 → v33: forward 64→128 1.22 / 0.97 → 1.06 / 1.72 (1.10–1.43), 128→256 0.90 / 0.88 → 1.15 /
+1.24 (0.79–0.85), 256→512 0.90 / 0.89 → 1.08 / 1.05 (0.73–0.75); backward-data 4.11 / 8.55 → 11.61 / 10.22
+(torch 5.0–10.8), 1.26 / 1.25 → 1.63 / 1.71, 1.08 / 1.09 → 1.53 / 1.55 (1.20–1.26); weight 1.16 / 1.13 → 1.46
+/ 1.70, 0.89 / 0.87 → 1.02 / 1.03 (0.85–0.90), 0.96 / 0.90 → 1.00 / 1.00 (0.80–0.81). The nine records'
+geometric mean 1.21 / 1.26 → 1.57 / 1.68; the other 24 conv records of ResNet-18 1.43 / 1.44 → 1.40 / 1.43
+(untouched; noise). The weight gradients are at OpenBLAS's GEMM rate: 16 images of 256→512 on one thread take
+0.72 ms, of which 0.66–0.68 the GEMMs (~100 GFLOP/s, a 512 × 256 × 64 sgemm alone: 100.6) and 0.08 the copies;
+two threads side by side each take ~0.85 (two 16-GEMM loops side by side: 3–17% slower than one alone), about
 torch's 0.80 for the whole call.
 
 Tried and measured (same sittings, medians of 15–21 alternating calls, ms): the forward gathering per image

@@ -138,9 +138,9 @@ kernels/README.md ("What each step bought").
   downsample shortcuts) runs on its kept pixels instead of im2col (``Paths.pointwise_strided``): the forward
   gathers them for v27's per-image row-blocked GEMMs, backward-data scatters each image's GEMM result into dx
   with its zeros, the weight gradient sums 256-deep GEMMs of images side by side (``conv_pointwise``). Batch 32,
-  two threads, median ms v30 → v33: forward 64→128 @32×32 1.074 → 0.874, 128→256 @16×16 0.937 → 0.705, 256→512
-  @8×8 0.845 → 0.704; backward-data 1.478 → 1.111, 1.114 → 0.800, 1.220 → 0.816; weight 1.233 → 1.116,
-  1.023 → 0.899, 0.908 → 0.837.
+  two threads, median ms v30 → v33: forward 64→128 @32×32 1.124 → 0.913, 128→256 @16×16 0.920 → 0.720, 256→512
+  @8×8 0.861 → 0.704; backward-data 1.388 → 1.024, 1.132 → 0.830, 1.194 → 0.826; weight 1.175 → 1.018,
+  1.074 → 0.922, 0.961 → 0.887.
 """
 
 from __future__ import annotations
