@@ -108,13 +108,13 @@ OPTIMIZER_OPS = {"sgd": "sgd_update", "adam": "adam_update"}
 CONV_OPS = {"forward": "conv2d_forward", "data": "conv2d_backward_data", "weight": "conv2d_backward_weight"}
 
 SHARED_FORWARD_KERNEL = ("winograd4", "winograd4-by-k", "winograd", "winograd-by-xi", "shifted", "depthwise-flat",
-                         "depthwise-planes", "depthwise-registers", "pointwise")
+                         "depthwise-planes", "depthwise-registers", "pointwise", "pointwise-strided")
 """Paths whose backward-data calls the forward kernel (``conv_winograd4.forward(..., flipped=True)``,
 ``conv_winograd4.forward_by_k(..., flipped=True)``,
 ``conv_winograd.forward(..., flipped=True)``, ``conv_winograd.forward_by_xi(..., flipped=True)``,
 ``conv_shifted.forward(..., flipped=True)``, ``conv_depthwise.flat_forward(..., mirrored=True)``,
 ``conv_depthwise.plane_forward(..., mirrored=True)``, ``conv_depthwise_regs.filter_share(..., data=True)``,
-``conv_pointwise.images(..., transposed=True)``)
+``conv_pointwise.images(..., transposed=True)``, also at stride 2 for "pointwise-strided")
 with the same argument types: their backward-data shares the forward's job, which makes both calls
 (``run_job``), so the two workers never compile the same kernel at once."""
 
@@ -184,6 +184,7 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels, 16×16: F(4×4) with OpenBLAS
         ((BATCH, 4, 16, 16), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1 on ≥ 16×16: the weight gradient split over dW (v27)
         ((BATCH, 64, 16, 16), (64, 64, 3, 3), 2, 1, 1),  # 3×3 stride 2, ≥ 64 channels: polyphase Winograd (v28, v32)
+        ((BATCH, 4, 5, 5), (4, 4, 1, 1), 2, 0, 1),  # 1×1 stride 2: its kept pixels (v33)
     ]
     jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
     if versions:

@@ -48,6 +48,10 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   range of dW's larger side, the smaller side transposed per image so that every GEMM is NN (the transposed-A
   GEMM ``dout_n @ x_nᵀ`` missed OpenBLAS's small-matrix kernel), 1.12–1.35× on the 11 MobileNetV2 shapes
   (``Paths.pointwise_weight_transposed``, ``conv_pointwise.backward_weight_transposed``).
+  Since v33 a 1×1 stride-2 conv (pad 0, groups 1: ResNet-18's downsample shortcuts) runs there too, in every
+  direction, on its kept pixels: the forward gathers them (256 KiB of images at a time) for v27's per-image
+  GEMMs, backward-data scatters each image's GEMM result into dx with its zeros, the weight gradient sums
+  256-deep GEMMs of images side by side (``Paths.pointwise_strided``; figures in ``conv_pointwise``).
 
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
@@ -265,6 +269,7 @@ class Paths:
     winograd4_by_k: bool = True  # v34
     winograd4_weight_by_k: bool = True  # v35
     winograd_s2_backward: bool = True  # v32
+    pointwise_strided: bool = True  # v33
 
 
 EXPORTED = Paths()
@@ -297,6 +302,11 @@ def _is_plain_1x1(w_shape, stride: int, pad: int) -> bool:
     return w_shape[2] == 1 and stride == 1 and pad == 0
 
 
+def _is_strided_1x1(w_shape, stride: int, pad: int, groups: int) -> bool:
+    """v33's shapes: a 1×1 conv (groups 1, pad 0) at stride 2, ResNet's downsample shortcuts."""
+    return groups == 1 and w_shape[2] == 1 and w_shape[3] == 1 and stride == 2 and pad == 0
+
+
 def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34), "winograd4-weight-by-k" (v35),
@@ -304,7 +314,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     "pointwise" (v27:
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
-    that weight gradient on smaller planes as NN GEMMs) or "gemm" (im2col).
+    that weight gradient on smaller planes as NN GEMMs), "pointwise-strided" (v33: a 1×1 stride-2 conv in every
+    direction on its kept pixels, ``conv_pointwise``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -322,6 +333,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "depthwise-direct"
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
+    if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
+        return "pointwise-strided"
     if (
         direction == "weight" and paths.pointwise_weight_transposed
         and groups == 1 and _is_plain_1x1(w_shape, stride, pad)
@@ -564,6 +577,8 @@ def workspace_size(
         return 0
     if kind == "pointwise-weight-transposed":
         return conv_pointwise.transposed_workspace_size(x_shape, w_shape, threads)
+    if kind == "pointwise-strided":
+        return conv_pointwise.strided_workspace_size(x_shape, w_shape, stride, direction, threads)
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1038,6 +1053,30 @@ def gemm_backward_weight(
         )
 
 
+def pointwise_strided_backward_weight(x, dout, dw, stride: int, threads: int, scratch) -> None:
+    """v33: dW of a strided 1×1 conv (``conv_pointwise.strided_weight``): thread t sums images
+    [t·N/T, (t+1)·N/T) into dw (t = 0) or its own partial, added in thread order as ``gemm_backward_weight``
+    does; scratch as ``conv_pointwise.strided_workspace_size``."""
+    n_images, pixels = x.shape[0], dout.shape[2] * dout.shape[3]
+    count = conv_pointwise.strided_weight_images(x.shape, pixels, threads)
+    slots = (threads - 1) * dw.size
+    share = (scratch.size - slots) // threads
+    sums = scratch[scratch.size - slots :]
+
+    def work(t: int) -> None:
+        acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
+        first, last = t * n_images // threads, (t + 1) * n_images // threads
+        conv_pointwise.strided_weight(x, dout, acc, first, last, stride, count, scratch[t * share : (t + 1) * share])
+
+    run_shares(work, threads)
+    if threads > 1:
+        flat = dw.reshape(dw.size)
+        run_shares(
+            lambda t: add_partials(flat, sums, threads - 1, t * flat.size // threads, (t + 1) * flat.size // threads),
+            threads,
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # Direct depthwise kernels (groups == C == K): shapes the flat kernels do not take (stride-2 32×32 forward, 5×5 ...)
 # ----------------------------------------------------------------------------------------------
@@ -1268,6 +1307,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "winograd4-by-k":
         with blas_on_calling_thread:
             conv_winograd4.forward_by_k(x, w, out, False, threads, scratch)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(x, w, out, False, threads, stride=stride, scratch=scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1324,6 +1366,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
     elif kind == "winograd4-by-k":
         with blas_on_calling_thread:
             conv_winograd4.forward_by_k(dout, w, dx, True, threads, scratch)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            conv_pointwise.run_images(dout, w, dx, True, threads, stride=stride, scratch=scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
@@ -1382,6 +1427,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "winograd4-weight-by-k":
         with blas_on_calling_thread:
             conv_winograd4.backward_weight_by_k(x, dout, dw, threads, scratch)
+    elif kind == "pointwise-strided":
+        with blas_on_calling_thread:
+            pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -1,4 +1,5 @@
-"""1×1 stride-1 convolutions (groups 1) as GEMMs small enough for OpenBLAS's small-matrix kernel (v27).
+"""1×1 convolutions (groups 1, pad 0) as GEMMs small enough for OpenBLAS's small-matrix kernel: stride 1 (v27),
+stride 2 on the kept pixels (v33, at the end of this docstring).
 
 What it computes. A plain 1×1 conv is a GEMM per image on NCHW read in place: forward
 ``out[n] (K × P) = W (K × C) @ x[n] (C × P)``, backward-data ``dx[n] = Wᵀ @ dout[n]``, weight gradient
@@ -135,6 +136,62 @@ all six in the next); row blocks of ≤ 2.5·10⁵ multiply-adds (192→64 faste
 three sittings, 0.93–0.97× in three more once the transposition was the final one; ``takes_transposed``).
 Cold compile: the path's first call 1.77–1.82 s CPU on an empty cache
 (0.22 s warm): one more MobileNetV2 warm-up job (22 → 23); ResNet-18 has no plain 1×1 stride-1 conv.
+
+Stride 2 (v33, path "pointwise-strided"; ResNet-18's downsample shortcuts 64→128 @32×32, 128→256 @16×16,
+256→512 @8×8, which ran on im2col). A 1×1 conv at stride s with pad 0 reads input pixel (s·i, s·j) for output
+(i, j) (output (H−1)//s + 1 × (W−1)//s + 1: a 7×9 plane gives 4×5) and nothing else, so each direction is the
+stride-1 GEMM on those *kept* pixels:
+
+- forward (``run_images(..., stride, scratch)``): per block of ``strided_tile_images`` images (≤
+  ``STRIDED_TILE_ELEMENTS``, 256 KiB: 4 images at 64→128, 8 at 128→256, 16 at 256→512) ``move_kept`` gathers
+  their kept pixels into the thread's tile, then v27's ``images``, unchanged, runs each image's row-blocked GEMMs
+  on the tile into out;
+- backward-data: ``images`` runs ``Wᵀ @ dout[n]`` of a block of images into the tile, then ``move_kept`` writes the
+  whole of each dx[n], row by row: zeros, then the kept pixels (one pass over dx, no separate zeroing);
+- weight gradient (``strided_weight``, driven by ``conv.pointwise_strided_backward_weight``): each thread sums
+  its half of the images into dw or one K × C partial (added in thread order, as the im2col path does), one
+  β = 1 sgemm per block of images placed side by side (x's kept pixels and dout copied into [C, b·P] and
+  [K, b·P]; one image: dout read in place), b = ``STRIDED_WEIGHT_MIN_DEPTH`` (256) // P: 1, 4 and 16.
+
+Same bits: forward and backward-data at every thread count (a gather is a copy; each image's GEMMs do not
+depend on which tile or thread holds it), the weight gradient at a given thread count (its partials).
+
+Measured, batch 32, two threads, median of 21 calls alternating v30's im2col / v33 in one process (quiesce
+every 7), ms (best call in brackets): forward 64→128 1.124 → 0.913 (1.032 → 0.808), 128→256 0.920 → 0.720,
+256→512 0.861 → 0.704; backward-data 1.388 → 1.024, 1.132 → 0.830, 1.194 → 0.826; weight 1.175 → 1.018,
+1.074 → 0.922, 0.961 → 0.887 (0.854 → 0.814). Against PyTorch (``engine kernels --models resnet18 --ops
+conv2d --compare torch --no-versions --repeat 7 --format json``, the branch point a8fad6a and this tree
+alternating, one pair per CPU-lock hold, two pairs; torch's best-of-7 ms over the four runs in brackets), ratio
+torch / ours, v30 → v33: forward 64→128 1.22 / 0.97 → 1.06 / 1.72 (1.10–1.43), 128→256 0.90 / 0.88 → 1.15 /
+1.24 (0.79–0.85), 256→512 0.90 / 0.89 → 1.08 / 1.05 (0.73–0.75); backward-data 4.11 / 8.55 → 11.61 / 10.22
+(torch 5.0–10.8), 1.26 / 1.25 → 1.63 / 1.71, 1.08 / 1.09 → 1.53 / 1.55 (1.20–1.26); weight 1.16 / 1.13 → 1.46
+/ 1.70, 0.89 / 0.87 → 1.02 / 1.03 (0.85–0.90), 0.96 / 0.90 → 1.00 / 1.00 (0.80–0.81). The nine records'
+geometric mean 1.21 / 1.26 → 1.57 / 1.68; the other 24 conv records of ResNet-18 1.43 / 1.44 → 1.40 / 1.43
+(untouched; noise). The weight gradients are at OpenBLAS's GEMM rate: 16 images of 256→512 on one thread take
+0.72 ms, of which 0.66–0.68 the GEMMs (~100 GFLOP/s, a 512 × 256 × 64 sgemm alone: 100.6) and 0.08 the copies;
+two threads side by side each take ~0.85 (two 16-GEMM loops side by side: 3–17% slower than one alone), about
+torch's 0.80 for the whole call.
+
+Tried and measured (same sittings, medians of 15–21 alternating calls, ms): the forward gathering per image
+(64→128 1.370, 128→256 0.821, 256→512 0.750) against blocks of 4 images (1.047, 0.755, 0.724), 8 (—, 0.743,
+0.723) and 16 (—, 0.768, 0.721), or the thread's whole share at once (1.173, 0.806, 0.718); blocks of images
+side by side in one wider GEMM and a scatter of the result (2 images: 1.170, 0.793, 0.744; 4: 1.569, 0.842,
+0.751; a share: 3.421, 1.618, 0.957): the per-image GEMMs stay, the gather goes by 256 KiB. Backward-data in
+two chunks instead of eight: level (0.861 / 0.850, 0.733 / 0.756, 0.730 / 0.746). The weight gradient's GEMMs in
+blocks of 32 or 64 rows of dW (OpenBLAS's small kernel): 15–40% slower (256→512, one image a GEMM: 1.311 / 1.116
+/ 0.953 for 32 / 64 / all rows); dW split over output channels between the threads (each gathering all of x,
+no partial): level (0.898 / 0.892 with blocks of four; 0.843 / 0.865 with 256-deep blocks, 11 rounds of
+best-of-7); GEMM depth 64 against 256: 0.820 / 0.808 (256→512), 0.851 / 0.840 (128→256).
+
+Cold compile (ResNet-18's warm-up jobs one after another in one process, empty cache, ``time.process_time``
+per job): the path's forward job (``images``, new to ResNet-18, and ``move_kept``; backward-data shares the job)
+1.03–1.08 s of CPU, its weight job (``strided_weight``) 0.64 s: +1.7 s of job CPU on ResNet-18's 21 → 23 jobs
+(all jobs 26.0 s on the branch point a8fad6a, 26.1–27.7 s here: that total moves by ±1 s run to run), about
++0.85 s of wall on the two-worker warm-up, on a cold − warm of ~13.5–14.5 s against the 15 s goal (the README
+command's cold − warm itself not measured). First written with the stride inside ``images`` (gather and scatter
+inlined there): the same speed (forward and backward-data level within 1–2%, median of 9 rounds of best-of-7)
+and the same cost for ResNet-18 (1.04 + 0.70 s), but MobileNetV2's ``images`` job grew 0.52 → 0.99 s for code it
+never runs; with ``images`` unchanged it stays 0.48.
 """
 
 from __future__ import annotations
@@ -225,10 +282,73 @@ WEIGHT_SPLIT_MIN_PIXELS = 256
 extra thread; 4×4 v9's stacked tiles)."""
 
 
+@njit(cache=True, nogil=True, inline="always")
+def gather_kept(x, n0, count, stride, tile, start, channel_step, image_step):
+    """The kept pixels of images [n0, n0 + count) of ``x`` at ``stride`` (1×1, pad 0: pixel (s·i, s·j) of
+    the input feeds output (i, j)) into ``tile``: pixel p of channel c of image i at
+    ``start + c · channel_step + i · image_step + p``. One image after another (``channel_step`` = P,
+    ``image_step`` = C·P: the images' own NCHW planes, what ``images`` runs its per-image GEMMs on) or side
+    by side (``channel_step`` = count·P, ``image_step`` = P: one [C, count·P] matrix, ``strided_weight``'s).
+    Stride 1 copies whole planes (``strided_weight``'s dout tile)."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
+    pixels = out_h * out_w
+    src, dst = x.reshape(x.size), tile.reshape(tile.size)
+    for i in range(count):
+        for c in range(channels):
+            s0 = uint64(((n0 + i) * channels + c) * height * width)
+            d0 = uint64(start + c * channel_step + i * image_step)
+            if stride == 1:
+                for p in range(pixels):
+                    dst[d0 + uint64(p)] = src[s0 + uint64(p)]
+                continue
+            for y in range(out_h):
+                row_in = s0 + uint64(y * stride * width)
+                row_out = d0 + uint64(y * out_w)
+                for j in range(out_w):
+                    dst[row_out + uint64(j)] = src[row_in + uint64(j * stride)]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def scatter_kept(tile, n, stride, dx):
+    """dx[n] = the C × P matrix ``tile`` on the kept pixels (stride ``stride``, as ``gather_kept``), zero on
+    the others: every element of the image written once, row by row (zeros, then the kept ones)."""
+    channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
+    out_h, out_w = (height - 1) // stride + 1, (width - 1) // stride + 1
+    src, dst = tile.reshape(tile.size), dx.reshape(dx.size)
+    for c in range(channels):
+        plane = uint64((n * channels + c) * height * width)
+        line = uint64(c * out_h * out_w)
+        for y in range(height):
+            row = plane + uint64(y * width)
+            for xx in range(width):
+                dst[row + uint64(xx)] = 0.0
+            if y % stride == 0:
+                read = line + uint64((y // stride) * out_w)
+                for j in range(out_w):
+                    dst[row + uint64(j * stride)] = src[read + uint64(j)]
+
+
+@njit(cache=True, nogil=True)
+def move_kept(x, n0, count, stride, tile, scatter):
+    """Images [n0, n0 + count) between ``x`` (N × C × H × W) and ``tile`` (count × C × P, one image after
+    another): gather the kept pixels into the tile (``gather_kept``), or ``scatter`` the tile into the whole of
+    each image, zeros included (``scatter_kept``). One kernel for both: one compile on a cold cache."""
+    if not scatter:
+        pixels = tile.shape[2] * tile.shape[3]
+        gather_kept(x, n0, count, stride, tile, 0, pixels, x.shape[1] * pixels)
+        return
+    size = tile.shape[1] * tile.shape[2] * tile.shape[3]
+    flat = tile.reshape(tile.size)
+    for i in range(count):
+        scatter_kept(flat[i * size : (i + 1) * size], n0 + i, stride, x)
+
+
 @njit(cache=True, nogil=True)
 def images(src, w, dst, transposed, first, last, block_rows):
     """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows:
-    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``."""
+    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``.
+    At stride 2 (v33) ``run_images`` calls it on tiles of kept pixels."""
     depth, rows = src.shape[1], dst.shape[1]
     pixels = src.shape[2] * src.shape[3]
     s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
@@ -248,17 +368,48 @@ def images(src, w, dst, transposed, first, last, block_rows):
                 )  # fmt: skip
 
 
-def run_images(src, w, dst, transposed: bool, threads: int, limit: int | None = None) -> None:
+def run_images(
+    src, w, dst, transposed: bool, threads: int, limit: int | None = None, stride: int = 1, scratch=None
+) -> None:
     """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
-    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``)."""
+    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``).
+
+    Stride > 1 (v33): per block of ``strided_tile_images`` images of a chunk, in the thread's slice of
+    ``scratch`` (``strided_workspace_size``), the forward gathers the kept pixels (``move_kept``) and runs
+    ``images`` on them into out; backward-data runs ``images`` into the tile and scatters it into dx with its
+    zeros (``move_kept``). ``images`` then has the signature it has at stride 1: nothing more to compile."""
     n_images = src.shape[0]
     limit = SMALL_GEMM_MNK if limit is None else limit
-    block = row_block(dst.shape[1], src.shape[1], src.shape[2] * src.shape[3], limit)
-    chunks = chunk_count(n_images, 1, threads)
-    run_chunks(
-        lambda c, slot: images(src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block),
-        chunks, threads,
-    )  # fmt: skip
+    pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
+    block = row_block(dst.shape[1], src.shape[1], pixels, limit)
+    if stride == 1:
+        chunks = chunk_count(n_images, 1, threads)
+        run_chunks(
+            lambda c, slot: images(
+                src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block
+            ),
+            chunks, threads,
+        )  # fmt: skip
+        return
+    kept = src if transposed else dst
+    channels, out_h, out_w = w.shape[1], kept.shape[2], kept.shape[3]
+    tile_images = strided_tile_images((n_images, channels), pixels, threads)
+    share = channels * pixels * tile_images
+    chunks = chunk_count(n_images, tile_images, threads)
+
+    def work(c: int, slot: int) -> None:
+        tile = scratch[slot * share : (slot + 1) * share].reshape(tile_images, channels, out_h, out_w)
+        last = (c + 1) * n_images // chunks
+        for n0 in range(c * n_images // chunks, last, tile_images):
+            count = min(tile_images, last - n0)
+            if transposed:
+                images(src[n0 : n0 + count], w, tile[:count], True, 0, count, block)
+                move_kept(dst, n0, count, stride, tile, True)
+            else:
+                move_kept(src, n0, count, stride, tile, False)
+                images(tile[:count], w, dst[n0 : n0 + count], False, 0, count, block)
+
+    run_chunks(work, chunks, threads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,3 +589,67 @@ def backward_weight_transposed(x, dout, dw, threads: int, scratch, limit: int | 
         work(0)
         return
     run_shares(work, shares)
+
+
+STRIDED_TILE_ELEMENTS = 1 << 16
+"""v33: a strided 1×1 forward (backward-data) gathers (scatters) the kept pixels of as many images at a time as
+fit in this many float32 (256 KiB; at most a thread's share of the batch)."""
+
+
+def strided_tile_images(x_shape, pixels: int, threads: int) -> int:
+    """Images per tile of a strided 1×1 forward or backward-data (``run_images``): ``STRIDED_TILE_ELEMENTS`` //
+    (C · output pixels), at least 1, at most a thread's share of the batch."""
+    share = -(-x_shape[0] // max(1, threads))
+    return max(1, min(share, STRIDED_TILE_ELEMENTS // max(1, x_shape[1] * pixels)))
+
+
+STRIDED_WEIGHT_MIN_DEPTH = 256
+"""v33: the strided 1×1 weight gradient sums ``dout @ keptᵀ`` over blocks of images side by side, enough that
+each GEMM is at least this deep (one image of 16×16 outputs, four of 8×8, sixteen of 4×4)."""
+
+
+def strided_weight_images(x_shape, pixels: int, threads: int) -> int:
+    """Images per GEMM of the strided 1×1 weight gradient (``strided_weight``)."""
+    share = -(-x_shape[0] // max(1, threads))
+    return max(1, min(share, -(-STRIDED_WEIGHT_MIN_DEPTH // max(1, pixels))))
+
+
+def strided_workspace_size(x_shape, w_shape, stride: int, direction: str, threads: int) -> int:
+    """Scratch (float32 elements) of a strided 1×1 conv (v33): per thread its tile of kept pixels (forward and
+    backward-data: ``strided_tile_images`` images' C × P; weight gradient: x's kept pixels and, for blocks of
+    several images, dout side by side), plus one K × C partial dW per extra thread."""
+    k, c = w_shape[0], w_shape[1]
+    pixels = ((x_shape[2] - 1) // stride + 1) * ((x_shape[3] - 1) // stride + 1)
+    if direction in ("forward", "data"):
+        return threads * c * pixels * strided_tile_images(x_shape, pixels, threads)
+    count = strided_weight_images(x_shape, pixels, threads)
+    per_thread = c * pixels * count + (k * pixels * count if count > 1 else 0)
+    return threads * per_thread + (threads - 1) * k * c
+
+
+@njit(cache=True, nogil=True)
+def strided_weight(x, dout, acc, first, last, stride, tile_images, tile):
+    """acc (K × C) = Σ over images [first, last) of dout[n] @ kept(x[n])ᵀ at ``stride`` (v33): blocks of
+    ``tile_images`` images side by side (x's kept pixels gathered, dout copied; one image: dout in place), one
+    sgemm per block, β = 1 from the second on."""
+    channels, k_total = x.shape[1], dout.shape[1]
+    pixels = dout.shape[2] * dout.shape[3]
+    d_flat, acc_flat = dout.reshape(dout.size), acc.reshape(acc.size)
+    scalars = np.empty(2, np.float32)
+    if first >= last:
+        for i in range(acc_flat.size):
+            acc_flat[i] = 0.0
+        return
+    for n0 in range(first, last, tile_images):
+        count = min(tile_images, last - n0)
+        columns = count * pixels
+        gather_kept(x, n0, count, stride, tile, 0, columns, pixels)
+        if count == 1:
+            a_in, a_start, lda = d_flat, n0 * k_total * pixels, pixels
+        else:
+            a_in, a_start, lda = tile, channels * columns, columns
+            gather_kept(dout, n0, count, 1, tile, channels * columns, columns, pixels)
+        sgemm(
+            False, True, k_total, channels, columns, a_in[a_start:], lda, tile, columns,
+            0.0 if n0 == first else 1.0, acc_flat, channels, scalars,
+        )  # fmt: skip

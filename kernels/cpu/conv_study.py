@@ -146,6 +146,13 @@ kernels/README.md ("What each step bought").
   inputs of ≥ 16×16 the weight gradient, by the polyphase transform transposed (``Paths.winograd_s2_backward``;
   ``conv_winograd_s2.backward_data``, ``backward_weight``): 25 instead of 36 multiplies per tile in the GEMMs, in
   blocks that stay in L2. Figures in ``conv_winograd_s2``'s v32 section.
+- v33 ``strided 1×1 on kept pixels``: v32, but a 1×1 stride-2 conv (pad 0, groups 1: ResNet-18's
+  downsample shortcuts) runs on its kept pixels instead of im2col (``Paths.pointwise_strided``): the forward
+  gathers them for v27's per-image row-blocked GEMMs, backward-data scatters each image's GEMM result into dx
+  with its zeros, the weight gradient sums 256-deep GEMMs of images side by side (``conv_pointwise``). Batch 32,
+  two threads, median ms v30 → v33: forward 64→128 @32×32 1.124 → 0.913, 128→256 @16×16 0.920 → 0.720, 256→512
+  @8×8 0.861 → 0.704; backward-data 1.388 → 1.024, 1.132 → 0.830, 1.194 → 0.826; weight 1.175 → 1.018,
+  1.074 → 0.922, 0.961 → 0.887.
 - v34 ``F(4×4) by output channel`` (v31–v33 are numbers given to work on other branches): v30, but
   forward and backward-data on planes of 4×4 to 8×8 (ResNet-18's 512 @4×4, until now F(2×2) by ξ, and 256
   @8×8) split by output channel, each block of 16 channels transforming its own filters where its GEMMs read
@@ -175,8 +182,8 @@ from kernels.cpu.conv_winograd import _input_transform as _winput
 from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
-_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 34,
-            35)
+_SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
+            34, 35)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -199,6 +206,8 @@ BEFORE_V31 = {"pointwise_weight_transposed": False}
 """What v31 added, off in every earlier version (``_paths``)."""
 BEFORE_V32 = {"winograd_s2_backward": False}
 """What v32 added, off in every earlier version (``_paths``)."""
+BEFORE_V33 = {"pointwise_strided": False}
+"""What v33 added, off in every earlier version (``_paths``)."""
 BEFORE_V34 = {"winograd4_by_k": False}
 """What v34 added, off in every earlier version (``_paths``)."""
 BEFORE_V35 = {"winograd4_weight_by_k": False}
@@ -804,6 +813,8 @@ def _paths(version: int) -> conv.Paths:
         chosen = dataclasses.replace(chosen, **BEFORE_V31)
     if version < 32:
         chosen = dataclasses.replace(chosen, **BEFORE_V32)
+    if version < 33:
+        chosen = dataclasses.replace(chosen, **BEFORE_V33)
     if version < 34:
         chosen = dataclasses.replace(chosen, **BEFORE_V34)
     return dataclasses.replace(chosen, **BEFORE_V35) if version < 35 else chosen
@@ -814,8 +825,8 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
-    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 34,
-    35) and direction ("forward", "data", "weight")."""
+    """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
+    34, 35) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -921,8 +932,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 34, 35), "data"
-    or "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 34, 35), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35),
+    "data" or "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

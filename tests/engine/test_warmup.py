@@ -105,7 +105,12 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
         winograd.discard("conv2d_backward_weight/winograd/bias=False/v=None")
         # v32: their backward-data, and the weight gradient of 64->128 and 128->256 (256->512 @8x8 keeps im2col)
         winograd4 |= {f"conv2d_{d}/winograd-s2/bias=False/v=None" for d in ("backward_data", "backward_weight")}
-    assert conv == gemm | shifted | winograd | winograd4
+        # ... so with the shortcuts on their kept pixels (v33) only the stem is left on im2col's backward-data,
+        # which is never called (the network's input has no gradient): no job
+        gemm.discard("conv2d_backward_data/gemm/bias=False/v=None")
+    # v33: the 1×1 stride-2 shortcuts on their kept pixels; backward-data shares the forward's job
+    strided = {f"conv2d_{d}/pointwise-strided/bias=False/v=None" for d in ("forward", "backward_weight")}
+    assert conv == gemm | shifted | winograd | winograd4 | strided
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 
 

@@ -260,7 +260,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
         ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "winograd-s2"),  # v28, with OpenBLAS (else im2col)
         ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "winograd-s2"),  # v28: threads split by output channel
-        ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "gemm"),
+        ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "pointwise-strided"),  # v33 (v30 and before: im2col)
         ((32, 144, 32, 32), (144, 1, 3, 3), 1, 1, 144, "depthwise-registers"),  # v25 (v21: plane by plane)
         ((32, 144, 32, 32), (144, 1, 3, 3), 2, 1, 144, "depthwise-registers"),
         ((32, 144, 24, 24), (144, 1, 3, 3), 1, 1, 144, "depthwise-planes"),  # no register geometry: v21's
@@ -829,19 +829,21 @@ IM2COL_IN_PLACE_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): im2col we
 @pytest.mark.parametrize("shape", IM2COL_IN_PLACE_SHAPES, ids=["x".join(map(str, s)) for s in IM2COL_IN_PLACE_SHAPES])
 def test_im2col_weight_gradient_in_place_matches_reference_at_one_and_two_threads(shape):
     """v20: one image's im2col and one beta = 1 sgemm into dW per image, several images per thread
-    (the beta = 1 accumulation), no column tile of several images and no per-tile partial in scratch."""
+    (the beta = 1 accumulation), no column tile of several images and no per-tile partial in scratch. With
+    v30's paths: since v33 the 1×1 stride-2 weight gradient runs on its kept pixels (``pointwise-strided``)."""
     from numba import get_num_threads, set_num_threads
 
     x, w, b, dout, args = _case(shape, seed=5)
     stride, pad, groups = args
-    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight") == "gemm"
+    paths = conv_study._paths(30)
+    assert cpu.path(x.shape, w.shape, stride, pad, groups, "weight", paths) == "gemm"
     assert cpu._im2col_weight_in_place(x.shape, w.shape, stride, pad, groups)
     assert cpu.gemm_tile_images(x.shape, w.shape, *args, "weight", 2, 4096, im2col_in_place=True) == 1
     assert cpu.gemm_tile_images(x.shape, w.shape, *args, "weight", 2, 4096) > 1  # v17 tiled them
     oh, ow = ref.check_conv2d_shapes(x.shape, w.shape, *args)
     threads = cpu.get_num_threads()
     rows = w.shape[1] * w.shape[2] * w.shape[3]
-    assert cpu.workspace_size(x.shape, w.shape, *args, "weight") == (
+    assert cpu.workspace_size(x.shape, w.shape, *args, "weight", paths) == (
         threads * rows * oh * ow + (threads - 1) * w.size
     )
     want_dw, want_db = np.empty_like(w), np.empty_like(b)
@@ -851,8 +853,8 @@ def test_im2col_weight_gradient_in_place_matches_reference_at_one_and_two_thread
         for count in sorted({1, saved}):
             set_num_threads(count)
             dw, db = np.full(w.shape, np.nan, np.float32), np.full(b.shape, np.nan, np.float32)
-            scratch = _scratch(cpu.conv2d_backward_weight_workspace_size, x, w, args)
-            cpu.conv2d_backward_weight(x, dout, dw, db, *args, scratch)
+            scratch = np.full(cpu.workspace_size(x.shape, w.shape, *args, "weight", paths), np.nan, np.float32)
+            cpu.backward_weight(x, dout, dw, db, *args, scratch, paths)
             np.testing.assert_allclose(dw, want_dw, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(db, want_db, rtol=1e-4, atol=1e-4)
     finally:
@@ -1304,7 +1306,8 @@ def test_pointwise_weight_transposed_is_the_table_path_below_16x16_with_its_scra
     assert cpu.path((32, 144, 16, 16), (32, 144, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
     assert cpu.path((32, 32, 16, 16), (192, 32, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
     assert cpu.path((32, 16, 32, 32), (96, 16, 1, 1), 1, 0, 1, "weight") == "pointwise-weight-split"
-    assert cpu.path((32, 64, 8, 8), (128, 64, 1, 1), 2, 0, 1, "weight") == "gemm"
+    # stride 2 is not v31's: im2col until v32, its kept pixels since v33
+    assert cpu.path((32, 64, 8, 8), (128, 64, 1, 1), 2, 0, 1, "weight", conv_study._paths(32)) == "gemm"
     assert conv_study._paths(31).pointwise_weight_transposed and not conv_study._paths(30).pointwise_weight_transposed
 
 
@@ -1442,3 +1445,100 @@ def test_winograd4_weight_by_k_needs_the_batch_to_fit():
     if blas.select_sgemm() == blas.OPENBLAS:
         assert cpu.path((128, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd4-weight-by-k"
         assert cpu.path((256, 512, 4, 4), w_shape, 1, 1, 1, "weight") == "winograd"
+
+
+STRIDED_SHAPES = [  # (n, c, h, w, k): 1×1 stride 2, pad 0, groups 1 (v33)
+    (3, 8, 7, 9, 12),  # odd, not square: the last row and column kept, a 4×5 output
+    (5, 16, 8, 8, 32),  # even square plane
+    (7, 40, 9, 4, 24),  # C > K, a 5×2 output
+    (2, 6, 5, 5, 4),  # fewer images than threads at 3: a share with no image
+    (4, 3, 1, 3, 5),  # one row: a 1×2 output
+    (19, 8, 5, 6, 12),  # with small tiles, chunks of 4–5 images in gathers of 3: partial last gathers
+]
+
+
+def _strided_parts(x, w, dout, threads):
+    """v33's forward, backward-data and weight gradient on ``threads`` threads (the drivers conv.py calls,
+    so 3 threads run where Numba's pool has 2), each with NaN-filled scratch of the planned size."""
+    from kernels.cpu import conv_pointwise
+
+    out = np.full(dout.shape, np.nan, np.float32)
+    dx, dw = np.full(x.shape, np.nan, np.float32), np.full(w.shape, np.nan, np.float32)
+    scratch = {
+        d: np.full(conv_pointwise.strided_workspace_size(x.shape, w.shape, 2, d, threads), np.nan, np.float32)
+        for d in ("forward", "data", "weight")
+    }
+    with cpu.blas_on_calling_thread:
+        conv_pointwise.run_images(x, w, out, False, threads, stride=2, scratch=scratch["forward"])
+        conv_pointwise.run_images(dout, w, dx, True, threads, stride=2, scratch=scratch["data"])
+        cpu.pointwise_strided_backward_weight(x, dout, dw, 2, threads, scratch["weight"])
+    return out, dx, dw
+
+
+@pytest.mark.parametrize("shape", STRIDED_SHAPES, ids=["x".join(map(str, s)) for s in STRIDED_SHAPES])
+@pytest.mark.parametrize("small", [False, True])
+def test_pointwise_strided_matches_reference_at_one_two_and_three_threads(shape, small, monkeypatch):
+    """v33: a 1×1 stride-2 conv on its kept pixels (``conv_pointwise.images`` with a stride, ``strided_weight``)
+    against the NumPy reference at 1, 2 and 3 threads, with the table's tile sizes and with ``small`` ones
+    (gathers of three images, a partial last one, GEMMs of a few rows, weight blocks of three images):
+    forward and backward-data the same bits at every thread count, the weight gradient on a second call at
+    each; dx's skipped pixels exactly zero."""
+    from kernels.cpu import conv_pointwise
+
+    n, c, h, wd, k = shape
+    x, w, b, dout, args = _case((n, c, h, wd, k, 1, 2, 0, 1), seed=11)
+    assert dout.shape[2:] == ((h + 1) // 2, (wd + 1) // 2)
+    if small:
+        pixels = dout.shape[2] * dout.shape[3]
+        monkeypatch.setattr(conv_pointwise, "STRIDED_TILE_ELEMENTS", 3 * c * pixels)
+        monkeypatch.setattr(conv_pointwise, "SMALL_GEMM_MNK", 3 * c * pixels)
+        monkeypatch.setattr(conv_pointwise, "STRIDED_WEIGHT_MIN_DEPTH", 3 * pixels)
+    assert [cpu.path(x.shape, w.shape, *args, d) for d in ("forward", "data", "weight")] == ["pointwise-strided"] * 3
+    assert {cpu.path(x.shape, w.shape, *args, d, conv_study._paths(30)) for d in ("forward", "data", "weight")} == {
+        "gemm"
+    }
+    expected = _reference(x, w, np.zeros_like(b), dout, args)[:3]  # the drivers add no bias
+    first = [_strided_parts(x, w, dout, t) for t in (1, 2, 3)]
+    second = [_strided_parts(x, w, dout, t) for t in (1, 2, 3)]
+    for results, again in zip(first, second):
+        for got, want in zip(results, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        skipped = np.ones(x.shape, bool)
+        skipped[:, :, ::2, ::2] = False
+        assert (results[1][skipped] == 0).all()
+        for a, b_ in zip(results, again):
+            assert a.tobytes() == b_.tobytes()
+    for other in first[1:]:
+        assert other[0].tobytes() == first[0][0].tobytes()
+        assert other[1].tobytes() == first[0][1].tobytes()
+
+
+def test_pointwise_strided_through_the_table_gives_the_same_bits_every_call():
+    """The table's entries on the path (scratch sized by its planning function): the reference's results and the
+    same bits on a second call at Numba's thread count."""
+    x, w, b, dout, args = _case((6, 24, 11, 10, 40, 1, 2, 0, 1), seed=2)
+    first, second = _run_cpu(x, w, b, dout, args), _run_cpu(x, w, b, dout, args)
+    for got, again, want in zip(first, second, _reference(x, w, b, dout, args)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert got.tobytes() == again.tobytes()
+
+
+@pytest.mark.parametrize("direction", ["forward", "data", "weight"])
+def test_pointwise_strided_scratch_is_what_the_drivers_use(direction):
+    """The planned scratch of each direction (``conv.workspace_size`` → ``strided_workspace_size``) on the three
+    ResNet-18 shortcuts: the forward's gather tiles, backward-data's GEMM results of as many images, the weight
+    gradient's tiles plus a K × C partial per extra thread."""
+    from numba import get_num_threads
+
+    from kernels.cpu import conv_pointwise
+
+    threads = get_num_threads()
+    for c, k, h in ((64, 128, 32), (128, 256, 16), (256, 512, 8)):
+        x_shape, w_shape, pixels = (32, c, h, h), (k, c, 1, 1), (h // 2) ** 2
+        size = cpu.workspace_size(x_shape, w_shape, 2, 0, 1, direction)
+        if direction in ("forward", "data"):
+            assert size == threads * c * pixels * conv_pointwise.strided_tile_images(x_shape, pixels, threads)
+        else:
+            count = conv_pointwise.strided_weight_images(x_shape, pixels, threads)
+            tiles = (c + (k if count > 1 else 0)) * pixels * count
+            assert size == threads * tiles + (threads - 1) * k * c
