@@ -1030,43 +1030,37 @@ def gemm_backward_weight(
     show: the 22 1×1 weight gradients, batch 32, two threads, best of 7 after a NumPy sgemm, 3 rounds
     alternating in one process: geometric mean 0.97× (144→32 @16×16 0.66–0.69 → 0.81–0.91 ms, 64→384 @8×8
     0.66–0.68 → 0.62, the rest within noise)."""
-    n_images = x.shape[0]
-    slots = (threads - 1) * dw.size
-    share = (scratch.size - slots) // threads
-    sums = scratch[scratch.size - slots :]
-
-    def work(t: int) -> None:
-        first, last = t * n_images // threads, (t + 1) * n_images // threads
-        mine = scratch[t * share : (t + 1) * share]
-        acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-        _backward_weight_images(
+    sum_image_shares(
+        dw, scratch, threads, x.shape[0],
+        lambda first, last, acc, mine: _backward_weight_images(
             x, dout, acc, stride, pad, groups, first, last, tile_images, mine, gather, in_place, im2col_in_place,
             k_block,
-        )
-
-    run_shares(work, threads)
-    if threads > 1:
-        flat = dw.reshape(dw.size)
-        run_shares(
-            lambda t: add_partials(flat, sums, threads - 1, t * flat.size // threads, (t + 1) * flat.size // threads),
-            threads,
-        )
+        ),
+    )  # fmt: skip
 
 
 def pointwise_strided_backward_weight(x, dout, dw, stride: int, threads: int, scratch) -> None:
-    """v33: dW of a strided 1×1 conv (``conv_pointwise.strided_weight``): thread t sums images
-    [t·N/T, (t+1)·N/T) into dw (t = 0) or its own partial, added in thread order as ``gemm_backward_weight``
-    does; scratch as ``conv_pointwise.strided_workspace_size``."""
-    n_images, pixels = x.shape[0], dout.shape[2] * dout.shape[3]
-    count = conv_pointwise.strided_weight_images(x.shape, pixels, threads)
+    """v33: dW of a strided 1×1 conv (``conv_pointwise.strided_weight``) in image shares (``sum_image_shares``);
+    scratch as ``conv_pointwise.strided_workspace_size``."""
+    count = conv_pointwise.strided_weight_images(x.shape, dout.shape[2] * dout.shape[3], threads)
+    sum_image_shares(
+        dw, scratch, threads, x.shape[0],
+        lambda first, last, acc, mine: conv_pointwise.strided_weight(x, dout, acc, first, last, stride, count, mine),
+    )
+
+
+def sum_image_shares(dw, scratch, threads: int, n_images: int, share) -> None:
+    """A weight gradient summed over images by the threads: thread t calls ``share(first, last, acc, mine)`` for
+    images [t·N/T, (t+1)·N/T) with ``acc`` dw (t = 0) or its own dw-sized slot at the end of ``scratch`` and
+    ``mine`` its part of the rest; then the slots are added to dw in thread order, each thread a fixed range
+    of dw (``add_partials``): the same bits at a given thread count."""
     slots = (threads - 1) * dw.size
-    share = (scratch.size - slots) // threads
+    part = (scratch.size - slots) // threads
     sums = scratch[scratch.size - slots :]
 
     def work(t: int) -> None:
         acc = dw if t == 0 else sums[(t - 1) * dw.size : t * dw.size].reshape(dw.shape)
-        first, last = t * n_images // threads, (t + 1) * n_images // threads
-        conv_pointwise.strided_weight(x, dout, acc, first, last, stride, count, scratch[t * share : (t + 1) * share])
+        share(t * n_images // threads, (t + 1) * n_images // threads, acc, scratch[t * part : (t + 1) * part])
 
     run_shares(work, threads)
     if threads > 1:

@@ -799,25 +799,15 @@ def _paths(version: int) -> conv.Paths:
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
     chosen = paths.get(version, conv.EXPORTED)
-    if version < 26:
-        chosen = dataclasses.replace(chosen, **BEFORE_V26)
-    if version < 27:
-        chosen = dataclasses.replace(chosen, **BEFORE_V27)
-    if version < 28:
-        chosen = dataclasses.replace(chosen, **BEFORE_V28)
-    if version < 29:
-        chosen = dataclasses.replace(chosen, **BEFORE_V29)
-    if version < 30:
-        chosen = dataclasses.replace(chosen, **BEFORE_V30)
-    if version < 31:
-        chosen = dataclasses.replace(chosen, **BEFORE_V31)
-    if version < 32:
-        chosen = dataclasses.replace(chosen, **BEFORE_V32)
-    if version < 33:
-        chosen = dataclasses.replace(chosen, **BEFORE_V33)
-    if version < 34:
-        chosen = dataclasses.replace(chosen, **BEFORE_V34)
-    return dataclasses.replace(chosen, **BEFORE_V35) if version < 35 else chosen
+    for since, added in _ADDED_SINCE:
+        if version < since:
+            chosen = dataclasses.replace(chosen, **added)
+    return chosen
+
+
+_ADDED_SINCE = ((26, BEFORE_V26), (27, BEFORE_V27), (28, BEFORE_V28), (29, BEFORE_V29), (30, BEFORE_V30),
+                (31, BEFORE_V31), (32, BEFORE_V32), (33, BEFORE_V33), (34, BEFORE_V34), (35, BEFORE_V35))
+"""The flags each version from v26 on added, switched off in every version before it (``_paths``)."""
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
