@@ -191,7 +191,12 @@ def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=
     Bᵀ down the rows is six loops over the whole block (6·4·(tw + 1)·nr each), and B across a tile's
     six columns, phases 0–3 at m = tx and 0–1 at m = tx + 1, i.e. at j and j + nr, is 36 loops of
     tw·nr over the whole block. v14 did the same per tile row: 48 loops of ⌈W/4⌉ + 1 or ⌈W/4⌉
-    iterations each, whose loop overhead made the transform cost more than the GEMMs."""
+    iterations each, whose loop overhead made the transform cost more than the GEMMs.
+
+    Tried and dropped (2026-11-26): each input row first copied into a zero-padded buffer, so that the
+    phase split has no bounds checks. 64 @32×32, 16 images, one thread, this transform alone, ms, two
+    alternating pairs: 2.20 / 2.12 → 2.59 / 2.84. (The transform is 1.98–2.20 ms of such a forward's
+    ~6 ms; the GEMMs 2.7, the output transform 1.2.)"""
     th, tw = (height + 3) // 4, (width + 3) // 4
     cols = nr * tw
     ph = tw + 1  # phase length: positions 4m + q, m ≤ tw
