@@ -382,11 +382,6 @@ def train(
         if averaging == "parameters" and offload_options["offload_params"]:
             fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
     # --- end of data parallel ---
-    early_workers = None
-    if backend.name == "cpu" and world is None:  # a cold cache's warm-up workers start now, beside the set-up
-        from engine.warmup import start_workers
-
-        early_workers = start_workers(model)
     _set_threads(threads)
     if checkpoint_every and not save:
         fail("--checkpoint-every writes the --save file: give --save FILE too")
@@ -399,6 +394,12 @@ def train(
     if workspace_mode == "none" and (offload_options["offload_n"] or offload_options["offload_budget"]):
         fail("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode enabled")
     epochs = 1 if epochs is None and steps is None else epochs
+    early_workers = None
+    if backend.name == "cpu" and world is None:  # a cold cache's warm-up workers start now, beside the set-up
+        # (after the checks of the options alone: a mistyped command fails at once, without spawning them)
+        from engine.warmup import start_workers
+
+        early_workers = start_workers(model)
 
     from engine.checkpoint import CheckpointError, load_weights, read_checkpoint, restore, save_checkpoint
     from engine.memory.monitor import MemoryMonitor

@@ -139,3 +139,15 @@ def test_backend_cudasim_is_selected_before_anything_imports_numba():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "unknown data set 'nothing'" in result.stdout and "SIM 1" in result.stdout
+
+
+def test_a_bad_option_fails_before_the_warm_up_workers_start(monkeypatch):
+    """The early warm-up workers (two interpreters importing Numba) start only after the checks of the
+    options alone: a mistyped command fails at once instead of spawning them and waiting for them at exit."""
+    from engine import warmup
+
+    started = []
+    monkeypatch.setattr(warmup, "start_workers", lambda label: started.append(label))
+    result = CliRunner().invoke(main, ["train", "--model", "cnn", "--checkpoint-every", "1"])
+    assert result.exit_code != 0 and "give --save FILE too" in result.output
+    assert started == []
