@@ -359,6 +359,13 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: i
     run_shares(work, threads)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _g6_runs(x0, x1, x2, y0, y1, y2, y3, y4, y5, length):
+    """``_g6`` over runs: (y0[r], …, y5[r]) = G (x0[r], x1[r], x2[r]) for r < ``length``."""
+    for r in range(length):
+        y0[r], y1[r], y2[r], y3[r], y4[r], y5[r] = _g6(x0[r], x1[r], x2[r])
+
+
 @njit(cache=True, nogil=True)
 def _filter_rows(w, lo, hi, u, plane, flipped, tmp):
     """u[ξ·plane + (o − lo)·R + r] = (G g Gᵀ)[ξ] for the output channels o in [lo, hi) and every
@@ -372,8 +379,6 @@ def _filter_rows(w, lo, hi, u, plane, flipped, tmp):
     g = w.reshape(w.size)
     taps = tmp[: 9 * inner]
     col = tmp[9 * inner : 27 * inner]
-    q, s, t = np.float32(0.25), np.float32(1.0 / 6.0), np.float32(1.0 / 24.0)
-    h12 = np.float32(1.0 / 12.0)
     for o in range(lo, hi):
         if flipped:  # tap (i, j) of w[r, o] rotated: w[r, o, 2 − i, 2 − j]
             for r in range(inner):
@@ -386,35 +391,15 @@ def _filter_rows(w, lo, hi, u, plane, flipped, tmp):
                 for e in range(9):
                     taps[e * inner + r] = g[b + 9 * r + e]
         for j in range(3):  # G down column j: rows i = 0..5 of column j at col[(3i + j)·R]
-            x0, x1, x2 = taps[j * inner :], taps[(3 + j) * inner :], taps[(6 + j) * inner :]
-            y0, y1, y2 = col[j * inner :], col[(3 + j) * inner :], col[(6 + j) * inner :]
-            y3, y4, y5 = col[(9 + j) * inner :], col[(12 + j) * inner :], col[(15 + j) * inner :]
-            for r in range(inner):
-                a = x0[r] + x2[r]
-                bb = t * x0[r] + s * x2[r]
-                hh = h12 * x1[r]
-                y0[r] = q * x0[r]
-                y1[r] = -s * (a + x1[r])
-                y2[r] = -s * (a - x1[r])
-                y3[r] = bb + hh
-                y4[r] = bb - hh
-                y5[r] = x2[r]
+            _g6_runs(taps[j * inner :], taps[(3 + j) * inner :], taps[(6 + j) * inner :], col[j * inner :],
+                     col[(3 + j) * inner :], col[(6 + j) * inner :], col[(9 + j) * inner :], col[(12 + j) * inner :],
+                     col[(15 + j) * inner :], inner)
         at = (o - lo) * inner
         for i in range(6):  # then G across row i
-            x0, x1, x2 = col[3 * i * inner :], col[(3 * i + 1) * inner :], col[(3 * i + 2) * inner :]
             b = 6 * i * plane + at
-            z0, z1, z2 = u[b :], u[b + plane :], u[b + 2 * plane :]
-            z3, z4, z5 = u[b + 3 * plane :], u[b + 4 * plane :], u[b + 5 * plane :]
-            for r in range(inner):
-                a = x0[r] + x2[r]
-                bb = t * x0[r] + s * x2[r]
-                hh = h12 * x1[r]
-                z0[r] = q * x0[r]
-                z1[r] = -s * (a + x1[r])
-                z2[r] = -s * (a - x1[r])
-                z3[r] = bb + hh
-                z4[r] = bb - hh
-                z5[r] = x2[r]
+            _g6_runs(col[3 * i * inner :], col[(3 * i + 1) * inner :], col[(3 * i + 2) * inner :], u[b:],
+                     u[b + plane :], u[b + 2 * plane :], u[b + 3 * plane :], u[b + 4 * plane :], u[b + 5 * plane :],
+                     inner)
 
 
 BY_K_BLOCK = 16
