@@ -277,6 +277,17 @@ def _offsets(channels, cols, offsets):
     offsets[GROUPS] = at
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _two_blocks(mine, first_channels, second_channels, cols, first_offsets, second_offsets):
+    """One block's two transformed arrays side by side at the front of a thread's scratch (V and M, or M and
+    dV), ``first_offsets`` and ``second_offsets`` filled for them, and the rest of the scratch: (first, second,
+    rest)."""
+    _offsets(first_channels, cols, first_offsets)
+    _offsets(second_channels, cols, second_offsets)
+    end = first_offsets[GROUPS]
+    return mine[:end], mine[end : end + second_offsets[GROUPS]], mine[end + second_offsets[GROUPS] :]
+
+
 @njit(cache=True, nogil=True)  # not inlined since v32: _images and _weight_images share one compile (below)
 def _input_transform(src, n0, images, channels, height, width, v, offsets, cols, p):
     """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of block column j = i·T + ty·tw + tx
@@ -409,11 +420,7 @@ def _images(x, u, out, first, last, block, mine, k_lo, k_hi, limit):
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        _offsets(c_in, cols, v_offsets)
-        _offsets(c_out, cols, m_offsets)
-        v = mine[: v_offsets[GROUPS]]
-        m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
-        tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
+        v, m, tmp = _two_blocks(mine, c_in, c_out, cols, v_offsets, m_offsets)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         for g in range(GROUPS):
             wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
@@ -596,11 +603,7 @@ def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        _offsets(k_all, cols, m_offsets)
-        _offsets(c_out, cols, v_offsets)
-        m = mine[: m_offsets[GROUPS]]
-        v = mine[m_offsets[GROUPS] : m_offsets[GROUPS] + v_offsets[GROUPS]]
-        tmp = mine[m_offsets[GROUPS] + v_offsets[GROUPS] :]
+        m, v, tmp = _two_blocks(mine, k_all, c_out, cols, m_offsets, v_offsets)
         # np.int64(0), not 0: a literal argument compiles a second signature of the callee (the weight's is int64)
         _dout_transform(src, n0, images, np.int64(0), k_all, k_all, height, width, m, m_offsets, cols, tmp)
         for g in range(GROUPS):
@@ -654,11 +657,7 @@ def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        _offsets(c_in, cols, v_offsets)
-        _offsets(k_out, cols, m_offsets)
-        v = mine[: v_offsets[GROUPS]]
-        m = mine[v_offsets[GROUPS] : v_offsets[GROUPS] + m_offsets[GROUPS]]
-        tmp = mine[v_offsets[GROUPS] + m_offsets[GROUPS] :]
+        v, m, tmp = _two_blocks(mine, c_in, k_out, cols, v_offsets, m_offsets)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         _dout_transform(grad, n0, images, k_lo, k_hi, k_all, height, width, m, m_offsets, cols, tmp)
         beta = 0.0 if n0 == first else 1.0
