@@ -348,24 +348,15 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "pointwise-weight-split"
     if (
-        paths.winograd4_by_k
-        and direction != "weight"
-        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
+        conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
         and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
         and WINOGRAD4_BY_K_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD4_BY_K_MAX_PIXELS
         and blas.select_sgemm() == blas.OPENBLAS
-    ):
-        return "winograd4-by-k"
-    if (
-        paths.winograd4_weight_by_k
-        and direction == "weight"
-        and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
-        and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
-        and WINOGRAD4_BY_K_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD4_BY_K_MAX_PIXELS
-        and conv_winograd4.by_k_weight_fits(x_shape, w_shape)
-        and blas.select_sgemm() == blas.OPENBLAS
-    ):
-        return "winograd4-weight-by-k"
+    ):  # F(4×4) by output channel: forward and backward-data (v34), the weight gradient where it fits (v35)
+        if direction != "weight" and paths.winograd4_by_k:
+            return "winograd4-by-k"
+        if direction == "weight" and paths.winograd4_weight_by_k and conv_winograd4.by_k_weight_fits(x_shape, w_shape):
+            return "winograd4-weight-by-k"
     if (
         (paths.winograd4_weight if direction == "weight" else paths.winograd4)
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
