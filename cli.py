@@ -86,6 +86,9 @@ def info(as_json: bool) -> None:
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(1), help="Timed calls; the best counts.")
 @click.option("--compare", type=click.Choice(["torch"]), default=None, help="Also time torch's CPU op (2 threads).")
+@click.option("--rounds", default=None, type=click.IntRange(1),
+              help="Rounds of --repeat calls per kernel, alternating with torch's; each side's best round counts."
+                   "  [default: 3 with --compare torch, else 1]")
 @click.option("--versions/--no-versions", default=True, show_default=True,
               help="Also time the numbered conv versions (cpu backend).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -98,7 +101,7 @@ def info(as_json: bool) -> None:
               help="--backend cuda: per-kernel FLOPs, bytes and roofline time on A100/H100, summed per step.")
 @click.option("--launches", "launches", is_flag=True,
               help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
-def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_format, output, warmup,
+def kernels(backend, ops, models, batch_size, repeat, compare, rounds, versions, output_format, output, warmup,
             static, roofline, launches) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
     if output:
@@ -140,9 +143,10 @@ def kernels(backend, ops, models, batch_size, repeat, compare, versions, output_
     sgemm = kernel_bench.sgemm_gflops(repeat)
     if compare == "torch":
         with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat) as torch_process:
-            records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process)
+            records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process,
+                                           rounds=rounds or 3)
     else:
-        records = kernel_bench.measure(cases, backend, repeat, sgemm)
+        records = kernel_bench.measure(cases, backend, repeat, sgemm, rounds=rounds or 1)
     dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
     if output:
         from engine.validate import write_output

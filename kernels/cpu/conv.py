@@ -25,7 +25,9 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   on planes of ≥ ``SHIFTED_MIN_PIXELS`` pixels:
   no im2col; three shifted GEMMs per tile over a row-expanded copy of the input
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
-  stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17).
+  stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17);
+  since v36 the stems' forward and weight gradient run their own small im2col and one sgemm per image
+  (``conv_stem.py``: the general im2col drivers were the largest compile jobs of a cold first run).
 - **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
   polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
   ``WINOGRAD_S2_MIN_PIXELS``); since v32 backward-data of the same layers and their weight gradient on
@@ -82,6 +84,7 @@ from kernels.cpu import (
     conv_depthwise_regs,
     conv_pointwise,
     conv_shifted,
+    conv_stem,
     conv_winograd,
     conv_winograd4,
     conv_winograd_s2,
@@ -230,7 +233,13 @@ WINOGRAD_S2_WEIGHT_MIN_PIXELS = 256
 """v32 (``Paths.winograd_s2_backward``): backward-data of the same stride-2 layers as v28's forward, and their weight
 gradient on inputs of at least this many pixels (16×16: 64→128 and 128→256), by the polyphase transform transposed
 (``conv_winograd_s2.backward_data``, ``backward_weight``); 256→512 @8×8's weight gradient (1.16× torch on im2col)
-was not faster on it and stays on im2col. Figures in ``conv_winograd_s2``'s v32 section."""
+was not faster on it and stayed on im2col. Figures in ``conv_winograd_s2``'s v32 section.
+
+v37 (``Paths.winograd_s2_weight_8x8``) takes that weight gradient onto the polyphase transform too, from
+``WINOGRAD_S2_MIN_PIXELS`` like the forward: measured again after v33–v35 it is level or ahead (two threads,
+median of 5 rounds of best-of-7 after ``quiesce``, ms, im2col → polyphase: batch 32 7.10 → 6.98, batch 128
+28.08 → 25.20), and with v36 it leaves ResNet-18 with no layer on im2col, so a first run compiles none of its
+drivers (kernels/README.md's v37 row)."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,8 @@ class Paths:
     winograd4_weight_by_k: bool = True  # v35
     winograd_s2_backward: bool = True  # v32
     pointwise_strided: bool = True  # v33
+    stem_columns: bool = True  # v36
+    winograd_s2_weight_8x8: bool = True  # v37
 
 
 EXPORTED = Paths()
@@ -315,7 +326,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     forward and backward-data of a 1×1 stride-1 conv in row blocks), "pointwise-weight-split" (v27: its
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
     that weight gradient on smaller planes as NN GEMMs), "pointwise-strided" (v33: a 1×1 stride-2 conv in every
-    direction on its kept pixels, ``conv_pointwise``) or "gemm" (im2col).
+    direction on its kept pixels, ``conv_pointwise``), "stem" (v36: the forward and weight gradient of a 3×3
+    stride-1 conv of ≤ 4 input channels, ``conv_stem``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -333,6 +345,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "depthwise-direct"
     if direction != "weight" and paths.pointwise_small_gemms and groups == 1 and _is_plain_1x1(w_shape, stride, pad):
         return "pointwise"
+    if direction != "data" and paths.stem_columns and conv_stem.supported(x_shape, w_shape, stride, pad, groups):
+        return "stem"
     if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
         return "pointwise-strided"
     if (
@@ -373,7 +387,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
         and x_shape[2] * x_shape[3]
-        >= (WINOGRAD_S2_WEIGHT_MIN_PIXELS if direction == "weight" else WINOGRAD_S2_MIN_PIXELS)
+        >= (WINOGRAD_S2_MIN_PIXELS if direction != "weight" or paths.winograd_s2_weight_8x8
+            else WINOGRAD_S2_WEIGHT_MIN_PIXELS)
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd-s2"
@@ -570,6 +585,9 @@ def workspace_size(
         return conv_pointwise.transposed_workspace_size(x_shape, w_shape, threads)
     if kind == "pointwise-strided":
         return conv_pointwise.strided_workspace_size(x_shape, w_shape, stride, direction, threads)
+    if kind == "stem":
+        partials = (threads - 1) * int(np.prod(w_shape)) if direction == "weight" else 0
+        return conv_stem.workspace_size(x_shape, threads) + partials
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -1295,6 +1313,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
     elif kind == "pointwise-strided":
         with blas_on_calling_thread:
             conv_pointwise.run_images(x, w, out, False, threads, stride=stride, scratch=scratch)
+    elif kind == "stem":  # v36
+        with blas_on_calling_thread:
+            conv_stem.forward(x, w, out, threads, scratch)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
@@ -1415,6 +1436,9 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-strided":
         with blas_on_calling_thread:
             pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
+    elif kind == "stem":  # v36: image shares, as the im2col weight gradient
+        with blas_on_calling_thread:
+            sum_image_shares(dw, scratch, threads, x.shape[0], conv_stem.weight_share(x, dout))
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

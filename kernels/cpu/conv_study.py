@@ -183,7 +183,7 @@ from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
 _SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-            34, 35)
+            34, 35, 36, 37)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -212,6 +212,10 @@ BEFORE_V34 = {"winograd4_by_k": False}
 """What v34 added, off in every earlier version (``_paths``)."""
 BEFORE_V35 = {"winograd4_weight_by_k": False}
 """What v35 added, off in every earlier version (``_paths``)."""
+BEFORE_V36 = {"stem_columns": False}
+"""What v36 added, off in every earlier version (``_paths``)."""
+BEFORE_V37 = {"winograd_s2_weight_8x8": False}
+"""What v37 added, off in every earlier version (``_paths``)."""
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -806,7 +810,8 @@ def _paths(version: int) -> conv.Paths:
 
 
 _ADDED_SINCE = ((26, BEFORE_V26), (27, BEFORE_V27), (28, BEFORE_V28), (29, BEFORE_V29), (30, BEFORE_V30),
-                (31, BEFORE_V31), (32, BEFORE_V32), (33, BEFORE_V33), (34, BEFORE_V34), (35, BEFORE_V35))
+                (31, BEFORE_V31), (32, BEFORE_V32), (33, BEFORE_V33), (34, BEFORE_V34), (35, BEFORE_V35),
+                (36, BEFORE_V36), (37, BEFORE_V37))
 """The flags each version from v26 on added, switched off in every version before it (``_paths``)."""
 
 
@@ -816,7 +821,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
     """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-    34, 35) and direction ("forward", "data", "weight")."""
+    34, 35, 36, 37) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -922,8 +927,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35),
-    "data" or "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37),
+    "data" or "weight" (2-18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

@@ -103,14 +103,16 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
         # v35: so does the weight gradient (512 @4×4 took F(2×2), the only "winograd" job left)
         winograd4.add("conv2d_backward_weight/winograd4-weight-by-k/bias=False/v=None")
         winograd.discard("conv2d_backward_weight/winograd/bias=False/v=None")
-        # v32: their backward-data, and the weight gradient of 64->128 and 128->256 (256->512 @8x8 keeps im2col)
+        # v32: their backward-data, and the weight gradient of 64->128 and 128->256 (v37: 256->512 @8x8 too)
         winograd4 |= {f"conv2d_{d}/winograd-s2/bias=False/v=None" for d in ("backward_data", "backward_weight")}
-        # ... so with the shortcuts on their kept pixels (v33) only the stem is left on im2col's backward-data,
-        # which is never called (the network's input has no gradient): no job
-        gemm.discard("conv2d_backward_data/gemm/bias=False/v=None")
+        # ... so with the shortcuts on their kept pixels (v33) and the stem on its own path (v36) nothing is
+        # left on im2col: the stem's backward-data is never called (the network's input has no gradient)
+        gemm = set()
+    # v36: the stem's forward and weight gradient on conv_stem (whatever the sgemm)
+    stem = {f"conv2d_{d}/stem/bias=False/v=None" for d in ("forward", "backward_weight")}
     # v33: the 1×1 stride-2 shortcuts on their kept pixels; backward-data shares the forward's job
     strided = {f"conv2d_{d}/pointwise-strided/bias=False/v=None" for d in ("forward", "backward_weight")}
-    assert conv == gemm | shifted | winograd | winograd4 | strided
+    assert conv == gemm | shifted | winograd | winograd4 | strided | stem
     assert "sgd_update" in keys and "adam_update" not in keys and "relu6_forward" not in keys
 
 

@@ -257,7 +257,7 @@ def test_blas_limit_holds_until_the_last_concurrent_conv_leaves():
     [
         # 256 @8x8: F(4x4) with OpenBLAS since v18 (test_winograd4_takes_the_planes_the_figures_chose)
         ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, "winograd4-by-k"),  # v34, OpenBLAS (v23-v30: F(2x2) by ξ)
-        ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "gemm"),  # the stem: im2col in every direction (v17)
+        ((32, 3, 32, 32), (64, 3, 3, 3), 1, 1, 1, "stem"),  # the stem: im2col (v17), its own columns (v36)
         ((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "winograd-s2"),  # v28, with OpenBLAS (else im2col)
         ((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "winograd-s2"),  # v28: threads split by output channel
         ((32, 64, 32, 32), (128, 64, 1, 1), 2, 0, 1, "pointwise-strided"),  # v33 (v30 and before: im2col)
@@ -704,11 +704,13 @@ def test_chunked_filter_transform_gives_the_same_bits(flipped):
 def test_shifted_path_runs_on_the_tested_shapes():
     # the reference tests above reach the shifted kernels only if these shapes pick them: since v17
     # the < 8-channel shapes 13 and 14 take im2col in every direction (the study's v16 still runs them
-    # on the shifted GEMMs), and 19 and 20 (8 channels) cover the shifted forward and weight gradient
+    # on the shifted GEMMs; since v36 their forward and weight gradient run conv_stem), and 19 and 20
+    # (8 channels) cover the shifted forward and weight gradient
     for i in (13, 14):
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         for direction in ("forward", "weight"):
-            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "gemm"  # < 8 channels
+            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "stem"  # < 8 channels
+            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction, conv_study._paths(35)) == "gemm"
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward", conv_study._paths(16)) == "shifted"
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study._paths(10)) == "shifted"
     for i in (19, 20):
@@ -780,14 +782,42 @@ def test_add_partials_adds_slot_after_slot_in_order_within_its_range():
 
 
 @pytest.mark.parametrize("direction", ["forward", "data", "weight"])
-def test_stems_run_on_im2col_in_every_direction(direction):
-    # v17: a conv of < SHIFTED_MIN_CHANNELS input channels takes im2col; v16 kept its forward and
-    # backward-data on the shifted GEMMs (the first run's reason is in SHIFTED_MIN_CHANNELS' docstring)
+def test_stems_take_their_own_path_and_backward_data_stays_on_im2col(direction):
+    # v36: a 3×3 stride-1 pad-1 conv of ≤ 4 input channels runs forward and weight gradient on conv_stem
+    # (v17–v35: im2col; v16 kept forward and backward-data on the shifted GEMMs); its backward-data (never
+    # called on a network's input) stays on im2col, and so does an ImageNet stem (stride 2)
     stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
-    assert cpu.path(*stem, 1, 1, 1, direction) == "gemm"
+    assert cpu.path(*stem, 1, 1, 1, direction) == ("gemm" if direction == "data" else "stem")
+    assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(35)) == "gemm"
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == "gemm"
+    assert cpu.path((32, 3, 32, 32), (64, 3, 3, 3), 1, 0, 1, direction) == "gemm"  # "valid": not a stem shape
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study._paths(13)) == "shifted"
     if direction != "weight":
         assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(16)) == "shifted"
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 9, 8, 8, 3, 1, 1, 1), (3, 1, 4, 6, 40, 3, 1, 1, 1), (4, 4, 7, 5, 3, 3, 1, 1, 1)],
+                         ids=["3ch-odd", "1ch-two-k-blocks", "4ch-3k"])
+def test_stem_matches_reference_at_every_thread_count(shape):
+    """v36 (``conv_stem``): its columns (edges zeroed, the wrapped column too), K blocks of 32, image shares."""
+    x, w, b, dout, args = _case(shape)
+    assert cpu.path(x.shape, w.shape, *args, "forward") == "stem"
+    expected = _reference(x, w, b, dout, args)
+    for got in _run_cpu_at_thread_counts(x, w, b, dout, args, (1, 2, 3)):
+        for name, g, e in zip(("out", "dx", "dw", "db"), got, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-4, err_msg=name)
+
+
+def test_stem_forward_gives_the_bits_of_im2col():
+    """The same sgemm depth (27) over the same columns: v36's forward is v35's bits on a ResNet stem shape."""
+    x, w, b, dout, args = _case((4, 3, 32, 32, 64, 3, 1, 1, 1))
+    outs = []
+    for version in (35, 36):
+        out = np.empty(dout.shape, np.float32)
+        size = conv_study.conv2d_version_workspace_size(version, "forward", x.shape, w.shape, *args)
+        conv_study.conv2d_version(version, "forward")(x, w, None, out, *args, np.empty(max(1, size), np.float32))
+        outs.append(out)
+    assert outs[0].tobytes() == outs[1].tobytes()
 
 
 DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pairs, full resolution, stride 1
@@ -1145,18 +1175,21 @@ def test_winograd_s2_backward_matches_reference_and_gives_the_same_bits_every_ca
 
 def test_winograd_s2_backward_is_taken_from_v32():
     """v32: backward-data of v28's stride-2 layers and the weight gradient on >= 16x16 inputs take the polyphase
-    transform with OpenBLAS (not before v32); 256->512 @8x8's weight gradient stays on im2col. Through the table's
-    entries (scratch from the planner, BLAS on the calling thread) against the reference."""
+    transform with OpenBLAS (not before v32); 256->512 @8x8's weight gradient stayed on im2col until v37. Through
+    the table's entries (scratch from the planner, BLAS on the calling thread) against the reference."""
     on = "winograd-s2" if blas.select_sgemm() == blas.OPENBLAS else "gemm"
     for x_shape, w_shape in (((32, 64, 32, 32), (128, 64, 3, 3)), ((32, 128, 16, 16), (256, 128, 3, 3))):
         assert cpu.path(x_shape, w_shape, 2, 1, 1, "data") == cpu.path(x_shape, w_shape, 2, 1, 1, "weight") == on
         for direction in ("data", "weight"):
             assert cpu.path(x_shape, w_shape, 2, 1, 1, direction, conv_study._paths(30)) == "gemm"
     assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "data") == on
-    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "weight") == "gemm"
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "weight", conv_study._paths(36)) == "gemm"
+    assert cpu.path((32, 256, 8, 8), (512, 256, 3, 3), 2, 1, 1, "weight") == on  # v37
     assert cpu.path((32, 64, 32, 32), (128, 64, 3, 3), 2, 1, 1, "weight", conv_study._paths(32)) == on
-    if blas.select_sgemm() == blas.OPENBLAS:
-        x, w, b, dout, args = _case((3, 64, 16, 20, 72, 3, 2, 1, 1), seed=3)
+    for shape in ((3, 64, 16, 20, 72, 3, 2, 1, 1), (5, 64, 8, 8, 72, 3, 2, 1, 1)):  # v32; v37's 8×8 weight gradient
+        if blas.select_sgemm() != blas.OPENBLAS:
+            break
+        x, w, b, dout, args = _case(shape, seed=3)
         want_dx, want_dw, want_db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
         ref.conv2d_backward_data(dout, w, want_dx, *args)
         ref.conv2d_backward_weight(x, dout, want_dw, want_db, *args)
@@ -1185,7 +1218,7 @@ def test_stem_weight_gradient_in_32_channel_gemms_matches_reference_at_any_threa
         for count in sorted({1, 2, 3} & set(range(1, saved + 1)) | {1}):
             set_num_threads(count)
             got = []
-            for paths in (cpu.EXPORTED, cpu.EXPORTED, conv_study._paths(23)):
+            for paths in (conv_study._paths(35), conv_study._paths(35), conv_study._paths(23)):  # v36: conv_stem
                 dw = np.full(w.shape, np.nan, np.float32)
                 size = cpu.workspace_size(x.shape, w.shape, *args, "weight", paths)
                 cpu.backward_weight(x, dout, dw, None, *args, np.full(size, np.nan, np.float32), paths)

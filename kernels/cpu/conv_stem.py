@@ -1,0 +1,142 @@
+"""The 3-channel stems (v36): forward and weight gradient as one small im2col and one sgemm per image.
+
+Why. ResNet-18's and MobileNetV2's stems (3→64 and 3→32, 3×3, stride 1, pad 1, on the network's input) were
+the last layers of the CIFAR models on the general im2col path (``conv.gemm_forward``,
+``gemm_backward_weight``). Their work is small (113 MFLOP per direction for 3→64 at batch 32), but those two
+drivers are the largest compile jobs of a cold first run: in ResNet-18's warm-up the forward job takes 2.3–2.5 s
+of CPU and the weight gradient's 5.0–5.7 s (``_backward_weight_images`` 5.1 s with ``im2col_row`` 1.9 s inside:
+every variant of the general path, tiles of several images, gathers, in-place accumulation, output-channel
+blocks). This module does what those paths do on a stem, and only that: each image's 27 rows of columns
+(``_columns``: the image copied once into zero-padded planes, then 27 shifted row copies), then
+``out[n] (K × P) = W (K × 27) @ cols`` or ``dW += dout[n] @ colsᵀ`` in blocks of ≤ ``STEM_K_BLOCK`` output
+channels (OpenBLAS's small-matrix kernel; v26 measured 32-row blocks at ~100 GFLOP/s against ~56 for 64).
+Backward-data is never called on a network's input and stays on the general path.
+
+Threads: the forward splits the images into chunks (each writes its own outputs); the weight gradient gives
+each thread a fixed range of images summed into its own dW, added in thread order (``conv.sum_image_shares``):
+the same bits at a given thread count, as the im2col weight gradient.
+
+Tried first and dropped: a direct kernel on the padded grid (every tap of an output channel one contiguous run
+of the padded planes at a fixed offset, written out over unsigned offsets as
+``conv_depthwise._flat_filter_fast``; the weight gradient as nine dot products per channel with ``reassoc``).
+Its loops vectorized only while they wrote one stream: with four output channels sharing the nine loads
+(42 µs per image of 3→64 in a loop with constant geometry, against 68 for one channel at a time) the runtime
+geometry left LLVM with too many overlap checks and the loop scalar (380 µs per image). Batch 32, two threads,
+median of 5 rounds of best-of-7, ms, im2col → direct: 3→64 forward 1.13 → 1.62 (one channel at a time),
+weight 0.76 → 1.35 (two channels sharing the loads); 3→32 weight 0.50 → 0.68.
+
+Measured: kernels/README.md's v36 row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, uint64
+
+from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.threads import chunk_count, run_chunks
+
+MAX_CHANNELS = 4
+"""Input channels at most: the stems (3). Wider inputs are ordinary convolutions."""
+
+STEM_K_BLOCK = 32
+"""Output channels per sgemm (``conv.STEM_WEIGHT_K_BLOCK``'s figures)."""
+
+
+def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
+    """3×3, stride 1, pad 1, one group, ≤ ``MAX_CHANNELS`` input channels."""
+    return groups == 1 and stride == 1 and pad == 1 and w_shape[1] <= MAX_CHANNELS and w_shape[2] == w_shape[3] == 3
+
+
+def workspace_size(x_shape, threads: int) -> int:
+    """Per thread one image's columns (both directions)."""
+    return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
+
+
+@njit(cache=True, nogil=True)
+def _columns(x, n, cols):
+    """cols[(3c + dy)·3 + dx, y·W + x'] = x[n, c, y + dy − 1, x' + dx − 1], 0 outside the image (pad 1, "same").
+
+    As ``conv._im2col_row_same``: output pixel q reads input q + (dy − 1)·W + dx − 1, one offset for the whole
+    plane, so each row of columns is one flat copy (it vectorizes; 32-pixel row copies from a zero-padded copy
+    of the image took 16 µs per image of 3×32×32 against ~4 here), then the rows above or below the plane and
+    the column that wrapped around to the neighbouring row's edge are zeroed."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    pixels = height * width
+    src = x.reshape(x.size)
+    for c in range(c_in):
+        plane = uint64((n * c_in + c) * pixels)
+        for t in range(9):
+            dy, dx = t // 3 - 1, t % 3 - 1
+            y_lo, y_hi = max(0, -dy), min(height, height - dy)
+            x_lo, x_hi = max(0, -dx), min(width, width - dx)
+            first = y_lo * width + x_lo
+            last = (y_hi - 1) * width + x_hi
+            line = uint64((c * 9 + t) * pixels)
+            start = plane + uint64(first + dy * width + dx)
+            to = line + uint64(first)
+            for q in range(first):
+                cols[line + uint64(q)] = 0.0
+            for q in range(last - first):
+                cols[to + uint64(q)] = src[start + uint64(q)]
+            for q in range(last, pixels):
+                cols[line + uint64(q)] = 0.0
+            if dx != 0:
+                edge = 0 if dx < 0 else width - 1
+                for y in range(y_lo, y_hi):
+                    cols[line + uint64(y * width + edge)] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _forward_images(x, w_flat, out_flat, c_out, first, last, cols):
+    """out[n] (K × P) = W (K × 9C) @ cols[n] for images [first, last): one sgemm per image (in 32-row blocks:
+    3→64 forward per image, one thread, 87 µs in one against 105 in two)."""
+    depth = 9 * x.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    scalars = np.empty(2, np.float32)
+    for n in range(first, last):
+        _columns(x, n, cols)
+        sgemm(False, False, c_out, pixels, depth, w_flat, depth, cols, pixels, 0.0, out_flat[n * c_out * pixels :],
+              pixels, scalars)
+
+
+@njit(cache=True, nogil=True)
+def weight_images(x, dout_flat, c_out, first, last, k_block, acc_flat, cols):
+    """acc (K × 9C) = Σ over images [first, last), in order, of dout[n] @ cols[n]ᵀ (zero when there are none), in
+    sgemms of ≤ ``k_block`` output channels."""
+    depth = 9 * x.shape[1]
+    pixels = x.shape[2] * x.shape[3]
+    scalars = np.empty(2, np.float32)
+    if first >= last:
+        acc_flat[:] = 0.0
+    for n in range(first, last):
+        _columns(x, n, cols)
+        beta = 0.0 if n == first else 1.0
+        for k0 in range(0, c_out, k_block):
+            rows = min(k_block, c_out - k0)
+            sgemm(False, True, rows, depth, pixels, dout_flat[(n * c_out + k0) * pixels :], pixels, cols, pixels,
+                  beta, acc_flat[k0 * depth :], depth, scalars)
+
+
+def forward(x, w, out, threads: int, scratch) -> None:
+    """out = conv(x, w), stride 1, pad 1, no bias (the caller adds it); scratch: ``workspace_size``."""
+    n, c_out = x.shape[0], w.shape[0]
+    per_thread = workspace_size(x.shape, 1)
+    chunks = chunk_count(n, 1, threads)
+    w_flat, out_flat = np.ascontiguousarray(w).reshape(-1), out.reshape(-1)
+
+    def work(chunk: int, slot: int) -> None:
+        cols = scratch[slot * per_thread : (slot + 1) * per_thread]
+        _forward_images(x, w_flat, out_flat, c_out, chunk * n // chunks, (chunk + 1) * n // chunks, cols)
+
+    run_chunks(work, chunks, threads)
+
+
+def weight_share(x, dout):
+    """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``."""
+    dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1)
+
+    def share(first: int, last: int, acc, mine) -> None:
+        weight_images(x, dout_flat, c_out, first, last, STEM_K_BLOCK, acc.reshape(-1), mine[:size])
+
+    return share
