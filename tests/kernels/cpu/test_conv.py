@@ -710,7 +710,8 @@ def test_shifted_path_runs_on_the_tested_shapes():
         n, c, h, wd, k, r, stride, pad, groups = SHAPES[i]
         for direction in ("forward", "weight"):
             assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction) == "stem"  # < 8 channels
-            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction, conv_study._paths(35)) == "gemm"
+            before = conv_study._paths(35)
+            assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, direction, before) == "gemm"
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "forward", conv_study._paths(16)) == "shifted"
         assert cpu.path((n, c, h, wd), (k, c, r, r), stride, pad, groups, "weight", conv_study._paths(10)) == "shifted"
     for i in (19, 20):
@@ -796,8 +797,10 @@ def test_stems_take_their_own_path_and_backward_data_stays_on_im2col(direction):
         assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(16)) == "shifted"
 
 
-@pytest.mark.parametrize("shape", [(5, 3, 9, 8, 8, 3, 1, 1, 1), (3, 1, 4, 6, 40, 3, 1, 1, 1), (4, 4, 7, 5, 3, 3, 1, 1, 1)],
-                         ids=["3ch-odd", "1ch-two-k-blocks", "4ch-3k"])
+@pytest.mark.parametrize(
+    "shape", [(5, 3, 9, 8, 8, 3, 1, 1, 1), (3, 1, 4, 6, 40, 3, 1, 1, 1), (4, 4, 7, 5, 3, 3, 1, 1, 1)],
+    ids=["3ch-odd", "1ch-two-k-blocks", "4ch-3k"],
+)
 def test_stem_matches_reference_at_every_thread_count(shape):
     """v36 (``conv_stem``): its columns (edges zeroed, the wrapped column too), K blocks of 32, image shares."""
     x, w, b, dout, args = _case(shape)
