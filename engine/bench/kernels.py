@@ -8,7 +8,13 @@ torch's time for the same op on the same arrays. Convolution also shows its numb
 layers call), so the table says what each optimization bought.
 
 Times are the best of ``repeat`` calls after one warm-up call: on a shared machine the best run
-is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. Before
+is the closest estimate of what the kernel can do; torch and sgemm are timed the same way. With
+``--compare torch`` each case runs ``rounds`` rounds (``engine kernels --rounds``, 3 by default
+there, else 1), ours then torch's, and each side keeps its best round: with one round, a moment of
+host-level slowness during one side's block of calls decided a record by itself (issue 13's "no
+record below 0.8" read one to three records below 0.8 per run, a different one each time, while
+the same loop alternating both sides showed them moving together: kernels/README.md, "The records,
+the step and the first run with v31–v35"). Before
 each timed block the process waits until its other threads are idle (``quiesce``): OpenBLAS's
 workers spin ~0.1 s after the NumPy reference check of the previous row and took a core from the
 next kernel. Even so, rows of a few milliseconds vary 10-20% from run to run here. The
