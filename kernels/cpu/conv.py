@@ -89,6 +89,7 @@ from kernels.cpu import (
     conv_winograd4,
     conv_winograd_s2,
 )
+from kernels.cpu.columns import row_same
 from kernels.cpu.conv_shifted import sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 from kernels.reference.conv import check_conv2d_shapes
@@ -660,41 +661,6 @@ def valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) 
 
 
 @njit(cache=True, nogil=True)
-def _im2col_row_same(src, dst, n0, images, channels, c, height, width, dy, dx, line0, pixels):
-    """One im2col row of a stride-1 "same" convolution (output as wide as the input) in one copy.
-
-    Output pixel q = y·W + ox reads input q + dy·W + dx: one offset for the whole plane, so the
-    valid rows are a single flat copy (long enough to vectorize, unlike 4–32-pixel row copies).
-    The copy also fills the column that falls off the plane (|dx| = 1: the neighbouring row's edge
-    pixel), which is then zeroed, as are the rows above or below the plane.
-    """
-    y_lo = max(0, -dy)
-    y_hi = min(height, height - dy)
-    x_lo = max(0, -dx)
-    x_hi = min(width, width - dx)
-    first = y_lo * width + x_lo  # the first and last outputs whose input lies inside the plane
-    last = (y_hi - 1) * width + x_hi
-    shift = dy * width + dx
-    for i in range(images):
-        plane = uint64(((n0 + i) * channels + c) * height * width)
-        line = line0 + uint64(i * pixels)
-        start = plane + uint64(first + shift)  # an in-plane input index, never negative
-        copy_to = line + uint64(first)
-        for q in range(first):
-            dst[line + uint64(q)] = 0.0
-        for q in range(last - first):
-            dst[copy_to + uint64(q)] = src[start + uint64(q)]
-        for q in range(last, pixels):
-            dst[line + uint64(q)] = 0.0
-        for y in range(y_lo, y_hi):  # the wrapped-around column, where there is one
-            row_start = line + uint64(y * width)
-            for ox in range(x_lo):
-                dst[row_start + uint64(ox)] = 0.0
-            for ox in range(x_hi, width):
-                dst[row_start + uint64(ox)] = 0.0
-
-
-@njit(cache=True, nogil=True)
 def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
 
@@ -712,7 +678,7 @@ def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     src, dst = x.reshape(x.size), cols.reshape(cols.size)
     line0 = uint64(row * cols.shape[1])
     if stride == 1 and out_w == width and y_lo < y_hi and x_lo < x_hi:
-        _im2col_row_same(src, dst, n0, images, channels, c0 + c, height, width, r - pad, s - pad, line0, pixels)
+        row_same(src, dst, n0, images, channels, c0 + c, height, width, r - pad, s - pad, line0, pixels)
         return
     for i in range(images):
         plane = uint64(((n0 + i) * channels + c0 + c) * height * width)
@@ -754,7 +720,7 @@ def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
             x_lo, x_hi = valid_outputs(width, out_w, s, stride, pad)
             line = uint64(((c * kernel + r) * kernel + s) * dcols.shape[1] + i * pixels)
             if same and y_lo < y_hi and x_lo < x_hi:
-                # As in _im2col_row_same: one flat run per offset. The wrapped-around column's
+                # As in columns.row_same: one flat run per offset. The wrapped-around column's
                 # entries (taps off the plane) are zeroed in dcols first, so they add nothing.
                 for y in range(y_lo, y_hi):
                     row_start = line + uint64(y * width)
