@@ -72,7 +72,8 @@ def _columns(x, n, cols):
     for c in range(c_in):
         for t in range(9):
             line = uint64((c * 9 + t) * pixels)
-            row_same(src, cols, n, 1, c_in, c, height, width, t // 3 - 1, t % 3 - 1, line, pixels)
+            # np.int64(1), not 1: a literal would compile row_same a second time (Literal[int](1))
+            row_same(src, cols, n, np.int64(1), c_in, c, height, width, t // 3 - 1, t % 3 - 1, line, pixels)
 
 
 @njit(cache=True, nogil=True)
