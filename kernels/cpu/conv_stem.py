@@ -30,6 +30,8 @@ Measured: kernels/README.md's v36 row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, uint64
 
@@ -44,7 +46,7 @@ STEM_K_BLOCK = 32
 """Output channels per sgemm (``conv.STEM_WEIGHT_K_BLOCK``'s figures)."""
 
 
-def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
+def supported(x_shape: tuple, w_shape: tuple, stride: int, pad: int, groups: int) -> bool:
     """3×3, stride 1, pad 1, one group, ≤ ``MAX_CHANNELS`` input channels, planes of ≥ 2×2 (every tap then
     has a valid row and column: ``columns.row_same``)."""
     return (
@@ -53,7 +55,7 @@ def supported(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
     )
 
 
-def workspace_size(x_shape, threads: int) -> int:
+def workspace_size(x_shape: tuple, threads: int) -> int:
     """Per thread one image's columns (both directions)."""
     return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
 
@@ -107,7 +109,7 @@ def weight_images(x, dout_flat, c_out, first, last, k_block, acc_flat, cols):
                   beta, acc_flat[k0 * depth :], depth, scalars)
 
 
-def forward(x, w, out, threads: int, scratch) -> None:
+def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray) -> None:
     """out = conv(x, w), stride 1, pad 1, no bias (the caller adds it); scratch: ``workspace_size``."""
     n, c_out = x.shape[0], w.shape[0]
     per_thread = workspace_size(x.shape, 1)
@@ -121,7 +123,7 @@ def forward(x, w, out, threads: int, scratch) -> None:
     run_chunks(work, chunks, threads)
 
 
-def weight_share(x, dout):
+def weight_share(x, dout) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
     """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``."""
     dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1)
 
