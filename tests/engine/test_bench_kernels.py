@@ -171,3 +171,37 @@ def test_ops_prefix_can_name_one_conv_direction():
     shapes were built only when "conv2d" itself started with a prefix)."""
     cases, _ = kernel_bench.build_cases("cpu", ["conv2d_forward"], 2, False, models=("resnet18",))
     assert cases and {case.op for case in cases} == {"conv2d_forward"}
+
+
+def test_rounds_alternate_both_sides_and_keep_each_sides_best(monkeypatch):
+    """``--rounds``: ours then torch's, round after round; each side keeps its best round (a slow moment in one
+    round no longer decides a record)."""
+    order, ours, theirs = [], iter([3.0, 1.0, 2.0]), iter([5.0, 6.0, 4.0])
+
+    def fake_best(run, repeat):
+        order.append("ours")
+        return next(ours)
+
+    class FakeTorch:
+        pid = -1
+
+        def time_ms(self, index, case):
+            order.append("torch")
+            return next(theirs)
+
+    monkeypatch.setattr(kernel_bench, "best_ms", fake_best)
+    monkeypatch.setattr(kernel_bench, "quiesce", lambda **kw: 0.0)
+    case = kernel_bench.Case("conv2d_forward", "table", "s", run=lambda: None, check=lambda: 0.0, flops=1e6,
+                             torch_run=lambda: None)
+    [record] = kernel_bench.measure([case], "cpu", 7, 100.0, torch_process=FakeTorch(), rounds=3)
+    assert order == ["ours", "torch"] * 3
+    assert (record.ms, record.torch_ms) == (1.0, 4.0)
+    order.clear()
+    ours = iter([2.0])
+    [record] = kernel_bench.measure([case], "cpu", 7, 100.0)  # one round by default
+    assert order == ["ours"] and record.ms == 2.0 and record.torch_ms is None
+
+
+def test_engine_kernels_takes_rounds_and_refuses_zero():
+    result = CliRunner().invoke(main, ["kernels", "--rounds", "0"])
+    assert result.exit_code != 0 and "--rounds" in result.output
