@@ -7,9 +7,10 @@ drivers are the largest compile jobs of a cold first run: in ResNet-18's warm-up
 of CPU and the weight gradient's 5.0–5.7 s (``_backward_weight_images`` 5.1 s with ``im2col_row`` 1.9 s inside:
 every variant of the general path, tiles of several images, gathers, in-place accumulation, output-channel
 blocks). This module does what those paths do on a stem, and only that: each image's 27 rows of columns
-(``_columns``: the image copied once into zero-padded planes, then 27 shifted row copies), then
-``out[n] (K × P) = W (K × 27) @ cols`` or ``dW += dout[n] @ colsᵀ`` in blocks of ≤ ``STEM_K_BLOCK`` output
-channels (OpenBLAS's small-matrix kernel; v26 measured 32-row blocks at ~100 GFLOP/s against ~56 for 64).
+(``_columns``: one flat copy per tap, ``columns.row_same``), then one sgemm ``out[n] (K × P) = W (K × 27) @
+cols`` per image, or ``dW += dout[n] @ colsᵀ`` in blocks of ≤ ``STEM_K_BLOCK`` output channels (v26 measured
+the weight gradient's 32-row blocks at ~100 GFLOP/s against ~56 for 64). Same shapes, same sgemm: the same
+bits as the im2col path.
 Backward-data is never called on a network's input and stays on the general path.
 
 Threads: the forward splits the images into chunks (each writes its own outputs); the weight gradient gives
@@ -80,8 +81,8 @@ def _columns(x, n, cols):
 
 @njit(cache=True, nogil=True)
 def _forward_images(x, w_flat, out_flat, c_out, first, last, cols):
-    """out[n] (K × P) = W (K × 9C) @ cols[n] for images [first, last): one sgemm per image (in 32-row blocks:
-    3→64 forward per image, one thread, 87 µs in one against 105 in two)."""
+    """out[n] (K × P) = W (K × 9C) @ cols[n] for images [first, last): one sgemm per image, all K rows
+    at once (3→64, one thread, per image with its columns: 87 µs in one sgemm against 105 in two 32-row ones)."""
     depth = 9 * x.shape[1]
     pixels = x.shape[2] * x.shape[3]
     scalars = np.empty(2, np.float32)
