@@ -288,6 +288,22 @@ def _two_blocks(mine, first_channels, second_channels, cols, first_offsets, seco
     return mine[:end], mine[end : end + second_offsets[GROUPS]], mine[end + second_offsets[GROUPS] :]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _runs(a, offsets, ra, row, cols):
+    """Row position ``ra`` (0 … 4) of channel row ``row`` in a block's V or M (``_offsets``' layout): its five runs
+    of ``cols`` (e0, e1, m1, m2, m3). The 16 groups are (a, b) position pairs; a row position's e runs sit in
+    group 4·ga with two columns per channel (sa = 0, 1 for ra < 2), its m runs in the next three groups. The
+    input, output, dout and scatter transforms all read or write their block through it."""
+    ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
+    r = row * (2 if ra < 2 else 1) + sa
+    g0 = 4 * ga
+    e = offsets[g0] + r * 2 * cols
+    m1 = offsets[g0 + 1] + r * cols
+    m2 = offsets[g0 + 2] + r * cols
+    m3 = offsets[g0 + 3] + r * cols
+    return a[e : e + cols], a[e + cols : e + 2 * cols], a[m1 : m1 + cols], a[m2 : m2 + cols], a[m3 : m3 + cols]
+
+
 @njit(cache=True, nogil=True)  # not inlined since v32: _images and _weight_images share one compile (below)
 def _input_transform(src, n0, images, channels, height, width, v, offsets, cols, p):
     """V[(a, b)][c][(sa, sb)][j] = (Bᵀ d B) of the 5×5 input tile d of block column j = i·T + ty·tw + tx
@@ -339,16 +355,8 @@ def _input_transform(src, n0, images, channels, height, width, v, offsets, cols,
                     for x in range(width):
                         pm1[d + uint64(x)] = rm[x] - r1[x]
         for ra in range(5):
-            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
-            ma = 2 if ra < 2 else 1
             q = p[ra * span : (ra + 1) * span]  # q[4j + φ] = column 4tx + φ of column j's tile row
-            g0 = 4 * ga
-            e = offsets[g0] + (c * ma + sa) * 2 * cols
-            m1 = offsets[g0 + 1] + (c * ma + sa) * cols
-            m2 = offsets[g0 + 2] + (c * ma + sa) * cols
-            m3 = offsets[g0 + 3] + (c * ma + sa) * cols
-            ve0, ve1 = v[e : e + cols], v[e + cols : e + 2 * cols]
-            vm1, vm2, vm3 = v[m1 : m1 + cols], v[m2 : m2 + cols], v[m3 : m3 + cols]
+            ve0, ve1, vm1, vm2, vm3 = _runs(v, offsets, ra, c, cols)
             for j in range(cols):
                 ve0[j] = q[uint64(4 * j)]
                 vm2[j] = q[uint64(4 * j + 1)]
@@ -379,16 +387,7 @@ def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, o
     z3, z4 = z[3 * span : 4 * span], z[4 * span : 5 * span]
     for k in range(k_lo, k_hi):
         for ra in range(5):
-            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
-            ma = 2 if ra < 2 else 1
-            g0 = 4 * ga
-            row = (k - k_lo) * ma + sa  # M holds the channels [k_lo, k_hi)
-            e = offsets[g0] + row * 2 * cols
-            m1 = offsets[g0 + 1] + row * cols
-            m2 = offsets[g0 + 2] + row * cols
-            m3 = offsets[g0 + 3] + row * cols
-            me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
-            mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
+            me0, me1, mm1, mm2, mm3 = _runs(m, offsets, ra, k - k_lo, cols)  # M holds the channels [k_lo, k_hi)
             zr = z[ra * span : (ra + 1) * span]
             for j in range(cols):
                 zr[uint64(2 * j)] = me0[j] + mm1[j] + mm2[j]
@@ -504,17 +503,8 @@ def _dout_transform(src, n0, images, k_lo, k_hi, channels, height, width, m, off
                 for x in range(ow):
                     qs[d + uint64(x)] = top[x] + bottom[x]
         for ra in range(5):
-            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
-            ma = 2 if ra < 2 else 1
             zr = q0 if ra == 0 or ra == 2 else (q1 if ra == 1 or ra == 4 else qs)
-            g0 = 4 * ga
-            row = (k - k_lo) * ma + sa
-            e = offsets[g0] + row * 2 * cols
-            m1 = offsets[g0 + 1] + row * cols
-            m2 = offsets[g0 + 2] + row * cols
-            m3 = offsets[g0 + 3] + row * cols
-            me0, me1 = m[e : e + cols], m[e + cols : e + 2 * cols]
-            mm1, mm2, mm3 = m[m1 : m1 + cols], m[m2 : m2 + cols], m[m3 : m3 + cols]
+            me0, me1, mm1, mm2, mm3 = _runs(m, offsets, ra, k - k_lo, cols)
             for j in range(cols):
                 a = zr[uint64(2 * j)]
                 b = zr[uint64(2 * j + 1)]
@@ -541,16 +531,7 @@ def _scatter_transform(v, n0, images, c_lo, c_hi, channels, height, width, dst, 
     plane = height * width
     for c in range(c_lo, c_hi):
         for ra in range(5):
-            ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
-            ma = 2 if ra < 2 else 1
-            g0 = 4 * ga
-            row = (c - c_lo) * ma + sa
-            e = offsets[g0] + row * 2 * cols
-            m1 = offsets[g0 + 1] + row * cols
-            m2 = offsets[g0 + 2] + row * cols
-            m3 = offsets[g0 + 3] + row * cols
-            ve0, ve1 = v[e : e + cols], v[e + cols : e + 2 * cols]
-            vm1, vm2, vm3 = v[m1 : m1 + cols], v[m2 : m2 + cols], v[m3 : m3 + cols]
+            ve0, ve1, vm1, vm2, vm3 = _runs(v, offsets, ra, c - c_lo, cols)
             zr = z[ra * span : (ra + 1) * span]
             for j in range(cols):
                 zr[uint64(4 * j)] = ve0[j]
