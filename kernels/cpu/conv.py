@@ -1256,6 +1256,45 @@ def check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
         _check_array("bias", bias, (w.shape[0],))
 
 
+FLIPPED_FORWARD = (
+    "pointwise", "pointwise-strided", "winograd4", "winograd4-by-k", "winograd", "winograd-by-xi", "shifted",
+)
+"""Paths whose backward-data is their forward kernel with the filter flipped (``flipped`` / ``transposed``): one
+dispatch for both directions, ``_run_forward_kernel`` (``engine.warmup.SHARED_FORWARD_KERNEL`` gives them one job)."""
+
+
+def _run_forward_kernel(
+    kind: str, src, w, dst, flipped: bool, stride: int, threads: int, scratch, paths: Paths
+) -> None:
+    """x → out (``flipped`` False) or dout → dx (True) on a ``FLIPPED_FORWARD`` path. Block sizes take the
+    source's channels as the input side (x's C forward, dout's K backward) and the conv input's plane (x or dx)."""
+    c_src, c_dst = src.shape[1], dst.shape[1]
+    plane = dst.shape if flipped else src.shape
+    with blas_on_calling_thread:
+        if kind == "pointwise":
+            conv_pointwise.run_images(src, w, dst, flipped, threads)
+        elif kind == "pointwise-strided":
+            conv_pointwise.run_images(src, w, dst, flipped, threads, stride=stride, scratch=scratch)
+        elif kind == "winograd4-by-k":
+            conv_winograd4.forward_by_k(src, w, dst, flipped, threads, scratch)
+        elif kind == "winograd4":
+            rows = conv_winograd4.block_rows(plane, c_src, c_dst, threads)
+            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd4_small_gemms else 0  # v30
+            conv_winograd4.forward(src, w, dst, flipped, threads, rows, scratch, limit)
+        elif kind == "winograd":
+            rows = conv_winograd.block_rows(plane, c_src, c_dst, threads)
+            transposed = flipped and paths.winograd_data_transposed
+            conv_winograd.forward(src, w, dst, flipped, threads, rows, scratch, transposed=transposed)
+        elif kind == "winograd-by-xi":
+            rows = conv_winograd.by_xi_block_rows(plane, c_src, c_dst)
+            conv_winograd.forward_by_xi(src, w, dst, flipped, threads, rows, scratch)
+        elif kind == "shifted":
+            tile = conv_shifted.tile_images(plane, c_src, threads)
+            conv_shifted.forward(src, w, dst, flipped, threads, tile, scratch)
+        else:
+            raise ValueError(f"{kind!r} is not one of FLIPPED_FORWARD's paths")
+
+
 def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
     """conv2d_forward with a choice of fast paths (the study versions pass fewer)."""
     stride, pad, groups = int(stride), int(pad), int(groups)
@@ -1270,41 +1309,16 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         conv_depthwise.run_forward(x, w, out, stride, scratch, paths.depthwise_kept_only, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_forward(x, w, out, stride, pad)
-    elif kind == "pointwise":
-        with blas_on_calling_thread:
-            conv_pointwise.run_images(x, w, out, False, threads)
-    elif kind == "winograd4-by-k":
-        with blas_on_calling_thread:
-            conv_winograd4.forward_by_k(x, w, out, False, threads, scratch)
-    elif kind == "pointwise-strided":
-        with blas_on_calling_thread:
-            conv_pointwise.run_images(x, w, out, False, threads, stride=stride, scratch=scratch)
+    elif kind in FLIPPED_FORWARD:
+        _run_forward_kernel(kind, x, w, out, False, stride, threads, scratch, paths)
     elif kind == "stem":  # v36
         with blas_on_calling_thread:
             conv_stem.forward(x, w, out, threads, scratch)
-    elif kind == "winograd4":
-        with blas_on_calling_thread:
-            rows = conv_winograd4.block_rows(x.shape, w.shape[1], w.shape[0], threads)
-            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd4_small_gemms else 0  # v30
-            conv_winograd4.forward(x, w, out, False, threads, rows, scratch, limit)
-    elif kind == "winograd":
-        with blas_on_calling_thread:
-            rows = conv_winograd.block_rows(x.shape, w.shape[1], w.shape[0], threads)
-            conv_winograd.forward(x, w, out, False, threads, rows, scratch)
-    elif kind == "winograd-by-xi":
-        with blas_on_calling_thread:
-            rows = conv_winograd.by_xi_block_rows(x.shape, w.shape[1], w.shape[0])
-            conv_winograd.forward_by_xi(x, w, out, False, threads, rows, scratch)
     elif kind == "winograd-s2":
         with blas_on_calling_thread:
             images = conv_winograd_s2.block_images(x.shape, w.shape[1], w.shape[0], threads)
             limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd_s2_small_gemms else 0  # v29
             conv_winograd_s2.forward(x, w, out, threads, images, scratch, limit)
-    elif kind == "shifted":
-        with blas_on_calling_thread:
-            conv_shifted.forward(
-                x, w, out, False, threads, conv_shifted.tile_images(x.shape, x.shape[1], threads), scratch
-            )
     else:
         tile = gemm_tile_images(
             x.shape, w.shape, stride, pad, groups, "forward", threads, _target(w.shape, "forward", paths),
@@ -1332,37 +1346,12 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         conv_depthwise.run_backward_data(dout, w, dx, stride, scratch, kind == "depthwise-planes")
     elif kind == "depthwise-direct":
         depthwise_backward_data(dout, w, dx, stride, pad)
-    elif kind == "pointwise":
-        with blas_on_calling_thread:
-            conv_pointwise.run_images(dout, w, dx, True, threads)
-    elif kind == "winograd4-by-k":
-        with blas_on_calling_thread:
-            conv_winograd4.forward_by_k(dout, w, dx, True, threads, scratch)
-    elif kind == "pointwise-strided":
-        with blas_on_calling_thread:
-            conv_pointwise.run_images(dout, w, dx, True, threads, stride=stride, scratch=scratch)
-    elif kind == "winograd4":
-        with blas_on_calling_thread:
-            rows = conv_winograd4.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
-            limit = conv_pointwise.SMALL_GEMM_MNK if paths.winograd4_small_gemms else 0  # v30
-            conv_winograd4.forward(dout, w, dx, True, threads, rows, scratch, limit)
-    elif kind == "winograd":
-        with blas_on_calling_thread:
-            rows = conv_winograd.block_rows(dx.shape, w.shape[0], w.shape[1], threads)
-            conv_winograd.forward(dout, w, dx, True, threads, rows, scratch, transposed=paths.winograd_data_transposed)
+    elif kind in FLIPPED_FORWARD:
+        _run_forward_kernel(kind, dout, w, dx, True, stride, threads, scratch, paths)
     elif kind == "winograd-s2":  # v32
         with blas_on_calling_thread:
             images = conv_winograd_s2.data_block_images(dx.shape, w.shape, threads)
             conv_winograd_s2.backward_data(dout, w, dx, threads, images, scratch, conv_pointwise.SMALL_GEMM_MNK)
-    elif kind == "winograd-by-xi":
-        with blas_on_calling_thread:
-            rows = conv_winograd.by_xi_block_rows(dx.shape, w.shape[0], w.shape[1])
-            conv_winograd.forward_by_xi(dout, w, dx, True, threads, rows, scratch)
-    elif kind == "shifted":
-        with blas_on_calling_thread:
-            conv_shifted.forward(
-                dout, w, dx, True, threads, conv_shifted.tile_images(dx.shape, w.shape[0], threads), scratch
-            )
     else:
         tile = gemm_tile_images(
             dx.shape, w.shape, stride, pad, groups, "data", threads, _target(w.shape, "data", paths),

@@ -71,6 +71,14 @@ def test_a_training_step_with_offload_after_the_models_jobs_compiles_nothing(tmp
     assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
 
 
+def test_paths_that_run_backward_data_on_the_forward_kernel_share_its_job():
+    # conv.FLIPPED_FORWARD dispatches backward-data to the forward kernel flipped: the warm-up must compile both
+    # calls in one job (SHARED_FORWARD_KERNEL), or two workers compile the same kernel at once
+    from kernels.cpu import conv as cpu_conv
+
+    assert set(cpu_conv.FLIPPED_FORWARD) <= set(warmup.SHARED_FORWARD_KERNEL)
+
+
 def test_model_jobs_hold_one_conv_job_per_path_and_direction():
     data = synthetic(num_classes=10, seed=0, train=4, test=2)
     net = build_network("resnet18", data, get_backend("cpu"), seed=0)
