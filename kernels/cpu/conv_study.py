@@ -192,30 +192,29 @@ BEFORE_V21 = {"depthwise_weight_groups": False, "depthwise_planes": False, "wino
 """What v21, v23 and v25 added, off in every earlier version."""
 V21_PATHS = conv.Paths(winograd_by_xi=False, depthwise_registers=False)
 V23_PATHS = conv.Paths(depthwise_registers=False)
-BEFORE_V26 = {"stem_weight_split": False}
-"""What v26 added, off in every earlier version (``_paths``)."""
-BEFORE_V27 = {"pointwise_small_gemms": False, "pointwise_weight_split": False}
-"""What v27 added, off in every earlier version (``_paths``)."""
-BEFORE_V28 = {"winograd_s2": False}
-"""What v28 added, off in every earlier version (``_paths``)."""
-BEFORE_V29 = {"winograd_s2_small_gemms": False}
-"""What v29 added, off in every earlier version (``_paths``)."""
-BEFORE_V30 = {"winograd4_small_gemms": False}
-"""What v30 added, off in every earlier version (``_paths``)."""
-BEFORE_V31 = {"pointwise_weight_transposed": False}
-"""What v31 added, off in every earlier version (``_paths``)."""
-BEFORE_V32 = {"winograd_s2_backward": False}
-"""What v32 added, off in every earlier version (``_paths``)."""
-BEFORE_V33 = {"pointwise_strided": False}
-"""What v33 added, off in every earlier version (``_paths``)."""
-BEFORE_V34 = {"winograd4_by_k": False}
-"""What v34 added, off in every earlier version (``_paths``)."""
-BEFORE_V35 = {"winograd4_weight_by_k": False}
-"""What v35 added, off in every earlier version (``_paths``)."""
-BEFORE_V36 = {"stem_columns": False}
-"""What v36 added, off in every earlier version (``_paths``)."""
-BEFORE_V37 = {"winograd_s2_weight_8x8": False}
-"""What v37 added, off in every earlier version (``_paths``)."""
+ADDED_IN = {
+    26: ("stem_weight_split",),
+    27: ("pointwise_small_gemms", "pointwise_weight_split"),
+    28: ("winograd_s2",),
+    29: ("winograd_s2_small_gemms",),
+    30: ("winograd4_small_gemms",),
+    31: ("pointwise_weight_transposed",),
+    32: ("winograd_s2_backward",),
+    33: ("pointwise_strided",),
+    34: ("winograd4_by_k",),
+    35: ("winograd4_weight_by_k",),
+    36: ("stem_columns",),
+    37: ("winograd_s2_weight_8x8",),
+}
+"""The ``conv.Paths`` flags each version from v26 on added: off in every version before it (``_paths``). A new
+version is one line here and its number in ``_SINCE_2``."""
+
+
+def flags_off(version: int) -> dict[str, bool]:
+    """``ADDED_IN[version]``'s flags, off: ``dataclasses.replace(conv.EXPORTED, **flags_off(34))`` is today's paths
+    without what v34 added."""
+    return dict.fromkeys(ADDED_IN[version], False)
+
 
 NO_FAST_PATHS = conv.Paths(
     depthwise_flat=False, pointwise_tiles=False, shifted=False, depthwise_kept_only=False, small_tiles=False,
@@ -803,16 +802,10 @@ def _paths(version: int) -> conv.Paths:
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
     chosen = paths.get(version, conv.EXPORTED)
-    for since, added in _ADDED_SINCE:
+    for since in ADDED_IN:
         if version < since:
-            chosen = dataclasses.replace(chosen, **added)
+            chosen = dataclasses.replace(chosen, **flags_off(since))
     return chosen
-
-
-_ADDED_SINCE = ((26, BEFORE_V26), (27, BEFORE_V27), (28, BEFORE_V28), (29, BEFORE_V29), (30, BEFORE_V30),
-                (31, BEFORE_V31), (32, BEFORE_V32), (33, BEFORE_V33), (34, BEFORE_V34), (35, BEFORE_V35),
-                (36, BEFORE_V36), (37, BEFORE_V37))
-"""The flags each version from v26 on added, switched off in every version before it (``_paths``)."""
 
 
 def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:

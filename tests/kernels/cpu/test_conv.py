@@ -297,7 +297,7 @@ def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas
     expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
     assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
     if expected == "winograd4-by-k":
-        before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.BEFORE_V34)
+        before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.flags_off(34))
         expected = "winograd4" if x_shape[2] == 8 else "winograd-by-xi"
         assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, before_v34) == expected
     if expected == "winograd4":
@@ -609,7 +609,7 @@ def test_512_channels_on_4x4_take_winograd_by_xi(direction):
     # v23: 512 @4x4 forward 9.6 -> 9.15 ms, backward-data 10.05 -> 9.65 (two threads, batch 32); 8x8 lost.
     # Until v34 (F(4x4) by output channel), and still where the sgemm is not OpenBLAS.
     shapes = ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1)
-    before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.BEFORE_V34)
+    before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.flags_off(34))
     assert cpu.path(*shapes, direction, before_v34) == "winograd-by-xi"
     assert cpu.path(*shapes, direction, conv_study._paths(20)) == "winograd"
     assert cpu.path(*shapes, "weight", conv_study._paths(34)) == "winograd"
