@@ -173,8 +173,8 @@ def all_jobs(versions: bool = True) -> list[Job]:
     from kernels.cpu import conv_study
 
     shapes = [
-        ((BATCH, 4, 5, 5), (4, 4, 3, 3), 1, 1, 1),  # 3×3 on a small plane: im2col
-        ((BATCH, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1),  # 3×3 stride 1 on ≥ 64 pixels: shifted GEMMs
+        ((BATCH, 5, 5, 5), (4, 5, 3, 3), 1, 1, 1),  # 3×3 on a small plane, > 4 channels (not a stem): im2col
+        ((BATCH, 8, 8, 8), (4, 8, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 8 channels on ≥ 64 pixels: shifted GEMMs
         ((BATCH, 64, 4, 4), (64, 64, 3, 3), 1, 1, 1),  # 3×3 stride 1, ≥ 64 channels: Winograd (weight: im2col)
         ((BATCH, 64, 3, 3), (64, 64, 3, 3), 1, 1, 1),  # ... on < 16 pixels: F(2×2) by ξ (4×4 to 8×8: F(4×4) by k, v34)
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1
@@ -185,6 +185,9 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 4, 16, 16), (4, 4, 1, 1), 1, 0, 1),  # plain 1×1 on ≥ 16×16: the weight gradient split over dW (v27)
         ((BATCH, 64, 16, 16), (64, 64, 3, 3), 2, 1, 1),  # 3×3 stride 2, ≥ 64 channels: polyphase Winograd (v28, v32)
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 2, 0, 1),  # 1×1 stride 2: its kept pixels (v33)
+        ((BATCH, 3, 8, 8), (4, 3, 3, 3), 1, 1, 1),  # a 3-channel stem: its own columns (v36)
+        ((BATCH, 264, 16, 16), (264, 264, 3, 3), 1, 1, 1),  # > 256 channels on 16×16: F(2×2) tiles
+        ((BATCH, 4, 5, 5), (4, 1, 5, 5), 1, 2, 4),  # depthwise 5×5: the direct loops
     ]
     jobs = conv_jobs([(*s, bias) for s in shapes for bias in (False, True)])
     if versions:

@@ -166,6 +166,31 @@ def test_workers_fill_the_cache_and_leave_a_marker(tmp_path, monkeypatch):
     assert not warmup.is_warm([warmup.Job("relu6_forward")])  # a marker covers its own jobs only
 
 
+def test_warmup_jobs_reach_every_conv_path_a_shape_can_take():
+    """``engine kernels --warmup`` (``all_jobs``) compiles every conv path in every direction: each (direction, path)
+    that ``conv.path`` returns on a grid of shapes (channels, planes, kernels, strides, depthwise or not, batch 2 and
+    32) has a job, or shares the forward's (``SHARED_FORWARD_KERNEL``). v36 once took the im2col and shifted shapes
+    of this list onto the stem path, and four paths had gone without a job."""
+    import itertools
+
+    from kernels.cpu import conv as cpu_conv
+
+    reached = {}
+    grid = itertools.product((2, 32), (3, 4, 5, 8, 64, 128, 512), (3, 4, 5, 8, 16, 24, 32, 64), (1, 3, 5), (1, 2))
+    for n, c, h, r, stride in grid:
+        for depthwise in (False, True) if r > 1 else (False,):
+            for k in (c,) if depthwise else (c, 2 * c):
+                x_shape, w_shape = (n, c, h, h), (k, 1 if depthwise else c, r, r)
+                for direction in warmup.CONV_OPS:
+                    kind = cpu_conv.path(x_shape, w_shape, stride, r // 2, c if depthwise else 1, direction)
+                    reached.setdefault((direction, kind), (x_shape, w_shape, stride))
+    ops = {op: direction for direction, op in warmup.CONV_OPS.items()}
+    jobs = {(ops[job.op], job.path) for job in warmup.all_jobs(versions=False) if job.op in ops}
+    shared = warmup.SHARED_FORWARD_KERNEL
+    jobs |= {("data", kind) for direction, kind in jobs if direction == "forward" and kind in shared}
+    assert {key: shape for key, shape in reached.items() if key not in jobs} == {}
+
+
 def test_tiny_args_cover_every_non_conv_table_op():
     # engine kernels --warmup (all_jobs) and the fallback for unknown layer types use TINY_ARGS
     from kernels.cpu import TABLE
