@@ -141,13 +141,13 @@ def kernels(backend, ops, models, batch_size, repeat, compare, rounds, versions,
     if not cases:
         fail(f"no kernels match --ops {ops!r} on backend {backend}")
     sgemm = kernel_bench.sgemm_gflops(repeat)
+    rounds = rounds or (3 if compare == "torch" else 1)
     if compare == "torch":
         with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat) as torch_process:
-            records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process,
-                                           rounds=rounds or 3)
+            records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process, rounds=rounds)
     else:
-        records = kernel_bench.measure(cases, backend, repeat, sgemm, rounds=rounds or 1)
-    dicts = [dict(r.as_dict(), sgemm_gflops=sgemm) for r in records]
+        records = kernel_bench.measure(cases, backend, repeat, sgemm, rounds=rounds)
+    dicts = [dict(r.as_dict(), sgemm_gflops=sgemm, repeat=repeat, rounds=rounds) for r in records]
     if output:
         from engine.validate import write_output
 
@@ -156,7 +156,7 @@ def kernels(backend, ops, models, batch_size, repeat, compare, rounds, versions,
     if output_format == "json":
         click.echo(json.dumps(dicts, indent=2))
     else:
-        kernel_bench.render(records, sgemm, compare == "torch")
+        kernel_bench.render(records, sgemm, compare == "torch", rounds=rounds)
         if missing:
             click.echo(f"not in the {backend} table yet (skipped): {', '.join(missing)}")
 

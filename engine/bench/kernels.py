@@ -654,12 +654,14 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def kernels_table(records: list[Record], sgemm: float, compare_torch: bool) -> Table:
+def kernels_table(records: list[Record], sgemm: float, compare_torch: bool, rounds: int = 1) -> Table:
     """The ``engine kernels`` table; the ratio column is torch's time over ours (above 1: we are faster)."""
     columns = ["op", "backend", "version", "shape", "ms", "GFLOP/s | GB/s", "% sgemm", "max abs err"]
     if compare_torch:
         columns += ["torch ms", "torch/ours"]
-    table = Table(f"kernels (NumPy sgemm {sgemm:.0f} GFLOP/s in this run; best of repeats)", columns,
+    best = "best of repeats" + (f" over {rounds} rounds" if rounds > 1 else "")
+    best += ", alternating with torch's" if compare_torch and rounds > 1 else ""
+    table = Table(f"kernels (NumPy sgemm {sgemm:.0f} GFLOP/s in this run; {best})", columns,
                   right={i for i, name in enumerate(columns) if name not in ("op", "backend", "version", "shape")})
     for r in records:
         rate = f"{r.gflops:.1f}" if r.gflops else (f"{r.gbps:.1f} GB/s" if r.gbps else "")
@@ -679,9 +681,9 @@ def kernels_table(records: list[Record], sgemm: float, compare_torch: bool) -> T
     return table
 
 
-def render(records: list[Record], sgemm: float, compare_torch: bool, console: Any = None) -> None:
+def render(records: list[Record], sgemm: float, compare_torch: bool, console: Any = None, rounds: int = 1) -> None:
     """Print ``kernels_table`` through engine/report.py: no cell cut, whatever the terminal's width."""
-    render_table(kernels_table(records, sgemm, compare_torch), console)
+    render_table(kernels_table(records, sgemm, compare_torch, rounds), console)
 
 
 # ----------------------------------------------------------------------------------------------

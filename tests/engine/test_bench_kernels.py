@@ -70,6 +70,7 @@ def test_json_output_has_the_documented_fields():
     for r in records:
         for key in ("op", "backend", "shape", "ms", "gflops", "max_abs_err", "torch_ms", "sgemm_gflops"):
             assert key in r
+        assert (r["repeat"], r["rounds"]) == (1, 3)  # --compare torch: three alternating rounds by default
         assert r["backend"] == "cpu" and r["max_abs_err"] == 0.0 and r["gbps"] > 0
     assert records[0]["torch_ms"] > 0
 
