@@ -115,7 +115,7 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch
     n, c_out = x.shape[0], w.shape[0]
     per_thread = workspace_size(x.shape, 1)
     chunks = chunk_count(n, 1, threads)
-    w_flat, out_flat = np.ascontiguousarray(w).reshape(-1), out.reshape(-1)
+    w_flat, out_flat = w.reshape(-1), out.reshape(-1)  # both C-contiguous (conv._check_array)
 
     def work(chunk: int, slot: int) -> None:
         cols = scratch[slot * per_thread : (slot + 1) * per_thread]

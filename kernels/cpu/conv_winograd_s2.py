@@ -440,7 +440,7 @@ def forward(x, w, out, threads: int, block: int, scratch, limit: int = 0) -> Non
     ResNet-18 shapes). Batch 32, two threads, median of 15 alternating calls, ms, one GEMM → blocks
     of ≤ 10⁶ → ≤ 2·10⁶, two sittings: 256→512 @8×8 6.93 → 5.70 → 7.33 and 8.43 → 6.80 → 8.72;
     128→256 @16×16 6.61 → 6.70 → 7.77 and 8.19 → 7.95 → 8.65; 64→128 @32×32 7.05 → 6.16 → 7.41 and
-    8.41 → 7.23 → 8.89 (``/tmp/s2rows.py``-style A/B: the table's forward with the limit switched).
+    8.41 → 7.23 → 8.89 (A/B of the table's forward with the limit switched, in one process).
 
     Split by output channel (``by_channel``: small planes), each thread transforms and multiplies its own
     output channels for all images (its share of U written and read by itself, no barrier, but every

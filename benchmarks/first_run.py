@@ -1,0 +1,102 @@
+"""What a newcomer's first run pays to compile (issue 13): the README's main command on an empty Numba cache, then
+on the warm one; cold − warm is the compile cost.
+
+    python benchmarks/first_run.py --runs 2                  # this checkout, two cold/warm pairs
+    python benchmarks/first_run.py --runs 2 --baseline DIR   # and another checkout (e.g. a git worktree), alternating
+    python benchmarks/first_run.py --jobs                    # each warm-up job's seconds in a pool of two workers
+
+Each pair gets a fresh ``NUMBA_CACHE_DIR`` (removed after) and runs ``engine train --model resnet18 --offload-n 4
+--steps 3`` from the checkout's root (``PYTHONPATH`` = that root), cold then warm; the figure is the median of the
+pairs. ``--jobs`` runs ``engine.warmup.model_jobs`` of ResNet-18 in a two-worker pool on an empty cache, as a cold
+``engine train`` does, and prints each job's seconds and the sums: what the first run's wall is made of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = ["-m", "cli", "train", "--model", "resnet18", "--offload-n", "4", "--steps", "3", "--no-progress"]
+
+
+def _wall(root: Path, cache: str) -> float:
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(root))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *COMMAND], cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def cold_minus_warm(root: Path) -> tuple[float, float]:
+    """(cold, warm) wall seconds of the main command on a fresh cache."""
+    cache = tempfile.mkdtemp(prefix="engine-first-run-")
+    try:
+        return _wall(root, cache), _wall(root, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _timed(job):  # in a worker
+    from engine import warmup
+
+    start = time.perf_counter()
+    warmup.run_job(job)
+    return time.perf_counter() - start
+
+
+def job_seconds() -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from engine import warmup
+    from engine.backend import get_backend
+    from engine.data import load_dataset
+    from models import build_network
+
+    jobs = warmup.model_jobs(build_network("resnet18", load_dataset("digits"), get_backend("cpu")).graph, "sgd")
+    start = time.perf_counter()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=warmup._prepare_worker) as pool:
+        seconds = list(pool.map(_timed, jobs))
+    wall = time.perf_counter() - start
+    for job, s in sorted(zip(jobs, seconds, strict=True), key=lambda js: -js[1]):
+        print(f"{s:6.2f} s  {job.key}")
+    print(f"{len(jobs)} jobs: {sum(seconds):.2f} s of compile in the workers, {wall:.2f} s of wall with two workers")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2, help="cold/warm pairs per checkout")
+    parser.add_argument("--baseline", type=Path, help="another checkout, timed alternating with this one")
+    parser.add_argument("--jobs", action="store_true", help="each warm-up job's seconds instead")
+    args = parser.parse_args()
+    if args.jobs:
+        cache = tempfile.mkdtemp(prefix="engine-first-run-")
+        os.environ["NUMBA_CACHE_DIR"] = cache
+        try:
+            job_seconds()
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        return
+    roots = {"this": ROOT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    results: dict[str, list[float]] = {name: [] for name in roots}
+    for i in range(args.runs):
+        for name, root in roots.items():
+            cold, warm = cold_minus_warm(root)
+            results[name].append(cold - warm)
+            print(f"pair {i + 1} {name:8s} cold {cold:6.2f} s  warm {warm:6.2f} s  cold - warm {cold - warm:6.2f} s",
+                  flush=True)
+    for name, diffs in results.items():
+        print(f"{name}: cold - warm median {statistics.median(diffs):.2f} s over {len(diffs)} pairs "
+              f"(issue 13's goal: <= 15 s)")
+
+
+if __name__ == "__main__":
+    main()
