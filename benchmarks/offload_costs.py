@@ -24,6 +24,9 @@ Configurations (all N=4 except ``none``, which always runs):
 * ``verify-off``: ``--offload-verify off``: what the full XXH3 check costs.
 * ``io-hash``: every record hashed by the IO threads (XXH3), none checked by the executor (the
   ReLU's forward and the rebuild summing the rebuilds' sources, ``scheduler._FusedCheck``).
+* ``budget:F``: ``n4`` with a byte budget of F times what the step keeps for backward without offload
+  (``engine.offload.session.offloadable_resident_bytes``): what the window leaves of it keeps units
+  resident instead of writing them (``plan.keep_within``).
 * ``eager``: loads start as soon as their planned bytes are free instead of N steps ahead.
 * ``unpinned``: ``n4`` with the IO threads left wherever the OS puts them (``io_cpus=None``; ``n4``
   keeps them off the swap disk's interrupt CPUs, ``engine.offload.affinity``).
@@ -60,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import engine.offload.plan as plan_module  # noqa: E402
 from engine.backend import get_backend  # noqa: E402
 from engine.offload.scheduler import OffloadScheduler  # noqa: E402
+from engine.offload.session import offloadable_resident_bytes  # noqa: E402
 from engine.optim import SGD  # noqa: E402
 from kernels.cpu.batchnorm import batchnorm_forward_infer  # noqa: E402
 from kernels.cpu.conv import conv2d_forward, conv2d_forward_workspace_size  # noqa: E402
@@ -323,6 +327,8 @@ def main() -> None:
                 options["io_cpus"] = None
             if kind == "pin":
                 options["io_cpus"] = {int(cpu) for cpu in what.split("+")}
+            if kind == "budget":  # of what the step keeps for backward without offload
+                options["budget_bytes"] = int(float(what) * offloadable_resident_bytes(net, batch))
             _KEEP[0] = what if kind in ("keep", "recompute") else None
             scheduler = OffloadScheduler(backend, args.window, **options)
             scheduler.attach(net, batch_size=batch)

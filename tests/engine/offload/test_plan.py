@@ -117,6 +117,35 @@ def test_chained_rebuilds_are_taken_only_where_the_arena_does_not_grow():
         units, 4, steps, candidates, frozenset())[0].offloaded)
 
 
+def test_a_budget_keeps_the_largest_swapped_units_resident_within_it():
+    """``build_plan(..., budget_bytes)``: past the window's arena, swapped units stay resident whole,
+    largest first, while the arena fits; the window, the rebuilds and the chains stay as without it."""
+    net = build_model("mobilenetv2", 10, "cpu", image_size=32)
+    program = net.program(4)
+    units, _, steps = program_units(program)
+    candidates = recompute_candidates(program, units)
+    base = build_plan(units, 4, steps, candidates)
+    budget = (base.arena_bytes + base.total_bytes) // 4
+    plan = build_plan(units, 4, steps, candidates, budget)
+    check_plan(plan)
+    assert base.arena_bytes < plan.arena_bytes <= budget
+    assert plan.offloaded_bytes < 0.75 * base.offloaded_bytes  # what the budget buys: fewer bytes on disk
+    kept = {k for k, u in plan.units.items() if u.decision == "keep"} - {
+        k for k, u in base.units.items() if u.decision == "keep"}
+    assert kept and kept <= {u.key for u in base.offloaded}  # only units the window would have written
+    assert {u.key for u in plan.recomputed} == {u.key for u in base.recomputed}
+    for key in kept:
+        unit = plan.units[key]
+        assert unit.file_offset is None and len(unit.occupations) == 1
+        assert (unit.occupations[0].start, unit.occupations[0].end) == (unit.spec.created, unit.spec.backward_end)
+    # largest first: no swapped unit is larger than a kept one that followed it in size and still fit
+    largest_swapped = max((u.nbytes for u in plan.offloaded), default=0)
+    assert largest_swapped <= max(plan.units[k].nbytes for k in kept) or plan.arena_bytes + largest_swapped > budget
+    assert build_plan(units, 4, steps, candidates, base.arena_bytes).offloaded_bytes == base.offloaded_bytes
+    everything = build_plan(units, 4, steps, candidates, base.total_bytes)
+    assert not everything.offloaded  # a budget that holds every unit writes nothing
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 64), min_size=2, max_size=24),

@@ -174,16 +174,41 @@ def test_auto_window_shrinks_to_its_minimum_when_storage_is_instant(cpu, tmp_pat
     assert_bounded(stats)
 
 
-def test_byte_budget_alone_picks_the_largest_window_that_fits(cpu, tmp_path):
+def test_byte_budget_alone_takes_four_layers_and_keeps_units_with_the_rest(cpu, tmp_path):
     net = build_model("mlp", num_classes=10, backend=cpu, seed=0, **MLP)
     with OffloadScheduler(cpu, None, budget_bytes=10**9, directory=str(tmp_path)) as scheduler:
         scheduler.attach(net, batch_size=2)
-        assert scheduler.window == scheduler.max_window
+        assert scheduler.window == 4 < scheduler.max_window
         assert not scheduler.plan_for(2).offloaded  # a huge budget: nothing needs to go to disk
+    with OffloadScheduler(cpu, 1, directory=str(tmp_path)) as probe:
+        probe.attach(net, batch_size=2)
+        one = probe.plan_for(2)
+    with OffloadScheduler(cpu, None, budget_bytes=one.arena_bytes, directory=str(tmp_path)) as scheduler:
+        scheduler.attach(net, batch_size=2)
+        assert scheduler.window == scheduler.max_window < 4  # only a smaller window fits
+        assert scheduler.plan_for(2).arena_bytes <= one.arena_bytes
     with OffloadScheduler(cpu, None, budget_bytes=1, directory=str(tmp_path)) as scheduler:
         with pytest.raises(OffloadError, match="budget .* below what the smallest window needs"):
             scheduler.attach(net, batch_size=2)
     net.close()
+
+
+@pytest.mark.parametrize("window", [1, "auto"])
+def test_a_budget_keeps_units_resident_with_the_same_bits_and_fewer_bytes_written(cpu, tmp_path, window):
+    """What the window leaves of ``budget_bytes`` keeps swapped units resident (``plan.keep_within``):
+    the same weights as without offload, fewer bytes written, the arena within the budget."""
+    shape = (3, 8, 8)
+    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    _, plain, plain_scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape)
+    base = plain_scheduler._plan
+    budget = (base.arena_bytes + base.total_bytes) // 3
+    weights, stats, scheduler = train(cpu, "resnet18", window, 2, 2, RESNET, tmp_path, shape, budget_bytes=budget)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), f"budget {budget}, window {window}: {key} differs"
+    assert_bounded(stats)
+    assert all(s.bound_bytes <= budget and s.peak_resident_bytes <= budget for s in stats)
+    assert 0 < stats[-1].bytes_written < 0.8 * plain[-1].bytes_written
+    assert any(u.decision == "keep" and base.units[u.key].decision == "swap" for u in scheduler._plan.units.values())
 
 
 def test_io_thread_ids_are_the_saver_and_the_loader(cpu, tmp_path):
