@@ -640,6 +640,9 @@ def evaluate_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
               help="Also print the planned peak with offload, keeping a window of N layers in memory.")
+@click.option("--offload-budget", "offload_budget", default=None,  # issue 11: keep within a budget
+              help="With --offload-n: resident bytes for the offload plan (e.g. 120MB) or a share of what the step "
+                   "keeps without offload (e.g. 0.3x); the units it keeps beyond the window show '(budget)'.")
 @click.option("--measure", is_flag=True,  # planned arena
               help="Run one real training step and print the measured bytes beside the plan.")
 @click.option("--program", "show_program", is_flag=True,  # step program
@@ -649,7 +652,7 @@ def evaluate_command(
                    "layer's: the update runs in backward).")
 def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
            offload_n: int | None = None, measure: bool = False, show_program: bool = False,
-           variant: str | None = None, update_after_backward: bool = False) -> None:
+           variant: str | None = None, update_after_backward: bool = False, offload_budget: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the step program (shapes and buffer lifespans); nothing is run.
@@ -675,10 +678,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         net.measure_memory(batch_size, report)
     # --- offload issue: planned peak with and without offload ---
     peaks = None
+    if offload_budget is not None and offload_n is None:
+        fail("--offload-budget goes with --offload-n N: the plan keeps units within it beyond the window")
     if offload_n is not None:
-        from engine.offload.session import planned_peaks
+        from engine.offload.session import budget_bytes_for, planned_peaks
 
-        peaks = planned_peaks(net, batch_size, offload_n)
+        try:
+            peaks = planned_peaks(net, batch_size, offload_n, budget_bytes_for(offload_budget, net, batch_size))
+        except ValueError as exc:
+            fail(str(exc))
     # --- end offload issue ---
     # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
     from engine.data.prefetch import ring_bytes
@@ -720,10 +728,13 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
 @variant_option
 @click.option("--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "cudasim"]))
 @click.option("--offload-dir", default=None, help="Where the swap directory goes (default: the system temp dir).")
+@click.option("--offload-budget", "offload_budget", default=None,
+              help="Resident bytes for the offload plan (e.g. 120MB), or a share of what the step keeps without "
+                   "offload (e.g. 0.3x): what the window leaves of it keeps units instead of writing them.")
 @click.option("--format", "output_format", default="table", show_default=True,
               type=click.Choice(["table", "json", "markdown"]))
 def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offload_dir, output_format,
-          variant=None) -> None:
+          variant=None, offload_budget=None) -> None:
     """Offload cost and savings per batch size: forward+backward, offload, onload, stall (µs), step time,
     peak resident bytes and RSS, each run with and without offload (in fresh processes)."""
     from engine.bench.offload import format_markdown, format_table, run_bench
@@ -745,11 +756,18 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
         from engine.offload.storage import check_directory
 
         check_directory(offload_dir)
+    if offload_budget is not None:
+        from engine.offload.session import parse_budget
+
+        try:
+            parse_budget(offload_budget)
+        except ValueError as exc:
+            fail(str(exc))
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))
     try:
         results = [r for name in models for r in run_bench(
             name, sizes, config.window, steps=steps, warmup=warmup, image_size=image_size, backend=backend,
-            directory=offload_dir, progress=progress, variant=variant)]
+            directory=offload_dir, progress=progress, variant=variant, budget=offload_budget)]
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     if output_format == "json":

@@ -77,9 +77,13 @@ class _Run:
         self.x = backend.to_device(rng.standard_normal((batch, *self.net.graph.input_shape)).astype(np.float32))
         self.y = backend.to_device(rng.integers(0, 10, batch).astype(np.int64))
         self.scheduler = None
+        self.budget_bytes = None
         if window is not None:
+            from engine.offload.session import budget_bytes_for
+
+            self.budget_bytes = budget_bytes_for(config.get("budget"), self.net, batch)
             self.scheduler = OffloadScheduler(backend, window, directory=config.get("directory"),
-                                              sample_page_cache=True)
+                                              sample_page_cache=True, budget_bytes=self.budget_bytes)
             self.scheduler.attach(self.net, batch_size=batch)
         self.step_s: list[float] = []
         self.step_cpu_s: list[float] = []
@@ -120,6 +124,7 @@ class _Run:
         if self.scheduler is not None:
             stats = self.scheduler.stats[self.measured_from:]
             result.update(
+                budget_bytes=self.budget_bytes,
                 offload=summarize([s.offload_s for s in stats]),
                 onload=summarize([s.onload_s for s in stats]),
                 stall=summarize([s.stall_s for s in stats]),
@@ -197,16 +202,18 @@ def run_bench(
     rss_steps: int = 2,
     progress: Any = None,
     variant: str | None = None,
+    budget: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per batch size: the no-offload and offload runs merged into one record (see ``format_*``);
-    ``variant`` (cifar | imagenet) for the models that have one, None: by image size."""
+    ``variant`` (cifar | imagenet) for the models that have one, None: by image size; ``budget``:
+    ``--offload-budget`` (bytes, or a share of what the step keeps without offload: "0.3x")."""
     from models import resolve_variant
 
     variant = resolve_variant(model, variant, image_size)
     results = []
     for batch in batch_sizes:
         base = {"model": model, "batch_size": batch, "image_size": image_size, "backend": backend,
-                "directory": directory, "variant": variant}
+                "directory": directory, "variant": variant, "budget": budget}
         if progress:
             progress(f"{model} batch size {batch}: both runs, steps interleaved")
         plain, offload = _spawn({**base, "windows": [None, window], "steps": steps, "warmup": warmup})["runs"]
@@ -221,6 +228,8 @@ def run_bench(
             "variant": variant,
             "image_size": image_size,
             "window": window,
+            "budget": budget,
+            "budget_bytes": offload.get("budget_bytes"),
             "steps": steps,
             "step_ms_no_offload": plain["step_ms"],
             "step_ms_offload": offload["step_ms"],
@@ -256,6 +265,16 @@ def run_bench(
 
 def _model_label(r: dict[str, Any]) -> str:
     return f"{r['model']} ({r['variant']})" if r.get("variant") else r["model"]
+
+
+def _offload_label(r: dict[str, Any]) -> str:
+    """"offload N=4", and the budget when there was one: "offload N=4, budget 0.3x (118.0 MiB)"."""
+    label = f"offload N={r['window']}"
+    if r.get("budget_bytes"):
+        given = str(r.get("budget"))
+        label += f", budget {given} ({_mib(r['budget_bytes'])})" if given.lower().endswith("x") else \
+            f", budget {_mib(r['budget_bytes'])}"
+    return label
 
 
 def _mib(nbytes: float) -> str:
@@ -295,7 +314,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     """The seed's layout: per batch size, key / avg / min / max / sum in microseconds, then the summary."""
     out = []
     for r in results:
-        out.append(f"{_model_label(r)} {r['image_size']}x{r['image_size']}, offload N={r['window']}, "
+        out.append(f"{_model_label(r)} {r['image_size']}x{r['image_size']}, {_offload_label(r)}, "
                    f"{r['steps']} steps")
         out.append("unit: microseconds")
         out.append(f"batch size: {r['batch_size']}")
@@ -312,7 +331,7 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
     out = []
     for r in results:
         out.append(f"**{_model_label(r)} {r['image_size']}×{r['image_size']}, batch size {r['batch_size']}, "
-                   f"offload N={r['window']}, {r['steps']} steps** (µs)")
+                   f"{_offload_label(r)}, {r['steps']} steps** (µs)")
         out.append("")
         out.append("| key | avg | min | max | sum |")
         out.append("|---|---:|---:|---:|---:|")

@@ -178,6 +178,34 @@ def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, bud
     return session
 
 
+def parse_budget(text: str) -> tuple[str, float]:
+    """``--offload-budget`` of ``engine bench`` and ``engine memory``: ("bytes", n) for "120MB", or
+    ("share", f) for "0.3x" (of what the step keeps for backward without offload); ValueError names it."""
+    text = str(text).strip()
+    if text.lower().endswith("x"):
+        try:
+            value = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"--offload-budget takes bytes (e.g. 120MB) or a share like 0.3x, got {text!r}") from None
+        kind = "share"
+    else:
+        from engine.offload.storage import parse_bytes
+
+        value, kind = parse_bytes(text), "bytes"
+    if not value > 0:
+        raise ValueError(f"--offload-budget must be positive, got {text!r}")
+    return kind, value
+
+
+def budget_bytes_for(text: str | None, net: Any, batch_size: int) -> int | None:
+    """The budget ``parse_budget`` reads, in bytes for ``net`` at ``batch_size``: a share ("0.3x") of
+    ``offloadable_resident_bytes``, so one value means the same share for every model and batch size."""
+    if text is None:
+        return None
+    kind, value = parse_budget(text)
+    return int(value * offloadable_resident_bytes(net, batch_size)) if kind == "share" else int(value)
+
+
 def offloadable_resident_bytes(net: Any, batch_size: int) -> int:
     """The bytes of ACTIVATIONS and FF_CACHE a step holds without offload: the planned arena's peak for them.
 
@@ -196,7 +224,7 @@ def offloadable_resident_bytes(net: Any, batch_size: int) -> int:
     return int(net.arena_plan(batch_size, (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)).planned_peak)
 
 
-def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
+def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | None = None) -> dict[str, Any]:
     """The planned peak of one training step with and without offload (``engine memory --offload-n``).
 
     Without offload: ``net.memory_report``'s liveness plan. With offload: the same long-lived blocks,
@@ -215,7 +243,12 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
     rest = max(sum(b.nbytes for b in kept if b.first <= moment <= b.last) + scratch[moment]
                for moment in range(program.moments))
     units, _, steps = program_units(program)
-    plan = build_plan(units, window, steps, recompute_candidates(program, units))
+    candidates = recompute_candidates(program, units)
+    plan = build_plan(units, window, steps, candidates, budget_bytes)
+    window_only = build_plan(units, window, steps, candidates) if budget_bytes is not None else plan
+    if plan.arena_bytes > (budget_bytes or plan.arena_bytes):
+        raise ValueError(f"--offload-n {window} needs {format_bytes(plan.arena_bytes)} of resident memory, more than "
+                         f"--offload-budget {format_bytes(budget_bytes)}: lower N or raise the budget")
     swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     layers = []
@@ -225,10 +258,13 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
         source = ""
         if unit.recompute is not None:
             source = " + ".join(program.node_names[key[0]] for key in unit.recompute.source_units)
+        # kept by the budget: the window alone would have written it (plan.keep_within)
+        by_budget = unit.decision == "keep" and window_only.units[unit.key].decision == "swap"
         layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
-                       "bytes": unit.nbytes, "decision": unit.decision, "from": source})
+                       "bytes": unit.nbytes, "decision": unit.decision, "from": source, "by_budget": by_budget})
     return {
         "window": window,
+        "budget_bytes": budget_bytes,
         "planned_peak_bytes_no_offload": report.planned_peak_bytes,
         "planned_peak_bytes_offload": long_lived + rest + plan.arena_bytes,
         "long_lived_bytes": long_lived,
@@ -239,6 +275,7 @@ def planned_peaks(net: Any, batch_size: int, window: int) -> dict[str, int]:
         "offload_lower_bound_bytes": plan.lower_bound_bytes,
         "swap_file_bytes": plan.file_bytes,
         "written_per_step_bytes": plan.offloaded_bytes,
+        "written_per_step_bytes_window_only": window_only.offloaded_bytes,
         "written_per_step_bytes_swap_only": swap_only.offloaded_bytes,
         "recomputed_per_step_bytes": sum(u.nbytes for u in plan.recomputed),
         "layers": layers,
@@ -251,12 +288,19 @@ def plan_layers_table(peaks: dict[str, Any]) -> Table:
     A ``Table`` of engine/report.py like every other table a command prints: bytes through
     ``format_bytes``, and no cell cut on a narrow terminal (a long "recompute from a + b" stays whole).
     """
-    table = Table(f"saved for backward per layer, offload N={peaks['window']}",
+    budget = peaks.get("budget_bytes")
+    title = f"saved for backward per layer, offload N={peaks['window']}"
+    table = Table(title + (f", budget {format_bytes(budget)}" if budget else ""),
                   ["layer", "tensors", "bytes", "decision"], right={2})
     for row in peaks["layers"]:
         decision = row["decision"] + (f" from {row['from']}" if row["from"] else "")
+        decision += " (budget)" if row.get("by_budget") else ""
         table.add_row(row["layer"], ",".join(row["tensors"]), format_bytes(row["bytes"]), decision)
     table.notes.append(f"written per step: {format_bytes(peaks['written_per_step_bytes'])} with recompute, "
                        f"{format_bytes(peaks['written_per_step_bytes_swap_only'])} if all of it were swapped; "
                        f"{format_bytes(peaks['recomputed_per_step_bytes'])} rebuilt before backward instead")
+    if budget:
+        table.notes.append(f"the budget keeps the units marked (budget) resident: "
+                           f"{format_bytes(peaks['written_per_step_bytes_window_only'])} written per step "
+                           f"with the window alone")
     return table

@@ -136,6 +136,41 @@ def test_engine_memory_shows_keep_swap_recompute_per_layer():
     assert any(row[2].endswith(" KiB") for row in table.rows)  # not "0.00" MiB: the one byte rule
 
 
+def test_engine_memory_shows_what_a_budget_keeps():
+    """``--offload-budget``: the units kept beyond the window are marked, fewer bytes are written, the
+    planned arena stays within the budget; a budget below the window's needs, or without a window, is refused."""
+    arguments = ["memory", "--model", "resnet18", "--image-size", "8", "--batch-size", "2", "--offload-n", "1"]
+    plain = json.loads(CliRunner().invoke(main, [*arguments, "--json"]).output)["offload"]
+    result = CliRunner().invoke(main, [*arguments, "--offload-budget", "0.6x", "--json"])
+    assert result.exit_code == 0, result.output
+    offload = json.loads(result.output)["offload"]
+    assert offload["budget_bytes"] == int(0.6 * plain["offloadable_bytes_no_offload"])
+    assert plain["offload_arena_bytes"] < offload["offload_arena_bytes"] <= offload["budget_bytes"]
+    assert offload["written_per_step_bytes"] < offload["written_per_step_bytes_window_only"]
+    assert offload["written_per_step_bytes_window_only"] == plain["written_per_step_bytes"]
+    kept = [row for row in offload["layers"] if row["by_budget"]]
+    assert kept and all(row["decision"] == "keep" for row in kept)
+    text = CliRunner().invoke(main, [*arguments, "--offload-budget", "0.6x"]).output
+    assert "keep (budget)" in text and "budget" in text.splitlines()[0] + text
+    for budget, message in (("1KB", "more than --offload-budget"), ("x", "bytes (e.g. 120MB) or a share"),
+                            ("-0.5x", "must be positive")):
+        refused = CliRunner().invoke(main, [*arguments, "--offload-budget", budget])
+        assert refused.exit_code != 0 and message in refused.output, refused.output
+    alone = CliRunner().invoke(main, arguments[:-2] + ["--offload-budget", "0.5x"])
+    assert alone.exit_code != 0 and "goes with --offload-n" in alone.output
+
+
+def test_bench_runs_with_a_budget_and_names_it():
+    from engine.bench.offload import run_worker
+
+    config = {"model": "mlp", "batch_size": 4, "image_size": 8, "backend": "cpu", "directory": None,
+              "windows": [1], "steps": 1, "warmup": 1, "budget": "0.95x"}
+    (run,) = run_worker(config)["runs"]
+    assert run["budget_bytes"] > 0 and run["bound_bytes"] <= run["budget_bytes"]
+    refused = CliRunner().invoke(main, ["bench", "--model", "mlp", "--batch-size", "4", "--offload-budget", "lots"])
+    assert refused.exit_code != 0 and "cannot read 'lots' as a size" in refused.output
+
+
 def test_config_takes_the_verify_mode():
     assert OffloadConfig.from_options("2", None, None, verify="header").verify == "header"
     with pytest.raises(ValueError, match="--offload-verify must be one of full, header, off"):
