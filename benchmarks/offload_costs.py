@@ -397,8 +397,9 @@ def main() -> None:
             written_mib = float(np.mean([s.bytes_written for s in stats])) / 2**20
             saver = float(np.mean([s.offload_cpu_s for s in stats]))
             loader = float(np.mean([s.onload_cpu_s for s in stats]))
-            row += (f"{written_mib:>12.1f}{1e3 * saver:>9.1f}{1e6 * saver / written_mib:>7.0f}{1e3 * loader:>10.1f}"
-                    f"{1e6 * loader / written_mib:>7.0f}{1e3 * np.mean([s.stall_s for s in stats]):>9.1f}"
+            per_mib = 1e6 / written_mib if written_mib > 0 else 0.0  # nothing written: a budget kept it all
+            row += (f"{written_mib:>12.1f}{1e3 * saver:>9.1f}{saver * per_mib:>7.0f}{1e3 * loader:>10.1f}"
+                    f"{loader * per_mib:>7.0f}{1e3 * np.mean([s.stall_s for s in stats]):>9.1f}"
                     f"{1e3 * np.mean([s.recompute_s for s in stats]):>11.1f}"
                     f"{max(s.peak_resident_bytes for s in stats) / 2**20:>13.1f}")
             if "recompute" in run:
