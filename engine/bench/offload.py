@@ -184,6 +184,8 @@ def _spawn(config: dict[str, Any]) -> dict[str, Any]:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     process = subprocess.run([sys.executable, "-m", "engine.bench.offload", "--worker", json.dumps(config)],
                              capture_output=True, text=True, env=env)
+    if process.returncode == REFUSED:  # the configuration cannot run (a budget below N's needs): its one line
+        raise ValueError(f"{config['model']} batch size {config['batch_size']}: {process.stderr.strip()}")
     if process.returncode != 0:
         raise RuntimeError(f"benchmark run {config} failed:\n{process.stderr.strip()[-2000:]}")
     return json.loads(process.stdout.strip().splitlines()[-1])
@@ -343,12 +345,22 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+REFUSED = 3  # the worker's exit status when the scheduler refuses the configuration (one line on stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from engine.offload.scheduler import OffloadError
+
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "--worker":
         print("usage: python -m engine.bench.offload --worker JSON (engine bench runs this)", file=sys.stderr)
         return 2
-    print(json.dumps(run_worker(json.loads(argv[1]))))
+    try:
+        result = run_worker(json.loads(argv[1]))
+    except OffloadError as exc:
+        print(exc, file=sys.stderr)
+        return REFUSED
+    print(json.dumps(result))
     return 0
 
 

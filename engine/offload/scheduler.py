@@ -159,8 +159,15 @@ through the kernels it delays. Tried and dropped this session:
 - keeping more units resident with the headroom the memory goal leaves (0.30x; today 0.16x), an
   upper bound measured without building it (``keep:ROLE --blocks '1|2|3'``): the depthwise batch
   norms' outputs of blocks 1-3 kept, 206 -> 127 MiB written, 63 -> 86 MiB resident, 360.2 -> 349.0 ms
-  (1.297 -> 1.256x); the expand ones, 176 MiB written, 93 MiB resident, 354.3 ms. Not built: a fixed
-  N promises N layers resident (DESIGN.md), and 4% is what 80 MiB of memory buys.
+  (1.297 -> 1.256x); the expand ones, 176 MiB written, 93 MiB resident, 354.3 ms. Not built then: a
+  fixed N promises N layers resident (DESIGN.md). Built since for a byte budget
+  (``--offload-budget``, ``plan.keep_within``): what the window leaves of the budget keeps the largest
+  swapped units whole, then ReLU outputs; a fixed N without a budget keeps exactly its window.
+  ``offload_costs.py --configs n4,budget:0.3,budget:0.6,budget:1.2`` (MobileNetV2 batch 32, one
+  process): 1.494x (206 MiB written, stall 25.5 ms), 1.278x (96.5 MiB, 1.0 ms, 117 MiB resident),
+  1.068x (nothing written, 13.8 ms of rebuilds), 1.017x (everything kept, no rebuild); ResNet-18 batch
+  32 ``budget:1.2``: 1.025x with 3.9 ms of hooks, against ``noio`` 1.061x with 13.1 ms. So with the
+  disk's time gone, what is left of the cost is the rebuilds and ~2% of bookkeeping.
 
 What the IO's extra cost is made of (``offload_costs.py``'s ``spin``, ``memfile``, ``sleep`` and
 ``unpinned`` configurations, figures in ``engine.offload.affinity``): not the hypervisor (steal 0-4
@@ -716,7 +723,8 @@ class OffloadScheduler:
             if self.budget_bytes is not None and fixed.arena_bytes > self.budget_bytes:
                 raise OffloadError(
                     f"--offload-n {self.window} needs {format_bytes(fixed.arena_bytes)} of resident memory, more "
-                    f"than --offload-budget {format_bytes(self.budget_bytes)}; the budget allows N={self.max_window}"
+                    f"than --offload-budget {format_bytes(self.budget_bytes)}; the budget allows "
+                    f"N={self._window_limit(batch_size)}"
                 )
         # Room for the largest window this run may use (pages are touched only as the window needs them);
         # with a budget, any window's plan fills it up to the budget (and never past every unit's bytes).

@@ -190,6 +190,9 @@ def test_byte_budget_alone_takes_four_layers_and_keeps_units_with_the_rest(cpu, 
     with OffloadScheduler(cpu, None, budget_bytes=1, directory=str(tmp_path)) as scheduler:
         with pytest.raises(OffloadError, match="budget .* below what the smallest window needs"):
             scheduler.attach(net, batch_size=2)
+    with OffloadScheduler(cpu, 4, budget_bytes=one.arena_bytes, directory=str(tmp_path)) as scheduler:
+        with pytest.raises(OffloadError, match=r"--offload-n 4 needs .* the budget allows N=[123]$"):
+            scheduler.attach(net, batch_size=2)
     net.close()
 
 

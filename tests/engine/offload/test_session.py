@@ -169,6 +169,11 @@ def test_bench_runs_with_a_budget_and_names_it():
     assert run["budget_bytes"] > 0 and run["bound_bytes"] <= run["budget_bytes"]
     refused = CliRunner().invoke(main, ["bench", "--model", "mlp", "--batch-size", "4", "--offload-budget", "lots"])
     assert refused.exit_code != 0 and "cannot read 'lots' as a size" in refused.output
+    refused = CliRunner().invoke(main, ["bench", "--model", "mlp", "--batch-size", "4", "--offload-budget", "0.01x",
+                                        "--steps", "1", "--warmup", "1"])
+    assert refused.exit_code != 0 and "below what the smallest window needs" in refused.output
+    errors = [line for line in refused.output.splitlines() if not line.startswith("... ")]  # not the progress
+    assert "Traceback" not in refused.output and len(errors) == 1 and errors[0].startswith("Error: mlp batch size 4:")
 
 
 def test_config_takes_the_verify_mode():
