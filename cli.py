@@ -305,8 +305,9 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
 @click.option("--offload-budget", "offload_budget", default=None,
-              help="Resident bytes for the offload window (e.g. 256MB), or 'auto' (the cgroup limit or available RAM "
-                   "less everything else; --offload-n auto uses it too); alone, picks the largest N that fits.")
+              help="Resident bytes for the offload plan (e.g. 256MB), a share of what the step keeps without offload "
+                   "(e.g. 0.3x), or 'auto' (the cgroup limit or available RAM less everything else; --offload-n auto "
+                   "uses it too); what the window leaves of it keeps units instead of writing them; alone, N=4.")
 @click.option("--offload-dir", "offload_dir", default=None, type=click.Path(file_okay=False),
               help="Where the private swap directory goes (default: the system temp directory).")
 @click.option("--offload-params", "offload_params", is_flag=True,
@@ -468,14 +469,16 @@ def train(
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
     from engine.offload.budget import DoesNotFit, describe_fit, resolve_budget  # imagenet issue: budget 'auto'
-    from engine.offload.session import session_from_options
+    from engine.offload.session import budget_bytes_for, session_from_options
 
+    budget_option = offload_options["offload_budget"]
     try:
-        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
-                                     offload_options["offload_budget"])
-    except DoesNotFit as exc:
+        if budget_option is not None and str(budget_option).strip().lower().endswith("x"):  # issue 11: a share
+            budget_option = str(budget_bytes_for(budget_option, net, batch_size))
+        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"], budget_option)
+    except (DoesNotFit, ValueError) as exc:
         fail(str(exc))
-    if fit is not None and budget != offload_options["offload_budget"]:
+    if fit is not None and budget != budget_option:
         click.echo(describe_fit(fit))
     try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],

@@ -185,6 +185,11 @@ class OffloadPlan:
     total_bytes: int  # every unit's bytes: what stays resident for a whole step without offload
     file_bytes: int  # size of the swap file (every unit a backward reads has a place in it)
     predecessors: dict[tuple[tuple[int, str], int], tuple[tuple[tuple[int, str], int], ...]] = field(repr=False)
+    kept: frozenset[tuple[int, str]] = frozenset()  # units a byte budget keeps that the window would not (keep_within)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self.units[key].nbytes for key in self.kept)
 
     @property
     def offloaded(self) -> list[UnitPlan]:
@@ -385,6 +390,7 @@ def plan_with_chains(units: Sequence[UnitSpec], window: int, steps: int, recompu
         total_bytes=sum(u.footprint for u in units),
         file_bytes=file_bytes,
         predecessors=_predecessors(plans.values()),
+        kept=frozenset(key for key in kept if key in plans and not spans[key][1] and key not in chosen),
     ), chains
 
 

@@ -1352,7 +1352,9 @@ def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None) -> s
     baseline = plan.total_bytes if no_offload_bytes is None else no_offload_bytes
     return (f"window {plan.window}: resident saved-for-backward peak {format_bytes(plan.arena_bytes)} planned "
             f"(lower bound {format_bytes(plan.lower_bound_bytes)}), without offload {format_bytes(baseline)}; "
-            f"{len(plan.offloaded)} of {len(plan.units)} units written, swap file {format_bytes(plan.file_bytes)}")
+            f"{len(plan.offloaded)} of {len(plan.units)} units written"
+            + (f" ({len(plan.kept)} kept by the budget, {format_bytes(plan.kept_bytes)})" if plan.kept else "")
+            + f", swap file {format_bytes(plan.file_bytes)}")
 
 
 __all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "cpu_per_mib", "offload_summary"]

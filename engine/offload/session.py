@@ -258,8 +258,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
         source = ""
         if unit.recompute is not None:
             source = " + ".join(program.node_names[key[0]] for key in unit.recompute.source_units)
-        # kept by the budget: the window alone would have written it (plan.keep_within)
-        by_budget = unit.decision == "keep" and window_only.units[unit.key].decision == "swap"
+        by_budget = unit.key in plan.kept  # the window alone would have written or rebuilt it (plan.keep_within)
         layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
                        "bytes": unit.nbytes, "decision": unit.decision, "from": source, "by_budget": by_budget})
     return {

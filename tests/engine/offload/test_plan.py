@@ -133,6 +133,7 @@ def test_a_budget_keeps_the_largest_swapped_units_resident_within_it():
     kept = {k for k, u in plan.units.items() if u.decision == "keep"} - {
         k for k, u in base.units.items() if u.decision == "keep"}
     assert kept and kept <= {u.key for u in base.offloaded} | {u.key for u in base.recomputed}
+    assert plan.kept == kept and not base.kept and plan.kept_bytes == sum(plan.units[k].nbytes for k in kept)
     assert kept & {u.key for u in base.offloaded}  # swapped units first: they save the disk's bytes
     assert {u.key for u in plan.recomputed} <= {u.key for u in base.recomputed}
     for key in kept:

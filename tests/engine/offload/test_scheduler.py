@@ -212,6 +212,9 @@ def test_a_budget_keeps_units_resident_with_the_same_bits_and_fewer_bytes_writte
     assert all(s.bound_bytes <= budget and s.peak_resident_bytes <= budget for s in stats)
     assert 0 < stats[-1].bytes_written < 0.8 * plain[-1].bytes_written
     assert any(u.decision == "keep" and base.units[u.key].decision == "swap" for u in scheduler._plan.units.values())
+    from engine.offload.scheduler import offload_summary
+
+    assert f"{len(scheduler._plan.kept)} kept by the budget" in offload_summary(scheduler._plan)
 
 
 def test_io_thread_ids_are_the_saver_and_the_loader(cpu, tmp_path):

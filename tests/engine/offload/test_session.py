@@ -176,6 +176,17 @@ def test_bench_runs_with_a_budget_and_names_it():
     assert "Traceback" not in refused.output and len(errors) == 1 and errors[0].startswith("Error: mlp batch size 4:")
 
 
+def test_engine_train_takes_a_budget_as_a_share(tmp_path):
+    arguments = ["train", "--model", "cnn", "--steps", "2", "--batch-size", "8", "--no-progress",
+                 "--offload-dir", str(tmp_path)]
+    result = CliRunner().invoke(main, [*arguments, "--offload-n", "1", "--offload-budget", "0.8x"])
+    assert result.exit_code == 0, result.output
+    plan_line = next(line for line in result.output.splitlines() if line.startswith("offload: window 1"))
+    assert "kept by the budget" in plan_line
+    refused = CliRunner().invoke(main, [*arguments, "--offload-budget", "zx"])
+    assert refused.exit_code != 0 and "share like 0.3x" in refused.output and "Traceback" not in refused.output
+
+
 def test_config_takes_the_verify_mode():
     assert OffloadConfig.from_options("2", None, None, verify="header").verify == "header"
     with pytest.raises(ValueError, match="--offload-verify must be one of full, header, off"):
