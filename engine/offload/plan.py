@@ -300,7 +300,7 @@ def keep_within(plan: OffloadPlan, units: Sequence[UnitSpec], recompute: Mapping
     81 MiB arena, N=12 202.1 MiB with 150 MiB, N=32 193.0 MiB with 217 MiB; ResNet-18: 82.1 MiB at
     48 MiB, 79.1 at 80, 68.0 at 124. A unit kept whole costs its bytes at the turn (every kept unit
     is live there) and removes the same bytes from the disk's writes and reads, whichever unit it
-    is, so the largest go first: the fewest units, the fewest IO calls saved. Each is taken when the
+    is, so the largest go first: the fewest units (and IO calls) for the bytes. Each is taken when the
     plan with it still fits (first fit is not monotone in what it places). Then, with what is left,
     the recomputed units (ReLU outputs): keeping one saves the executor its rebuild pass (~75 µs per
     MiB here), less per byte than a swap saves (the IO threads' ~60 µs per MiB each way, about as much
@@ -308,9 +308,10 @@ def keep_within(plan: OffloadPlan, units: Sequence[UnitSpec], recompute: Mapping
     units and the chains stay as ``build_plan`` chose them. Keeping changes no arithmetic: the same
     bytes are read, from memory instead of the disk, or the ReLU's output as its forward wrote it.
     """
-    kept: frozenset[tuple[int, str]] = frozenset()
     def by_size(unit: UnitPlan) -> tuple[int, int, tuple[int, str]]:
         return (-unit.nbytes, unit.spec.created, unit.key)
+
+    kept: frozenset[tuple[int, str]] = frozenset()
 
     for unit in sorted(plan.offloaded, key=by_size) + sorted(plan.recomputed, key=by_size):
         trial, _ = plan_with_chains(units, plan.window, plan.steps, recompute, chained, kept | {unit.key}, links=False)

@@ -179,8 +179,9 @@ def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, bud
 
 
 def parse_budget(text: str) -> tuple[str, float]:
-    """``--offload-budget`` of ``engine bench`` and ``engine memory``: ("bytes", n) for "120MB", or
-    ("share", f) for "0.3x" (of what the step keeps for backward without offload); ValueError names it."""
+    """``--offload-budget`` as ``engine train``, ``bench`` and ``memory`` take it besides "auto": ("bytes", n)
+    for "120MB", or ("share", f) for "0.3x" (of what the step keeps for backward without offload,
+    ``budget_bytes_for``); a ValueError names what is wrong."""
     text = str(text).strip()
     if text.lower().endswith("x"):
         try:
