@@ -1393,7 +1393,7 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
             pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
     elif kind == "stem":  # v36: image shares, as the im2col weight gradient
         with blas_on_calling_thread:
-            sum_image_shares(dw, scratch, threads, x.shape[0], conv_stem.weight_share(x, dout))
+            sum_image_shares(dw, scratch, threads, x.shape[0], conv_stem.weight_share(x, dout, STEM_WEIGHT_K_BLOCK))
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])

@@ -8,7 +8,7 @@ of CPU and the weight gradient's 5.0–5.7 s (``_backward_weight_images`` 5.1 s 
 every variant of the general path, tiles of several images, gathers, in-place accumulation, output-channel
 blocks). This module does what those paths do on a stem, and only that: each image's 27 rows of columns
 (``_columns``: one flat copy per tap, ``columns.row_same``), then one sgemm ``out[n] (K × P) = W (K × 27) @
-cols`` per image, or ``dW += dout[n] @ colsᵀ`` in blocks of ≤ ``STEM_K_BLOCK`` output channels (v26 measured
+cols`` per image, or ``dW += dout[n] @ colsᵀ`` in blocks of ≤ ``conv.STEM_WEIGHT_K_BLOCK`` output channels (v26 measured
 the weight gradient's 32-row blocks at ~100 GFLOP/s against ~56 for 64). Same shapes, same sgemm: the same
 bits as the im2col path.
 Backward-data is never called on a network's input and stays on the general path.
@@ -42,9 +42,6 @@ from kernels.cpu.threads import chunk_count, run_chunks
 
 MAX_CHANNELS = 4
 """Input channels at most: the stems (3). Wider inputs are ordinary convolutions."""
-
-STEM_K_BLOCK = 32
-"""Output channels per sgemm (``conv.STEM_WEIGHT_K_BLOCK``'s figures)."""
 
 
 def supported(x_shape: tuple, w_shape: tuple, stride: int, pad: int, groups: int) -> bool:
@@ -124,11 +121,12 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch
     run_chunks(work, chunks, threads)
 
 
-def weight_share(x, dout) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
-    """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``."""
+def weight_share(x, dout, k_block: int) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
+    """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``,
+    in sgemms of ≤ ``k_block`` output channels (``conv.STEM_WEIGHT_K_BLOCK``: v26's measured block)."""
     dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1)
 
     def share(first: int, last: int, acc, mine) -> None:
-        weight_images(x, dout_flat, c_out, first, last, STEM_K_BLOCK, acc.reshape(-1), mine[:size])
+        weight_images(x, dout_flat, c_out, first, last, k_block, acc.reshape(-1), mine[:size])
 
     return share
