@@ -468,17 +468,15 @@ def train(
 
     # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
-    from engine.offload.budget import DoesNotFit, describe_fit, resolve_budget  # imagenet issue: budget 'auto'
-    from engine.offload.session import budget_bytes_for, session_from_options
+    from engine.offload.budget import describe_fit, resolve_budget  # imagenet issue: budget 'auto'
+    from engine.offload.session import session_from_options
 
-    budget_option = offload_options["offload_budget"]
     try:
-        if budget_option is not None and str(budget_option).strip().lower().endswith("x"):  # issue 11: a share
-            budget_option = str(budget_bytes_for(budget_option, net, batch_size))
-        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"], budget_option)
-    except (DoesNotFit, ValueError) as exc:
+        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
+                                     offload_options["offload_budget"])
+    except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         fail(str(exc))
-    if fit is not None and budget != budget_option:
+    if fit is not None and budget == str(fit.arena_budget):  # the budget is the machine's: say where it came from
         click.echo(describe_fit(fit))
     try:
         offload = session_from_options(net, batch_size, offload_options["offload_n"],

@@ -271,11 +271,12 @@ def _model_label(r: dict[str, Any]) -> str:
 
 def _offload_label(r: dict[str, Any]) -> str:
     """"offload N=4", and the budget when there was one: "offload N=4, budget 0.3x (118.0 MiB)"."""
+    from engine.offload.session import parse_budget
+
     label = f"offload N={r['window']}"
     if r.get("budget_bytes"):
-        given = str(r.get("budget"))
-        label += f", budget {given} ({_mib(r['budget_bytes'])})" if given.lower().endswith("x") else \
-            f", budget {_mib(r['budget_bytes'])}"
+        given = f"{r['budget']} (" if parse_budget(r["budget"])[0] == "share" else ""
+        label += f", budget {given}{_mib(r['budget_bytes'])}" + (")" if given else "")
     return label
 
 

@@ -155,10 +155,17 @@ def resolve_budget(net: Any, batch_size: int, optimizer: Any, prefetch: int, off
     """The ``--offload-budget`` to use and the fit it came from, for ``engine train``.
 
     ``--offload-budget auto``, or ``--offload-n auto`` without a budget: the window's bytes under the
-    limit. Without offload options the run is checked to fit. Raises DoesNotFit before the first step.
-    On device backends nothing is checked (the fit is None): host limits do not bound device memory.
+    limit (the budget returned is then ``str(fit.arena_budget)``). A share ("0.3x",
+    ``session.parse_budget``) becomes bytes of this network at this batch size. Without offload options
+    the run is checked to fit. Raises DoesNotFit before the first step (ValueError for a malformed
+    budget). On device backends nothing is checked (the fit is None): host limits do not bound device memory.
     """
     from engine.data.prefetch import ring_bytes
+    from engine.offload.session import budget_bytes_for, parse_budget
+
+    if offload_budget is not None and str(offload_budget).strip().lower() != "auto" \
+            and parse_budget(offload_budget)[0] == "share":
+        offload_budget = str(budget_bytes_for(offload_budget, net, batch_size))
 
     auto = str(offload_budget).strip().lower() == "auto" or (
         offload_budget is None and str(offload_n).strip().lower() == "auto")

@@ -183,6 +183,7 @@ def test_engine_train_takes_a_budget_as_a_share(tmp_path):
     assert result.exit_code == 0, result.output
     plan_line = next(line for line in result.output.splitlines() if line.startswith("offload: window 1"))
     assert "kept by the budget" in plan_line
+    assert "offload window budget" not in result.output  # the user's share, not the machine's budget line
     refused = CliRunner().invoke(main, [*arguments, "--offload-budget", "zx"])
     assert refused.exit_code != 0 and "share like 0.3x" in refused.output and "Traceback" not in refused.output
 
