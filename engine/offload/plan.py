@@ -27,7 +27,7 @@ the plan decides how much can overlap, the waits make it safe whatever the timin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -288,6 +288,48 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
     if budget_bytes is not None and plan.arena_bytes < budget_bytes:
         plan = keep_within(plan, units, recompute or {}, taken, budget_bytes)
     return plan
+
+
+def largest_window(units: Sequence[UnitSpec], plan_at: Callable[[int], OffloadPlan], budget_bytes: int | None,
+                   min_window: int = 1) -> int:
+    """The largest useful window: past it nothing is written any more, or (with a budget) the window's own
+    plan (``plan_at(N)``, no units kept for the budget) needs more arena than the budget: bisected, the arena
+    grows with the window."""
+    # A unit is written while backward_start - N > forward_end + N + 1 (occupations_for).
+    gaps = [u.backward_start - u.forward_end - 1 for u in units if u.backward_start is not None]
+    nothing_written = max([min_window] + [(gap + 1) // 2 for gap in gaps])
+    if budget_bytes is None:
+        return nothing_written
+    low, high = min_window, nothing_written
+    while low < high:
+        middle = (low + high + 1) // 2
+        if plan_at(middle).arena_bytes <= budget_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def budget_refusal(units: Sequence[UnitSpec], plan_at: Callable[[int], OffloadPlan], budget_bytes: int,
+                   window: int | None, min_window: int = 1, batch_size: int | None = None) -> str | None:
+    """Why ``budget_bytes`` cannot hold the run, in one line that says what to do, or None when it can: the
+    smallest window's plan does not fit, or the fixed ``window``'s does not (naming the largest that does).
+    The scheduler and ``engine memory`` refuse with these same words."""
+    def size(nbytes: int) -> str:
+        from engine.report import format_bytes  # the one byte formatter (offload.storage's for the CLI too)
+
+        return format_bytes(nbytes)
+
+    smallest = plan_at(min_window).arena_bytes
+    if smallest > budget_bytes:
+        at = f" at batch size {batch_size}" if batch_size is not None else ""
+        return (f"offload budget {size(budget_bytes)} is below what the smallest window needs{at}: {size(smallest)} "
+                f"(window {min_window}); raise --offload-budget or lower the batch size")
+    if window is not None and plan_at(window).arena_bytes > budget_bytes:
+        return (f"--offload-n {window} needs {size(plan_at(window).arena_bytes)} of resident memory, more than "
+                f"--offload-budget {size(budget_bytes)}; the budget allows "
+                f"N={largest_window(units, plan_at, budget_bytes, min_window)}")
+    return None
 
 
 def keep_within(plan: OffloadPlan, units: Sequence[UnitSpec], recompute: Mapping[tuple[int, str], Recompute],

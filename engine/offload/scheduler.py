@@ -261,7 +261,9 @@ from engine.offload.plan import (
     TensorSpec,
     UnitPlan,
     UnitSpec,
+    budget_refusal,
     build_plan,
+    largest_window,
     program_units,
     recompute_candidates,
 )
@@ -530,7 +532,6 @@ class OffloadScheduler:
         else:
             self.window = self.min_window if window is None else int(window)
         self.max_window: int | None = None
-        self._floor = self.min_window  # auto's smallest window (BUDGET_WINDOW under a budget, prepare)
         self.stats: History[StepStats] = History(1024)  # the latest steps; len() counts all (issue 14)
         self.storage: SwapStorage | None = None
         self.net: OffloadTarget | None = None
@@ -675,36 +676,24 @@ class OffloadScheduler:
                                           self.budget_bytes if key[2] else None)
         return self._plans[key]
 
-    def _window_limit(self, batch_size: int) -> int:
-        """The largest useful window: past it nothing is written any more, or the budget is exceeded."""
-        self.plan_for(batch_size, self.min_window, fill=False)
-        # A unit is written while backward_start - N > forward_end + N + 1 (plan.occupations_for).
-        gaps = [u.backward_start - u.forward_end - 1 for u in self._unit_specs if u.backward_start is not None]
-        nothing_written = max([self.min_window] + [(gap + 1) // 2 for gap in gaps])
-        if self.budget_bytes is None:
-            return nothing_written
-        low, high = self.min_window, nothing_written  # the arena grows with the window: bisect on the budget
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self.plan_for(batch_size, middle, fill=False).arena_bytes <= self.budget_bytes:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+    def _window_plan(self, batch_size: int) -> Callable[[int], OffloadPlan]:
+        """Window -> the window's own plan (cached, no units kept for the budget): what budgets are checked on."""
+        return lambda window: self.plan_for(batch_size, window, fill=False)
 
     def prepare(self, batch_size: int) -> OffloadPlan:
         """Plan for ``batch_size``, size the arena, create the swap file (free-space check included)."""
         if self._program_for is None:
             raise OffloadError("attach(net) before prepare()")
         plan = self.plan_for(batch_size, self.min_window, fill=False)
-        if self.budget_bytes is not None and plan.arena_bytes > self.budget_bytes:
-            raise OffloadError(
-                f"offload budget {format_bytes(self.budget_bytes)} is below what the smallest window needs at batch "
-                f"size {batch_size}: {format_bytes(plan.arena_bytes)} (window {self.min_window}); raise "
-                f"--offload-budget or lower the batch size"
-            )
+        if self.budget_bytes is not None:
+            fixed = None if self.adaptive or self.requested_window is None else self.window
+            refusal = budget_refusal(self._unit_specs, self._window_plan(batch_size), self.budget_bytes, fixed,
+                                     self.min_window, batch_size)
+            if refusal is not None:
+                raise OffloadError(refusal)
         if self.adaptive or self.requested_window is None:
-            self.max_window = self._window_limit(batch_size)
+            self.max_window = largest_window(self._unit_specs, self._window_plan(batch_size), self.budget_bytes,
+                                             self.min_window)
         else:
             self.max_window = self.window
         if self.requested_window is None:  # a byte budget alone: N=4 (or less to fit), the rest keeps units
@@ -716,16 +705,7 @@ class OffloadScheduler:
                 # what the executor waits for (room), and growing back writes more (``_growing_helps``):
                 # MobileNetV2 batch 32 with 0.3x settled at N=1, stall 36.8 ms, 1.303x, against N=4's
                 # 0.5 ms and 1.246x; ResNet-18 at N=2, stall 21.9 ms.
-                self._floor = max(self.min_window, min(BUDGET_WINDOW, self.max_window))
                 self.window = max(self.window, self._floor)
-        elif not self.adaptive:
-            fixed = self.plan_for(batch_size, self.window, fill=False)
-            if self.budget_bytes is not None and fixed.arena_bytes > self.budget_bytes:
-                raise OffloadError(
-                    f"--offload-n {self.window} needs {format_bytes(fixed.arena_bytes)} of resident memory, more "
-                    f"than --offload-budget {format_bytes(self.budget_bytes)}; the budget allows "
-                    f"N={self._window_limit(batch_size)}"
-                )
         # Room for the largest window this run may use (pages are touched only as the window needs them);
         # with a budget, any window's plan fills it up to the budget (and never past every unit's bytes).
         if self.adaptive and self.budget_bytes is not None:
@@ -1110,6 +1090,13 @@ class OffloadScheduler:
         if self.window != previous:
             log.info("offload window %d -> %d (stall %.1f ms, saver busy %.1f ms, loader busy %.1f ms)",
                      previous, self.window, 1e3 * stats.stall_s, 1e3 * stats.offload_s, 1e3 * stats.onload_s)
+
+    @property
+    def _floor(self) -> int:
+        """``auto``'s smallest window: ``min_window``, or under a budget the budget's window (``prepare``: why)."""
+        if self.budget_bytes is None or self.max_window is None:
+            return self.min_window
+        return max(self.min_window, min(BUDGET_WINDOW, self.max_window))
 
     def _growing_helps(self) -> bool:
         """Whether a window one larger writes no more bytes than this one. Without a budget it never

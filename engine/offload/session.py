@@ -234,7 +234,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     FF_CACHE buffer a node makes.
     """
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import build_plan, program_units, recompute_candidates
+    from engine.offload.plan import budget_refusal, build_plan, program_units, recompute_candidates
 
     report = net.memory_report(batch_size)
     program = net.program(batch_size)
@@ -245,11 +245,13 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
                for moment in range(program.moments))
     units, _, steps = program_units(program)
     candidates = recompute_candidates(program, units)
+    if budget_bytes is not None:  # the scheduler's own refusal, in its words
+        refusal = budget_refusal(units, lambda n: build_plan(units, n, steps, candidates), budget_bytes, window,
+                                 batch_size=batch_size)
+        if refusal is not None:
+            raise ValueError(refusal)
     plan = build_plan(units, window, steps, candidates, budget_bytes)
     window_only = build_plan(units, window, steps, candidates) if budget_bytes is not None else plan
-    if plan.arena_bytes > (budget_bytes or plan.arena_bytes):
-        raise ValueError(f"--offload-n {window} needs {format_bytes(plan.arena_bytes)} of resident memory, more than "
-                         f"--offload-budget {format_bytes(budget_bytes)}: lower N or raise the budget")
     swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     layers = []

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -152,10 +153,14 @@ def test_engine_memory_shows_what_a_budget_keeps():
     assert kept and all(row["decision"] == "keep" for row in kept)
     text = CliRunner().invoke(main, [*arguments, "--offload-budget", "0.6x"]).output
     assert "keep (budget)" in text and "budget" in text.splitlines()[0] + text
-    for budget, message in (("1KB", "more than --offload-budget"), ("x", "bytes (e.g. 120MB) or a share"),
+    for budget, message in (("1KB", "below what the smallest window needs"), ("x", "bytes (e.g. 120MB) or a share"),
                             ("-0.5x", "must be positive")):
         refused = CliRunner().invoke(main, [*arguments, "--offload-budget", budget])
         assert refused.exit_code != 0 and message in refused.output, refused.output
+    # a window the budget cannot hold: the scheduler's words, naming the window that fits
+    wider = CliRunner().invoke(main, [*arguments[:-1], "4", "--offload-budget", str(plain["offload_arena_bytes"])])
+    allowed = re.search(r"the budget allows N=(\d+)$", wider.output.strip())
+    assert wider.exit_code != 0 and "--offload-n 4 needs" in wider.output and allowed and 1 <= int(allowed[1]) < 4
     alone = CliRunner().invoke(main, arguments[:-2] + ["--offload-budget", "0.5x"])
     assert alone.exit_code != 0 and "goes with --offload-n" in alone.output
 
