@@ -117,6 +117,12 @@ def test_chained_rebuilds_are_taken_only_where_the_arena_does_not_grow():
         units, 4, steps, candidates, frozenset())[0].offloaded)
 
 
+def base_chains(plan):
+    """The chained rebuilds ``build_plan`` took: recomputed units whose source is rebuilt itself."""
+    rebuilt = {u.key for u in plan.recomputed}
+    return frozenset(u.key for u in plan.recomputed if set(u.recompute.source_units) & rebuilt)
+
+
 def test_a_budget_keeps_the_largest_swapped_units_resident_within_it():
     """``build_plan(..., budget_bytes)``: past the window's arena, swapped units stay resident whole,
     largest first, while the arena fits; the window, the rebuilds and the chains stay as without it."""
@@ -140,9 +146,12 @@ def test_a_budget_keeps_the_largest_swapped_units_resident_within_it():
         unit = plan.units[key]
         assert unit.file_offset is None and unit.recompute is None and len(unit.occupations) == 1
         assert (unit.occupations[0].start, unit.occupations[0].end) == (unit.spec.created, unit.spec.backward_end)
-    # largest first: no swapped unit is larger than a kept one that followed it in size and still fit
-    largest_swapped = max((u.nbytes for u in plan.offloaded), default=0)
-    assert largest_swapped <= max(plan.units[k].nbytes for k in kept) or plan.arena_bytes + largest_swapped > budget
+    # largest first: the largest swapped unit is tried first, with nothing kept yet; it fits alone, so it is kept
+    largest = min(base.offloaded, key=lambda u: (-u.nbytes, u.spec.created, u.key))
+    alone, _ = plan_with_chains(units, 4, steps, candidates, base_chains(base), frozenset({largest.key}))
+    assert alone.arena_bytes <= budget and largest.key in plan.kept
+    smallest = min(base.offloaded, key=lambda u: (u.nbytes, u.spec.created))
+    assert smallest.nbytes < largest.nbytes and smallest.key not in plan.kept  # the budget ran out before it
     assert build_plan(units, 4, steps, candidates, base.arena_bytes).offloaded_bytes == base.offloaded_bytes
     everything = build_plan(units, 4, steps, candidates, base.total_bytes)
     assert not everything.offloaded  # a budget that holds every unit writes nothing,
