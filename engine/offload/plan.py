@@ -36,6 +36,7 @@ import numpy as np
 
 from engine.memory.array_type import ArrayType
 from engine.memory.planner import first_fit
+from engine.report import format_bytes
 
 ALIGN = 64  # tensor alignment inside a unit, as the workspaces use
 PAGE = 4096  # unit alignment in the swap file: page-cache drops and O_DIRECT work on whole pages
@@ -315,11 +316,7 @@ def budget_refusal(units: Sequence[UnitSpec], plan_at: Callable[[int], OffloadPl
     """Why ``budget_bytes`` cannot hold the run, in one line that says what to do, or None when it can: the
     smallest window's plan does not fit, or the fixed ``window``'s does not (naming the largest that does).
     The scheduler and ``engine memory`` refuse with these same words."""
-    def size(nbytes: int) -> str:
-        from engine.report import format_bytes  # the one byte formatter (offload.storage's for the CLI too)
-
-        return format_bytes(nbytes)
-
+    size = format_bytes
     smallest = plan_at(min_window).arena_bytes
     if smallest > budget_bytes:
         at = f" at batch size {batch_size}" if batch_size is not None else ""

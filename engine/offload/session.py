@@ -245,13 +245,15 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
                for moment in range(program.moments))
     units, _, steps = program_units(program)
     candidates = recompute_candidates(program, units)
+    window_only = build_plan(units, window, steps, candidates)  # the window's own plan
     if budget_bytes is not None:  # the scheduler's own refusal, in its words
-        refusal = budget_refusal(units, lambda n: build_plan(units, n, steps, candidates), budget_bytes, window,
-                                 batch_size=batch_size)
+        def plan_at(n: int) -> Any:
+            return window_only if n == window else build_plan(units, n, steps, candidates)
+
+        refusal = budget_refusal(units, plan_at, budget_bytes, window, batch_size=batch_size)
         if refusal is not None:
             raise ValueError(refusal)
-    plan = build_plan(units, window, steps, candidates, budget_bytes)
-    window_only = build_plan(units, window, steps, candidates) if budget_bytes is not None else plan
+    plan = build_plan(units, window, steps, candidates, budget_bytes) if budget_bytes is not None else window_only
     swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     layers = []
