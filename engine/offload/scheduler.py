@@ -27,7 +27,9 @@ kernel handed such a tensor raises instead of reading someone else's bytes.
 
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
-waited and both IO threads were idle most of the time, it shrinks; never past the byte budget.
+waited and both IO threads were idle most of the time, it shrinks; never past the byte budget. Under a
+budget, not below ``BUDGET_WINDOW`` and not to a window that writes more (the budget, not the window,
+keeps units: ``plan.keep_within``).
 With ``"auto"`` (``predict_leads``; a fixed N keeps exactly its window unless asked) the loader predicts each unit's
 load time from the read bandwidth it measured (bytes read / loader busy time, averaged over steps)
 and the unit's bytes, and starts the load that many timeline steps ahead (timed by the executor in
