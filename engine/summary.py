@@ -91,7 +91,12 @@ def offload_table(offload: dict[str, Any]) -> Table:
     table = Table(f"offload ({over})", ["what", "value"], show_header=False)
     window = f"{offload['window']}"
     if offload["requested"] == "auto":
-        history = ", ".join(f"{h['window']} from step {h['step']}" for h in offload["window_history"])
+        kept = offload["window_history"]
+        history = ", ".join(f"{h['window']} from step {h['step']}" for h in kept)
+        if offload.get("window_changes", len(kept)) > len(kept):  # only the first changes and the last are kept
+            history = ", ".join(f"{h['window']} from step {h['step']}" for h in kept[:-1])
+            last = kept[-1]
+            history += f", … ({offload['window_changes']} in all), {last['window']} from step {last['step']}"
         window += f" (auto: {history}; per step in --memory-log)"
     elif offload["requested"] == "budget":
         window += " (the largest that fits --offload-budget)"

@@ -89,7 +89,9 @@ class _Run:
         self.step_cpu_s: list[float] = []
         self.forward_backward_s: list[float] = []
         self.offloadable_peak = 0
-        self.measured_from = 0
+        # the measured steps' scheduler stats, kept here: the scheduler's own history keeps only its
+        # latest 1,024 steps, and a bench as long as the user asks must not index past it
+        self.measured_stats: list[Any] = []
 
     def step(self, measured: bool) -> None:
         from engine.memory import ArrayType
@@ -103,8 +105,9 @@ class _Run:
         self.optimizer.step()
         self.backend.synchronize()
         if not measured:
-            self.measured_from = len(self.scheduler.stats) if self.scheduler else 0
             return
+        if self.scheduler is not None:
+            self.measured_stats.append(self.scheduler.stats[-1])
         self.step_s.append(time.perf_counter() - started)
         self.step_cpu_s.append(time.process_time() - cpu_started)
         self.forward_backward_s.append(backward_done - started)
@@ -122,7 +125,7 @@ class _Run:
             "forward_backward": summarize(self.forward_backward_s),
         }
         if self.scheduler is not None:
-            stats = self.scheduler.stats[self.measured_from:]
+            stats = self.measured_stats
             result.update(
                 budget_bytes=self.budget_bytes,
                 offload=summarize([s.offload_s for s in stats]),

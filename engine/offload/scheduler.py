@@ -386,6 +386,53 @@ class StepStats:
 
 
 @dataclass
+class StepTotals:
+    """Sums and peaks of ``StepStats`` over every step added, exact however long the run.
+
+    The per-step ``History`` keeps only the latest 1,024 steps (issue 14: a long run must not grow);
+    figures over the whole run are kept here as running values instead. Before, the training summary
+    averaged ``stats[1:]`` and every offload run past 1,024 steps crashed at its end with an IndexError
+    and lost its ``--save`` (issue 31). ``window_changes`` is bounded too: the first
+    ``WINDOW_CHANGES_KEPT`` changes and the latest one, with ``window_changes_total`` counting all.
+    """
+
+    WINDOW_CHANGES_KEPT = 32
+
+    steps: int = 0
+    stall_s: float = 0.0
+    io_cpu_s: float = 0.0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    peak_resident_bytes: int = 0
+    bound_bytes: int = 0
+    page_cache_bytes: int = -1  # the most sampled; -1 while none was sampled
+    window_changes: list[tuple[int, int]] = field(default_factory=list)  # (step, window), first kept ones
+    window_changes_total: int = 0
+    last_window_change: tuple[int, int] | None = None
+
+    def add(self, s: StepStats) -> None:
+        if self.last_window_change is None or s.window != self.last_window_change[1]:
+            self.last_window_change = (s.step, s.window)
+            self.window_changes_total += 1
+            if len(self.window_changes) < self.WINDOW_CHANGES_KEPT:
+                self.window_changes.append(self.last_window_change)
+        self.steps += 1
+        self.stall_s += s.stall_s
+        self.io_cpu_s += s.offload_cpu_s + s.onload_cpu_s
+        self.bytes_written += s.bytes_written
+        self.bytes_read += s.bytes_read
+        self.peak_resident_bytes = max(self.peak_resident_bytes, s.peak_resident_bytes)
+        self.bound_bytes = max(self.bound_bytes, s.bound_bytes)
+        self.page_cache_bytes = max(self.page_cache_bytes, s.page_cache_bytes)
+
+    def changes(self) -> list[tuple[int, int]]:
+        """The window changes kept: the first ones, and the latest if it was not among them."""
+        if self.last_window_change is not None and self.window_changes_total > len(self.window_changes):
+            return [*self.window_changes, self.last_window_change]
+        return list(self.window_changes)
+
+
+@dataclass
 class _Unit:
     """Run-time state of one unit in the current step."""
 
@@ -488,6 +535,7 @@ class OffloadScheduler:
         predict_leads: bool | None = None,
         executor_checks: bool = True,
         io_cpus: str | Iterable[int] | None = "auto",
+        history: int = 1024,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -534,7 +582,9 @@ class OffloadScheduler:
         else:
             self.window = self.min_window if window is None else int(window)
         self.max_window: int | None = None
-        self.stats: History[StepStats] = History(1024)  # the latest steps; len() counts all (issue 14)
+        self.stats: History[StepStats] = History(history)  # the latest steps; len() counts all (issue 14)
+        self.totals = StepTotals()  # every step, exact (the training summary's figures)
+        self.steady_totals = StepTotals()  # every step after the first (the first plans and warms the file)
         self.storage: SwapStorage | None = None
         self.net: OffloadTarget | None = None
         self.mgr: ProviderHost | None = None
@@ -1040,6 +1090,9 @@ class OffloadScheduler:
         stats.offload_cpu_us_per_mib = cpu_per_mib(stats.offload_cpu_s, stats.bytes_written)
         stats.onload_cpu_us_per_mib = cpu_per_mib(stats.onload_cpu_s, stats.bytes_read)
         self.stats.append(stats)
+        self.totals.add(stats)
+        if stats.step > 0:
+            self.steady_totals.add(stats)
         log.info("offload step %d: window %d, resident peak %s of %s bound (%d layers), stall %.1f ms, "
                  "written %s, read %s", stats.step, stats.window, format_bytes(stats.peak_resident_bytes),
                  format_bytes(stats.bound_bytes), stats.peak_resident_units, 1e3 * stats.stall_s,

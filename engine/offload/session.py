@@ -126,26 +126,25 @@ class OffloadSession:
         (mincore), the most over the steps: O_DIRECT keeps it at 0 where the file system allows it.
         """
         scheduler = self.scheduler
-        if scheduler is None or not scheduler.stats:
+        if scheduler is None or not scheduler.totals.steps:
             return None
-        stats = scheduler.stats
-        steady = stats[1:] if len(stats) > 1 else stats
-        changes = [(s.step, s.window) for i, s in enumerate(stats) if i == 0 or s.window != stats[i - 1].window]
-        sampled = [s.page_cache_bytes for s in stats if s.page_cache_bytes >= 0]
+        totals = scheduler.totals
+        steady = scheduler.steady_totals if scheduler.steady_totals.steps else totals  # one step: that step
         return {
             "requested": str(self.config.window) if self.config.window is not None else "budget",
-            "window": stats[-1].window,
-            "window_history": [{"step": step, "window": window} for step, window in changes],
-            "steps": len(stats),
-            "steps_averaged": len(steady),
-            "stall_ms_per_step": 1e3 * sum(s.stall_s for s in steady) / len(steady),
-            "io_cpu_ms_per_step": 1e3 * sum(s.offload_cpu_s + s.onload_cpu_s for s in steady) / len(steady),
-            "written_bytes_per_step": int(sum(s.bytes_written for s in steady) / len(steady)),
-            "read_bytes_per_step": int(sum(s.bytes_read for s in steady) / len(steady)),
-            "resident_peak_bytes": max(s.peak_resident_bytes for s in stats),
-            "bound_bytes": max(s.bound_bytes for s in stats),
+            "window": scheduler.stats[-1].window,
+            "window_history": [{"step": step, "window": window} for step, window in totals.changes()],
+            "window_changes": totals.window_changes_total,
+            "steps": totals.steps,
+            "steps_averaged": steady.steps,
+            "stall_ms_per_step": 1e3 * steady.stall_s / steady.steps,
+            "io_cpu_ms_per_step": 1e3 * steady.io_cpu_s / steady.steps,
+            "written_bytes_per_step": int(steady.bytes_written / steady.steps),
+            "read_bytes_per_step": int(steady.bytes_read / steady.steps),
+            "resident_peak_bytes": totals.peak_resident_bytes,
+            "bound_bytes": totals.bound_bytes,
             "no_offload_bytes": self.no_offload_bytes,
-            "page_cache_bytes": max(sampled) if sampled else None,
+            "page_cache_bytes": totals.page_cache_bytes if totals.page_cache_bytes >= 0 else None,
         }
 
     def stop(self, trainer: OffloadHost) -> None:
