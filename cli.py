@@ -7,7 +7,6 @@ Each command imports the engine lazily, inside its body: `engine --help` stays i
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 
@@ -326,221 +325,106 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="F for --averaging parameters.")
 @_abort_on_error_in_ranks
 # --- end of data parallel options ---
-def train(
-    model: str,
-    data_spec: str,
-    num_classes: int | None,
-    batch_size: int,
-    epochs: int | None,
-    steps: int | None,
-    lr: float | None,
-    lr_schedule: str,
-    optimizer: str,
-    momentum: float,
-    nesterov: bool,
-    weight_decay: float,
-    seed: int,
-    backend_name: str,
-    workspace_mode: str,
-    weights: str | None,
-    save: str | None,
-    resume: str | None,
-    memory_log: str | None,
-    memory_plot: str | None,
-    summary_json: str | None,
-    no_shuffle: bool,
-    augment: bool,
-    threads: int | None,
-    prefetch: int,
-    gc_every: int,
-    progress: bool,
-    workers: int | None = None,
-    averaging: str = "gradients",
-    averaging_frequency: int = 1,
-    image_size: int | None = None,
-    variant: str | None = None,
-    checkpoint_every: int = 0,
-    override: str = "",
-    update_after_backward: bool = False,
-    **offload_options,
-) -> None:
+def train(**params) -> None:
     """Train a model; prints a progress bar and a summary.
 
     Start with: engine train --model resnet18 --offload-n 4   (digits, one epoch; --model cnn takes seconds)
     """
-    backend = select_backend(backend_name)  # first: cudasim must be switched on before numba is imported
+    from engine.train_options import TrainOptions
+
+    options = TrainOptions.from_cli(params)  # every check of the options alone, before anything starts
+    backend = select_backend(options.backend)  # first: cudasim must be switched on before numba is imported
     from engine.signals import StopSignals
 
     stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
     click.get_current_context().call_on_close(stop.restore)
     # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
-    world = _parallel_world(workers, "train")
+    world = _parallel_world(options.parallel.workers, "train")
     K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
+    threads = options.threads
     if world is not None:
         from engine.parallel.wrapper import DataParallel
 
         threads = threads if threads is not None else world.threads_per_rank()
         try:
-            parallel = DataParallel(world, averaging, averaging_frequency)
+            parallel = DataParallel(world, options.parallel.averaging, options.parallel.frequency)
         except ValueError as exc:
             fail(str(exc))
-        if averaging == "parameters" and offload_options["offload_params"]:
-            fail("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
+        options.check_parallel()
     # --- end of data parallel ---
     _set_threads(threads)
-    if checkpoint_every and not save:
-        fail("--checkpoint-every writes the --save file: give --save FILE too")
-    if override and not resume:
-        fail("--override names options that may differ from a --resume checkpoint: give --resume FILE too")
-    if epochs is not None and steps is not None:
-        fail("give --epochs or --steps, not both")
-    if weights and resume:
-        fail("--resume restores the weights itself; give --weights or --resume, not both")
-    if workspace_mode == "none" and (offload_options["offload_n"] or offload_options["offload_budget"]):
-        fail("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode enabled")
-    epochs = 1 if epochs is None and steps is None else epochs
     early_workers = None
     if backend.name == "cpu" and world is None:  # a cold cache's warm-up workers start now, beside the set-up
         # (after the checks of the options alone: a mistyped command fails at once, without spawning them)
         from engine.warmup import start_workers
 
-        early_workers = start_workers(model)
+        early_workers = start_workers(options.model)
 
-    from engine.checkpoint import CheckpointError, load_weights, read_checkpoint, restore, save_checkpoint
+    from engine.checkpoint import save_checkpoint
     from engine.memory.monitor import MemoryMonitor
-    from engine.optim import make_optimizer
-    from engine.schedule import make_schedule
     from engine.summary import render_training_summary
     from engine.train import ProgressListener, Trainer, TrainingDiverged
 
-    data = _load_data(data_spec, num_classes, seed, image_size)
+    data = _load_data(options.data, options.num_classes, options.seed, options.image_size)
     if K > 1 and data.name == "imagefolder":
         fail(f"--workers {K} with --data imagefolder: not supported yet (the sharded batch source reads in-memory "
              "data sets); train image folders in one process")
-    if batch_size < 1 or batch_size * K > len(data.y_train):
+    if options.batch_size * K > len(data.y_train):
         fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
-             + (f" divided by {K} workers" if K > 1 else "") + f", got {batch_size}")
-    net = _build_network(model, data, backend, seed, workspace_mode, variant)
-    run = {"model": model, "data": data_spec, "batch_size": batch_size, "seed": seed,
-           "shuffle": not no_shuffle, "augment": augment, "num_classes": data.num_classes}
-    if net.variant:  # imagenet issue: which of torchvision's two shapes ran
-        run["variant"] = net.variant
-
-    total_steps = steps if steps is not None else epochs * (len(data.y_train) // (batch_size * K))
-    lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 1e-3)
-    # hyper-parameters a resume must not change silently (issue 14); saved beside `run` in checkpoints
-    hyper = {"optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule, "momentum": momentum,
-             "nesterov": nesterov, "weight_decay": weight_decay}
-    if lr_schedule in ("cosine", "step"):  # their learning rate at step s depends on the run's length
-        hyper["steps"] = total_steps
-    checkpoint = None
-    try:
-        if resume:
-            from engine.checkpoint import check_resume
-
-            checkpoint = read_checkpoint(resume)
-            check_resume(checkpoint, {**run, **hyper}, tuple(o.strip() for o in override.split(",") if o.strip()),
-                         known=("steps",))
-        elif weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
-            loaded = load_weights(weights, net, fresh_classifier=True)
-            if loaded.redrawn:
-                click.echo(f"{weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
-                           f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
-    except CheckpointError as exc:
-        fail(str(exc))
-
-    try:
-        schedule = make_schedule(lr_schedule, lr, total_steps)
-        opt = make_optimizer(optimizer, net, backend, schedule, momentum=momentum, weight_decay=weight_decay,
-                             nesterov=nesterov, manager=net.mgr)
-    except ValueError as exc:
-        fail(str(exc))
-    start_step = 0
-    if checkpoint is not None:
-        try:
-            start_step = restore(checkpoint, net, opt)
-        except CheckpointError as exc:
-            fail(str(exc))
-    if K == 1 and not offload_options["offload_params"] and not update_after_backward:
-        from engine.optim import update_in_backward  # why, and what needs the whole block instead: its docstring
-
-        update_in_backward(net, opt)  # before the budget and the summary read the GRADIENTS block
-
-    # --- offload (offload issue): build the scheduler from offload_options here, pass it as offload= ---
-    from engine.offload import OffloadError, OffloadStorageError, offload_summary
-    from engine.offload.budget import describe_fit, resolve_budget  # imagenet issue: budget 'auto'
-    from engine.offload.session import session_from_options
-
-    try:
-        budget, fit = resolve_budget(net, batch_size, opt, prefetch, offload_options["offload_n"],
-                                     offload_options["offload_budget"])
-    except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
-        fail(str(exc))
-    if fit is not None and budget == str(fit.arena_budget):  # the budget is the machine's: say where it came from
-        click.echo(describe_fit(fit))
-    try:
-        offload = session_from_options(net, batch_size, offload_options["offload_n"],
-                                       budget, offload_options["offload_dir"],
-                                       offload_options["offload_params"], offload_options["offload_verify"])
-    except (ValueError, OffloadError, OffloadStorageError) as exc:
-        fail(str(exc))
-    if offload is not None and root:
-        click.echo(f"offload: {offload_summary(offload.scheduler.plan_for(batch_size), offload.no_offload_bytes)}"
-                   + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
-    # --- end of offload ---
-
+             + (f" divided by {K} workers" if K > 1 else "") + f", got {options.batch_size}")
+    net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant)
+    total_steps = options.total_steps(len(data.y_train), K)
+    run, hyper = options.run_record(data.num_classes, net.variant), options.hyper(total_steps)
+    checkpoint = _read_initial_weights(options, net, data, run, hyper)
+    schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K)
+    offload = _offload_session(options, net, opt, root)
     from engine.checkpoint import checkpoint_nbytes
-    from engine.validate import check_output_path
 
-    outputs = {"--save": (save, checkpoint_nbytes(net, opt)), "--summary-json": (summary_json, 0),
-               "--memory-log": (memory_log, 0), "--memory-plot": (memory_plot, 0)}
-    for option, (path, nbytes) in outputs.items():
-        if path:  # before the first step: a run must not train for hours and then fail to write
-            check_output_path(option, path, nbytes)
-    if memory_plot and os.path.splitext(memory_plot)[1].lower() not in (".png", ".pdf", ".svg"):
-        fail(f"--memory-plot {memory_plot}: give a .png, .pdf or .svg file name")
+    options.outputs.check_writable(checkpoint_nbytes(net, opt))
     stop.check("before the first step")
 
     from engine.summary import make_console
 
     console = make_console()
     console.quiet = not root  # data parallel: rank 0 alone speaks
-    shown = f"{model} ({net.variant} variant)" if net.variant else model
+    shown = f"{options.model} ({net.variant} variant)" if net.variant else options.model
     console.print(f"[bold]{shown}[/bold] on {data.describe()}; backend {backend.name}, "
-                  f"{net.num_parameters:,} parameters, {optimizer} lr {schedule(start_step):g} ({lr_schedule})")
+                  f"{net.num_parameters:,} parameters, {options.optimizer} lr {schedule(start_step):g} "
+                  f"({options.lr_schedule})")
     from engine.info import blas_pin_advice
 
     if blas_pin_advice():
         console.print(f"[yellow]note:[/yellow] {blas_pin_advice()}", markup=True, highlight=False)
     # --- data parallel (issue 12) ---
     if parallel is not None:
-        console.print(f"{parallel.describe(batch_size)}; {threads} thread(s) per rank")
+        console.print(f"{parallel.describe(options.batch_size)}; {threads} thread(s) per rank")
     saved_workers = (checkpoint.json("workers") or 1) if checkpoint is not None else K
     if saved_workers != K:
-        console.print(f"[yellow]note:[/yellow] {resume} was written with {saved_workers} worker(s), this run has {K}: "
-                      f"the global batch changed, so the run continues at step {start_step}, but not bit for bit as "
-                      "an uninterrupted run", markup=True, highlight=False)
+        console.print(f"[yellow]note:[/yellow] {options.resume} was written with {saved_workers} worker(s), this run "
+                      f"has {K}: the global batch changed, so the run continues at step {start_step}, but not bit for "
+                      "bit as an uninterrupted run", markup=True, highlight=False)
     # --- end of data parallel ---
     if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
         from engine.warmup import warm_for_training
 
-        warm_for_training(net.graph, optimizer, model, pool=early_workers)
-    monitor = MemoryMonitor(net.mgr, path=memory_log if root else None)
+        warm_for_training(net.graph, options.optimizer, options.model, pool=early_workers)
+    outputs = options.outputs
+    monitor = MemoryMonitor(net.mgr, path=outputs.memory_log if root else None)
     from engine.guard import CheckpointWriter, guarded_fit
 
     def write_checkpoint(path: str, trainer: Trainer) -> None:
         save_checkpoint(path, net, opt, step=trainer.step,
                         metadata={"run": {**run, **hyper}, **({"workers": K} if K > 1 else {})})
 
-    swap_dirs = (offload_options["offload_dir"] or tempfile.gettempdir(),) if offload else ()
-    writer = CheckpointWriter(save if root else None, write_checkpoint, fault_dirs=swap_dirs,  # rank 0 writes
-                              state_on_disk=bool(offload_options["offload_params"]))
+    swap_dirs = (options.offload.directory or tempfile.gettempdir(),) if offload else ()
+    writer = CheckpointWriter(outputs.save if root else None, write_checkpoint, fault_dirs=swap_dirs,  # rank 0 writes
+                              state_on_disk=options.offload.params)
     try:
-        trainer = Trainer(
-            net, opt, data, batch_size=batch_size, steps=total_steps, shuffle=not no_shuffle, augment=augment,
-            seed=seed, prefetch=prefetch, listeners=[ProgressListener(console, workers=K)] if progress and root else [],
-            monitor=monitor, gc_every=gc_every, start_step=start_step, offload=offload, parallel=parallel, stop=stop,
-            checkpoint_every=checkpoint_every if root else 0, on_checkpoint=lambda t: write_checkpoint(save, t),
+        trainer = Trainer.from_options(
+            options, net, opt, data, steps=total_steps, start_step=start_step, monitor=monitor, offload=offload,
+            parallel=parallel, stop=stop,
+            listeners=[ProgressListener(console, workers=K)] if options.progress and root else [],
+            on_checkpoint=(lambda t: write_checkpoint(outputs.save, t)) if root else None,  # rank 0 writes
         )
         result = guarded_fit(trainer, writer)
     except (ValueError, TrainingDiverged) as exc:
@@ -549,29 +433,111 @@ def train(
         monitor.close()
     if not root:  # data parallel: rank 0 alone writes
         return
-    if save:
-        write_checkpoint(save, trainer)
+    if outputs.save:
+        write_checkpoint(outputs.save, trainer)
     render_training_summary(result, console)
-    written = []  # every file this run wrote, named
-    if memory_log:
-        written.append(f"memory log {memory_log} ({sum(monitor.phase_samples.values())} lines)")
-    if memory_plot:
-        monitor.plot(memory_plot, peak_rss=(result.peak_rss_bytes, result.peak_rss_phase))
-        written.append(f"memory plot {memory_plot}")
-    if save:
-        written.append(f"checkpoint {save} (step {trainer.step})")
-    if summary_json:
-        summary = {**result.as_dict(), **run, "backend": backend.name, "threads": threads}
-        if parallel is not None:  # data parallel
-            summary.update(workers=K, global_batch_size=K * batch_size, averaging=averaging,
-                           averaging_frequency=averaging_frequency)
+    _write_outputs(options, result, trainer, monitor, console,
+                   {**run, "backend": backend.name, "threads": threads, **_parallel_fields(options, parallel, K)})
+    stop.check("at the end of the run", "the run finished and its results were written")
+
+
+def _read_initial_weights(options, net, data, run: dict, hyper: dict):
+    """The --resume checkpoint (checked against this run; restored later, with the optimizer), or the
+    --weights loaded into ``net``; returns the checkpoint or None."""
+    from engine.checkpoint import CheckpointError, check_resume, load_weights, read_checkpoint
+
+    try:
+        if options.resume:
+            checkpoint = read_checkpoint(options.resume)
+            check_resume(checkpoint, {**run, **hyper}, options.override, known=("steps",))
+            return checkpoint
+        if options.weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
+            loaded = load_weights(options.weights, net, fresh_classifier=True)
+            if loaded.redrawn:
+                click.echo(f"{options.weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
+                           f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
+    except CheckpointError as exc:
+        fail(str(exc))
+    return None
+
+
+def _make_optimizer(options, net, backend, total_steps: int, checkpoint, workers: int):
+    """The schedule, the optimizer (state restored from ``checkpoint``) and the step the run starts at."""
+    from engine.checkpoint import CheckpointError, restore
+    from engine.optim import make_optimizer
+    from engine.schedule import make_schedule
+
+    try:
+        schedule = make_schedule(options.lr_schedule, options.lr, total_steps)
+        opt = make_optimizer(options.optimizer, net, backend, schedule, momentum=options.momentum,
+                             weight_decay=options.weight_decay, nesterov=options.nesterov, manager=net.mgr)
+    except ValueError as exc:
+        fail(str(exc))
+    start_step = 0
+    if checkpoint is not None:
+        try:
+            start_step = restore(checkpoint, net, opt)
+        except CheckpointError as exc:
+            fail(str(exc))
+    if workers == 1 and not options.offload.params and not options.update_after_backward:
+        from engine.optim import update_in_backward  # why, and what needs the whole block instead: its docstring
+
+        update_in_backward(net, opt)  # before the budget and the summary read the GRADIENTS block
+    return schedule, opt, start_step
+
+
+def _offload_session(options, net, opt, root: bool):
+    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None."""
+    from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.budget import describe_fit, resolve_budget  # imagenet issue: budget 'auto'
+    from engine.offload.session import session_from_options
+
+    chosen = options.offload
+    try:
+        budget, fit = resolve_budget(net, options.batch_size, opt, options.prefetch, chosen.n, chosen.budget)
+    except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
+        fail(str(exc))
+    if fit is not None and budget == str(fit.arena_budget):  # the budget is the machine's: say where it came from
+        click.echo(describe_fit(fit))
+    try:
+        offload = session_from_options(net, options.batch_size, chosen.n, budget, chosen.directory, chosen.params,
+                                       chosen.verify)
+    except (ValueError, OffloadError, OffloadStorageError) as exc:
+        fail(str(exc))
+    if offload is not None and root:
+        plan = offload.scheduler.plan_for(options.batch_size)
+        click.echo(f"offload: {offload_summary(plan, offload.no_offload_bytes)}"
+                   + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
+    return offload
+
+
+def _parallel_fields(options, parallel, workers: int) -> dict:
+    """The summary JSON's data-parallel fields (none in one process)."""
+    if parallel is None:
+        return {}
+    return {"workers": workers, "global_batch_size": workers * options.batch_size,
+            "averaging": options.parallel.averaging, "averaging_frequency": options.parallel.frequency}
+
+
+def _write_outputs(options, result, trainer, monitor, console, summary_fields: dict) -> None:
+    """The memory plot and the summary JSON, then one line per file this run wrote."""
+    outputs = options.outputs
+    written = []
+    if outputs.memory_log:
+        written.append(f"memory log {outputs.memory_log} ({sum(monitor.phase_samples.values())} lines)")
+    if outputs.memory_plot:
+        monitor.plot(outputs.memory_plot, peak_rss=(result.peak_rss_bytes, result.peak_rss_phase))
+        written.append(f"memory plot {outputs.memory_plot}")
+    if outputs.save:
+        written.append(f"checkpoint {outputs.save} (step {trainer.step})")
+    if outputs.summary_json:
         from engine.validate import write_output
 
-        write_output("--summary-json", summary_json, json.dumps(summary, indent=2))
-        written.append(f"summary {summary_json}")
+        write_output("--summary-json", outputs.summary_json, json.dumps({**result.as_dict(), **summary_fields},
+                                                                        indent=2))
+        written.append(f"summary {outputs.summary_json}")
     for line in written:
         console.print(f"wrote {line}", markup=False, highlight=False)
-    stop.check("at the end of the run", "the run finished and its results were written")
 
 
 @main.command(name="eval")

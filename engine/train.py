@@ -37,6 +37,7 @@ from engine.evaluate import Evaluation, evaluate
 from engine.memory.monitor import GcPolicy, MemoryMonitor
 from engine.network import Network
 from engine.optim import Optimizer
+from engine.train_options import TrainOptions
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -382,6 +383,16 @@ class Trainer:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         self.checkpoint_every = checkpoint_every
         self.on_checkpoint = on_checkpoint
+
+    @classmethod
+    def from_options(cls, options: TrainOptions, net: Network, optimizer: Optimizer, data: Dataset, *,
+                     steps: int, **runtime: Any) -> Trainer:
+        """The trainer ``engine train`` asked for: batches, shuffling, augmentation, seed, prefetch, GC and
+        rolling checkpoints from ``options``; ``steps`` (resolved against the data) and what exists only at
+        run time (listeners, monitor, offload session, parallel plugin, stop signals, on_checkpoint) given."""
+        return cls(net, optimizer, data, batch_size=options.batch_size, steps=steps, shuffle=options.shuffle,
+                   augment=options.augment, seed=options.seed, prefetch=options.prefetch, gc_every=options.gc_every,
+                   checkpoint_every=options.outputs.checkpoint_every, **runtime)
 
     # -- one step -----------------------------------------------------------------------------------
 

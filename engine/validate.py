@@ -80,6 +80,22 @@ def number(
     return callback
 
 
+def parse_window(text: str | int | None, option: str = "--offload-n") -> int | str | None:
+    """``--offload-n``: a positive integer, 'auto', or None; OptionError (exit 2, like any bad option) else."""
+    if text is None:
+        return None
+    value = str(text).strip().lower()
+    if value == "auto":
+        return "auto"
+    try:
+        window = int(value)
+    except ValueError:
+        raise OptionError(f"{option} must be a positive integer or 'auto', got {text!r}") from None
+    if window < 1:
+        raise OptionError(f"{option} must be at least 1 (layers kept in memory), got {window}")
+    return window
+
+
 def check_num_classes(num_classes: int, where: str = "--num-classes") -> int:
     """2..MAX_CLASSES classes (a classifier of one class has nothing to learn)."""
     if num_classes < 2 or num_classes > MAX_CLASSES:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from engine.offload.scheduler import OffloadScheduler, OffloadTarget
 from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
 from engine.report import Table, format_bytes
+from engine.validate import parse_window
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,7 @@ class OffloadConfig:
             if params:
                 raise ValueError("--offload-params goes with --offload-n N|auto or --offload-budget BYTES")
             return None
-        window: int | str | None = None
-        if n is not None:
-            text = str(n).strip().lower()
-            if text == "auto":
-                window = "auto"
-            else:
-                try:
-                    window = int(text)
-                except ValueError:
-                    raise ValueError(f"--offload-n must be a positive integer or 'auto', got {n!r}") from None
-                if window < 1:
-                    raise ValueError(f"--offload-n must be at least 1 (layers kept in memory), got {window}")
+        window = parse_window(n)  # OptionError (a ValueError) on anything but a positive integer or 'auto'
         budget_bytes = parse_bytes(budget) if budget is not None else None
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"--offload-budget must be positive, got {budget!r}")

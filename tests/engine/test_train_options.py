@@ -1,0 +1,52 @@
+"""engine train's options: one frozen value, checked once (engine.train_options)."""
+
+import dataclasses
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from engine.errors import OptionError, UserError
+from engine.train_options import OffloadOptions, OutputOptions, TrainOptions
+
+
+def test_defaults_are_resolved_once():
+    assert TrainOptions("cnn").epochs == 1 and TrainOptions("cnn").lr == 0.01
+    assert TrainOptions("cnn", optimizer="adam").lr == 1e-3
+    assert TrainOptions("cnn", steps=5).epochs is None and TrainOptions("cnn", lr=0.5).lr == 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainOptions("cnn").lr = 1.0
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: TrainOptions("cnn", epochs=1, steps=2), "give --epochs or --steps, not both"),
+    (lambda: TrainOptions("cnn", weights="a", resume="b"), "give --weights or --resume, not both"),
+    (lambda: TrainOptions("cnn", override=("lr",)), "give --resume FILE too"),
+    (lambda: TrainOptions("cnn", workspace_mode="none", offload=OffloadOptions(n="2")), "--workspace-mode enabled"),
+    (lambda: OutputOptions(checkpoint_every=3), "give --save FILE too"),
+])
+def test_combinations_are_refused_when_the_options_are_built(make, message):
+    with pytest.raises(UserError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("n", ["four", "0", "-1", "2.5"])
+def test_a_bad_offload_n_is_an_option_error(n):
+    with pytest.raises(OptionError, match="--offload-n must be"):
+        OffloadOptions(n=n)
+
+
+def test_run_record_and_hyper_are_what_a_resume_checks():
+    options = TrainOptions("cnn", data="synthetic", batch_size=8, lr_schedule="cosine", seed=3, shuffle=False)
+    assert options.run_record(4, None) == {"model": "cnn", "data": "synthetic", "batch_size": 8, "seed": 3,
+                                           "shuffle": False, "augment": False, "num_classes": 4}
+    assert options.hyper(12)["steps"] == 12 and "steps" not in TrainOptions("cnn").hyper(12)
+    assert options.total_steps(100) == 12 and options.total_steps(100, workers=2) == 6
+    assert TrainOptions("cnn", steps=7).total_steps(100) == 7
+
+
+def test_cli_offload_n_four_exits_2_before_anything_runs():
+    result = CliRunner().invoke(main, ["train", "--model", "cnn", "--offload-n", "four"])
+    assert result.exit_code == 2, result.output
+    assert "--offload-n must be a positive integer or 'auto', got 'four'" in result.output
+    assert "Traceback" not in result.output
