@@ -198,6 +198,57 @@ def remove_stale_temporaries(path: str) -> list[str]:
     return removed
 
 
+class SaveClaim:
+    """One running ``engine train`` per ``--save`` path: an exclusive ``flock`` on ``.<name>.lock`` beside it.
+
+    Two runs given the same ``--save`` both reported success while the file held one of them (issue 31);
+    now the second is refused before its first step, naming the first's PID. ``flock`` is released by
+    the kernel when a process dies however it dies, so a lock file a SIGKILLed run left behind is taken
+    over by the next run, which removes it at its end: nothing is left behind by a run that ends.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lock_path = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> SaveClaim:
+        import fcntl
+
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CheckpointError(f"--save {self.path}: cannot create {self.lock_path} ({_reason(exc)}); "
+                                  "choose a writable directory") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise CheckpointError(f"--save {self.path}: another engine train (pid {owner}) is writing this "
+                                  "checkpoint; give each run its own --save file") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.unlink(self.lock_path)  # while still holding it: a run that opens it now gets a new file
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __enter__(self) -> SaveClaim:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -217,7 +268,7 @@ def read_checkpoint(path: str) -> Checkpoint:
     from safetensors import SafetensorError, safe_open
 
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: file not found; expected a safetensors checkpoint or state_dict")
+        raise CheckpointError(f"{path}: {_not_a_file(path)}; expected a safetensors checkpoint or state_dict")
     try:
         with safe_open(path, framework="np") as f:
             metadata = dict(f.metadata() or {})
@@ -239,7 +290,31 @@ def read_checkpoint(path: str) -> Checkpoint:
         raise CheckpointError(f"{path}: tensor data does not match its SHA-256{changed}: the file is corrupt")
     if checkpoint.is_training_checkpoint:
         validate_metadata(checkpoint)
+    bad = non_finite_tensors(tensors)
+    if bad:  # checked here, not at the end: a run from NaN weights trained every step, then refused to save
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{path}: {bad[0]}{more} holds NaN or infinite values; nothing can be trained from "
+                              "it: use an earlier checkpoint, or start without it")
     return checkpoint
+
+
+def _not_a_file(path: str) -> str:
+    """Why ``path`` is not a regular file, in words ("file not found" only when nothing is there)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"a broken symbolic link (to {os.readlink(path)!r})"
+        return "file not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")]
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    via = f" (through the symbolic link to {os.path.realpath(path)!r})" if os.path.islink(path) else ""
+    return f"is {kind}{via}, not a file"
 
 
 _FIELDS: dict[str, type] = {"optimizer": dict, "rng": dict, "run": dict}

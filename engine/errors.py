@@ -32,6 +32,10 @@ class OutputPathError(UserError):
     """An output path (--save, --summary-json, --memory-log, ...) cannot be written."""
 
 
+class OutputWriteError(UserError):
+    """An output file stopped being writable during the run (--memory-log on a disk that filled)."""
+
+
 class DiskFaultError(UserError):
     """The disk failed under a running step (no space, I/O error, a record read back changed)."""
 
@@ -53,4 +57,19 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-__all__ = ["DiskFaultError", "Interrupted", "OptionError", "OutputPathError", "UserError", "signal_name"]
+STOP_MEANINGS = {
+    signal.SIGHUP: "the terminal was closed or lost",
+    signal.SIGPIPE: "the output pipe was closed: its reader, e.g. head or a pager, exited",
+}
+"""What a stop means where it is not a kill: a lost terminal and a closed output pipe stop a run as
+SIGHUP and SIGPIPE would (engine.streams)."""
+
+
+def stopped_by(signum: int, when: str) -> str:
+    """"stopped by SIGHUP after step 3 of 10 (the terminal was closed or lost)": the start of the one line."""
+    meaning = STOP_MEANINGS.get(signum)
+    return f"stopped by {signal_name(signum)} {when}" + (f" ({meaning})" if meaning else "")
+
+
+__all__ = ["DiskFaultError", "Interrupted", "OptionError", "OutputPathError", "OutputWriteError", "UserError",
+           "signal_name", "stopped_by"]

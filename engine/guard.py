@@ -8,14 +8,21 @@ one ``UserError`` line that says what happened, at which step, and what was kept
 - a diverging loss: the loss is checked before backward, so the weights are still those of the last
   completed step; they are written (a checkpoint with NaN weights is refused anyway, see
   ``engine.checkpoint.save_checkpoint``);
+- a lost terminal or a closed output pipe (``engine.streams``): a stop signal (SIGHUP, SIGPIPE), above;
+- a data file that changed under the run (an image deleted, truncated, replaced by a folder): the
+  batch that met it is not trained; the last completed step is written, as for a signal (before, the
+  finished steps were lost);
+- an output file that cannot be written (``--memory-log`` on a full disk): ``OutputWriteError`` names
+  the file; the last completed step is written (before, the fault was blamed on the swap disk and the
+  checkpoint skipped although ``--save`` was writable);
 - a disk fault (ENOSPC, EIO, a record read back changed): written only when the checkpoint goes to
   another file system than the failing swap directory, and never with ``--offload-params`` (the
   optimizer state on the failing disk may be lost), nor when the fault came inside backward after
   the update in backward (``engine.optim.UpdateInBackward``) had begun: some layers then hold the
   next step's weights, the others the last one's, and no step is what they are (the message says so
   and names ``--update-after-backward``, which keeps a step's weights whole until its update). Any
-  ``OSError`` escaping a step is a disk fault: during a step the engine touches files only for the
-  swap storage and the memory log.
+  other ``OSError`` escaping a step is a disk fault of the swap storage: during a step the engine
+  touches no other file (the memory log raises ``OutputWriteError``, the terminal never raises).
 
 The checkpoint writer is a callable so this module does not decide file names or metadata.
 """
@@ -26,7 +33,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import DiskFaultError, Interrupted, UserError, signal_name
+from engine.errors import DiskFaultError, Interrupted, OutputWriteError, UserError, stopped_by
 
 
 class CheckpointWriter:
@@ -68,6 +75,7 @@ class CheckpointWriter:
 
 def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
     """``trainer.fit()``; a signal, a diverging loss or a disk fault becomes one UserError (see module doc)."""
+    from engine.data.datasets import DataError
     from engine.offload.storage import OffloadStorageError
     from engine.train import TrainingDiverged
 
@@ -76,6 +84,9 @@ def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
     except TrainingDiverged as exc:
         note = writer.save(trainer, "the weights before it", " --override lr --lr SMALLER")
         raise TrainingDiverged(f"{exc}{note}") from None
+    except (DataError, OutputWriteError) as exc:  # a file of the user's, not the swap disk: the weights are whole
+        note = writer.save(trainer, "the last completed step")
+        raise type(exc)(f"{exc} (at step {trainer.step} of {trainer.total_steps}){note}") from None
     except (DiskFaultError, OffloadStorageError, OSError) as exc:
         message = str(exc) if isinstance(exc, UserError) else (
             f"disk I/O failed during step {trainer.step} ({exc.strerror or exc}"
@@ -96,7 +107,7 @@ def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
         signum = trainer.stopped_by
         note = writer.save(trainer, "the last completed step")
         raise Interrupted(
-            f"stopped by {signal_name(signum)} after step {trainer.step} of {trainer.total_steps}{note}", signum
+            f"{stopped_by(signum, f'after step {trainer.step} of {trainer.total_steps}')}{note}", signum
         )
     return result
 

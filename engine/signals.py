@@ -15,6 +15,8 @@ Rules:
 - Only the first signal is kept; later ones change nothing (SIGKILL remains for an impatient user).
 - A signal during ``--save`` does not interrupt the write: the checkpoint is completed and renamed,
   so there is never a half-written temporary file to clean up.
+- A lost terminal or a closed output pipe (``engine.streams``) stops the run as SIGHUP or SIGPIPE
+  would, through ``record``: the same flag, the same path.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import threading
 from typing import Any
 
-from engine.errors import Interrupted, signal_name
+from engine.errors import Interrupted, stopped_by
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -40,6 +42,9 @@ class StopSignals:
         """Take over every stop signal that is not ignored (from the main thread only; elsewhere a no-op)."""
         if threading.current_thread() is not threading.main_thread():
             return self
+        from engine import streams
+
+        streams.on_lost(self.record)
         for signum in self.signals:
             previous = signal.getsignal(signum)
             if previous == signal.SIG_IGN:
@@ -49,6 +54,10 @@ class StopSignals:
         return self
 
     def _record(self, signum: int, frame: Any) -> None:
+        self.record(signum)
+
+    def record(self, signum: int) -> None:
+        """Stop as ``signum`` would (the first stop wins): a signal handler's, or a lost output stream's."""
         if self.received is None:  # one attribute store: no locks, no I/O, nothing that can block
             self.received = signum
 
@@ -60,12 +69,15 @@ class StopSignals:
     def check(self, where: str, outcome: str = "nothing was trained or saved") -> None:
         """Raise ``Interrupted`` if a stop signal has arrived (``where``: when; ``outcome``: what was kept)."""
         if self.received is not None:
-            raise Interrupted(f"stopped by {signal_name(self.received)} {where}; {outcome}", self.received)
+            raise Interrupted(f"{stopped_by(self.received, where)}; {outcome}", self.received)
 
     def restore(self) -> None:
         """Put back the handlers that were there before ``install()``."""
         if threading.current_thread() is not threading.main_thread():
             return
+        from engine import streams
+
+        streams.on_lost(None)
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()

@@ -58,15 +58,57 @@ def default_workers() -> int:
 
 
 def find_classes(directory: str) -> list[str]:
-    """The class folders of ``directory``, sorted (torchvision's ``find_classes``)."""
+    """The class folders of ``directory``, sorted (torchvision's ``find_classes``).
+
+    A class folder that is a broken symbolic link is refused, not skipped (torchvision's ``is_dir()``
+    is false for it, so the class silently vanished and every later label shifted by one)."""
     if not os.path.isdir(directory):
         raise DataError(f"image folder {directory!r} does not exist")
-    classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    for entry in entries:
+        if entry.is_symlink() and not os.path.exists(entry.path):
+            raise DataError(f"{entry.path}: a broken symbolic link (to {os.readlink(entry.path)!r}) where a class "
+                            "folder or file was expected; fix the link or remove it")
+    classes = [entry.name for entry in entries if entry.is_dir()]
     if not classes:
         raise DataError(
             f"{directory}: no class folders; expected one subfolder per class (DIR/cat/1.jpg, DIR/dog/2.png)"
         )
     return classes
+
+
+def walk_class_folder(folder: str) -> list[str]:
+    """Every file under ``folder`` in torchvision's order: ``sorted(os.walk(folder, followlinks=True))``,
+    names sorted within each folder.
+
+    A symbolic link back to a folder already on the way down is a loop: ``os.walk`` followed it ~40
+    levels deep (until the path was too long) and silently multiplied the data set, so it is refused
+    with the link's name. A folder reached twice by two links that do not form a loop is walked both
+    times, as torchvision does."""
+    folders: list[tuple[str, list[str]]] = []
+
+    def walk(path: str, ancestors: tuple[tuple[int, int], ...], link: str | None) -> None:
+        try:
+            st = os.stat(path)
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read the folder ({exc.strerror or exc})") from None
+        key = (st.st_dev, st.st_ino)
+        if key in ancestors:
+            raise DataError(f"{link or path}: a symbolic link loop (through it, {path} is "
+                            f"{os.path.realpath(path)}, a folder above it); remove the link")
+        subfolders, files = [], []
+        for entry in entries:
+            if entry.is_dir():
+                subfolders.append((entry.path, entry.path if entry.is_symlink() else link))
+            else:
+                files.append(entry.path)
+        folders.append((path, files))
+        for sub, via in subfolders:
+            walk(sub, (*ancestors, key), via)
+
+    walk(folder, (), None)
+    return [file for _, files in sorted(folders) for file in files]
 
 
 def make_samples(directory: str, classes: list[str]) -> tuple[list[str], list[int]]:
@@ -78,12 +120,11 @@ def make_samples(directory: str, classes: list[str]) -> tuple[list[str], list[in
         if not os.path.isdir(folder):
             continue  # a validation split may lack classes; torchvision skips them too
         found = 0
-        for root, _, names in sorted(os.walk(folder, followlinks=True)):
-            for file_name in sorted(names):
-                if file_name.lower().endswith(IMG_EXTENSIONS):
-                    paths.append(os.path.join(root, file_name))
-                    labels.append(label)
-                    found += 1
+        for path in walk_class_folder(folder):
+            if os.path.basename(path).lower().endswith(IMG_EXTENSIONS):
+                paths.append(path)
+                labels.append(label)
+                found += 1
         if found == 0:
             raise DataError(
                 f"{folder}: class folder holds no images (extensions {', '.join(IMG_EXTENSIONS)}); "
@@ -168,6 +209,12 @@ def load_image(path: str) -> Any:
         raise DataError(f"{path}: decompression bomb refused by Pillow ({exc})") from None
     except UnidentifiedImageError:
         raise DataError(f"{path}: not an image Pillow can read (corrupt, or not the format its name says)") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: the image file is gone (deleted or moved since the folder was read)") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory now, not an image file (replaced since the folder was read)") from None
+    except PermissionError:
+        raise DataError(f"{path}: cannot be read (permission denied); fix its permissions") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{path}: cannot decode ({exc}); the file is truncated or corrupt") from None
 

@@ -33,6 +33,7 @@ K steps instead.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -224,8 +225,17 @@ class MemoryMonitor:
         self.phase_samples[self.phase] = self.phase_samples.get(self.phase, 0) + 1
         self._peak_rss = max(self._peak_rss, record["rss_bytes"])
         if self._file is not None:
-            self._file.write(json.dumps(record, sort_keys=True) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(record, sort_keys=True) + "\n")
+                self._file.flush()
+            except OSError as exc:  # the log's disk filled: the log ends here, named (not a swap disk fault)
+                from engine.errors import OutputWriteError
+
+                file, self._file = self._file, None
+                with contextlib.suppress(OSError):
+                    file.close()  # the descriptor closes even when the buffered line cannot be written
+                raise OutputWriteError(f"memory log {self.path}: cannot write ({exc.strerror or exc}); free some "
+                                       "space or choose another --memory-log path") from None
         return record
 
     def peak_by_type(self, phase: str | None = None) -> dict[str, int]:
@@ -291,8 +301,20 @@ class MemoryMonitor:
         bottom.set_xlabel("seconds since the monitor started (one sample per step or evaluation batch)")
         fig.tight_layout()
         path = Path(png_path)
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        # drawn into a temporary file beside it and renamed: a full disk leaves no empty or half plot
+        temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+        try:
+            fig.savefig(temporary, dpi=100, bbox_inches="tight")
+            os.replace(temporary, path)
+        except OSError as exc:
+            from engine.errors import OutputPathError
+
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise OutputPathError(f"memory plot {path}: cannot write ({exc.strerror or exc}); free some space or "
+                                  "choose another --memory-plot path") from None
+        finally:
+            plt.close(fig)
         return path
 
     def close(self) -> None:
