@@ -2,6 +2,11 @@
 
     python benchmarks/bench_train.py --models resnet18 mobilenetv2 --batch-size 32 --steps 50 --threads 2
     python benchmarks/bench_train.py --models resnet18 --steps 12 --threads 2 --runs 3   # the step-time goal
+    python benchmarks/bench_train.py --models resnet18 --image-size 224 --steps 8 --threads 2 --runs 2
+
+``--image-size`` above 64 trains the ImageNet variants (torchvision's exact models: the engine's
+``variant="imagenet"``, ``torchvision.models`` on the PyTorch side); up to 64, the CIFAR variants and
+their twins in tests/models/torch_models.py.
 
 With ``--runs N`` the frameworks alternate (engine, torch, engine, torch, ...) and each model ends
 with a line of median step times and their ratio (engine / torch): on a shared machine alternating
@@ -9,7 +14,8 @@ runs see the same load, so the ratio means more than either time.
 
 Each (framework, model) pair runs in a fresh process, so one run's peak RSS does not hide the
 other's. Both train the same architecture (the engine's models and their PyTorch twins in
-tests/models/torch_models.py) with SGD (momentum 0.9) on the same seeded synthetic 3×32×32 images.
+tests/models/torch_models.py, or torchvision's at ImageNet sizes) with SGD (momentum 0.9) on the same
+seeded synthetic 3×S×S images; each side normalizes a batch before its step's clock starts.
 Reported per run: images/s from the third step on (the first steps compile kernels and learn
 workspace sizes), the first step's seconds, the process's peak RSS, and RSS after step 3 and after
 the last step (a loop that leaks grows between the two).
@@ -29,7 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEADY_FROM = 3  # steps before this one are warm-up
 
 
-def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
+CIFAR_MAX_SIZE = 64  # models.CIFAR_MAX_SIZE: larger images get the ImageNet variants
+
+
+def engine_worker(model: str, batch_size: int, steps: int, threads: int, image_size: int = 32) -> dict:
     from engine.backend import get_backend
     from engine.data.datasets import synthetic
     from engine.optim import make_optimizer
@@ -39,8 +48,8 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict
 
     set_threads(threads)
     backend = get_backend("cpu")
-    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size)
-    net = build_network(model, data, backend, seed=0)
+    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size, shape=(3, image_size, image_size))
+    net = build_network(model, data, backend, seed=0)  # the variant follows the image size
     opt = make_optimizer("sgd", net, backend, 0.01, momentum=0.9, manager=net.mgr)
     step_seconds: list[float] = []  # every step's seconds (the trainer keeps running sums only, issue 14)
 
@@ -55,7 +64,27 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int) -> dict
     return {"step_seconds": step_seconds, "rss": rss}
 
 
-def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
+def torchvision_model(model: str, num_classes: int):
+    """torchvision's ImageNet model without running torchvision's ``__init__`` (its C++ operators need the
+    torch build it was compiled against; tests/conftest.py: import_torchvision explains)."""
+    import importlib.util
+    import types
+
+    if "torchvision" not in sys.modules:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            sys.exit("torchvision is not installed: pip install -e '.[test]'")
+        package = types.ModuleType("torchvision")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        sys.modules["torchvision"] = package
+    import torchvision.models
+
+    return {"resnet18": torchvision.models.resnet18, "mobilenetv2": torchvision.models.mobilenet_v2}[model](
+        num_classes=num_classes)
+
+
+def torch_worker(model: str, batch_size: int, steps: int, threads: int, image_size: int = 32) -> dict:
     import numpy as np
     import psutil
     import torch
@@ -66,10 +95,10 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size)
-    x_all = torch.from_numpy((data.x_train - data.mean[:, None, None]) / data.std[:, None, None])
-    y_all = torch.from_numpy(data.y_train)
-    net = TORCH_MODELS[model](num_classes=10)
+    data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size, shape=(3, image_size, image_size))
+    x_all, y_all = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    mean, std = torch.from_numpy(data.mean)[:, None, None], torch.from_numpy(data.std)[:, None, None]
+    net = TORCH_MODELS[model](num_classes=10) if image_size <= CIFAR_MAX_SIZE else torchvision_model(model, 10)
     net.train()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     process = psutil.Process()
@@ -77,9 +106,9 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
     batches = len(y_all) // batch_size
     order = np.random.default_rng(0).permutation(len(y_all))
     for step in range(steps):
-        start = time.perf_counter()
         chosen = torch.from_numpy(order[(step % batches) * batch_size : (step % batches + 1) * batch_size])
-        x, y = x_all[chosen], y_all[chosen]
+        x, y = (x_all[chosen] - mean) / std, y_all[chosen]  # the engine's prefetch thread does this off the clock
+        start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.cross_entropy(net(x), y)
         loss.backward()
@@ -89,9 +118,9 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int) -> dict:
     return {"step_seconds": step_seconds, "rss": rss}
 
 
-def worker(framework: str, model: str, batch_size: int, steps: int, threads: int) -> None:
+def worker(framework: str, model: str, batch_size: int, steps: int, threads: int, image_size: int = 32) -> None:
     run = engine_worker if framework == "engine" else torch_worker
-    result = run(model, batch_size, steps, threads)
+    result = run(model, batch_size, steps, threads, image_size)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seconds = result["step_seconds"]
     steady = seconds[STEADY_FROM:]
@@ -101,6 +130,7 @@ def worker(framework: str, model: str, batch_size: int, steps: int, threads: int
                 "framework": framework,
                 "model": model,
                 "batch_size": batch_size,
+                "image_size": image_size,
                 "steps": steps,
                 "threads": threads,
                 "images_per_second": batch_size * len(steady) / sum(steady),
@@ -117,6 +147,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="Square images of this size; above 64 the ImageNet variants (torchvision's models).")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--frameworks", nargs="+", default=["engine", "torch"])
@@ -128,7 +160,7 @@ def main() -> None:
     if args.steps <= STEADY_FROM:
         parser.error(f"--steps must be more than {STEADY_FROM} (the warm-up steps)")
     if args.worker:
-        worker(args.worker, args.model, args.batch_size, args.steps, args.threads)
+        worker(args.worker, args.model, args.batch_size, args.steps, args.threads, args.image_size)
         return
 
     results = []
@@ -138,6 +170,7 @@ def main() -> None:
                 command = [
                     sys.executable, __file__, "--worker", framework, "--model", model,
                     "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", str(args.threads),
+                    "--image-size", str(args.image_size),
                 ]
                 out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
                 if out.returncode != 0:
