@@ -10,7 +10,7 @@ machine has) with the same limit:
 3. the same loop in PyTorch (torchvision's resnet18, SGD with momentum, one synthetic batch);
 and, for the ratio, PyTorch once more without a limit. The limit defaults to the smallest one the
 engine says works with offload (the first line ``engine train --offload-n auto`` prints), so the run
-also checks that prediction. Prints a Markdown table (the README's) and optionally JSON.
+also checks that prediction. Prints a Markdown table (docs/offload.md's) and optionally JSON.
 
 Linux and root only (a cgroup is made and written); anywhere else it says why and exits 0.
 """

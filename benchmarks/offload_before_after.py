@@ -1,4 +1,4 @@
-"""The README's offload table: two ``engine bench --format json`` results side by side, before and after.
+"""docs/offload.md's offload table: two ``engine bench --format json`` results side by side, before and after.
 
     engine bench --model resnet18,mobilenetv2 --batch-size 32,128 --offload-n 4 --format json > after.json
     (the same on the older code) > before.json

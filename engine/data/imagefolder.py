@@ -23,7 +23,7 @@ only warns up to twice that, we stop there), an empty class folder, a folder wit
 The scan at start reads names only; a corrupt file is found when its batch is decoded.
 
 Decoding runs in the prefetch thread's ``fill``, fanned out to ``workers`` threads: Pillow releases
-the GIL while it decodes and resizes, so they overlap (see the README for images/s of the loader
+the GIL while it decodes and resizes, so they overlap (see docs/training.md for images/s of the loader
 alone against the training step).
 """
 

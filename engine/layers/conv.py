@@ -10,8 +10,8 @@ sizes: the data kernel's scratch is dead once it returns, and the kernels take a
 as large as they need. Before, each call had its own and the layer's BP_WORKING_MEM was their sum:
 ResNet-18's layer4 3×3 convolutions at batch 32 need 8.8 MiB (data) and 19.0 MiB (weight), so the
 step's working memory went from 27.8 MiB to 19.0 MiB (``engine memory --model resnet18``), and the
-README's main command's peak RSS with it (issue 13, item 4; figures in the README's whole-process
-section).
+README's main command's peak RSS with it (issue 13, item 4; figures in docs/benchmarks.md, "Whole process
+against PyTorch").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import enum
 
 
 class ArrayType(enum.Enum):
-    """The role of an array; the manager's mode maps each role to a workspace (README, "## Memory")."""
+    """The role of an array; the manager's mode maps each role to a workspace (docs/memory.md)."""
 
     INPUT = "input"  # the batch fed to the network
     ACTIVATIONS = "activations"  # a layer's output

@@ -2,7 +2,7 @@
 
 DL4J's LayerWorkspaceMgr in our words. A layer calls ``mgr.create(ArrayType.ACTIVATIONS, shape)``
 and never names a workspace; the manager's mode (training, inference, none) maps each ArrayType to
-one of its workspaces (the table is in the README, "## Memory"):
+one of its workspaces (the table is in docs/memory.md):
 
 * per-iteration workspaces ("input", "activations", "gradients", "updater") are opened and reset by
   ``with mgr.iteration():`` (one training step or one inference batch) and closed when it ends;

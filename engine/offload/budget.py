@@ -18,7 +18,7 @@ The limit (``engine.memory.limits``) minus all that is the window's budget; the 
 fits is used (``--offload-n auto`` adapts below it). When even N=1 does not fit, the run is refused
 before the first step with the smallest limit that would work.
 
-Checked on ResNet-18 ImageNet at 224×224, batch 32 (README, "Proof under a memory limit"): without
+Checked on ResNet-18 ImageNet at 224×224, batch 32 (docs/offload.md, "Proof under a memory limit"): without
 offload the model says 1.5 GiB and the run peaks at 1.39 GiB RSS; with ``--offload-n auto`` it says
 1.2 GiB and the run peaks at 1.0 GiB. Before ``RUNTIME_BYTES`` and the evaluation pass were counted,
 the model said 1.16 GiB for the run that peaked at 1.39 GiB.

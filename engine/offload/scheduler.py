@@ -106,7 +106,7 @@ the backward's loads. The executor keeps the rebuilds.
 Tried and dropped: the IO threads at ``SCHED_IDLE`` (they run only on an idle core). The stall went
 from 9 to 35-57 ms and the ratio from 1.23-1.24 to 1.29-1.36x. ``SCHED_BATCH`` (no wake-up
 preemption), three alternating runs: 1.18-1.26x without it against 1.18-1.29x with it, no
-difference. Nice 10 and 19 earlier (README): no gain.
+difference. Nice 10 and 19 earlier (docs/offload.md, history): no gain.
 
 Checks where the bytes are read anyway (``_FusedCheck``). With ``--offload-verify full`` the IO
 threads hashed every record with XXH3, after the bytes had left the caches (saves run N steps after
