@@ -59,6 +59,9 @@ def main() -> None:
 
     Start with: engine train --model resnet18 --offload-n 4
     """
+    from engine.streams import guard_standard_streams
+
+    guard_standard_streams()  # a lost terminal or a closed pipe stops a run like a signal, never as a crash
 
 
 @main.command()
@@ -352,6 +355,11 @@ def train(**params) -> None:
             fail(str(exc))
         options.check_parallel()
     # --- end of data parallel ---
+    if options.outputs.save and root:  # one running engine train per --save file (two both said they wrote it)
+        from engine.checkpoint import SaveClaim
+
+        claim = SaveClaim(options.outputs.save).acquire()
+        click.get_current_context().call_on_close(claim.release)
     _set_threads(threads)
     early_workers = None
     if backend.name == "cpu" and world is None:  # a cold cache's warm-up workers start now, beside the set-up
@@ -374,7 +382,8 @@ def train(**params) -> None:
              + (f" divided by {K} workers" if K > 1 else "") + f", got {options.batch_size}")
     net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant)
     total_steps = options.total_steps(len(data.y_train), K)
-    run, hyper = options.run_record(data.num_classes, net.variant), options.hyper(total_steps)
+    run = options.run_record(data.num_classes, net.variant, net.graph.input_shape[-1])
+    hyper = options.hyper(total_steps)
     checkpoint = _read_initial_weights(options, net, data, run, hyper)
     schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K)
     offload = _offload_session(options, net, opt, root)
@@ -520,24 +529,38 @@ def _parallel_fields(options, parallel, workers: int) -> dict:
 
 
 def _write_outputs(options, result, trainer, monitor, console, summary_fields: dict) -> None:
-    """The memory plot and the summary JSON, then one line per file this run wrote."""
+    """The memory plot and the summary JSON, then one line per file this run wrote. One output that cannot
+    be written (a full disk) does not keep the others from being written: its error is raised after them."""
+    from engine.errors import UserError
+
     outputs = options.outputs
-    written = []
+    written, failed = [], []
     if outputs.memory_log:
         written.append(f"memory log {outputs.memory_log} ({sum(monitor.phase_samples.values())} lines)")
     if outputs.memory_plot:
-        monitor.plot(outputs.memory_plot, peak_rss=(result.peak_rss_bytes, result.peak_rss_phase))
-        written.append(f"memory plot {outputs.memory_plot}")
+        try:
+            monitor.plot(outputs.memory_plot, peak_rss=(result.peak_rss_bytes, result.peak_rss_phase))
+            written.append(f"memory plot {outputs.memory_plot}")
+        except UserError as exc:
+            failed.append(exc)
     if outputs.save:
         written.append(f"checkpoint {outputs.save} (step {trainer.step})")
     if outputs.summary_json:
         from engine.validate import write_output
 
-        write_output("--summary-json", outputs.summary_json, json.dumps({**result.as_dict(), **summary_fields},
-                                                                        indent=2))
-        written.append(f"summary {outputs.summary_json}")
+        try:
+            write_output("--summary-json", outputs.summary_json,
+                         json.dumps({**result.as_dict(), **summary_fields}, indent=2))
+            written.append(f"summary {outputs.summary_json}")
+        except UserError as exc:
+            failed.append(exc)
     for line in written:
         console.print(f"wrote {line}", markup=False, highlight=False)
+    if failed:
+        message = "; ".join(str(exc) for exc in failed)
+        if outputs.save:
+            message += f" (the training finished and its checkpoint {outputs.save} was written)"
+        raise type(failed[0])(message)
 
 
 @main.command(name="eval")

@@ -213,8 +213,12 @@ class SaveClaim:
         self._fd: int | None = None
 
     def acquire(self) -> SaveClaim:
+        """Claim the path, or a CheckpointError naming the run that holds it. A missing directory claims
+        nothing: the check of the output paths refuses it with its own words."""
         import fcntl
 
+        if not os.path.isdir(os.path.dirname(self.lock_path)):
+            return self
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:

@@ -162,10 +162,16 @@ class TrainOptions:
             return self.steps
         return self.epochs * (train_examples // (self.batch_size * workers))
 
-    def run_record(self, num_classes: int, variant: str | None) -> dict[str, Any]:
-        """What defines the run's data and batches: saved in checkpoints, a resume must match it."""
+    def run_record(self, num_classes: int, variant: str | None, image_size: int | None = None) -> dict[str, Any]:
+        """What defines the run's data and batches: saved in checkpoints, a resume must match it.
+
+        ``image_size``: the side of the images the network takes (whatever chose it: --image-size or the
+        data set), so a resume at another size is refused unless ``--override image_size`` says so
+        (before, it continued silently, issue 31)."""
         run = {"model": self.model, "data": self.data, "batch_size": self.batch_size, "seed": self.seed,
                "shuffle": self.shuffle, "augment": self.augment, "num_classes": num_classes}
+        if image_size is not None:
+            run["image_size"] = int(image_size)
         if variant:  # imagenet issue: which of torchvision's two shapes ran
             run["variant"] = variant
         return run

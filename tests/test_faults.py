@@ -42,8 +42,10 @@ def engine(args, fault: str | None = None, stop_at: int | None = None, **popen) 
     if stop_at:
         env["ENGINE_STOP_AT_STEP"] = str(stop_at)
     popen.setdefault("preexec_fn", _default_stop_signals)
-    return subprocess.Popen([sys.executable, "-m", "tests.faults", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "tests.faults", *map(str, args)], cwd=ROOT, env=env, text=True,
+                            **popen)
 
 
 def finish(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
