@@ -73,7 +73,6 @@ def blas_pin_advice() -> str | None:
 
 def _numba_threads() -> dict[str, Any]:
     import numba
-    from numba import config
 
     layer = None
     try:
@@ -87,7 +86,10 @@ def _numba_threads() -> dict[str, Any]:
         layer = numba.threading_layer()
     except Exception as exc:
         layer = f"unavailable ({exc})"
-    cache_dir = config.CACHE_DIR or "__pycache__ next to each kernel module (NUMBA_CACHE_DIR unset)"
+    from kernels.cpu.cache import where
+
+    location = where()  # where Numba really writes, and why not NUMBA_CACHE_DIR when it cannot
+    cache_dir = location.problem or location.directory
     return {
         "threads": numba.get_num_threads(),
         "threading_layer": layer,

@@ -371,14 +371,13 @@ def run_job(job: Job) -> float:
 
 
 def cache_dir() -> str:
-    """Where Numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else ``__pycache__`` beside them."""
-    from numba.core import config
+    """Where Numba really keeps the kernels' cache: ``NUMBA_CACHE_DIR`` when it can be written, else
+    where Numba fell back to (``__pycache__`` beside the kernels, the user's cache directory, or a
+    temporary directory: ``kernels.cpu.cache.where()``, which also says why)."""
+    import kernels.cpu  # noqa: F401  decides the location (kernels.cpu.cache.guard) before any kernel exists
+    from kernels.cpu.cache import where
 
-    if config.CACHE_DIR:
-        return os.path.abspath(config.CACHE_DIR)
-    import kernels.cpu
-
-    return os.path.join(os.path.dirname(os.path.abspath(kernels.cpu.__file__)), "__pycache__")
+    return where().directory
 
 
 def source_stamp() -> str:
@@ -571,6 +570,13 @@ def warm_for_training(
     """Before a CPU training run: fill the cache for this model in worker processes, with a
     progress line, unless it is warm already (then nothing is printed and None returned). ``pool``:
     workers ``start_workers`` started early (used, or shut down when the cache is warm)."""
+    from kernels.cpu.cache import where
+
+    location = where()
+    out = stream if stream is not None else sys.stdout
+    if location.problem:  # said on every run, warm or not: the cache is not where the user asked
+        out.write(f"note: {location.problem}\n")
+        out.flush()
     jobs = model_jobs(graph, optimizer)
     if is_warm(jobs):
         if pool is not None:  # started for nothing: warm under another label, so say so for this one
@@ -581,9 +587,11 @@ def warm_for_training(
     result = ensure_compiled(jobs, label, line, pool=pool)
     if result is not None:
         out = line.stream
+        kept = (f"cached in {location.directory}, later runs start at once" if location.persistent
+                else "not kept: the next run compiles them again (see the note above)")
         out.write(
             f"compiled {result.jobs} kernels in {result.seconds:.1f} s with {result.workers} worker processes; "
-            f"cached in {cache_dir()}, later runs start at once\n"
+            f"{kept}\n"
         )
         for failure in result.failed:
             out.write(f"warning: warm-up of {failure} (it compiles on first use instead)\n")

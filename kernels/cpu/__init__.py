@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernels.cpu.blas import select_sgemm
-from kernels.cpu.threads import start_numba_pool
-from kernels.reference import build_table
+from kernels.cpu.cache import guard
+
+# Before any kernel is defined: a cache Numba cannot write is named (not silently ignored), and a
+# truncated cache file is compiled again instead of a traceback (kernels/cpu/cache.py says why).
+guard()
+
+from kernels.cpu.blas import select_sgemm  # noqa: E402
+from kernels.cpu.threads import start_numba_pool  # noqa: E402
+from kernels.reference import build_table  # noqa: E402
 
 # MKL's sgemm when the mkl wheel is installed (ResNet-18's step +20%), before any kernel multiplies:
 # Numba keeps the first sgemm it finds (kernels/cpu/blas.py says how it was measured).
