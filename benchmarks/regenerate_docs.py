@@ -4,6 +4,7 @@
     python benchmarks/regenerate_docs.py --only fast      # the deterministic ones (what the tests compare)
     python benchmarks/regenerate_docs.py --only slow      # training runs and benchmarks: on a quiet machine
     python benchmarks/regenerate_docs.py --match headline # the blocks whose command contains this text
+    python benchmarks/regenerate_docs.py --match headline --match "resnet18 --offload-n 4"   # either
     python benchmarks/regenerate_docs.py --check          # compare only; exit 1 and a diff when one is stale
 
 A block is a marker line naming its command, then either a fenced block or raw Markdown up to an end marker:
@@ -125,12 +126,13 @@ def render(block: Block, body: str, meta: str | None) -> str:
     return f"{marker}{body}<!-- end generated -->\n"
 
 
-def select(all_blocks: list[Block], only: str | None, match: str | None) -> list[Block]:
+def select(all_blocks: list[Block], only: str | None, match: str | list[str] | None) -> list[Block]:
     chosen = [b for b in all_blocks if only is None or (only == "slow") == b.slow]
-    return [b for b in chosen if match is None or match in b.command]
+    matches = [match] if isinstance(match, str) else match
+    return [b for b in chosen if not matches or any(m in b.command for m in matches)]
 
 
-def regenerate(paths: list[Path], only: str | None = None, match: str | None = None, check: bool = False,
+def regenerate(paths: list[Path], only: str | None = None, match: str | list[str] | None = None, check: bool = False,
                out=sys.stdout) -> int:
     """Run the chosen blocks' commands; rewrite them in place (or, with ``check``, report the stale ones).
 
@@ -167,7 +169,8 @@ def regenerate(paths: list[Path], only: str | None = None, match: str | None = N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["fast", "slow"], help="only the deterministic blocks, or only the others")
-    parser.add_argument("--match", help="only the blocks whose command contains this text")
+    parser.add_argument("--match", action="append",
+                        help="only the blocks whose command contains this text (repeat: any of them)")
     parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 when a block is stale")
     parser.add_argument("files", nargs="*", type=Path, help="default: README.md and docs/*.md")
     args = parser.parse_args()
