@@ -141,30 +141,36 @@ def test_sgemm_reference_is_measured():
     assert np.isfinite(kernel_bench.sgemm_gflops(1, size=64)) and kernel_bench.sgemm_gflops(1, size=64) > 0
 
 
-def test_quiesce_waits_out_a_busy_thread_and_not_a_quiet_process():
+def test_quiesce_waits_out_a_busy_thread_and_not_a_quiet_process(monkeypatch):
     """OpenBLAS's and OpenMP's workers spin for ~0.1 s after a call; a kernel timed then shares its
-    cores. ``quiesce`` waits until the process's other threads are idle (and only then)."""
-    import os
+    cores. ``quiesce`` waits until the process's other threads are idle (and only then).
+
+    The threads' run times are scripted, not a real spinning thread: on a loaded machine a real one
+    may not get a CPU for a whole poll interval, look idle, and the test would depend on the load."""
     import threading
-    import time
 
-    from engine.bench.kernels import quiesce
+    from engine.bench import kernels as bench
 
-    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
-        pytest.skip("needs /proc/<pid>/task/<tid>/schedstat (Linux)")
-    quiesce()  # whatever earlier tests left spinning (OpenBLAS's workers after a NumPy matmul) settles
-    assert quiesce() < 0.1
-    stop = time.perf_counter() + 0.3
+    me, other = threading.get_native_id(), -1
+    polls = []
 
-    def spin():
-        while time.perf_counter() < stop:
-            pass
+    def scripted(busy_polls):
+        def read(pid="self"):
+            polls.append(pid)
+            ran = 5_000_000 * min(len(polls), busy_polls + 1)  # 5 ms more per poll while busy, then none
+            return {me: (10**12 * len(polls), 0), other: (ran, 0)}  # this thread's own time never counts
+        return read
 
-    worker = threading.Thread(target=spin)
-    worker.start()
-    waited = quiesce()
-    worker.join()
-    assert waited >= 0.15
+    monkeypatch.setattr(bench, "thread_schedstat", scripted(busy_polls=0))
+    bench.quiesce(interval_s=0.001)
+    assert len(polls) == 2  # quiet at the first look: one interval, no more
+    polls.clear()
+    monkeypatch.setattr(bench, "thread_schedstat", scripted(busy_polls=6))
+    waited = bench.quiesce(interval_s=0.01)
+    assert len(polls) == 8 and waited >= 7 * 0.01  # six busy intervals, then the quiet one (sleep is a minimum)
+    polls.clear()
+    monkeypatch.setattr(bench, "thread_schedstat", scripted(busy_polls=10**6))
+    assert bench.quiesce(interval_s=0.01, limit_s=0.05) >= 0.05  # a thread that never settles: the limit ends it
 
 
 def test_ops_prefix_can_name_one_conv_direction():
