@@ -205,7 +205,7 @@ def _set_threads(count: int | None) -> None:
             fail(str(exc))
 
 
-def _parallel_world(workers: int | None, command: str):
+def _parallel_world(workers: int | None, command: str, stop=None):
     """Data parallel (issue 12): the MPI world this process is a rank of (None: one process).
 
     Under mpiexec/srun it joins that world; with ``--workers K`` and no launcher it starts K ranks
@@ -217,7 +217,7 @@ def _parallel_world(workers: int | None, command: str):
     if workers not in (None, 1) and not under_launcher() and (not argv or argv[0] != command):
         fail(f"--workers {workers}: cannot relaunch this program; start it with mpiexec -n {workers} instead")
     try:
-        world, status = start_or_join(workers, argv)
+        world, status = start_or_join(workers, argv, stop)  # stop: the launcher passes a stop signal on to the ranks
     except ParallelError as exc:
         fail(str(exc))
     if status is not None:
@@ -342,7 +342,7 @@ def train(**params) -> None:
     stop = StopSignals().install()  # records SIGINT/TERM/HUP/QUIT; the run stops between two steps
     click.get_current_context().call_on_close(stop.restore)
     # --- data parallel (issue 12): rank 0 alone prints and writes; K is 1 in one process ---
-    world = _parallel_world(options.parallel.workers, "train")
+    world = _parallel_world(options.parallel.workers, "train", stop)
     K, root, parallel = (world.size, world.is_root, None) if world is not None else (1, True, None)
     threads = options.threads
     if world is not None:
@@ -426,12 +426,16 @@ def train(**params) -> None:
                         metadata={"run": {**run, **hyper}, **({"workers": K} if K > 1 else {})})
 
     swap_dirs = (options.offload.directory or tempfile.gettempdir(),) if offload else ()
-    writer = CheckpointWriter(outputs.save if root else None, write_checkpoint, fault_dirs=swap_dirs,  # rank 0 writes
-                              state_on_disk=options.offload.params)
+    if parallel is not None:  # data parallel: rank 0 writes (the lowest rank left, after one was lost)
+        writer = parallel.checkpoint_writer(outputs.save, write_checkpoint, fault_dirs=swap_dirs,
+                                            state_on_disk=options.offload.params)
+    else:
+        writer = CheckpointWriter(outputs.save, write_checkpoint, fault_dirs=swap_dirs,
+                                  state_on_disk=options.offload.params)
     try:
         trainer = Trainer.from_options(
             options, net, opt, data, steps=total_steps, start_step=start_step, monitor=monitor, offload=offload,
-            parallel=parallel, stop=stop,
+            parallel=parallel, stop=parallel.agreed_stop(stop) if parallel is not None else stop,  # ranks agree
             listeners=[ProgressListener(console, workers=K)] if options.progress and root else [],
             on_checkpoint=(lambda t: write_checkpoint(outputs.save, t)) if root else None,  # rank 0 writes
         )

@@ -100,7 +100,7 @@ def run_training(models: list[str], workers: list[int], batch_size: int, steps: 
                  progress: Any = None) -> list[dict[str, Any]]:
     """Each (model, K) in a fresh job, K alternated within each of ``repeat`` rounds; the figures are
     medians over the rounds, and the speedup is against the K=1 median of the same model."""
-    from engine.parallel.comm import launch_command
+    from engine.parallel.comm import mpiexec_command
 
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for model in models:
@@ -110,7 +110,7 @@ def run_training(models: list[str], workers: list[int], batch_size: int, steps: 
                     progress(f"{model}, {K} worker(s), round {round_ + 1} of {repeat}")
                 job = ["-m", "engine.bench.parallel", "rank", model, str(batch_size), str(steps), str(warmup),
                        str(image_size), str(threads_per_rank)]
-                command = [sys.executable, *job] if K == 1 else [*launch_command(K, [])[:4], *job]
+                command = [sys.executable, *job] if K == 1 else [*mpiexec_command(K), sys.executable, *job]
                 env = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "PMI_RANK")}
                 out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
                 if out.returncode != 0:

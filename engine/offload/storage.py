@@ -542,6 +542,12 @@ def _unregister(storage: SwapStorage) -> None:
             _open_storages.remove(storage)
 
 
+def open_bases() -> list[str]:
+    """The directories holding this process's open swap directories (where a dead partner's may be)."""
+    with _registry_lock:
+        return sorted({os.path.dirname(storage.path) for storage in _open_storages if getattr(storage, "path", None)})
+
+
 def cleanup_all() -> None:
     """Remove every swap directory this process still has open (exit and signal path)."""
     with _registry_lock:

@@ -16,12 +16,14 @@ code path. The cost is one process start (~0.5 s measured here for ``mpiexec -n 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -31,6 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from engine.errors import Interrupted, signal_name
+from engine.parallel.notes import LAUNCH_DIR_ENV, read_note, write_note
 
 FAILURE_TAG, ACK_TAG = 7301, 7302  # point-to-point tags of the failure notice and its acknowledgement
 GRACE_SECONDS = 5.0  # how long a failing rank waits for the others to clean up before MPI_Abort
@@ -139,6 +144,7 @@ def join_world(expected: int | None = None) -> World:
     _JOINED = world
     if world.size > 1:
         install_signal_handler()
+        install_peer_loss_handler()
     return world
 
 
@@ -150,33 +156,66 @@ def mpiexec_path() -> str | None:
     return shutil.which("mpiexec")
 
 
-def launch_command(workers: int, argv: Sequence[str]) -> list[str]:
-    """The command that runs ``engine <argv>`` as ``workers`` ranks on this machine."""
+def mpiexec_command(workers: int, *options: str) -> list[str]:
+    """``mpiexec [options] -n workers``, with the mpiexec of ``mpiexec_path()``."""
     if workers < 2:
         raise ValueError(f"launching needs at least 2 workers, got {workers}")
     mpiexec = mpiexec_path()
     if mpiexec is None:
         raise ParallelError("--workers needs mpiexec: pip install 'numba-offload-engine[mpi]' (the mpich wheel has it)")
-    return [mpiexec, "-n", str(workers), sys.executable, "-m", "cli", *argv]
+    return [mpiexec, *options, "-n", str(workers)]
 
 
-def launch(workers: int, argv: Sequence[str]) -> int:
-    """Run ``engine <argv>`` as ``workers`` ranks under mpiexec, wait, and return the job's exit status."""
+def launch_command(workers: int, argv: Sequence[str]) -> list[str]:
+    """The command that runs ``engine <argv>`` as ``workers`` ranks on this machine, each under its
+    supervisor (``engine.parallel.supervise``: why, and why ``-disable-auto-cleanup``)."""
+    return [*mpiexec_command(workers, "-disable-auto-cleanup"), sys.executable, "-m", "engine.parallel.supervise",
+            sys.executable, "-m", "cli", *argv]
+
+
+def launch(workers: int, argv: Sequence[str], stop: Any = None) -> int:
+    """Run ``engine <argv>`` as ``workers`` ranks under mpiexec, wait, and return the job's exit status.
+
+    Each rank runs under ``engine.parallel.supervise`` and mpiexec with ``-disable-auto-cleanup``, so
+    a rank killed by a signal does not make Hydra SIGKILL the others (see that module): they stop,
+    clean up and save. mpiexec runs in its own session: a terminal's Ctrl-C or hang-up reaches this
+    process alone, and ``stop`` (``engine.signals.StopSignals``) passes the first stop signal on to
+    every rank through a note in a private launch directory (the supervisors poll it), so the ranks
+    stop together at a step boundary, as one process would; mpiexec would have SIGKILLed them.
+    """
     reason = mpi_available()
     if reason is not None:
         raise ParallelError(reason)
     command = launch_command(workers, argv)
-    env = {**os.environ, LAUNCHED_ENV: str(workers)}
+    folder = tempfile.mkdtemp(prefix="engine-launch-")  # mode 0700
+    env = {**os.environ, LAUNCHED_ENV: str(workers), LAUNCH_DIR_ENV: folder}
     # the ranks import ``cli`` by module name: put the directory the running one came from on their
     # path (looked up, not imported: the runtime never imports the command line)
     cli = sys.modules.get("cli")
     if cli is not None and getattr(cli, "__file__", None):
         root = os.path.dirname(os.path.abspath(cli.__file__))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return subprocess.call(command, env=env)
+    process = None
+    try:
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        passed_on = False
+        while True:
+            try:
+                return process.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            received = getattr(stop, "received", None)
+            if received is not None and not passed_on:
+                write_note(folder, "stop", received)
+                passed_on = True
+    finally:
+        if process is not None and process.poll() is None:  # this process is failing: do not orphan the job
+            process.kill()
+            process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def start_or_join(workers: int | None, argv: Sequence[str]) -> tuple[World | None, int | None]:
+def start_or_join(workers: int | None, argv: Sequence[str], stop: Any = None) -> tuple[World | None, int | None]:
     """What ``--workers`` means for this process: (world, None) to run as a rank of ``world`` (None: one
     process), or (None, exit status) after launching the ranks itself.
 
@@ -191,7 +230,7 @@ def start_or_join(workers: int | None, argv: Sequence[str]) -> tuple[World | Non
         return (world if world.size > 1 else None), None
     if workers is None or workers == 1:
         return None, None
-    return None, launch(workers, argv)
+    return None, launch(workers, argv, stop)
 
 
 @contextmanager
@@ -223,6 +262,14 @@ def _abort_for_current(world: World, stream: Any) -> None:
         _report_and_abort(world, stream, f"exited with status {exc.code}", code)
     except PeerFailed as failure:
         _acknowledge_and_abort(world, failure)
+    except RankLost as lost:
+        _exit_after_loss(world, stream, lost)
+    except Interrupted as stopped:
+        if stopped.signum == AGREED_STOP[0]:  # every rank stopped at the same step (DataParallel.agreed_stop)
+            if world.is_root:
+                raise  # rank 0 says it (the command line prints the one line), with the exit code
+            raise SystemExit(stopped.exit_code) from None
+        _report_and_abort(world, stream, str(stopped), stopped.exit_code)
     except KeyboardInterrupt:
         _report_and_abort(world, stream, "interrupted (SIGINT)", 130)
     except Terminated:
@@ -284,6 +331,8 @@ def check_peers(world: World | None = None) -> None:
         return
     from mpi4py import MPI
 
+    if _PEER_LOST[0]:
+        raise _rank_lost(world)
     status = MPI.Status()
     if world.comm.Iprobe(source=MPI.ANY_SOURCE, tag=FAILURE_TAG, status=status):
         notice = np.empty(2, dtype=np.int32)
@@ -331,3 +380,91 @@ def install_signal_handler() -> None:
             raise Terminated()
 
         signal.signal(signal.SIGTERM, terminate)
+
+
+# --- a rank that died without a word (SIGKILL, the OOM killer, a crash) -------------------------------
+
+_PEER_LOST = [False]  # set by SIGUSR1: Hydra's notice (with -disable-auto-cleanup) that a rank of the job ended
+NOTE_WAIT_SECONDS = 2.0  # how long a rank told of a lost partner waits for its supervisor's note
+AGREED_STOP = [0]  # the stop signal every rank agreed on (DataParallel.agreed_stop), 0 while none
+
+
+class RankLost(Interrupted):
+    """Another rank ended in the middle of the run (killed, crashed): this rank stopped too, at the last
+    step every rank completed. Exit code 128 + the signal that ended it (1 when it is not known)."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message, signum or 0)
+        if not signum:
+            self.exit_code = 1
+
+
+def install_peer_loss_handler() -> None:
+    """In a rank: SIGUSR1 (Hydra's notice that a rank of the job ended) only sets a flag that
+    ``check_peers`` reads while this rank waits on the others (its default action would kill us)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGUSR1)
+    if current == signal.SIG_DFL or (current == signal.SIG_IGN and LAUNCH_DIR_ENV in os.environ):
+        def lost(signum: int, frame: Any) -> None:
+            _PEER_LOST[0] = True
+
+        signal.signal(signal.SIGUSR1, lost)
+        # Hydra sends the notice when any rank's PMI socket closes, also at a normal end; Python puts the
+        # default action (death) back when it shuts down, so from our exit on the notice is ignored
+        atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
+
+
+def lost_ranks(world: World) -> dict[int, int]:
+    """{rank: signal} of the ranks whose supervisor reported them ended by a signal (launch notes)."""
+    folder = os.environ.get(LAUNCH_DIR_ENV)
+    found = {}
+    for rank in range(world.size):
+        signum = read_note(folder, f"lost-{rank}")
+        if signum is not None and rank != world.rank:
+            found[rank] = signum
+    return found
+
+
+def _rank_lost(world: World) -> RankLost:
+    """The error for a lost rank, after removing the swap directory it left (its lock is free now)."""
+    lost = lost_ranks(world)
+    deadline = time.monotonic() + NOTE_WAIT_SECONDS
+    while not lost and time.monotonic() < deadline:  # Hydra's notice can come before the supervisor's note
+        time.sleep(0.01)
+        lost = lost_ranks(world)
+    _remove_stale_swap()
+    if not lost:
+        return RankLost(f"another of the {world.size} ranks ended unexpectedly (mpiexec reported it); every rank "
+                        "stopped")
+    named = ", ".join(f"rank {r} of {world.size} was killed by {signal_name(s)}" for r, s in sorted(lost.items()))
+    return RankLost(f"{named}; every rank stopped", next(iter(lost.values())))
+
+
+def _remove_stale_swap() -> None:
+    """Remove the swap directories of dead processes beside ours (a rank killed outright left its own)."""
+    storage = sys.modules.get("engine.offload.storage")
+    if storage is not None:
+        for base in storage.open_bases():
+            storage.remove_stale_directories(base)
+
+
+def writes_for_the_job(world: World) -> bool:
+    """Whether this rank writes the checkpoint: rank 0, or after a rank was lost the lowest one left
+    (every rank holds the same weights)."""
+    lost = lost_ranks(world) if _PEER_LOST[0] else {}
+    return world.rank == min(r for r in range(world.size) if r not in lost)
+
+
+def _exit_after_loss(world: World, stream: Any, lost: RankLost) -> None:
+    """A rank left after another died: the writer says it in one line; every one exits at once (no
+    MPI_Finalize, which would wait for the dead rank; no MPI_Abort, which has nothing left to end)."""
+    _clean_up_local()
+    if writes_for_the_job(world):
+        print(f"Error: {lost}", file=stream, flush=True)
+    for handle in (sys.stdout, sys.stderr, stream):
+        try:
+            handle.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(lost.exit_code)

@@ -16,6 +16,7 @@ import numpy as np
 from engine.data.datasets import Dataset
 from engine.data.prefetch import BatchStream
 from engine.evaluate import Evaluation, Scorer
+from engine.parallel.comm import wait_all
 from engine.parallel.data import StridedSource
 
 
@@ -39,10 +40,9 @@ def evaluate_sharded(
                 net.predict(batch.x, out=logits)
                 losses[j] = scorer.add(logits, batch.y_host, batch.valid_rows)
     counts = np.array([scorer.top5_hits, scorer.examples], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, scorer.confusion, op=MPI.SUM)
-    comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
     gathered = np.empty((comm.size, per_rank), dtype=np.float64)
-    comm.Allgather(losses, gathered)
+    wait_all([comm.Iallreduce(MPI.IN_PLACE, scorer.confusion, op=MPI.SUM),  # polled: a rank lost meanwhile ends it
+              comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.SUM), comm.Iallgather(losses, gathered)])
     loss_sum = 0.0
     for index in range(source.batches_per_epoch):  # batch order, as one process adds them
         loss_sum += float(gathered[index % comm.size, index // comm.size])

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import signal
 from typing import Any
 
 import numpy as np
 
 from engine.parallel.allreduce import DEFAULT_BUCKET_BYTES, GradientAllreduce
-from engine.parallel.comm import World, check_peers, wait_all
+from engine.parallel.comm import AGREED_STOP, World, check_peers, wait_all, writes_for_the_job
 from engine.parallel.data import ShardedBatchSource
 from engine.train import TrainingListener
 
@@ -74,6 +76,7 @@ class DataParallel:
         self.listener: ParameterAveraging | None = None
         self.resynchronized = False
         self.exposed_seconds: list[float] = []  # gradients mode: per step, the wait for the allreduce at the end
+        self.trainer: Any = None  # the trainer, from start on (AgreedStop keys its question on its step)
         self.averages = 0  # parameter averages done (parameters mode)
 
     @property
@@ -100,7 +103,9 @@ class DataParallel:
                                   rank=self.world.rank, workers=self.world.size)
 
     def start(self, trainer: Any) -> None:
+        self.trainer = trainer
         self.broadcast_state(trainer)
+        _install_test_fault(trainer, self.world)
         if self.averaging == "gradients":
             self.hook = GradientAllreduce(trainer.net, self.comm, self.bucket_bytes)
             trainer.net.hooks.append(self.hook)
@@ -144,8 +149,8 @@ class DataParallel:
         sums = np.array([examples, steady_examples, score.epoch_correct,
                          score.epoch_examples, score.recent_loss], dtype=np.float64)
         longest = np.array([seconds, steady_seconds], dtype=np.float64)
-        self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
-        self.comm.Allreduce(MPI.IN_PLACE, longest, op=MPI.MAX)
+        wait_all([self.comm.Iallreduce(MPI.IN_PLACE, sums, op=MPI.SUM),
+                  self.comm.Iallreduce(MPI.IN_PLACE, longest, op=MPI.MAX)])
         images = sums[0] / longest[0] if longest[0] > 0 else 0.0
         steady = sums[1] / longest[1] if longest[1] > 0 and result.steps > 2 else None  # n/a: too few steps
         return dataclasses.replace(
@@ -155,6 +160,27 @@ class DataParallel:
             train_accuracy=float(sums[2] / sums[3]) if sums[3] else result.train_accuracy,
             final_loss=float(sums[4] / self.workers),
         )
+
+    def agreed_stop(self, local: Any) -> AgreedStop:
+        """The trainer's ``stop``: ``local`` (this rank's StopSignals), agreed on by every rank each step."""
+        return AgreedStop(local, self)
+
+    def checkpoint_writer(self, path: str | None, write: Any, **options: Any) -> Any:
+        """A CheckpointWriter that writes on one rank: rank 0, or the lowest rank left after one died."""
+        from engine.guard import CheckpointWriter
+
+        world = self.world
+
+        class RankCheckpointWriter(CheckpointWriter):
+            @property
+            def path(self) -> str | None:
+                return self._path if writes_for_the_job(world) else None
+
+            @path.setter
+            def path(self, value: str | None) -> None:
+                self._path = value
+
+        return RankCheckpointWriter(path, write, **options)
 
     # --- synchronisation -----------------------------------------------------------------------------
 
@@ -179,8 +205,7 @@ class DataParallel:
         self.averages += 1
 
     def broadcast_state(self, trainer: Any) -> None:
-        for array in self.state_arrays(trainer):
-            self.comm.Bcast(array, root=0)
+        wait_all([self.comm.Ibcast(array, root=0) for array in self.state_arrays(trainer)])
 
     def identical(self, trainer: Any) -> bool:
         """Whether every rank holds the same bits (SHA-256 of the state, compared through an Allgather)."""
@@ -189,5 +214,69 @@ class DataParallel:
             digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
         mine = np.frombuffer(digest.digest(), dtype=np.uint8).copy()
         everyone = np.empty((self.workers, mine.size), dtype=np.uint8)
-        self.comm.Allgather(mine, everyone)
+        wait_all([self.comm.Iallgather(mine, everyone)])
         return bool((everyone == everyone[0]).all())
+
+
+class AgreedStop:
+    """A stop signal every rank acts on at the same step boundary.
+
+    A signal reaches the ranks at different moments (the launcher's note is polled by each rank's
+    supervisor; a ``kill`` may target one rank): a rank that stopped alone would leave the others
+    waiting in the next allreduce. So the Trainer's question "has a stop signal arrived?", asked once
+    before each step, is answered by all ranks together: an allreduce (MAX) of each rank's signal
+    number, 0 for none, polled like every wait here (``wait_all``), so a rank lost meanwhile ends it
+    too. One 4-byte allreduce per step. Asked again at the same step, the answer is remembered; once
+    a stop is agreed it stays (``AGREED_STOP`` tells ``abort_on_error`` the ranks stopped together).
+    Everything else (``record``, ``check``, ``restore``) is the local object's.
+    """
+
+    def __init__(self, local: Any, parallel: DataParallel):
+        self.local = local
+        self.parallel = parallel
+        self.agreed: int | None = None
+        self._answered: tuple[int, int | None] | None = None  # (step, answer)
+
+    @property
+    def received(self) -> int | None:
+        if self.agreed is not None:
+            return self.agreed
+        trainer = self.parallel.trainer
+        if trainer is None:  # outside the loop: this rank's own signal
+            return self.local.received
+        if self._answered is not None and self._answered[0] == trainer.step:
+            return self._answered[1]
+        from mpi4py import MPI
+
+        flag = np.array([self.local.received or 0], dtype=np.int32)
+        wait_all([self.parallel.comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)])
+        answer = int(flag[0]) or None
+        self._answered = (trainer.step, answer)
+        if answer is not None:
+            self.agreed = answer
+            AGREED_STOP[0] = answer
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.local, name)
+
+
+TEST_FAULT_ENV = "ENGINE_TEST_KILL_RANK"
+"""Tests only: "RANK:STEP" makes that rank SIGKILL itself in the backward of that step (0-based), after
+its first gradients were handed to the allreduce: a rank dying mid-step, deterministically."""
+
+
+class _KillInBackward:
+    def __init__(self, trainer: Any, step: int):
+        self.trainer, self.step = trainer, step
+
+    def after_backward(self, time_step: int, node: Any) -> None:
+        if self.trainer.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install_test_fault(trainer: Any, world: World) -> None:
+    spec = os.environ.get(TEST_FAULT_ENV, "")
+    rank, _, step = spec.partition(":")
+    if rank.isdigit() and step.isdigit() and int(rank) == world.rank:
+        trainer.net.hooks.append(_KillInBackward(trainer, int(step)))
