@@ -85,7 +85,7 @@ def guarded_fit(trainer: Any, writer: CheckpointWriter) -> Any:
         note = writer.save(trainer, "the weights before it", " --override lr --lr SMALLER")
         raise TrainingDiverged(f"{exc}{note}") from None
     except Interrupted as exc:  # a stop that could not wait for the step's end (an MPI rank lost mid-step)
-        note = writer.save(trainer, "the last step every rank completed")
+        note = writer.save(trainer, getattr(exc, "kept", "the last step every rank completed"))
         raise type(exc)(f"{exc} during step {trainer.step + 1} of {trainer.total_steps}{note}", exc.signum) from None
     except (DataError, OutputWriteError) as exc:  # a file of the user's, not the swap disk: the weights are whole
         note = writer.save(trainer, "the last completed step")

@@ -397,6 +397,7 @@ class RankLost(Interrupted):
         super().__init__(message, signum or 0)
         if not signum:
             self.exit_code = 1
+        self.kept = "the last step every rank completed"  # what the checkpoint holds (parameter averaging: less)
 
 
 def install_peer_loss_handler() -> None:

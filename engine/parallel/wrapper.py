@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from engine.parallel.allreduce import DEFAULT_BUCKET_BYTES, GradientAllreduce
-from engine.parallel.comm import AGREED_STOP, World, check_peers, wait_all, writes_for_the_job
+from engine.parallel.comm import AGREED_STOP, RankLost, World, check_peers, wait_all, writes_for_the_job
 from engine.parallel.data import ShardedBatchSource
 from engine.train import TrainingListener
 
@@ -44,6 +44,11 @@ class ParameterAveraging(TrainingListener):
         self.parallel = parallel
         self.frequency = frequency
         self.last_synchronized = -1  # global step count at the last average
+
+    def on_train_abort(self, trainer: Any, error: BaseException) -> None:
+        if isinstance(error, RankLost):  # the ranks' weights differ since the last average: say whose are kept
+            error.kept = (f"rank {self.parallel.world.rank}'s own weights (the ranks last averaged after step "
+                          f"{self.last_synchronized}; the lost rank's steps since then are gone)")
 
     def on_step_end(self, trainer: Any, record: Any) -> None:
         check_peers()  # ranks do not meet between averages: notice a failed one here

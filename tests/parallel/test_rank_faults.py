@@ -71,6 +71,31 @@ def test_a_rank_killed_mid_step_stops_every_rank_and_saves_the_last_step_all_com
     assert left_behind(tmp_path) == []
 
 
+def test_with_parameter_averaging_a_lost_rank_leaves_the_survivors_own_weights_and_says_so(tmp_path):
+    """Averaging every 3 steps, rank 1 killed in step 5 (index 4): rank 0 trained step 5 alone (the ranks
+    meet only at averages and at the stop question before each step), its weights were last averaged
+    after step 3: saved, and the line says whose they are, not "the last step every rank completed"."""
+    mpiexec()
+    (tmp_path / "swap").mkdir()
+    killed = subprocess.run(
+        [sys.executable, "-m", "cli", *COMMON, "--offload-dir", str(tmp_path / "swap"), "--steps", "10",
+         "--averaging", "parameters", "--averaging-frequency", "3", "--save", str(tmp_path / "killed.st")],
+        capture_output=True, text=True, cwd=str(tmp_path), env=launch_env(tmp_path, ENGINE_TEST_KILL_RANK="1:4"),
+        timeout=TIMEOUT)
+    assert killed.returncode == 128 + signal.SIGKILL, killed.stdout + killed.stderr
+    lines = error_lines(killed.stderr)
+    assert len(lines) == 1, killed.stdout + killed.stderr
+    expected = "Error: rank 1 of 2 was killed by SIGKILL; every rank stopped during step 6 of 10"
+    assert lines[0].startswith(expected), lines
+    assert "rank 0's own weights (the ranks last averaged after step 3; the lost rank's steps since then are gone)" \
+        in lines[0] and "the last step every rank completed" not in lines[0]
+    from engine.checkpoint import read_checkpoint
+
+    assert "the checkpoint of step 5 was written" in lines[0]  # rank 0 met rank 1 last before step 5
+    assert read_checkpoint(str(tmp_path / "killed.st")).step == 5
+    assert left_behind(tmp_path) == []
+
+
 def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves_it(tmp_path):
     """The launching ``engine train --workers 2`` gets SIGTERM while the ranks train (it used to be
     recorded and ignored: the ranks trained to the end). It passes the stop on; the ranks agree on
