@@ -33,6 +33,10 @@ class BackendUnavailable(UserError, RuntimeError):
     """The backend asked for cannot run here; the message says why and what to do."""
 
 
+class CaptureError(RuntimeError):
+    """Something a captured CUDA graph cannot hold happened inside the capture (see ``Backend.capturing``)."""
+
+
 class KernelTable:
     """The ops a backend offers, by name; every call validates and unwraps workspace tensors.
 
@@ -141,6 +145,11 @@ class Backend:
     xp: ModuleType
     _kernel_module: str
     _table: KernelTable | None = field(default=None, repr=False)
+    capturing: bool = False
+    """True while a step is being captured as a CUDA graph (engine/bench/cuda_graph.py): nothing may then
+    read the device or wait for it (a capturing stream cannot be synchronized, a device-to-host copy
+    would be captured, not run) or allocate (the graph keeps the addresses it saw). Callers that would
+    (the loss head) check this; the methods below refuse, so the simulator shows such a call."""
 
     @property
     def kernels(self) -> KernelTable:
@@ -154,20 +163,31 @@ class Backend:
         """True when arrays live in GPU memory (copies to the host are needed to read them)."""
         return self.name == "cuda"
 
+    def _not_capturing(self, what: str) -> None:
+        if self.capturing:
+            raise CaptureError(
+                f"{what} while a step is being captured as a CUDA graph: a captured step may not allocate, copy "
+                "between host and device or wait for the GPU; run this step eagerly (StepRunner(capture=False))"
+            )
+
     def alloc_block(self, nbytes: int) -> Any:
         """One raw block of bytes; workspaces carve typed views out of it."""
+        self._not_capturing(f"allocating {int(nbytes)} bytes")
         return self.xp.empty(int(nbytes), dtype=np.uint8)
 
     def synchronize(self) -> None:
+        self._not_capturing("synchronize()")
         if self.name == "cuda":
             self.xp.cuda.get_current_stream().synchronize()
 
     def to_host(self, array: Any) -> np.ndarray:
+        self._not_capturing("a copy to the host")
         if self.name == "cuda":
             return self.xp.asnumpy(array)
         return np.asarray(array)
 
     def to_device(self, array: np.ndarray) -> Any:
+        self._not_capturing("a copy to the device")
         return self.xp.asarray(array)
 
 

@@ -194,6 +194,8 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "softmax_xent_backward_kernel": (f2, t.i64_1, f2),
         "sgd_kernel": (f1, f1, f1, f32, f32, f32, t.boolean),
         "adam_kernel": (f1, f1, f1, f1, f32, f32, f32, f32, f32, f32),
+        "sgd_scalars_kernel": (f1, f1, f1, f1, f32, f32, t.boolean),
+        "adam_scalars_kernel": (f1, f1, f1, f1, f1, f32, f32, f32, f32),
     }
 
 
@@ -237,14 +239,25 @@ def catalog() -> list[KernelSpec]:
         "conv_backward_data": (t.f2, t.f4, t.f3),  # w, dout, dx[N, C, H·W]
         "conv_backward_weight": (t.f3, t.f4, t.f3),  # dout[N, K, P], x, partial dw[splits, K, C/g·R·S]
     }
-    for version_name in ("v1", "v2", "v3"):
-        version = gemm.VERSIONS[version_name]()
+    versions = [gemm.VERSIONS[name]() for name in ("v1", "v2", "v3")]
+    versions += [gemm.tile_version(config) for config in gemm.CANDIDATES.values()]
+    for version in versions:
         threads = version.threads[0] * version.threads[1]
         for operands in (gemm.MATRIX, *conv.OPERANDS):
             kernel = version.kernel(operands)
             name = kernel.py_func.__name__
             specs.append(KernelSpec(name, "gemm", kernel, operand_arrays[operands.name] + gemm_args, threads))
     return specs
+
+
+def tile_config_of(kernel_name: str) -> Any:
+    """The tile family's configuration a kernel was built for (None for every other kernel)."""
+    from kernels.cuda import gemm
+
+    for config in gemm.CANDIDATES.values():
+        if kernel_name.endswith("_tiles_" + config.name.replace("-", "_")):
+            return config
+    return None
 
 
 @functools.cache

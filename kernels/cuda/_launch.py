@@ -21,6 +21,14 @@ try:  # numba-cuda warns on every launch of fewer than 128 blocks: by design her
     from numba.cuda.core import config as _cuda_config
 
     _cuda_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    # A CuPy array's __cuda_array_interface__ names CuPy's current stream, and numba-cuda (0.30,
+    # cudadrv/devicearray.py: _to_strided_memory_view) *synchronizes* that stream for every such array
+    # argument of every launch unless this is off: each launch waited for the GPU to drain, so host and
+    # GPU never overlapped, and a stream being captured into a CUDA graph may not be synchronized at all
+    # (the capture fails). Every launch below runs on that very stream (``launch``), so stream order
+    # already puts it after the work that wrote its arguments; work on other streams (offload's copies)
+    # is ordered with events (engine/offload/staging.py).
+    _cuda_config.CUDA_ARRAY_INTERFACE_SYNC = 0
 except ImportError:  # the simulator or another numba-cuda layout: it does not warn
     pass
 

@@ -54,63 +54,81 @@ from kernels.cuda._launch import (
     reduction_threads,
 )
 from kernels.cuda.channels import add_bias, sum_channels
-from kernels.cuda.gemm import Operands, active_gemm
+from kernels.cuda.gemm import choose, compose_operands
 from kernels.cuda.reduce import block_sum
 
 # --- implicit-GEMM operands --------------------------------------------------------------------------
-# geom = (Cg, H, W, Kg, OH, OW, R, S, stride, pad, splits); z = blockIdx.z = group · splits + split.
-# Backward data puts stride² (its phases) where the weight gradient puts its splits.
+# geom = (Cg, H, W, Kg, OH, OW, R, S, stride, pad, phases, splits);
+# z = blockIdx.z = (group · phases + phase) · splits + split. Phases are backward data's stride² (1 otherwise).
+# Each operand comes in the tile family's split form (gemm.Operands): ``prep`` decodes the fixed row or
+# column of a thread once, ``at`` the per-k rest.
 
 
 @cuda.jit(device=True)
-def _column(x, row, col, group, geom):
-    """Entry (row, col) of the group's im2col matrix: x[n, c, oh·stride − pad + r, ow·stride − pad + s] or 0.
+def _z_parts(z, geom):
+    """(group, phase, split) of a launch's blockIdx.z."""
+    splits = geom[11]
+    zz = z // splits
+    group = zz // geom[10]
+    return group, zz - group * geom[10], z - zz * splits
 
-    row = (c·R + r)·S + s, col = n·OH·OW + oh·OW + ow.
-    """
-    Cg, H, W = geom[0], geom[1], geom[2]
-    OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
+
+@cuda.jit(device=True)
+def _forward_prep_a(w2, i, z, geom):
+    group, phase, split = _z_parts(z, geom)
+    return (group * geom[3] + i, 0, 0, 0, 0, 0)
+
+
+@cuda.jit(device=True)
+def _row_at(w2, prep, k, z, geom):
+    return w2[prep[0], k]
+
+
+@cuda.jit(device=True)
+def _forward_prep_b(x, j, z, geom):
+    """Column j = n·OH·OW + oh·OW + ow of the im2col matrix: (n, first channel, oh·stride − pad, ow·stride − pad)."""
+    OH, OW, stride, pad = geom[4], geom[5], geom[8], geom[9]
+    group, phase, split = _z_parts(z, geom)
     P = OH * OW
-    n = col // P
-    p = col - n * P
+    n = j // P
+    p = j - n * P
     oh = p // OW
     ow = p - oh * OW
-    c = row // (R * S)
-    rs = row - c * (R * S)
+    return (n, group * geom[0], oh * stride - pad, ow * stride - pad, 0, 0)
+
+
+@cuda.jit(device=True)
+def _forward_b_at(x, prep, k, z, geom):
+    """Entry (k, column) of the im2col matrix: k = (c·R + r)·S + s; 0 in the padding."""
+    R, S = geom[6], geom[7]
+    c = k // (R * S)
+    rs = k - c * (R * S)
     r = rs // S
-    s = rs - r * S
-    h = oh * stride - pad + r
-    w = ow * stride - pad + s
-    if 0 <= h < H and 0 <= w < W:
-        return x[n, group * Cg + c, h, w]
+    h = prep[2] + r
+    w = prep[3] + rs - r * S
+    if 0 <= h < geom[1] and 0 <= w < geom[2]:
+        return x[prep[0], prep[1] + c, h, w]
     return float32(0.0)
 
 
 @cuda.jit(device=True)
-def _forward_a(w2, i, k, z, geom):
-    return w2[(z // geom[10]) * geom[3] + i, k]
-
-
-@cuda.jit(device=True)
-def _forward_b(x, k, j, z, geom):
-    return _column(x, k, j, z // geom[10], geom)
-
-
-@cuda.jit(device=True)
 def _forward_store(out3, i, j, z, geom, value, accumulate):
+    """out3 is [splits·N, K, OH·OW]: split s writes images s·N ... (with one split, out itself)."""
+    group, phase, split = _z_parts(z, geom)
     P = geom[4] * geom[5]
     n = j // P
-    out3[n, (z // geom[10]) * geom[3] + i, j - n * P] = value
+    out3[split * (out3.shape[0] // geom[11]) + n, group * geom[3] + i, j - n * P] = value
 
 
 @cuda.jit(device=True)
-def _phase(z, geom):
-    """(group, ph, pw) of backward data's z = group·stride² + ph·stride + pw (geom[10] = stride²)."""
-    stride = geom[8]
-    group = z // geom[10]
-    p = z - group * geom[10]
-    ph = p // stride
-    return group, ph, p - ph * stride
+def _phase_offsets(z, geom):
+    """(group, ph, pw, r0, s0) of backward data's z: the phase's pixel offsets and its first taps
+    r0 = (ph + pad) mod stride, s0 likewise, the only taps (with steps of stride) that reach it."""
+    stride, pad = geom[8], geom[9]
+    group, phase, split = _z_parts(z, geom)
+    ph = phase // stride
+    pw = phase - ph * stride
+    return group, ph, pw, (ph + pad) % stride, (pw + pad) % stride
 
 
 @cuda.jit(device=True)
@@ -127,86 +145,123 @@ def _phase_pixel(j, ph, pw, geom):
 
 
 @cuda.jit(device=True)
-def _phase_tap(k, ph, pw, geom):
+def _phase_tap(k, r0, s0, geom):
     """(kk, r, s) of backward data's reduction index k = (kk, rr, ss): output channel kk and tap
-    r = r0 + stride·rr, s = s0 + stride·ss, the only taps that reach phase (ph, pw) (r, s may fall past
-    R, S)."""
-    R, S, stride, pad = geom[6], geom[7], geom[8], geom[9]
+    r = r0 + stride·rr, s = s0 + stride·ss (r, s may fall past R, S)."""
+    R, S, stride = geom[6], geom[7], geom[8]
     TR = (R + stride - 1) // stride
     TS = (S + stride - 1) // stride
     kk = k // (TR * TS)
     t = k - kk * (TR * TS)
     rr = t // TS
-    return kk, (ph + pad) % stride + stride * rr, (pw + pad) % stride + stride * (t - rr * TS)
+    return kk, r0 + stride * rr, s0 + stride * (t - rr * TS)
 
 
 @cuda.jit(device=True)
-def _data_a(w2, i, k, z, geom):
-    """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S).
+def _data_prep_a(w2, i, z, geom):
+    group, ph, pw, r0, s0 = _phase_offsets(z, geom)
+    return (i, group * geom[3], r0, s0, 0, 0)
 
-    r0 = (ph + pad) mod stride: the only taps that reach dx rows of phase ph.
-    """
+
+@cuda.jit(device=True)
+def _data_a_at(w2, prep, k, z, geom):
+    """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S)."""
     R, S = geom[6], geom[7]
-    group, ph, pw = _phase(z, geom)
-    kk, r, s = _phase_tap(k, ph, pw, geom)
+    kk, r, s = _phase_tap(k, prep[2], prep[3], geom)
     if r < R and s < S:
-        return w2[group * geom[3] + kk, (i * R + r) * S + s]
+        return w2[prep[1] + kk, (prep[0] * R + r) * S + s]
     return float32(0.0)
 
 
 @cuda.jit(device=True)
-def _data_b(dout, k, j, z, geom):
-    """B[(k, rr, ss), (n, hh, ww)] = dout[n, group·Kg + k, oh, ow] where dx pixel (ph + stride·hh, pw + stride·ww)
-    is read by output (oh, ow) through tap (r, s); 0 where no output reads it."""
-    H, W, Kg = geom[1], geom[2], geom[3]
-    OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
-    group, ph, pw = _phase(z, geom)
+def _data_prep_b(dout, j, z, geom):
+    group, ph, pw, r0, s0 = _phase_offsets(z, geom)
     n, h, w = _phase_pixel(j, ph, pw, geom)
-    kk, r, s = _phase_tap(k, ph, pw, geom)
-    if h < H and w < W and r < R and s < S:
+    return (n, h, w, group * geom[3], r0, s0)
+
+
+@cuda.jit(device=True)
+def _data_b_at(dout, prep, k, z, geom):
+    """B[(k, rr, ss), (n, hh, ww)] = dout[n, group·Kg + k, oh, ow] where dx pixel (h, w) is read by output
+    (oh, ow) through tap (r, s); 0 where no output reads it."""
+    OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
+    h, w = prep[1], prep[2]
+    kk, r, s = _phase_tap(k, prep[4], prep[5], geom)
+    if h < geom[1] and w < geom[2] and r < R and s < S:
         th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
         tw = w + pad - s
         if th >= 0 and tw >= 0:
             oh = th // stride
             ow = tw // stride
             if oh < OH and ow < OW:
-                return dout[n, group * Kg + kk, oh, ow]
+                return dout[prep[0], prep[3] + kk, oh, ow]
     return float32(0.0)
 
 
 @cuda.jit(device=True)
 def _data_store(dx3, i, j, z, geom, value, accumulate):
-    H, W = geom[1], geom[2]
-    group, ph, pw = _phase(z, geom)
+    """dx3 is [splits·N, C, H·W]: split s writes images s·N ... (with one split, dx itself)."""
+    W = geom[2]
+    group, ph, pw, r0, s0 = _phase_offsets(z, geom)
     n, h, w = _phase_pixel(j, ph, pw, geom)
-    if h < H and w < W:
-        dx3[n, group * geom[0] + i, h * W + w] = value
+    if h < geom[1] and w < W:
+        split = z - (z // geom[11]) * geom[11]
+        dx3[split * (dx3.shape[0] // geom[11]) + n, group * geom[0] + i, h * W + w] = value
 
 
 @cuda.jit(device=True)
-def _weight_a(dout3, i, k, z, geom):
+def _weight_prep_a(dout3, i, z, geom):
+    group, phase, split = _z_parts(z, geom)
+    return (group * geom[3] + i, 0, 0, 0, 0, 0)
+
+
+@cuda.jit(device=True)
+def _weight_a_at(dout3, prep, k, z, geom):
     """A[k_out, (n, p)] = dout[n, group·Kg + k_out, p]."""
     P = geom[4] * geom[5]
     n = k // P
-    return dout3[n, (z // geom[10]) * geom[3] + i, k - n * P]
+    return dout3[n, prep[0], k - n * P]
 
 
 @cuda.jit(device=True)
-def _weight_b(x, k, j, z, geom):
-    return _column(x, j, k, z // geom[10], geom)
+def _weight_prep_b(x, j, z, geom):
+    """Column j = (c·R + r)·S + s of dw: (input channel, r − pad, s − pad)."""
+    R, S, pad = geom[6], geom[7], geom[9]
+    group, phase, split = _z_parts(z, geom)
+    c = j // (R * S)
+    rs = j - c * (R * S)
+    r = rs // S
+    return (group * geom[0] + c, r - pad, rs - r * S - pad, 0, 0, 0)
+
+
+@cuda.jit(device=True)
+def _weight_b_at(x, prep, k, z, geom):
+    """B[(n, oh, ow), (c, r, s)] = x[n, c, oh·stride − pad + r, ow·stride − pad + s] or 0."""
+    OH, OW, stride = geom[4], geom[5], geom[8]
+    P = OH * OW
+    n = k // P
+    p = k - n * P
+    oh = p // OW
+    h = oh * stride + prep[1]
+    w = (p - oh * OW) * stride + prep[2]
+    if 0 <= h < geom[1] and 0 <= w < geom[2]:
+        return x[n, prep[0], h, w]
+    return float32(0.0)
 
 
 @cuda.jit(device=True)
 def _weight_store(partial3, i, j, z, geom, value, accumulate):
     """Split s of group g writes partial3[s, g·Kg + i, j] (with one split partial3 is dw itself, [1, K, Cg·R·S])."""
-    splits = geom[10]
-    group = z // splits
-    partial3[z - group * splits, group * geom[3] + i, j] = value
+    group, phase, split = _z_parts(z, geom)
+    partial3[split, group * geom[3] + i, j] = value
 
 
-CONV_FORWARD = Operands("conv_forward", _forward_a, _forward_b, _forward_store)
-CONV_BACKWARD_DATA = Operands("conv_backward_data", _data_a, _data_b, _data_store)
-CONV_BACKWARD_WEIGHT = Operands("conv_backward_weight", _weight_a, _weight_b, _weight_store)
+CONV_FORWARD = compose_operands("conv_forward", _forward_prep_a, _row_at, _forward_prep_b, _forward_b_at,
+                                _forward_store)
+CONV_BACKWARD_DATA = compose_operands("conv_backward_data", _data_prep_a, _data_a_at, _data_prep_b, _data_b_at,
+                                      _data_store)
+CONV_BACKWARD_WEIGHT = compose_operands("conv_backward_weight", _weight_prep_a, _weight_a_at, _weight_prep_b,
+                                        _weight_b_at, _weight_store)
 OPERANDS = (CONV_FORWARD, CONV_BACKWARD_DATA, CONV_BACKWARD_WEIGHT)
 
 
@@ -322,15 +377,48 @@ def direct_conv_backward_weight(x, dout, dw, stride, pad, groups):
 # --- host side ---------------------------------------------------------------------------------------
 
 SPLIT_TARGET_BLOCKS = 264
-"""Blocks a split weight gradient aims for: two per SM of an H100 SXM (132 SMs), more than an A100's 108.
-Reasoned, not measured (no GPU here): the acceptance run's timings are where to tune it."""
+"""Blocks a split GEMM aims for: two per SM of an H100 SXM (132 SMs), more than an A100's 108.
+Reasoned, not measured: the tile search (benchmarks/gpu_tile_search.py) writes measured split counts
+into the table, which overrides this rule shape by shape."""
 SPLIT_MIN_K = 1024
-"""Fewest products per split: a split's partial dw is written and read back once, so it must carry
+"""Fewest products per split: a split's partial result is written and read back once, so it must carry
 work (1,024 FMAs per output against one extra write and read). Reasoned, not measured."""
 SPLIT_TILE = 64
-"""The C tile the split count assumes (v3's 64×64), fixed so scratch sizes do not depend on the GEMM chosen."""
+"""The C tile the split rule assumes (v3's 64×64), fixed so scratch sizes do not depend on the tile chosen."""
 SPLIT_K_ALIGN = 8
-"""Chunks are whole multiples of v3's k-slab, so no slab straddles two splits."""
+"""Chunks are whole multiples of 8 (the common k-slab), so no slab of an 8-deep tile straddles two splits."""
+
+
+def split_rule(M: int, N: int, K: int, z: int) -> int:
+    """How many k-splits a GEMM gets when the table names none: enough blocks for the GPU, never a split
+    under SPLIT_MIN_K products. Deep layers (512→512 on 4×4 at batch 32: 64 tiles of 64×64, K = 4,608)
+    split 4 ways; ResNet-18's first layers (512 tiles) not at all."""
+    tiles = -(-M // SPLIT_TILE) * -(-N // SPLIT_TILE) * z
+    return max(1, min(K // SPLIT_MIN_K, -(-SPLIT_TARGET_BLOCKS // tiles)))
+
+
+def split_chunk(K: int, splits: int) -> tuple[int, int]:
+    """(splits, k_chunk) for ``splits`` wanted: chunks aligned to SPLIT_K_ALIGN, so the count may drop."""
+    if splits <= 1:
+        return 1, max(1, K)
+    chunk = -(-K // splits)
+    chunk = -(-chunk // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
+    return -(-K // chunk), chunk
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One direction's implicit GEMM: sizes, grid depth (groups × phases), the choice and its k-chunks."""
+
+    op: str
+    M: int
+    N: int
+    K: int
+    z: int  # groups × phases, before the splits
+    phases: int
+    choice: Any
+    splits: int
+    k_chunk: int
 
 
 @dataclass(frozen=True)
@@ -364,27 +452,47 @@ class ConvGeometry:
         """Rows of the im2col matrix of one group: Cg·R·S."""
         return self.Cg * self.R * self.S
 
-    def geom(self, splits: int = 1) -> tuple[int, ...]:
+    def geom(self, phases: int = 1, splits: int = 1) -> tuple[int, ...]:
         """The ``geom`` tuple the implicit-GEMM operands read (order fixed by the device functions)."""
-        return (self.Cg, self.H, self.W, self.Kg, self.OH, self.OW, self.R, self.S, self.stride, self.pad, splits)
+        return (self.Cg, self.H, self.W, self.Kg, self.OH, self.OW, self.R, self.S, self.stride, self.pad, phases,
+                splits)
+
+    def gemm(self, direction: str) -> GemmShape:
+        """The GEMM of one direction ("forward", "data", "weight"), with the table's or the rule's split."""
+        st = self.stride
+        if direction == "forward":
+            op, M, N, K, phases = CONV_FORWARD.name, self.Kg, self.N * self.OH * self.OW, self.columns, 1
+        elif direction == "data":
+            op, M, phases = CONV_BACKWARD_DATA.name, self.Cg, st * st
+            N = self.N * -(-self.H // st) * -(-self.W // st)
+            K = self.Kg * -(-self.R // st) * -(-self.S // st)
+        else:
+            op, M, N, K, phases = CONV_BACKWARD_WEIGHT.name, self.Kg, self.columns, self.N * self.OH * self.OW, 1
+        z = self.groups * phases
+        choice = choose(op, M, N, K, z, split_rule(M, N, K, z))
+        splits, chunk = split_chunk(K, 1 if self.direct else choice.splits)
+        return GemmShape(op, M, N, K, z, phases, choice, splits, chunk)
 
     @property
     def weight_splits(self) -> tuple[int, int]:
         """(splits, k_chunk) of the weight gradient's GEMM over K = N·OH·OW; (1, K) when not split."""
-        k = self.N * self.OH * self.OW
-        tiles = -(-self.Kg // SPLIT_TILE) * -(-self.columns // SPLIT_TILE) * self.groups
-        wanted = min(k // SPLIT_MIN_K, -(-SPLIT_TARGET_BLOCKS // tiles))
-        if self.direct or wanted <= 1:
-            return 1, max(1, k)
-        chunk = -(-k // wanted)
-        chunk = -(-chunk // SPLIT_K_ALIGN) * SPLIT_K_ALIGN
-        return -(-k // chunk), chunk
+        shape = self.gemm("weight")
+        return shape.splits, shape.k_chunk
+
+    def scratch_size(self, direction: str) -> int:
+        """Floats of one direction's split-K partial results (0 when its GEMM is not split)."""
+        if self.direct:
+            return 0
+        splits = self.gemm(direction).splits
+        if splits == 1:
+            return 0
+        output = {"forward": self.N * self.K * self.OH * self.OW, "data": self.N * self.C * self.H * self.W,
+                  "weight": self.K * self.columns}[direction]
+        return splits * output
 
     @property
     def weight_scratch_size(self) -> int:
-        """Floats of the split-K partial weight gradients (0 when the GEMM is not split)."""
-        splits, _ = self.weight_splits
-        return 0 if splits == 1 else splits * self.K * self.columns
+        return self.scratch_size("weight")
 
 
 def conv_geometry(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> ConvGeometry:
@@ -415,19 +523,35 @@ def _check_output(name: str, array: Any, shape: tuple[int, ...]) -> None:
 
 
 def conv2d_forward_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    """0: the implicit GEMM reads x in place of a column matrix."""
-    conv_geometry(x_shape, w_shape, stride, pad, groups)
-    return 0
+    """0 unless the forward GEMM is split along K (deep layers): then the partial outputs."""
+    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size("forward")
 
 
 def conv2d_backward_data_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    """0: backward data gathers dout straight into dx."""
-    conv_geometry(x_shape, w_shape, stride, pad, groups)
-    return 0
+    """0 unless the backward-data GEMM is split along K: then the partial dx."""
+    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size("data")
 
 
 def conv2d_backward_weight_workspace_size(x_shape: Any, w_shape: Any, stride: Any, pad: Any, groups: int) -> int:
-    return conv_geometry(x_shape, w_shape, stride, pad, groups).weight_scratch_size
+    return conv_geometry(x_shape, w_shape, stride, pad, groups).scratch_size("weight")
+
+
+def _run_gemm(g: ConvGeometry, direction: str, operands: Any, A: Any, B: Any, out: Any, scratch: Any,
+              op_name: str) -> None:
+    """One direction's GEMM; split along K, into scratch, then ``sum_splits`` adds the splits in order.
+
+    ``out`` is the direction's output as the store expects it with one split ([N, K, P], [N, C, H·W] or
+    [1, K, Cg·R·S]); a split launch writes [splits·N, ...] (or [splits, ...]) partials of the same layout."""
+    shape = g.gemm(direction)
+    target = out
+    if shape.splits > 1:
+        flat = check_scratch(scratch, g.scratch_size(direction), op_name)
+        target = flat.reshape((shape.splits * out.shape[0],) + tuple(out.shape[1:]))
+    shape.choice.version.run(operands, A, B, target, shape.M, shape.N, shape.K, g.geom(shape.phases, shape.splits),
+                             z=shape.z * shape.splits, k_chunk=shape.k_chunk)
+    if shape.splits > 1:
+        launch(sum_splits, blocks_for(out.size), THREADS_PER_BLOCK, target.reshape(shape.splits, -1),
+               out.reshape(-1))
 
 
 def conv2d_forward(x: Any, w: Any, bias: Any, out: Any, stride: Any, pad: Any, groups: int, scratch: Any = None) -> None:
@@ -436,9 +560,8 @@ def conv2d_forward(x: Any, w: Any, bias: Any, out: Any, stride: Any, pad: Any, g
     if g.direct:
         launch(direct_conv_forward, blocks_for(out.size), THREADS_PER_BLOCK, x, w, out, g.stride, g.pad, g.groups)
     else:
-        w2 = w.reshape(g.K, g.columns)
-        out3 = out.reshape(g.N, g.K, g.OH * g.OW)
-        active_gemm().run(CONV_FORWARD, w2, x, out3, g.Kg, g.N * g.OH * g.OW, g.columns, g.geom(), z=g.groups)
+        _run_gemm(g, "forward", CONV_FORWARD, w.reshape(g.K, g.columns), x, out.reshape(g.N, g.K, g.OH * g.OW),
+                  scratch, "conv2d_forward")
     if bias is not None:
         add_bias(out.reshape(g.N, g.K, g.OH * g.OW), bias)
 
@@ -449,14 +572,8 @@ def conv2d_backward_data(dout: Any, w: Any, dx: Any, stride: Any, pad: Any, grou
     if g.direct:
         launch(direct_conv_backward_data, blocks_for(dx.size), THREADS_PER_BLOCK, dout, w, dx, g.stride, g.pad, g.groups)
         return
-    w2 = w.reshape(g.K, g.columns)
-    dx3 = dx.reshape(g.N, g.C, g.H * g.W)
-    st = g.stride
-    phase_pixels = g.N * -(-g.H // st) * -(-g.W // st)
-    taps = g.Kg * -(-g.R // st) * -(-g.S // st)
-    active_gemm().run(
-        CONV_BACKWARD_DATA, w2, dout, dx3, g.Cg, phase_pixels, taps, g.geom(st * st), z=g.groups * st * st
-    )
+    _run_gemm(g, "data", CONV_BACKWARD_DATA, w.reshape(g.K, g.columns), dout, dx.reshape(g.N, g.C, g.H * g.W),
+              scratch, "conv2d_backward_data")
 
 
 def conv2d_backward_weight(
@@ -468,26 +585,7 @@ def conv2d_backward_weight(
         threads = reduction_threads(g.N * g.OH * g.OW)  # one block per weight
         launch(direct_conv_backward_weight, dw.size, threads, x, dout, dw, g.stride, g.pad, g.groups)
     else:
-        splits, chunk = g.weight_splits
-        if splits == 1:
-            target = dw.reshape(1, g.K, g.columns)
-        else:
-            target = check_scratch(scratch, g.weight_scratch_size, "conv2d_backward_weight")
-            target = target.reshape(splits, g.K, g.columns)
-        dout3 = dout.reshape(g.N, g.K, g.OH * g.OW)
-        active_gemm().run(
-            CONV_BACKWARD_WEIGHT,
-            dout3,
-            x,
-            target,
-            g.Kg,
-            g.columns,
-            g.N * g.OH * g.OW,
-            g.geom(splits),
-            z=g.groups * splits,
-            k_chunk=chunk,
-        )
-        if splits > 1:
-            launch(sum_splits, blocks_for(dw.size), THREADS_PER_BLOCK, target.reshape(splits, -1), dw.reshape(-1))
+        _run_gemm(g, "weight", CONV_BACKWARD_WEIGHT, dout.reshape(g.N, g.K, g.OH * g.OW), x,
+                  dw.reshape(1, g.K, g.columns), scratch, "conv2d_backward_weight")
     if dbias is not None:
         sum_channels(dout.reshape(g.N, g.K, g.OH * g.OW), dbias)

@@ -36,6 +36,10 @@ spills, and the most FMAs per shared-memory load.
 from __future__ import annotations
 
 import functools
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,29 +47,65 @@ from numba import config, cuda, float32
 
 from kernels.cuda._launch import launch
 
-GEOMETRY_LENGTH = 11
-"""Length of the ``geom`` tuple every GEMM kernel takes (conv's sizes; zeros for a plain GEMM)."""
-NO_GEOMETRY = (0,) * GEOMETRY_LENGTH
+GEOMETRY_LENGTH = 12
+"""Length of the ``geom`` tuple every GEMM kernel takes (conv's sizes; zeros for a plain GEMM).
+
+Its last two entries say how ``blockIdx.z`` is cut: ``geom[10]`` phases per group (backward data's
+stride², else 1) and ``geom[11]`` splits of K; z = (group · phases + phase) · splits + split."""
+NO_GEOMETRY = (0,) * (GEOMETRY_LENGTH - 2) + (1, 1)
+
+PREP_LENGTH = 6
+"""Length of the tuple a ``prep_a`` / ``prep_b`` device function returns (unused entries are 0)."""
 
 
 @dataclass(frozen=True)
 class Operands:
-    """How a GEMM kernel reads A and B and writes C: three numba.cuda device functions."""
+    """How a GEMM kernel reads A and B and writes C: numba.cuda device functions.
+
+    ``load_a(A, i, k, z, geom)`` / ``load_b(B, k, j, z, geom)`` read one element. The tile family
+    (``make_gemm_tiles``) reads through the split form instead: ``prep_a(A, i, z, geom)`` decodes what
+    depends only on the row i (conv: the output channel and group) once per thread, before the k
+    loop, and ``load_a_at(A, prep, k, z, geom)`` does the per-k rest; likewise ``prep_b`` for the
+    column j (conv forward: the image and pixel, three divisions) and ``load_b_at``. ``load_a`` and
+    ``load_b`` are those two composed, so v1–v3 and the family read the same elements.
+    """
 
     name: str
     load_a: Any = field(repr=False)
     load_b: Any = field(repr=False)
     store_c: Any = field(repr=False)
+    prep_a: Any = field(repr=False, default=None)
+    load_a_at: Any = field(repr=False, default=None)
+    prep_b: Any = field(repr=False, default=None)
+    load_b_at: Any = field(repr=False, default=None)
+
+
+def compose_operands(name: str, prep_a: Any, load_a_at: Any, prep_b: Any, load_b_at: Any, store_c: Any) -> Operands:
+    """Operands from the split (prep, load_at) form; the one-call loads are the two composed."""
+
+    def load_a(A, i, k, z, geom):
+        return load_a_at(A, prep_a(A, i, z, geom), k, z, geom)
+
+    def load_b(B, k, j, z, geom):
+        return load_b_at(B, prep_b(B, j, z, geom), k, z, geom)
+
+    device = cuda.jit(device=True)
+    return Operands(name, device(load_a), device(load_b), store_c, prep_a, load_a_at, prep_b, load_b_at)
 
 
 @cuda.jit(device=True)
-def _matrix_a(A, i, k, z, geom):
-    return A[i, k]
+def _matrix_prep_row(A, i, z, geom):
+    return (i, 0, 0, 0, 0, 0)
 
 
 @cuda.jit(device=True)
-def _matrix_b(B, k, j, z, geom):
-    return B[k, j]
+def _matrix_a_at(A, prep, k, z, geom):
+    return A[prep[0], k]
+
+
+@cuda.jit(device=True)
+def _matrix_b_at(B, prep, k, z, geom):
+    return B[k, prep[0]]
 
 
 @cuda.jit(device=True)
@@ -75,7 +115,7 @@ def _matrix_store(C, i, j, z, geom, value, accumulate):
     C[i, j] = value
 
 
-MATRIX = Operands("gemm", _matrix_a, _matrix_b, _matrix_store)
+MATRIX = compose_operands("gemm", _matrix_prep_row, _matrix_a_at, _matrix_prep_row, _matrix_b_at, _matrix_store)
 
 
 @cuda.jit(device=True)
@@ -243,6 +283,197 @@ def make_gemm_v3_register_blocked(
 
 
 @dataclass(frozen=True)
+class TileConfig:
+    """One member of the tile family: the block's C tile, its k-slab, each thread's C patch, pipelining.
+
+    ``double_buffer``: two shared-memory stages; the next slab's global loads are issued into
+    registers before the FMAs of the current one and stored to the other stage after them, so one
+    barrier per slab and the loads' latency hides behind the FMAs (Boehm's SGEMM worklog, kernels
+    9–10; llm.c's matmul). Without it, the same code stages one slab at a time (two barriers each).
+    ``min_blocks``: the launch bound handed to NVVM (None: unbounded); ptxas must then fit that many
+    blocks per SM without a spill (tests/kernels/cuda/test_compile_ptx.py).
+
+    Thread (tx, ty) owns rows ty + a·threads_y and columns tx + b·threads_x of the tile (a warp
+    reads consecutive shared-memory words). Loads: thread t stages ``loads_a`` consecutive k of one
+    A row (row t // (block_k / loads_a)) and ``loads_b`` k of one B column (column t mod block_n),
+    the same row and column for every slab, which is what lets the operands' per-row and per-column
+    index arithmetic (``prep_a`` / ``prep_b``) run once per thread instead of once per load.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    thread_m: int
+    thread_n: int
+    double_buffer: bool = True
+    min_blocks: int | None = None
+
+    @property
+    def name(self) -> str:
+        buffers = "" if self.double_buffer else "-single"
+        return f"{self.block_m}x{self.block_n}k{self.block_k}t{self.thread_m}x{self.thread_n}{buffers}"
+
+    @property
+    def threads_xy(self) -> tuple[int, int]:
+        return self.block_n // self.thread_n, self.block_m // self.thread_m
+
+    @property
+    def threads(self) -> int:
+        x, y = self.threads_xy
+        return x * y
+
+    @property
+    def loads_a(self) -> int:
+        return self.block_m * self.block_k // self.threads
+
+    @property
+    def loads_b(self) -> int:
+        return self.block_k * self.block_n // self.threads
+
+    @property
+    def shared_floats(self) -> int:
+        """Both stages of A and B, or the epilogue's threads_y × block_n rows, whichever is larger."""
+        stages = 2 if self.double_buffer else 1
+        return max(stages * self.block_k * (self.block_m + self.block_n), self.threads_xy[1] * self.block_n)
+
+    def check(self) -> TileConfig:
+        """Raise ValueError unless every thread has a fixed A row and B column (what the loads assume)."""
+        bm, bn, bk, threads = self.block_m, self.block_n, self.block_k, self.threads
+        problems = []
+        if bm % self.thread_m or bn % self.thread_n:
+            problems.append("block_m and block_n must be multiples of thread_m and thread_n")
+        elif threads < bm or (bm * bk) % threads or bk % max(1, self.loads_a):
+            problems.append(f"A tile {bm}x{bk} does not split into one row per thread for {threads} threads")
+        elif threads % bn or bk % (threads // bn):
+            problems.append(f"B tile {bk}x{bn} does not split into one column per thread for {threads} threads")
+        if problems:
+            raise ValueError(f"tile config {self.name}: {problems[0]}")
+        return self
+
+
+def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
+    """The tile family's kernel for one configuration and one operand set (launch with threads config.threads_xy)."""
+    config.check()
+    bm, bn, bk, tm, tn = config.block_m, config.block_n, config.block_k, config.thread_m, config.thread_n
+    threads_x, threads_y = config.threads_xy
+    threads = config.threads
+    la, lb = config.loads_a, config.loads_b
+    a_threads_per_row = bk // la  # threads sharing one A row of a slab
+    b_rows_step = threads // bn  # k distance between one thread's B loads
+    stages = 2 if config.double_buffer else 1
+    double = config.double_buffer
+    a_floats = stages * bk * bm  # smem[0 : a_floats] is A (k-major), then B; the epilogue reuses smem[0 : ...]
+    smem_floats = config.shared_floats
+    prep_a, load_a_at, prep_b, load_b_at = operands.prep_a, operands.load_a_at, operands.prep_b, operands.load_b_at
+    store_c = operands.store_c
+
+    def kernel(A, B, C, M, N, K, k_chunk, geom, accumulate):
+        smem = cuda.shared.array(shape=smem_floats, dtype=float32)
+        acc = cuda.local.array(shape=(tm, tn), dtype=float32)
+        a_frag = cuda.local.array(shape=tm, dtype=float32)
+        b_frag = cuda.local.array(shape=tn, dtype=float32)
+        a_next = cuda.local.array(shape=la, dtype=float32)
+        b_next = cuda.local.array(shape=lb, dtype=float32)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        z = cuda.blockIdx.z
+        tid = ty * threads_x + tx
+        row0 = cuda.blockIdx.y * bm
+        col0 = cuda.blockIdx.x * bn
+        k_begin, k_end = k_range(K, k_chunk, z)
+        # This thread's A row and B column, and their index arithmetic, once for the whole k range.
+        a_row = tid // a_threads_per_row
+        a_k = (tid - a_row * a_threads_per_row) * la
+        a_ok = row0 + a_row < M
+        pa = prep_a(A, row0 + a_row if a_ok else 0, z, geom)
+        b_col = tid % bn
+        b_k = tid // bn
+        b_ok = col0 + b_col < N
+        pb = prep_b(B, col0 + b_col if b_ok else 0, z, geom)
+        for a in range(tm):
+            for b in range(tn):
+                acc[a, b] = float32(0.0)
+        slabs = (k_end - k_begin + bk - 1) // bk
+        # Prologue: slab 0 into registers, then into stage 0.
+        for l in range(la):
+            k = k_begin + a_k + l
+            a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0)
+        for l in range(lb):
+            k = k_begin + b_k + l * b_rows_step
+            b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
+        for l in range(la):
+            smem[(a_k + l) * bm + a_row] = a_next[l]
+        for l in range(lb):
+            smem[a_floats + (b_k + l * b_rows_step) * bn + b_col] = b_next[l]
+        cuda.syncthreads()
+        for t in range(slabs):
+            stage = t % stages
+            k_next = k_begin + (t + 1) * bk
+            more = t + 1 < slabs
+            if double and more:  # issue the next slab's global loads before this slab's FMAs
+                for l in range(la):
+                    k = k_next + a_k + l
+                    a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0)
+                for l in range(lb):
+                    k = k_next + b_k + l * b_rows_step
+                    b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
+            a_base = stage * bk * bm
+            b_base = a_floats + stage * bk * bn
+            for kk in range(bk):  # past k_end both slabs hold zeros, which add exactly nothing
+                for a in range(tm):
+                    a_frag[a] = smem[a_base + kk * bm + ty + a * threads_y]
+                for b in range(tn):
+                    b_frag[b] = smem[b_base + kk * bn + tx + b * threads_x]
+                for a in range(tm):
+                    for b in range(tn):
+                        acc[a, b] += a_frag[a] * b_frag[b]
+            if double:
+                if more:  # the other stage was last read before the previous barrier: free to fill
+                    other = 1 - stage
+                    for l in range(la):
+                        smem[(other * bk + a_k + l) * bm + a_row] = a_next[l]
+                    for l in range(lb):
+                        smem[a_floats + (other * bk + b_k + l * b_rows_step) * bn + b_col] = b_next[l]
+                cuda.syncthreads()
+            else:
+                cuda.syncthreads()
+                if more:
+                    for l in range(la):
+                        k = k_next + a_k + l
+                        smem[(a_k + l) * bm + a_row] = (
+                            load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0))
+                    for l in range(lb):
+                        k = k_next + b_k + l * b_rows_step
+                        smem[a_floats + (b_k + l * b_rows_step) * bn + b_col] = (
+                            load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0))
+                    cuda.syncthreads()
+        # Epilogue through shared memory, threads_y rows of the tile at a time: the copy out of acc has
+        # constant indices once unrolled (acc stays in registers), and consecutive threads store
+        # consecutive columns of C.
+        # acc's indices must be constants after unrolling or acc goes to local memory (ptxas: a stack frame of
+        # exactly tm·tn·4 bytes). The loop over a holds stores and barriers and stays rolled for large
+        # tiles, so it always copies row 0 and then moves rows 1.. up by one (register renames).
+        for a in range(tm):
+            for b in range(tn):
+                smem[ty * bn + tx + b * threads_x] = acc[0, b]
+            for a2 in range(tm - 1):
+                for b in range(tn):
+                    acc[a2, b] = acc[a2 + 1, b]
+            cuda.syncthreads()
+            for q in range(tn):
+                e = tid + q * threads
+                r = e // bn
+                c = e - r * bn
+                i = row0 + r + a * threads_y
+                if i < M and col0 + c < N:
+                    store_c(C, i, col0 + c, z, geom, smem[e], accumulate)
+            cuda.syncthreads()
+
+    name = f"{operands.name}_tiles_{config.name.replace('-', '_')}"
+    return cuda.jit(_named(kernel, name), **_jit_options(threads, config.min_blocks))
+
+
+@dataclass(frozen=True)
 class GemmVersion:
     """A GEMM version and its launch shape: each block computes a tile_m × tile_n tile of C.
 
@@ -308,9 +539,17 @@ def register_blocked_version(
     return GemmVersion("v3_register_blocked", build, threads, block_m, block_n)
 
 
-# The production versions (what compile_ptx builds and a GPU runs): 16×16 threads for v1; 16×16 tiles
-# for v2; 64×64 block tiles, k-slabs of 8 and 4×4 outputs per thread for v3, so 256 threads and
-# 4 KiB of shared memory per block.
+@functools.cache
+def tile_version(config: TileConfig) -> GemmVersion:
+    """The tile family's member for ``config`` as a GemmVersion (cached: one kernel per config and operands)."""
+    config.check()
+    return GemmVersion(f"tiles_{config.name}", functools.partial(make_gemm_tiles, config), config.threads_xy,
+                       config.block_m, config.block_n)
+
+
+# The numbered versions (what compile_ptx builds): 16×16 threads for v1; 16×16 tiles for v2; 64×64 block
+# tiles, k-slabs of 8 and 4×4 outputs per thread for v3 (256 threads). "v4" is the tile family with a
+# configuration chosen per shape from the table (below).
 VERSIONS = {
     "v1": naive_version,
     "v2": tiled_version,
@@ -320,39 +559,138 @@ gemm_v1_naive = naive_version().kernel()
 gemm_v2_tiled = tiled_version().kernel()
 gemm_v3_register_blocked = register_blocked_version().kernel()
 
+CANDIDATES: dict[str, TileConfig] = {
+    c.name: c.check()
+    for c in (
+        TileConfig(64, 64, 8, 4, 4, min_blocks=2),
+        TileConfig(64, 64, 8, 4, 4, double_buffer=False, min_blocks=2),
+        TileConfig(64, 64, 16, 4, 4, min_blocks=2),
+        TileConfig(128, 64, 8, 8, 4),
+        TileConfig(64, 128, 8, 4, 8),
+        TileConfig(128, 128, 8, 8, 8, min_blocks=1),
+        TileConfig(32, 32, 8, 2, 2, min_blocks=2),
+    )
+}
+"""The configurations the tile search (benchmarks/gpu_tile_search.py) times on each shape; the table names
+one of them per shape. From Boehm's worklog and the first H100 run (kernels/README.md): 128×128 with 8×8
+per thread won the large square GEMMs (v3 tiles, no pipelining), small tiles won the deep 4×4 layers
+whose outputs are few tiles; the others are the steps between. Every one is built to SASS with its
+registers, spills and occupancy in the static report."""
+
+DEFAULT_CONFIG = "64x64k8t4x4"
+"""The configuration for shapes the table does not name: v3's tile, double-buffered (what the first H100
+run and the static report support without a measurement of the family)."""
+
+SIMULATOR_CONFIG = TileConfig(8, 8, 8, 2, 2)
+"""Under the simulator every CUDA thread is a Python thread: the same kernel on an 8×8 tile of 16 threads
+(one barrier per 8-deep slab: a conv forward at 2×8×8×8 ran in 4.0 s against v3 8×8's 6.3 s here)."""
+
+TABLE_PATH = os.path.join(os.path.dirname(__file__), "gemm_table.json")
+TABLE_ENV = "ENGINE_GEMM_TABLE"
+"""Set to another table file (the tile search's fresh output) to run with it without committing it."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one GEMM launch runs: the version (kernel family member) and how many k-splits."""
+
+    version: GemmVersion
+    splits: int = 1
+
+
+def shape_key(op: str, M: int, N: int, K: int, z: int) -> str:
+    """The table's key for one GEMM: operand set, sizes and grid depth (groups × phases)."""
+    return f"{op}:{int(M)}x{int(N)}x{int(K)}:z{int(z)}"
+
+
+@functools.cache
+def _load_table(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        table = json.load(handle)
+    entries = table.get("entries", {})
+    default = table.get("default", DEFAULT_CONFIG)
+    for key, entry in [("default", {"config": default}), *entries.items()]:
+        if entry.get("config") not in CANDIDATES:
+            raise ValueError(f"GEMM table {path}: {key} names config {entry.get('config')!r}, not one of "
+                             f"{', '.join(CANDIDATES)}: refill it with benchmarks/gpu_tile_search.py")
+        if int(entry.get("splits", 1)) < 1:
+            raise ValueError(f"GEMM table {path}: {key} has splits {entry.get('splits')}, must be >= 1")
+    return {"default": default, "entries": entries}
+
+
+def gemm_table() -> dict[str, Any]:
+    """The table in use: $ENGINE_GEMM_TABLE if set, else kernels/cuda/gemm_table.json."""
+    return _load_table(os.environ.get(TABLE_ENV) or TABLE_PATH)
+
+
 _active: list[GemmVersion] = []
+_forced: list[Choice] = []
 
 
-def use_gemm(version: str | GemmVersion) -> GemmVersion:
-    """Choose the GEMM that conv and dense run: "v1", "v2", "v3" (default sizes) or a built version.
+def use_gemm(version: str | GemmVersion | None) -> GemmVersion | None:
+    """Choose the GEMM conv and dense run: "v1", "v2", "v3", a built version, or None / "v4" (the table).
 
-    The benchmark calls this to time each version; tests call it with tiny tiles for the simulator.
-    Returns the previous choice so a caller can put it back.
+    The benchmarks call this to time each version; tests call it with tiny tiles for the simulator.
+    Returns the previous choice (None: the table) so a caller can put it back.
     """
-    previous = active_gemm()
+    previous = _active[0] if _active else None
+    if version is None or version == "v4":
+        _active.clear()
+        return previous
     if isinstance(version, str):
         try:
             version = VERSIONS[version]()
         except KeyError:
-            raise ValueError(f"unknown GEMM version {version!r}; choose one of {', '.join(VERSIONS)}") from None
+            raise ValueError(f"unknown GEMM version {version!r}; choose one of {', '.join(VERSIONS)} or v4") from None
     _active[:] = [version]
     return previous
 
 
-def active_gemm() -> GemmVersion:
-    """The chosen version; by default v3, built with 8×8 block tiles under the simulator.
+@contextmanager
+def forced_choice(config: TileConfig | GemmVersion, splits: int = 1) -> Iterator[Choice]:
+    """Every GEMM inside the block runs ``config`` with ``splits`` k-splits (the tile search, the tests).
 
-    The simulator runs each CUDA thread as a Python thread and pays per block and per barrier, so a
-    64×64 tile of 256 threads makes a tiny network crawl there; the small build runs the same code.
+    The conv launchers and their ``*_workspace_size`` functions both read the choice, so scratch sized
+    inside the block fits the launch inside it.
     """
-    if not _active:
-        if config.ENABLE_CUDASIM:
-            _active.append(register_blocked_version(8, 8, 8, 4, 4))
-        else:
-            _active.append(register_blocked_version())
-    return _active[0]
+    version = tile_version(config) if isinstance(config, TileConfig) else config
+    choice = Choice(version, int(splits))
+    _forced.append(choice)
+    try:
+        yield choice
+    finally:
+        _forced.remove(choice)
+
+
+def choose(op: str, M: int, N: int, K: int, z: int, splits: int = 1) -> Choice:
+    """The version and k-splits for one GEMM: a forced choice, else the table (version unless use_gemm
+    picked one; splits from the table where it names them, else ``splits``, the caller's heuristic).
+
+    Under the simulator the table's tiles are replaced by ``SIMULATOR_CONFIG`` (the same kernel), its
+    splits kept: results depend on the splits, never on the tile.
+    """
+    if _forced:
+        return _forced[-1]
+    table = gemm_table()
+    entry = table["entries"].get(shape_key(op, M, N, K, z), {})
+    splits = int(entry.get("splits", splits))
+    if _active:
+        return Choice(_active[0], splits)
+    if config.ENABLE_CUDASIM:
+        return Choice(tile_version(SIMULATOR_CONFIG), splits)
+    return Choice(tile_version(CANDIDATES[entry.get("config", table["default"])]), splits)
+
+
+def active_gemm() -> GemmVersion:
+    """The version a plain GEMM of unknown shape would run (use_gemm's choice, else the table's default)."""
+    if _active:
+        return _active[0]
+    if config.ENABLE_CUDASIM:
+        return tile_version(SIMULATOR_CONFIG)
+    return tile_version(CANDIDATES[gemm_table()["default"]])
 
 
 def gemm(A: Any, B: Any, C: Any, accumulate: bool = False) -> None:
-    """C = A @ B (+ C when accumulate) with the chosen version; A, B, C are 2-D float32 views."""
-    active_gemm()(A, B, C, accumulate)
+    """C = A @ B (+ C when accumulate) with the chosen version; A, B, C are 2-D float32 views (never split)."""
+    M, K = A.shape
+    choose("gemm", M, C.shape[1], K, 1).version(A, B, C, accumulate)

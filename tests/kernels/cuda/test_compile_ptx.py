@@ -21,20 +21,41 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
 from engine.bench import cuda_static  # noqa: E402
 
-SPECS = {spec.name: spec for spec in cuda_static.catalog()}
+ALL_SPECS = {spec.name: spec for spec in cuda_static.catalog()}
+FAMILY_BUILDS = {
+    name for name, spec in ALL_SPECS.items()
+    if (config := cuda_static.tile_config_of(name)) is not None
+    and (name.startswith("conv_backward_data") or config.name == "64x64k8t4x4")
+}
+"""The tile family's builds this test makes: every candidate with the operand set that needs the most
+registers (backward data), and the default configuration with all four. Each build takes 3–8 s; the
+rest (every candidate × operand set × architecture) is `engine kernels --backend cuda --static`."""
+SPECS = {name: spec for name, spec in ALL_SPECS.items() if cuda_static.tile_config_of(name) is None
+         or name in FAMILY_BUILDS}
 
 
 def test_every_kernel_is_in_the_catalog():
     """A new @cuda.jit kernel must get its launch types in engine/bench/cuda_static.py, or this fails."""
     module_kernels = set(cuda_static.module_kernels())
     assert module_kernels <= set(SPECS)
+    from kernels.cuda import gemm
+
+    for config in gemm.CANDIDATES.values():
+        assert f"conv_backward_data_tiles_{config.name.replace('-', '_')}" in FAMILY_BUILDS
     for version in ("v1_naive", "v2_tiled", "v3_register_blocked"):
         for operands in ("gemm", "conv_forward", "conv_backward_data", "conv_backward_weight"):
             assert f"{operands}_{version}" in SPECS
 
 
-@pytest.mark.parametrize("cc", cuda_static.COMPUTE_CAPABILITIES, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
-@pytest.mark.parametrize("name", sorted(SPECS))
+def _cases():
+    for name in sorted(SPECS):
+        # the family's builds on sm_90 only (the H100 the GPU sessions get); everything else on both
+        ccs = ((9, 0),) if name in FAMILY_BUILDS else cuda_static.COMPUTE_CAPABILITIES
+        for cc in ccs:
+            yield pytest.param(name, cc, id=f"{name}-sm_{cc[0]}{cc[1]}")
+
+
+@pytest.mark.parametrize("name, cc", list(_cases()))
 def test_kernel_builds_without_spills(name, cc):
     spec = SPECS[name]
     ptx = cuda_static.build_ptx(spec, cc)
@@ -42,7 +63,10 @@ def test_kernel_builds_without_spills(name, cc):
     assert ".func" not in ptx  # device functions (block_sum, GEMM operands) are inlined
     r = cuda_static.resources(spec, cc)
     assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
-    if spec.family == "gemm":
+    config = cuda_static.tile_config_of(name)
+    if config is not None:  # the tile family: ptxas keeps the launch bound the configuration asks for
+        assert r.blocks_per_sm >= (config.min_blocks or 1), r
+    elif spec.family == "gemm":
         assert r.occupancy >= cuda_static.GEMM_OCCUPANCY_FLOOR, r
 
 

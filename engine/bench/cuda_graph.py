@@ -1,0 +1,264 @@
+"""A training step on the CUDA backend as one CUDA graph per batch shape, eager as the fallback.
+
+ResNet-18's step is 174 launches (kernels/README.md); on the first H100 run each cost ~87 µs of host
+time, 15 ms a step before a kernel ran. Every tensor of a step has a planned address (the arena, the
+workspaces after their first cycle), so the step can be captured once per batch shape and replayed
+with one launch of the graph (CuPy stream capture; the Numba kernels go to CuPy's current stream,
+``kernels/cuda/_launch.py``). What that needs, and how ``StepRunner`` provides it:
+
+- **Fixed input slots.** Each batch shape gets a device array for the images and one for the labels,
+  allocated once; every step copies its batch into them (outside the graph) and the network reads
+  them in place (a device array is not copied again by ``net.forward`` / ``net.loss``).
+- **Per-step values in device memory.** The learning rate (from the schedule) and Adam's step size and
+  bias correction change every step; baked into a launch's arguments they would replay forever as
+  captured. ``kernels.cuda.optim.sgd_update_from`` / ``adam_update_from`` read them from a 3-float
+  device array that the host fills before each step (``step_scalars``: the very float32 values the
+  baked launchers pass, so the weights are the same bits).
+- **Nothing inside the capture that touches the host.** ``Backend.capturing`` is set while capturing;
+  the loss head then skips its host-side label check (done here on the host batch instead) and its
+  read of the loss, and any allocation, copy or wait raises ``CaptureError`` (on a GPU these would be
+  captured or would break the capture; the simulator shows them the same way).
+- **Bookkeeping.** A shape is captured after ``warmup`` eager steps (the first cycle sizes every
+  workspace and plans the arena); a graph is dropped when memory moved since its capture (a block
+  reallocated: ``memory_epoch``); networks with hooks (offload, listeners), dropout (a host RNG) or
+  the update in backward run eagerly, with the reason in ``eager_reason``.
+
+``capture="cupy"`` is the real thing (``cupy.cuda.Stream.begin_capture`` on a non-blocking stream,
+``Graph.launch``); it needs a GPU and is exercised by ``benchmarks/gpu_session.sh``. ``capture="record"``
+is the simulator's stand-in with the same semantics: under ``count_only`` nothing runs while capturing,
+every launch is recorded with its arguments, and a replay issues exactly those launches again. So the
+tests show, without a GPU, that replaying the captured launches trains to the same bits as eager steps:
+any per-step value that a launch baked in, or any work done outside a kernel launch, would differ.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RecordedGraph:
+    """The simulator's CUDA graph: the launches of one captured step, replayed in order with their arguments."""
+
+    launches: list[tuple[str, Any, Any, Any, tuple[Any, ...]]]
+
+    def launch(self, stream: Any = None) -> None:
+        for _name, kernel, blocks, threads, args in self.launches:
+            kernel[blocks, threads](*args)
+
+    def __len__(self) -> int:
+        return len(self.launches)
+
+
+def record_capture(body: Any, stream: Any = None) -> RecordedGraph:
+    """Capture ``body()`` by recording its launches; like stream capture, nothing runs meanwhile."""
+    from kernels.cuda import count_only, record_launches
+
+    with count_only(), record_launches() as calls:
+        body()
+    return RecordedGraph(list(calls))
+
+
+class CupyGraph:
+    """A real CUDA graph captured from CuPy's stream; ``len`` is the number of kernel launches it holds."""
+
+    def __init__(self, graph: Any, launches: int):
+        self.graph = graph
+        self.launches = launches
+
+    def launch(self, stream: Any = None) -> None:
+        self.graph.launch(stream=stream)
+
+    def __len__(self) -> int:
+        return self.launches
+
+
+def cupy_capture(body: Any, stream: Any) -> CupyGraph:
+    """Capture ``body()`` on ``stream`` (non-blocking, current inside) into a CUDA graph and upload it."""
+    from kernels.cuda import record_launches
+
+    with stream, record_launches() as calls:
+        stream.begin_capture()
+        try:
+            body()
+        finally:
+            graph = stream.end_capture()  # an invalidated capture raises here, after ending it
+    graph.upload(stream)
+    return CupyGraph(graph, len(calls))
+
+
+def memory_epoch(net: Any) -> tuple[int, ...]:
+    """Block allocations of the network's arena and workspaces so far: a graph captured at another epoch may
+    hold addresses that moved."""
+    counts = [net.arena.block_allocations if net.arena is not None else 0]
+    for workspace in net.mgr.workspaces.values():
+        counts.append(int(workspace.statistics().block_allocations))
+    return tuple(counts)
+
+
+@dataclass
+class _Shape:
+    x: Any
+    y: Any
+    eager_steps: int = 0
+    graph: Any = None
+    epoch: tuple[int, ...] = ()
+    loss: Any = None  # the device array the captured step writes its loss into
+    replays: int = 0
+    captures: int = 0
+    launches: int = 0  # kernel launches the last captured graph holds
+
+
+@dataclass
+class StepRunner:
+    """Runs training steps of ``net`` with ``optimizer`` (SGD or Adam), captured per batch shape when it can.
+
+    ``capture``: "cupy" (a GPU), "record" (the simulator's stand-in), or False (eager with the per-step
+    values in device memory: what a graph replays, without the graph). ``warmup``: eager steps of a shape
+    before it is captured.
+    """
+
+    net: Any
+    optimizer: Any
+    capture: str | bool = "record"
+    warmup: int = 1
+    shapes: dict[tuple[int, ...], _Shape] = field(default_factory=dict)
+    host_seconds: float = 0.0  # host time spent inside step() (what a captured step saves)
+
+    def __post_init__(self) -> None:
+        from kernels.cuda.optim import SCALARS
+
+        self.backend = self.net.backend
+        self.scalars = self.backend.to_device(np.zeros(SCALARS, np.float32))
+        self.stream = None
+        if self.capture == "cupy":
+            import cupy
+
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        if self.capture not in ("cupy", "record", False):
+            raise ValueError(f"capture must be 'cupy', 'record' or False, got {self.capture!r}")
+        self.eager_reason = self._eager_reason()
+        self._last_loss: Any = None
+        self.classes: int | None = None  # from the first eager step: the captured steps check labels here
+
+    def _eager_reason(self) -> str | None:
+        from engine.layers import Dropout
+
+        if self.capture is False:
+            return "capture off"
+        if self.net.hooks:
+            return f"hooks on the network ({', '.join(type(h).__name__ for h in self.net.hooks)}: offload or listeners)"
+        if any(isinstance(node.layer, Dropout) for node in self.net.graph.nodes):
+            return "dropout draws its mask on the host every step"
+        if self.optimizer.in_backward is not None:
+            return "the update runs inside backward (a hook)"
+        if self.optimizer.name not in ("sgd", "adam"):
+            return f"no device-scalar update for optimizer {self.optimizer.name!r}"
+        return None
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        from kernels.cuda.optim import adam_update_from, sgd_update_from
+
+        opt = self.optimizer
+        params, grads = opt.parameters.flat, opt.gradients.flat
+        if opt.name == "sgd":
+            buffer = opt.state.views["momentum_buffer"] if opt.state is not None else grads
+            sgd_update_from(_array(params), _array(grads), _array(buffer), self.scalars, opt.momentum,
+                            opt.weight_decay, opt.nesterov)
+        else:
+            adam_update_from(_array(params), _array(grads), _array(opt.state.views["exp_avg"]),
+                             _array(opt.state.views["exp_avg_sq"]), self.scalars, opt.beta1, opt.beta2, opt.eps,
+                             opt.weight_decay)
+
+    def _body(self, shape: _Shape) -> None:
+        self.net.forward(shape.x, training=True)
+        self.net.loss(shape.y)  # checks the labels on the host when not capturing
+        shape.loss = self.net.loss_head.loss_array
+        self.classes = int(self.net.loss_head.saved["probs"].shape[1])
+        self.net.backward()
+        self._update()
+
+    def _write_step_values(self, shape: _Shape, x: np.ndarray, y: np.ndarray) -> None:
+        from kernels.cuda.optim import step_scalars
+
+        opt = self.optimizer
+        step = opt.steps_taken + 1
+        values = step_scalars(opt.lr, getattr(opt, "beta1", 0.9), getattr(opt, "beta2", 0.999), step)
+        _copy_in(self.scalars, values)
+        _copy_in(shape.x, np.ascontiguousarray(x, dtype=np.float32))
+        _copy_in(shape.y, np.ascontiguousarray(y, dtype=np.int64))
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> None:
+        """One training step on a host batch; the loss stays on the device (``last_loss()`` reads it)."""
+        start = time.perf_counter()
+        if y.size and (y.min() < 0 or (self.classes is not None and y.max() >= self.classes)):
+            raise ValueError(f"labels must lie in [0, {self.classes}), got values from {y.min()} to {y.max()}")
+        key = tuple(x.shape)
+        shape = self.shapes.get(key)
+        if shape is None:
+            xp = self.backend.xp
+            shape = self.shapes[key] = _Shape(xp.empty(x.shape, np.float32), xp.empty(y.shape, np.int64))
+        if shape.graph is not None and shape.epoch != memory_epoch(self.net):
+            shape.graph = None  # a block moved since the capture: its addresses are stale
+            shape.eager_steps = 0
+        context = self.stream if self.stream is not None else _nothing()
+        with context:
+            self._write_step_values(shape, x, y)
+            if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
+                shape.graph = self._capture(shape)
+                shape.epoch = memory_epoch(self.net)
+                shape.captures += 1
+                shape.launches = len(shape.graph)
+            if shape.graph is not None:
+                shape.graph.launch(self.stream)
+                shape.replays += 1
+            else:
+                self._body(shape)
+                shape.eager_steps += 1
+        self._last_loss = shape.loss
+        self.optimizer.steps_taken += 1
+        self.host_seconds += time.perf_counter() - start
+
+    def _capture(self, shape: _Shape) -> Any:
+        self.backend.capturing = True
+        try:
+            if self.capture == "cupy":
+                return cupy_capture(lambda: self._body(shape), self.stream)
+            return record_capture(lambda: self._body(shape))
+        finally:
+            self.backend.capturing = False
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def last_loss(self) -> float:
+        """The last step's loss (waits for it)."""
+        self.synchronize()
+        return float(self.backend.to_host(self._last_loss)[0])
+
+
+def _array(view: Any) -> Any:
+    return view.array if hasattr(view, "array") else view
+
+
+def _copy_in(target: Any, values: np.ndarray) -> None:
+    """Host values into a fixed device array, on the current stream (NumPy arrays under the simulator)."""
+    if isinstance(target, np.ndarray):
+        target[...] = values
+    else:
+        target.set(values, stream=None)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

@@ -1,0 +1,142 @@
+"""A training step as a captured graph (engine/bench/cuda_graph.py), in the CUDA simulator.
+
+The simulator's graph records the captured step's launches (nothing runs while capturing, as in stream
+capture) and replays exactly those launches. Same weights, bit for bit, as the eager step with the
+learning rate baked into the launch: so no per-step value is baked into a captured launch, nothing the
+step needs happens outside a kernel launch, and the per-step scalars read from device memory give the
+baked arguments' bits. A host read, allocation or copy inside the capture raises (``Backend.capturing``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backend import CaptureError, get_backend
+from engine.bench.cuda_graph import StepRunner, memory_epoch
+from engine.graph import Graph
+from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, ReLU
+from engine.network import Network
+from engine.optim import make_optimizer
+
+pytestmark = pytest.mark.cudasim
+
+
+def _schedule(step):
+    return 0.05 / (1 + step)  # a new learning rate every step
+
+
+def _graph():
+    """A residual block at 4×4, as ResNet-18's steps are made (no Flatten: its copy is CuPy's, not a launch,
+    which a real capture holds and the simulator's recorded launches would miss)."""
+    return Graph(
+        [
+            ("conv1", Conv2d(3, 2, 3, 1, 1), ["input"]),
+            ("bn1", BatchNorm2d(2), ["conv1"]),
+            ("relu1", ReLU(), ["bn1"]),
+            ("conv2", Conv2d(2, 2, 3, 1, 1), ["relu1"]),
+            ("add", Add(), ["conv2", "relu1"]),
+            ("relu2", ReLU(), ["add"]),
+            ("gap", GlobalAvgPool(), ["relu2"]),
+            ("fc", Dense(2, 3), ["gap"]),
+        ],
+        input_shape=(3, 4, 4),
+    )
+
+
+def _net(optimizer_name):
+    backend = get_backend("cudasim")
+    net = Network(_graph(), backend, seed=0)
+    kwargs = {"momentum": 0.9} if optimizer_name == "sgd" else {}
+    return net, make_optimizer(optimizer_name, net, backend, _schedule, manager=net.mgr, **kwargs)
+
+
+def _batches(sizes):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((n, 3, 4, 4)).astype(np.float32), rng.integers(0, 3, n).astype(np.int64))
+            for n in sizes]
+
+
+def _baked(optimizer_name, batches):
+    net, opt = _net(optimizer_name)
+    try:
+        for x, y in batches:
+            net.forward(x, training=True)
+            net.loss(y)
+            net.backward()
+            opt.step()
+        return np.array(net.parameters.flat)
+    finally:
+        net.close()
+
+
+def test_replayed_graphs_give_the_baked_weights():
+    """Batch 2: eager, then captured and replayed; a batch of 3 (eager: its own warm-up) grows the workspaces,
+    so batch 2's graph holds stale addresses: it is dropped and the next batch of 2 runs eagerly. Every step
+    a new learning rate, read by the replayed update from device memory."""
+    batches = _batches([2, 2, 3, 2])
+    baked = _baked("sgd", batches)
+    net, opt = _net("sgd")
+    try:
+        runner = StepRunner(net, opt, capture="record", warmup=1)
+        for x, y in batches:
+            runner.step(x, y)
+        np.testing.assert_array_equal(np.array(net.parameters.flat), baked)
+        assert runner.eager_reason is None and opt.steps_taken == 4
+        assert {k[0]: (s.eager_steps, s.captures, s.replays) for k, s in runner.shapes.items()} == {
+            2: (1, 1, 1), 3: (1, 0, 0)}
+        assert runner.shapes[(2, 3, 4, 4)].graph is None
+        assert runner.shapes[(2, 3, 4, 4)].launches > 10  # every launch of the step, the update included
+        assert np.isfinite(runner.last_loss())
+        with pytest.raises(ValueError, match="labels must lie"):
+            runner.step(*_batches([2])[0][:1], np.array([0, 7]))
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_update_from_device_scalars_is_the_baked_update_bit_for_bit(optimizer_name):
+    from kernels.cuda import optim
+
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(300).astype(np.float32) for _ in range(4)]
+    arrays[3] = np.abs(arrays[3])  # Adam's second moment
+    baked = [a.copy() for a in arrays]
+    device = [a.copy() for a in arrays]
+    scalars = np.zeros(optim.SCALARS, np.float32)
+    for step in (1, 2, 3):
+        lr = _schedule(step)
+        scalars[...] = optim.step_scalars(lr, 0.9, 0.999, step)
+        if optimizer_name == "sgd":
+            optim.sgd_update(baked[0], baked[1], baked[2], lr, 0.9, 1e-4, True)
+            optim.sgd_update_from(device[0], device[1], device[2], scalars, 0.9, 1e-4, True)
+        else:
+            optim.adam_update(*baked, lr, 0.9, 0.999, 1e-8, 1e-4, step)
+            optim.adam_update_from(*device, scalars, 0.9, 0.999, 1e-8, 1e-4)
+    for a, b in zip(baked, device):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_host_read_inside_the_capture_is_refused():
+    backend = get_backend("cudasim")
+    backend.capturing = True
+    try:
+        with pytest.raises(CaptureError, match="copy to the host"):
+            backend.to_host(np.zeros(1))
+        with pytest.raises(CaptureError, match="allocating"):
+            backend.alloc_block(64)
+    finally:
+        backend.capturing = False
+
+
+def test_offload_and_dropout_steps_stay_eager():
+    from engine.layers import Dropout
+
+    graph = Graph([("fc", Dense(48, 3), ["input"]), ("drop", Dropout(0.5), ["fc"])], input_shape=(48,))
+    net = Network(graph, get_backend("cudasim"), seed=0)
+    try:
+        runner = StepRunner(net, make_optimizer("sgd", net, net.backend, 0.1, manager=net.mgr))
+        assert runner.eager_reason == "dropout draws its mask on the host every step"
+    finally:
+        net.close()
+    assert memory_epoch is not None
