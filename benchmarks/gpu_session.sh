@@ -1,63 +1,96 @@
 #!/usr/bin/env bash
-# The standing order's GPU session in one call (DEVELOPERS: "a GPU when one is lent"): every step the
-# order names, each with its own time limit and log, so one failure does not hide the rest.
-#   1. the machine and the versions that matter (driver, numba, numba-cuda, CuPy);
-#   2. the cudasim test set on the real GPU (ENGINE_TEST_GPU=1, tests/conftest.py);
-#   3. benchmarks/gpu_acceptance.sh (every kernel of real steps against NumPy, timings, training);
-#   4. engine kernels --backend cuda (every kernel on ResNet-18/MobileNetV2 shapes, batch 32);
-#   5. a short engine train --backend cuda without and with --offload-n.
-# Logs go to $OUT (the device tool's folder) or ./gpu_session_out; the last lines of each are printed.
-# Usage, from the repository root:  bash benchmarks/gpu_session.sh [steps...]   (default: all)
+# A lent GPU's whole session in one call of at most 8 minutes (issue 34). Each step has a time limit
+# and a log, and is skipped when the session's 470 s are nearly spent, so one failure or overrun does
+# not hide the rest:
+#   env      the device, driver and versions (env.json) and a smoke kernel;
+#   search   benchmarks/gpu_tile_search.py: every conv GEMM of ResNet-18 / MobileNetV2 (batch 32) on
+#            every tile-family candidate and a few split counts, beside cuBLAS; writes gemm_table.json
+#            (commit it as kernels/cuda/gemm_table.json) and tile_search.json. The steps after it run
+#            with that table (ENGINE_GEMM_TABLE);
+#   accept   engine/bench/gpu_acceptance.py, part 1: every kernel of real steps against NumPy;
+#   graph    benchmarks/gpu_step_bench.py: eager vs one captured CUDA graph per step (images/s, host
+#            µs per step, same weights), ResNet-18 and MobileNetV2, batch 32;
+#   offload  engine train ResNet-18 with and without --offload-n 4 (images/s, same loss);
+#   imagenet ResNet-18 at 224×224 (ImageNet variant) with and without offload;
+#   report   benchmarks/gpu_report.py: gpu-<date>.json (commit as benchmarks/results/) and .md.
+# Logs and files go to $OUT (the device tool's folder) or ./gpu_session_out.
+# Usage, from the repository root:  bash benchmarks/gpu_session.sh [--dry] [steps...]
+# --dry: the Python parts under the CUDA simulator at tiny sizes (no GPU; what the test runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=""
+if [ "${1:-}" = "--dry" ]; then DRY="--dry"; shift; fi
 OUT=${OUT:-$PWD/gpu_session_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+[ -n "$DRY" ] && export NUMBA_ENABLE_CUDASIM=1
+BUDGET=${GPU_SESSION_BUDGET_S:-470}
+START=$SECONDS
+STEPS_JSON="$OUT/steps.json"
+echo "{}" >"$STEPS_JSON"
 
-step() {  # step NAME LIMIT_S COMMAND...
+step() {  # step NAME LIMIT_S COMMAND...: runs unless the budget is spent; records rc and seconds
     local name=$1 limit=$2
     shift 2
+    local left=$((BUDGET - (SECONDS - START)))
+    if [ "$left" -lt 20 ]; then
+        echo "=== $name: skipped, ${left} s of the session left"
+        python - "$STEPS_JSON" "$name" skipped 0 <<'PY'
+import json, sys
+path, name, rc, seconds = sys.argv[1:]
+data = json.load(open(path)); data[name] = {"rc": rc, "seconds": int(seconds)}; json.dump(data, open(path, "w"))
+PY
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     local t0=$SECONDS
-    echo "=== $name: $*"
+    echo "=== $name (limit ${limit} s): $*"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
     echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
-    tail -n "${TAIL:-12}" "$OUT/$name.log"
+    tail -n "${TAIL:-8}" "$OUT/$name.log"
+    python - "$STEPS_JSON" "$name" "$rc" "$((SECONDS - t0))" <<'PY'
+import json, sys
+path, name, rc, seconds = sys.argv[1:]
+data = json.load(open(path)); data[name] = {"rc": int(rc), "seconds": int(seconds)}; json.dump(data, open(path, "w"))
+PY
 }
 
-steps=${*:-"env tests accept kernels train"}
+steps=${*:-"env search accept graph offload imagenet report"}
 for s in $steps; do
     case $s in
-    env)
-        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
-        python - <<'EOF'
-import numba, numba_cuda, numpy
-from numba import cuda
-print("python numba", numba.__version__, "numba-cuda", numba_cuda.__version__, "numpy", numpy.__version__)
-try:
-    import cupy
-    print("cupy", cupy.__version__)
-except Exception as exc:
-    print("cupy: not importable:", exc)
-print("device:", cuda.get_current_device().name, "cc", cuda.get_current_device().compute_capability)
-@cuda.jit
-def add1(a):
-    i = cuda.grid(1)
-    if i < a.size:
-        a[i] += 1
-a = numpy.arange(8, dtype=numpy.float32)
-add1[1, 32](a)
-print("smoke kernel:", a.tolist())
-EOF
+    env) step env 60 python benchmarks/gpu_env.py "$OUT/env.json" $DRY ;;
+    search)
+        if [ -n "$DRY" ]; then
+            step search 200 python benchmarks/gpu_tile_search.py --dry --max-shapes 1 \
+                --output "$OUT/gemm_table.json" --results "$OUT/tile_search.json"
+        else
+            step search 150 python benchmarks/gpu_tile_search.py --repeat 5 \
+                --output "$OUT/gemm_table.json" --results "$OUT/tile_search.json"
+            # the rest of the session runs with the fresh table, if the search finished and wrote one
+            if python -c "import json,sys; t=json.load(open(sys.argv[1])); sys.exit(0 if t['entries'] else 1)" \
+                "$OUT/gemm_table.json" 2>/dev/null; then
+                export ENGINE_GEMM_TABLE="$OUT/gemm_table.json"
+            fi
+        fi
         ;;
-    tests) ENGINE_TEST_GPU=1 step tests 300 python -m pytest -q -m cudasim --maxfail=30 ;;
-    accept) step accept 330 bash benchmarks/gpu_acceptance.sh --output "$OUT/gpu_acceptance.json" ;;
-    kernels) step kernels 240 python -m cli kernels --backend cuda --batch-size 32 --output "$OUT/kernels_cuda.json" ;;
-    train)
-        step train 120 python -m cli train --model resnet18 --backend cuda --steps 30 --no-progress
-        step train_offload 120 python -m cli train --model resnet18 --backend cuda --steps 30 --offload-n 4 --no-progress
+    accept)
+        if [ -n "$DRY" ]; then echo "=== accept: covered by tests/engine/test_gpu_acceptance_cudasim.py in a dry run"
+        else step accept 110 python -m engine.bench.gpu_acceptance --no-timings --no-train \
+            --output "$OUT/gpu_acceptance.json"; fi
         ;;
-    *) echo "unknown step $s (env tests accept kernels train)"; exit 2 ;;
+    graph) step graph 90 python benchmarks/gpu_step_bench.py $DRY --parts graph --output "$OUT/step_graph.json" ;;
+    offload)
+        if [ -n "$DRY" ]; then echo "=== offload: engine train is covered by the acceptance test in a dry run"
+        else step offload 100 python benchmarks/gpu_step_bench.py --parts offload --output "$OUT/step_offload.json"; fi
+        ;;
+    imagenet)
+        if [ -n "$DRY" ]; then echo "=== imagenet: GPU only (the simulator runs its kernels in the kernel tests)"
+        else step imagenet 110 python benchmarks/gpu_step_bench.py --parts imagenet --output "$OUT/step_imagenet.json"; fi
+        ;;
+    report) python benchmarks/gpu_report.py "$OUT" ;;
+    *) echo "unknown step $s (env search accept graph offload imagenet report)"; exit 2 ;;
     esac
 done
+echo "session: $((SECONDS - START)) s"

@@ -139,6 +139,9 @@ class StepRunner:
             import cupy
 
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            # a non-blocking stream does not wait for the legacy default stream, where the network's
+            # parameters were initialized: drain it once
+            cupy.cuda.Device().synchronize()
         if self.capture not in ("cupy", "record", False):
             raise ValueError(f"capture must be 'cupy', 'record' or False, got {self.capture!r}")
         self.eager_reason = self._eager_reason()
@@ -242,6 +245,28 @@ class StepRunner:
         """The last step's loss (waits for it)."""
         self.synchronize()
         return float(self.backend.to_host(self._last_loss)[0])
+
+
+def residual_graph(channels: int = 2, image: int = 4, classes: int = 3) -> Any:
+    """A residual block, as ResNet-18's steps are made, small enough for the simulator (tests, --dry runs).
+    No Flatten: its copy is CuPy's, not a launch, which a real capture holds and the simulator's recorded
+    launches would miss."""
+    from engine.graph import Graph
+    from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, ReLU
+
+    return Graph(
+        [
+            ("conv1", Conv2d(3, channels, 3, 1, 1), ["input"]),
+            ("bn1", BatchNorm2d(channels), ["conv1"]),
+            ("relu1", ReLU(), ["bn1"]),
+            ("conv2", Conv2d(channels, channels, 3, 1, 1), ["relu1"]),
+            ("add", Add(), ["conv2", "relu1"]),
+            ("relu2", ReLU(), ["add"]),
+            ("gap", GlobalAvgPool(), ["relu2"]),
+            ("fc", Dense(channels, classes), ["gap"]),
+        ],
+        input_shape=(3, image, image),
+    )
 
 
 def _array(view: Any) -> Any:

@@ -246,7 +246,8 @@ def train_runs(backend_name: str, tiny: bool, log: Any = print) -> list[TrainRun
     return runs
 
 
-def run_acceptance(backend_name: str = "cuda", tiny: bool = False, repeat: int = 5, log: Any = print) -> Report:
+def run_acceptance(backend_name: str = "cuda", tiny: bool = False, repeat: int = 5, log: Any = print,
+                   timings: bool = True, train: bool = True) -> Report:
     """All four parts; ``backend_name`` is cuda on a GPU, cudasim (with ``tiny``) in CI."""
     from engine.backend import get_backend
     from engine.bench.cuda_timing import device_name, host_launch_us, time_step_kernels
@@ -261,15 +262,16 @@ def run_acceptance(backend_name: str = "cuda", tiny: bool = False, repeat: int =
                         for c in bad]
     report.failures += [f"{op}: no call reached it (not checked)" for op in report.uncovered]
 
-    if tiny:
-        timings = time_step_kernels("cnn", 2, backend, repeat=1, image_size=4, width=2)
-    else:
-        timings = [r for m in ("resnet18", "mobilenetv2") for r in time_step_kernels(m, 32, backend, repeat)]
-    report.timings = [t.as_dict() for t in timings]
-    report.host_launch_us = host_launch_us(backend, 20 if tiny else 500)
-    log(f"timed {len(timings)} distinct launches; host time per launch {report.host_launch_us:.1f} µs")
+    if timings:  # the session script leaves parts 2 and 3 to benchmarks/gpu_step_bench.py (one 8-minute run)
+        if tiny:
+            timed = time_step_kernels("cnn", 2, backend, repeat=1, image_size=4, width=2)
+        else:
+            timed = [r for m in ("resnet18", "mobilenetv2") for r in time_step_kernels(m, 32, backend, repeat)]
+        report.timings = [t.as_dict() for t in timed]
+        report.host_launch_us = host_launch_us(backend, 20 if tiny else 500)
+        log(f"timed {len(timed)} distinct launches; host time per launch {report.host_launch_us:.1f} µs")
 
-    report.train = train_runs(backend_name, tiny, log)
+    report.train = train_runs(backend_name, tiny, log) if train else []
     for run in report.train:
         if run.returncode != 0:
             report.failures.append(f"engine train (offload {run.offload}) exited {run.returncode}: {run.output_tail}")
@@ -292,7 +294,8 @@ def render_report(report: Report, console: Any = None) -> None:
     checks.notes.append(f"ops not reached: {', '.join(report.uncovered) or 'none'}")
     render_table(checks, console)
     render_timings([KernelTiming(**t) for t in report.timings], report.device, console)
-    console.print(f"2. host time per launch: {report.host_launch_us:.1f} µs (roofline assumes 89 µs)")
+    if report.host_launch_us is not None:
+        console.print(f"2. host time per launch: {report.host_launch_us:.1f} µs (roofline assumes 89 µs)")
     train = Table("3. engine train with and without offload", ["offload-n", "exit", "seconds", "final loss"])
     for r in report.train:
         train.add_row(r.offload or "off", str(r.returncode), f"{r.seconds:.1f}", str(r.final_loss))
@@ -313,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (what the simulator can run)")
     parser.add_argument("--repeat", type=int, default=5, help="timed launches per kernel; the best counts")
     parser.add_argument("--output", default="gpu_acceptance.json", help="where the JSON report goes")
+    parser.add_argument("--no-timings", action="store_true", help="skip part 2 (per-launch timings)")
+    parser.add_argument("--no-train", action="store_true", help="skip part 3 (engine train with and without offload)")
     options = parser.parse_args(argv)
     from engine.backend import BackendUnavailable, get_backend
 
@@ -321,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = run_acceptance(options.backend, options.tiny, options.repeat)
+    report = run_acceptance(options.backend, options.tiny, options.repeat, timings=not options.no_timings,
+                            train=not options.no_train)
     with open(options.output, "w", encoding="utf-8") as handle:
         json.dump(report.as_dict(), handle, indent=2)
     render_report(report)

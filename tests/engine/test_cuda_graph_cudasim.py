@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from engine.backend import CaptureError, get_backend
-from engine.bench.cuda_graph import StepRunner, memory_epoch
+from engine.bench.cuda_graph import StepRunner, memory_epoch, residual_graph
 from engine.graph import Graph
-from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, ReLU
+from engine.layers import Dense
 from engine.network import Network
 from engine.optim import make_optimizer
 
@@ -26,27 +26,9 @@ def _schedule(step):
     return 0.05 / (1 + step)  # a new learning rate every step
 
 
-def _graph():
-    """A residual block at 4×4, as ResNet-18's steps are made (no Flatten: its copy is CuPy's, not a launch,
-    which a real capture holds and the simulator's recorded launches would miss)."""
-    return Graph(
-        [
-            ("conv1", Conv2d(3, 2, 3, 1, 1), ["input"]),
-            ("bn1", BatchNorm2d(2), ["conv1"]),
-            ("relu1", ReLU(), ["bn1"]),
-            ("conv2", Conv2d(2, 2, 3, 1, 1), ["relu1"]),
-            ("add", Add(), ["conv2", "relu1"]),
-            ("relu2", ReLU(), ["add"]),
-            ("gap", GlobalAvgPool(), ["relu2"]),
-            ("fc", Dense(2, 3), ["gap"]),
-        ],
-        input_shape=(3, 4, 4),
-    )
-
-
 def _net(optimizer_name):
     backend = get_backend("cudasim")
-    net = Network(_graph(), backend, seed=0)
+    net = Network(residual_graph(), backend, seed=0)
     kwargs = {"momentum": 0.9} if optimizer_name == "sgd" else {}
     return net, make_optimizer(optimizer_name, net, backend, _schedule, manager=net.mgr, **kwargs)
 

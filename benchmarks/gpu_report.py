@@ -1,0 +1,171 @@
+"""One report from a GPU session's pieces (benchmarks/gpu_session.sh): JSON to commit, markdown to read.
+
+Reads from the session folder ($OUT): env.json (device, versions), tile_search.json and gemm_table.json
+(benchmarks/gpu_tile_search.py), gpu_acceptance.json (engine/bench/gpu_acceptance.py), step_bench.json
+(benchmarks/gpu_step_bench.py: step_graph.json, step_offload.json, step_imagenet.json) and steps.json
+(each step's exit status and seconds); writes
+gpu-<date>.json (commit as benchmarks/results/gpu-<date>.json) and gpu-<date>.md. A missing piece is
+reported as missing, never filled in.
+
+Schema ``gpu-session/1``: device, versions, date; ``steps``; ``step`` (per model: images/s eager and
+captured, host µs per step, same weights); ``offload`` (images/s with and without, same loss);
+``imagenet`` (224×224 runs); ``gemm`` (per shape: ours, the default before the search, cuBLAS, ratio);
+``acceptance`` (pass, failures); ``goals`` (each goal, its figure, met or not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from typing import Any
+
+SCHEMA = "gpu-session/1"
+
+
+def _load(folder: str, name: str) -> Any:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        return {"unreadable": str(exc)}
+
+
+def build(folder: str, date: str) -> dict[str, Any]:
+    env = _load(folder, "env.json") or {}
+    search = _load(folder, "tile_search.json") or {}
+    bench: dict[str, Any] = {"graph": [], "offload": [], "imagenet": []}
+    for name in ("step_bench.json", "step_graph.json", "step_offload.json", "step_imagenet.json"):
+        part = _load(folder, name) or {}
+        for key in ("graph", "offload", "imagenet"):
+            bench[key] += part.get(key, [])
+        bench["dry"] = bench.get("dry") or part.get("dry", False)
+        if "offload_same_loss" in part and part.get("offload"):
+            bench["offload_same_loss"] = part["offload_same_loss"]
+    accept = _load(folder, "gpu_acceptance.json")
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "date": date,
+        "device": env.get("device") or search.get("device"),
+        "versions": env.get("versions", {}),
+        "dry": bool(bench.get("dry")),
+        "steps": _load(folder, "steps.json") or {},
+        "missing": [n for n in ("env.json", "tile_search.json", "gemm_table.json", "gpu_acceptance.json",
+                                "step_graph.json", "step_offload.json", "step_imagenet.json")
+                    if not os.path.exists(os.path.join(folder, n))],
+    }
+    report["step"] = [
+        {"model": r["model"], "batch": r["batch"],
+         "eager_images_per_second": r["eager"]["images_per_second"],
+         "graph_images_per_second": r["graph"]["images_per_second"],
+         "eager_host_us_per_step": r["eager"]["host_us_per_step"],
+         "graph_host_us_per_step": r["graph"]["host_us_per_step"],
+         "graph_launches": r["graph"]["graph_launches"], "same_weights": r["same_weights"],
+         "eager_reason": r["graph"]["eager_reason"]}
+        for r in bench.get("graph", [])
+    ]
+    report["offload"] = {"runs": bench.get("offload", []), "same_loss": bench.get("offload_same_loss")}
+    report["imagenet"] = bench.get("imagenet", [])
+    report["gemm"] = [
+        {"key": r["key"], "model": r["model"], "direction": r["direction"], "shape": r["shape"],
+         "config": r["best_config"], "splits": r["best_splits"], "tflops": r["best_tflops"],
+         "default_tflops": r["default_tflops"], "cublas_tflops": r["cublas_tflops"],
+         "of_cublas": (r["best_tflops"] / r["cublas_tflops"]) if r.get("cublas_tflops") else None}
+        for r in search.get("rows", [])
+    ]
+    report["acceptance"] = None if accept is None else {
+        "passed": not accept.get("failures"), "failures": accept.get("failures", []),
+        "checks": len(accept.get("checks", [])), "host_launch_us": accept.get("host_launch_us")}
+    report["goals"] = goals(report)
+    if report["dry"]:  # a simulator's figures decide no goal
+        for goal in report["goals"]:
+            goal["met"] = None
+    return report
+
+
+def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, each with the figure that decides it (None when the session did not measure it)."""
+    out = []
+    resnet = next((r for r in report["step"] if r["model"] == "resnet18"), None)
+    graph = resnet["graph_images_per_second"] if resnet else None
+    out.append({"goal": "ResNet-18 CIFAR batch 32 >= 2,000 images/s without offload", "figure": graph,
+                "met": None if graph is None else graph >= 2000})
+    runs = {r.get("offload_n"): r for r in report["offload"]["runs"]}
+    on, off = (runs.get("4") or {}).get("steady_images_per_second"), (runs.get(None) or {}).get(
+        "steady_images_per_second")
+    ratio = on / off if on and off else None
+    out.append({"goal": "with --offload-n 4 >= 0.8x without (engine train)", "figure": ratio,
+                "met": None if ratio is None else ratio >= 0.8})
+    host = resnet["graph_host_us_per_step"] if resnet else None
+    out.append({"goal": "host time per captured step <= 1 ms", "figure": host,
+                "met": None if host is None else host <= 1000})
+    ratios = [g["of_cublas"] for g in report["gemm"] if g["of_cublas"] is not None]
+    worst = min(ratios) if ratios else None
+    out.append({"goal": "conv GEMMs >= 40% of cuBLAS (worst shape)", "figure": worst,
+                "met": None if worst is None else worst >= 0.4})
+    return out
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# GPU session {report['date']}: {report['device']}", ""]
+    if report["dry"]:
+        lines += ["**Dry run under the CUDA simulator: no figure here is a GPU's.**", ""]
+    lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), ""]
+    if report["missing"]:
+        lines += [f"Missing pieces: {', '.join(report['missing'])}", ""]
+    lines += ["| goal | figure | met |", "|---|---|---|"]
+    lines += [f"| {g['goal']} | {_f(g['figure'], 2)} | {_f(g['met'])} |" for g in report["goals"]]
+    lines += ["", "| model | eager images/s | graph images/s | host µs/step eager / graph | launches | same weights |",
+              "|---|---|---|---|---|---|"]
+    for r in report["step"]:
+        lines.append(f"| {r['model']} b{r['batch']} | {_f(r['eager_images_per_second'])} | "
+                     f"{_f(r['graph_images_per_second'])} | {_f(r['eager_host_us_per_step'], 0)} / "
+                     f"{_f(r['graph_host_us_per_step'], 0)} | {r['graph_launches']} | {r['same_weights']} |")
+    lines += ["", "| engine train | exit | steady images/s | final loss |", "|---|---|---|---|"]
+    for r in report["offload"]["runs"] + report["imagenet"]:
+        lines.append(f"| {r['command'].split('train ', 1)[-1][:110]} | {r['returncode']} | "
+                     f"{_f(r.get('steady_images_per_second'))} | {_f(r.get('final_loss'), 6)} |")
+    lines += ["", "| GEMM | config / splits | TFLOP/s | default | cuBLAS | of cuBLAS |", "|---|---|---|---|---|---|"]
+    for g in report["gemm"]:
+        lines.append(f"| {g['key']} | {g['config']} / {g['splits']} | {_f(g['tflops'], 2)} | "
+                     f"{_f(g['default_tflops'], 2)} | {_f(g['cublas_tflops'], 2)} | {_f(g['of_cublas'], 2)} |")
+    if report["acceptance"] is not None:
+        a = report["acceptance"]
+        lines += ["", f"Acceptance: {'PASS' if a['passed'] else 'FAIL'} ({a['checks']} kernel checks, host "
+                      f"{_f(a['host_launch_us'])} µs a launch)"] + [f"- {f}" for f in a["failures"]]
+    lines += ["", "Steps: " + ", ".join(f"{k} rc={v.get('rc')} {v.get('seconds')} s" for k, v in
+                                       report["steps"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="the session's output folder ($OUT)")
+    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    options = parser.parse_args(argv)
+    report = build(options.folder, options.date)
+    base = os.path.join(options.folder, f"gpu-{options.date}")
+    with open(base + ".json", "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1)
+    text = markdown(report)
+    with open(base + ".md", "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

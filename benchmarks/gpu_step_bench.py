@@ -1,0 +1,174 @@
+"""The CUDA training step on a GPU: eager against one captured CUDA graph, offload on and off, 224×224.
+
+Three parts, one JSON:
+
+1. **Eager vs graph** (in this process, ``engine.bench.cuda_graph.StepRunner``): ResNet-18 and MobileNetV2
+   (CIFAR variants, batch 32), SGD with momentum, the same batches; images/s over the timed steps (the
+   GPU drained before and after), host µs per step (time spent in ``step()``: with the graph, one copy of
+   the batch and one graph launch), and whether both runs end with the same weights, bit for bit.
+2. **engine train** with and without ``--offload-n 4`` (ResNet-18 CIFAR, batch 32): steady images/s and
+   the final loss from ``--summary-json`` (the two losses must agree).
+3. **224×224** (ResNet-18 and MobileNetV2, torchvision's ImageNet variants, batch 8): ``engine train``
+   with and without offload.
+
+    python benchmarks/gpu_step_bench.py --output $OUT/step_bench.json
+
+``--dry`` runs every part under the CUDA simulator at tiny sizes (a residual block at 4×4; ``engine
+train --backend cudasim`` on a 4×4 cnn and, for the ImageNet path, ResNet-18's ImageNet variant is left
+to the GPU: the simulator runs its kernels at any size in the kernel tests), so a test shows the script
+works before a GPU is lent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = print) -> dict[str, Any]:
+    """Part 1 for one model: the same steps eagerly and through a captured graph."""
+    from engine.backend import get_backend
+    from engine.bench.cuda_graph import StepRunner, residual_graph
+    from engine.network import Network
+    from engine.optim import make_optimizer
+    from models import build_model
+
+    backend = get_backend("cudasim" if dry else "cuda")
+    image = 4 if dry else 32
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((batch, 3, image, image)).astype(np.float32),
+                rng.integers(0, 3 if dry else 10, batch).astype(np.int64)) for _ in range(4)]
+    result: dict[str, Any] = {"model": "residual block (simulator)" if dry else model, "batch": batch, "steps": steps}
+    weights = {}
+    for mode in ("eager", "graph"):
+        net = Network(residual_graph(), backend, seed=0) if dry else build_model(model, 10, backend, seed=0,
+                                                                                image_size=image)
+        try:
+            optimizer = make_optimizer("sgd", net, backend, lambda step: 0.05 / (1 + 0.01 * step), momentum=0.9,
+                                       manager=net.mgr)
+            capture = False if mode == "eager" else ("record" if dry else "cupy")
+            warmup = 1 if dry else 2
+            runner = StepRunner(net, optimizer, capture=capture, warmup=warmup)
+            warm = warmup + 1
+            for i in range(warm):  # compiles, learns the workspaces, captures (graph mode)
+                runner.step(*batches[i % len(batches)])
+            runner.synchronize()
+            runner.host_seconds = 0.0
+            start = time.perf_counter()
+            for i in range(steps):
+                runner.step(*batches[(warm + i) % len(batches)])
+            runner.synchronize()
+            seconds = time.perf_counter() - start
+            shape = next(iter(runner.shapes.values()))
+            result[mode] = {
+                "images_per_second": batch * steps / seconds,
+                "step_ms": 1e3 * seconds / steps,
+                "host_us_per_step": 1e6 * runner.host_seconds / steps,
+                "final_loss": runner.last_loss(),
+                "eager_reason": runner.eager_reason,
+                "graph_launches": shape.launches,
+                "replays": shape.replays,
+            }
+            weights[mode] = np.array(backend.to_host(net.parameters.flat))
+        finally:
+            net.close()
+        log(f"{model} {mode}: {result[mode]['images_per_second']:.1f} images/s, "
+            f"host {result[mode]['host_us_per_step']:.0f} µs/step")
+    result["same_weights"] = bool(np.array_equal(weights["eager"], weights["graph"]))
+    if result["eager"]["images_per_second"]:
+        result["speedup"] = result["graph"]["images_per_second"] / result["eager"]["images_per_second"]
+    return result
+
+
+def train_run(args: list[str], offload: str | None, log: Any = print, timeout: float = 240) -> dict[str, Any]:
+    """``engine train`` in a child process; its summary's figures."""
+    with tempfile.TemporaryDirectory(prefix="gpu-step-bench-") as tmp:
+        summary = os.path.join(tmp, "summary.json")
+        command = [sys.executable, str(ROOT / "cli.py"), "train", *args, "--no-progress", "--prefetch", "0",
+                   "--summary-json", summary, "--seed", "0"]
+        if offload is not None:
+            command += ["--offload-n", offload, "--offload-dir", tmp]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+            returncode, tail = done.returncode, (done.stdout + done.stderr)[-800:]
+        except subprocess.TimeoutExpired as exc:
+            returncode, tail = 124, f"timed out after {timeout} s: {str(exc.stdout or '')[-400:]}"
+        figures: dict[str, Any] = {"command": " ".join(command[1:]), "returncode": returncode,
+                                   "seconds": time.perf_counter() - start, "offload_n": offload}
+        if returncode == 0 and os.path.exists(summary):
+            with open(summary, encoding="utf-8") as handle:
+                data = json.load(handle)
+            for key in ("steady_images_per_second", "images_per_second", "final_loss", "peak_bytes", "offload"):
+                figures[key] = data.get(key)
+        else:
+            figures["output_tail"] = tail
+    log(f"engine train {' '.join(args)}{' --offload-n ' + offload if offload else ''}: exit {returncode}, "
+        f"{figures.get('steady_images_per_second')} images/s, loss {figures.get('final_loss')}")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default="step_bench.json")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps of part 1")
+    parser.add_argument("--parts", nargs="+", default=["graph", "offload", "imagenet"])
+    parser.add_argument("--imagenet-models", nargs="+", default=["resnet18"],
+                        help="224×224 runs (mobilenetv2 too when the session has the time)")
+    parser.add_argument("--dry", action="store_true", help="the CUDA simulator at tiny sizes")
+    options = parser.parse_args(argv)
+    if options.dry:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    report: dict[str, Any] = {"dry": options.dry, "graph": [], "offload": [], "imagenet": []}
+    if options.dry:
+        from engine.backend import enable_cudasim
+
+        enable_cudasim()
+    backend = "cudasim" if options.dry else "cuda"
+    if "graph" in options.parts:
+        models = ["resnet18"] if options.dry else ["resnet18", "mobilenetv2"]
+        for model in models:
+            report["graph"].append(eager_vs_graph(model, 2 if options.dry else 32, 1 if options.dry else options.steps,
+                                                  options.dry))
+    if "offload" in options.parts:
+        if options.dry:
+            with tempfile.TemporaryDirectory() as tmp:
+                data = os.path.join(tmp, "tiny.npz")
+                rng = np.random.default_rng(0)
+                np.savez(data, x=rng.standard_normal((6, 3, 4, 4)).astype(np.float32), y=rng.integers(0, 3, 6),
+                         x_test=rng.standard_normal((2, 3, 4, 4)).astype(np.float32), y_test=rng.integers(0, 3, 2))
+                common = ["--model", "cnn", "--data", f"npz:{data}", "--batch-size", "2", "--steps", "1",
+                          "--backend", backend]
+                report["offload"] = [train_run(common, None), train_run(common, "1")]
+        else:
+            common = ["--model", "resnet18", "--data", "synthetic", "--batch-size", "32", "--steps", "30",
+                      "--backend", backend]
+            report["offload"] = [train_run(common, None), train_run(common, "4")]
+    if "imagenet" in options.parts and not options.dry:
+        for model in options.imagenet_models:
+            common = ["--model", model, "--variant", "imagenet", "--data", "synthetic", "--image-size", "224",
+                      "--batch-size", "8", "--steps", "8", "--backend", backend]
+            report["imagenet"] += [train_run(common, None), train_run(common, "4")]
+    losses = [r.get("final_loss") for r in report["offload"]]
+    report["offload_same_loss"] = len(losses) == 2 and losses[0] is not None and losses[0] == losses[1]
+    with open(options.output, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1)
+    print(f"written {options.output}")
+    failed = [r for part in ("offload", "imagenet") for r in report[part] if r["returncode"] != 0]
+    failed += [r for r in report["graph"] if not r["same_weights"]]
+    return 1 if failed or (report["offload"] and not report["offload_same_loss"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
