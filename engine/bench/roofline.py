@@ -78,6 +78,11 @@ ELEMENT_FLOPS = {
 }
 
 GEMM_SUFFIXES = ("_v1_naive", "_v2_tiled", "_v3_register_blocked")
+"""The numbered GEMM versions' kernel names end so; the tile family's hold ``_tiles_`` (``is_gemm``)."""
+
+
+def is_gemm(kernel: str) -> bool:
+    return kernel.endswith(GEMM_SUFFIXES) or "_tiles_" in kernel
 READ_AND_WRITTEN = {"add_channel_bias": (0,), "sgd_kernel": (0, 2), "adam_kernel": (0, 2, 3)}
 """Arguments a kernel both reads and writes (their bytes count twice): x += bias, param and state updates."""
 
@@ -105,9 +110,9 @@ def launch_cost(launch: Launch) -> KernelCost:
     moved = float(sum(a.nbytes for _, a in arrays))
     moved += sum(launch.args[i].nbytes for i in READ_AND_WRITTEN.get(launch.kernel, ()))
     name = launch.kernel
-    if name.endswith(GEMM_SUFFIXES):
+    if is_gemm(name):
         A, B, C, M, N, K, _chunk, geom, accumulate = launch.args
-        splits = geom[10] or 1
+        splits = geom[11] or 1  # geom[10]: phases per group (backward data's stride²), each its own GEMM
         groups = launch.blocks[2] // splits if isinstance(launch.blocks, tuple) and len(launch.blocks) == 3 else 1
         if accumulate:
             moved += C.nbytes
