@@ -354,6 +354,7 @@ def train(**params) -> None:
         except ValueError as exc:
             fail(str(exc))
         options.check_parallel()
+    ranks_stop = parallel.agreed_stop(stop) if parallel is not None else stop  # ranks stop at the same point
     # --- end of data parallel ---
     if options.outputs.save and root:  # one running engine train per --save file (two both said they wrote it)
         from engine.checkpoint import SaveClaim
@@ -390,7 +391,7 @@ def train(**params) -> None:
     from engine.checkpoint import checkpoint_nbytes
 
     options.outputs.check_writable(checkpoint_nbytes(net, opt))
-    stop.check("before the first step")
+    ranks_stop.check("before the first step")
 
     from engine.summary import make_console
 
@@ -435,7 +436,7 @@ def train(**params) -> None:
     try:
         trainer = Trainer.from_options(
             options, net, opt, data, steps=total_steps, start_step=start_step, monitor=monitor, offload=offload,
-            parallel=parallel, stop=parallel.agreed_stop(stop) if parallel is not None else stop,  # ranks agree
+            parallel=parallel, stop=ranks_stop,
             listeners=[ProgressListener(console, workers=K)] if options.progress and root else [],
             on_checkpoint=(lambda t: write_checkpoint(outputs.save, t)) if root else None,  # rank 0 writes
         )

@@ -180,8 +180,9 @@ def launch(workers: int, argv: Sequence[str], stop: Any = None) -> int:
     a rank killed by a signal does not make Hydra SIGKILL the others (see that module): they stop,
     clean up and save. mpiexec runs in its own session: a terminal's Ctrl-C or hang-up reaches this
     process alone, and ``stop`` (``engine.signals.StopSignals``) passes the first stop signal on to
-    every rank through a note in a private launch directory (the supervisors poll it), so the ranks
-    stop together at a step boundary, as one process would; mpiexec would have SIGKILLed them.
+    every rank through a note in a private launch directory (``DataParallel.agreed_stop`` reads it
+    before each step), so the ranks stop together at a step boundary, as one process would; mpiexec
+    would have SIGKILLed them.
     """
     reason = mpi_available()
     if reason is not None:

@@ -14,8 +14,6 @@ What the supervisor does, and nothing else:
   child that dies with it (``PR_SET_PDEATHSIG``: an ``MPI_Abort`` that SIGKILLs the supervisors
   still ends the ranks, as it did without them);
 - passes every stop signal and Hydra's SIGUSR1 on to the rank;
-- passes on the stop the launching ``engine train`` asks for (a ``stop`` note in the launch
-  directory, see ``engine.parallel.comm.launch``): the rank then stops as if the signal had reached it;
 - when the rank ends by a signal, writes ``lost-RANK`` (the signal number) into the launch directory
   before exiting, so the ranks left can name it. It exits with the rank's status (128 + n for a signal).
 """
@@ -27,10 +25,9 @@ import signal
 import subprocess
 import sys
 
-from engine.parallel.notes import LAUNCH_DIR_ENV, read_note, write_note
+from engine.parallel.notes import LAUNCH_DIR_ENV, write_note
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
-POLL_SECONDS = 0.05
 
 
 def _prepare_child() -> None:
@@ -64,18 +61,7 @@ def main(command: list[str]) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    asked = False
-    while True:
-        try:
-            status = child.wait(timeout=POLL_SECONDS)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if not asked:
-            stop = read_note(folder, "stop")
-            if stop is not None:
-                asked = True
-                forward(stop, None)
+    status = child.wait()  # the handlers above run while it waits (PEP 475)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a notice for a rank that has ended: nothing to pass on
     if status < 0:  # ended by a signal: say which rank, for the ranks left (before our exit tells Hydra)
         if folder:

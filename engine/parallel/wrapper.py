@@ -29,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import Interrupted, stopped_by
 from engine.parallel.allreduce import DEFAULT_BUCKET_BYTES, GradientAllreduce
 from engine.parallel.comm import AGREED_STOP, RankLost, World, check_peers, wait_all, writes_for_the_job
 from engine.parallel.data import ShardedBatchSource
+from engine.parallel.notes import LAUNCH_DIR_ENV, read_note
 from engine.train import TrainingListener
 
 AVERAGING_MODES = ("gradients", "parameters")
@@ -226,14 +228,16 @@ class DataParallel:
 class AgreedStop:
     """A stop signal every rank acts on at the same step boundary.
 
-    A signal reaches the ranks at different moments (the launcher's note is polled by each rank's
-    supervisor; a ``kill`` may target one rank): a rank that stopped alone would leave the others
-    waiting in the next allreduce. So the Trainer's question "has a stop signal arrived?", asked once
-    before each step, is answered by all ranks together: an allreduce (MAX) of each rank's signal
-    number, 0 for none, polled like every wait here (``wait_all``), so a rank lost meanwhile ends it
-    too. One 4-byte allreduce per step. Asked again at the same step, the answer is remembered; once
-    a stop is agreed it stays (``AGREED_STOP`` tells ``abort_on_error`` the ranks stopped together).
-    Everything else (``record``, ``check``, ``restore``) is the local object's.
+    A signal reaches the ranks at different moments (a ``kill`` may target one rank): a rank that
+    stopped alone would leave the others waiting in the next allreduce. So the Trainer's question
+    "has a stop signal arrived?", asked once before each step, is answered by all ranks together: an
+    allreduce (MAX) of each rank's signal number, 0 for none, polled like every wait here
+    (``wait_all``), so a rank lost meanwhile ends it too. One 4-byte allreduce per step. A stop the
+    launching ``engine train`` received is read from its ``stop`` note here, not sent to the ranks as
+    a signal: a rank still importing (no handler yet) would be killed by it. Asked again at the same
+    step, the answer is remembered; once a stop is agreed it stays (``AGREED_STOP`` tells
+    ``abort_on_error`` the ranks stopped together). ``check`` is the agreed form of
+    ``StopSignals.check``; everything else (``record``, ``restore``) is the local object's.
     """
 
     def __init__(self, local: Any, parallel: DataParallel):
@@ -251,12 +255,24 @@ class AgreedStop:
             return self.local.received
         if self._answered is not None and self._answered[0] == trainer.step:
             return self._answered[1]
+        answer = self._ask()
+        self._answered = (trainer.step, answer)
+        return answer
+
+    def check(self, where: str, outcome: str = "nothing was trained or saved") -> None:
+        """``StopSignals.check``, agreed: every rank calls it at the same point and all raise or none."""
+        if self.agreed is None:
+            self._ask()
+        if self.agreed is not None:
+            raise Interrupted(f"{stopped_by(self.agreed, where)}; {outcome}", self.agreed)
+
+    def _ask(self) -> int | None:
         from mpi4py import MPI
 
-        flag = np.array([self.local.received or 0], dtype=np.int32)
+        mine = self.local.received or read_note(os.environ.get(LAUNCH_DIR_ENV), "stop")  # the launcher's stop
+        flag = np.array([mine or 0], dtype=np.int32)
         wait_all([self.parallel.comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)])
         answer = int(flag[0]) or None
-        self._answered = (trainer.step, answer)
         if answer is not None:
             self.agreed = answer
             AGREED_STOP[0] = answer

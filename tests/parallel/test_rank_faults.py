@@ -129,3 +129,31 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves_it(tmp_p
     assert read_checkpoint(str(save)).step == int(found.group(1))
     assert "Traceback" not in stderr and "BAD TERMINATION" not in stdout + stderr
     assert left_behind(tmp_path) == []
+
+
+def test_sigterm_to_the_launcher_while_the_ranks_start_stops_them_before_the_first_step(tmp_path):
+    """SIGTERM as soon as the launcher has started mpiexec (its launch directory exists): the ranks
+    are still importing; they read the launcher's stop note at their first agreed check, so all stop
+    together, rank 0 says so in one line, nothing is left and the job exits 143."""
+    mpiexec()
+    (tmp_path / "swap").mkdir()
+    env = launch_env(tmp_path)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "cli", *COMMON, "--offload-dir", str(tmp_path / "swap"), "--steps", "100000",
+         "--save", str(tmp_path / "ck.st")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not list((tmp_path / "tmp").glob("engine-launch-*")) and launcher.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        launcher.send_signal(signal.SIGTERM)
+        stdout, stderr = launcher.communicate(timeout=TIMEOUT)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, stdout + stderr
+    lines = error_lines(stderr)
+    assert len(lines) == 1 and lines[0].startswith("Error: stopped by SIGTERM "), stdout + stderr
+    assert "Traceback" not in stderr and "rank" not in lines[0]  # all ranks stopped together: rank 0 speaks
+    assert left_behind(tmp_path) == []
