@@ -106,3 +106,25 @@ def test_a_split_launch_without_its_scratch_is_a_clear_error():
     w = np.zeros((4, 3, 3, 3), np.float32)
     with gemm.forced_choice(SMALL["4x4k2t2x2"], 2), pytest.raises(ValueError, match="conv2d_forward_workspace_size"):
         cuda_conv.conv2d_forward(x, w, None, np.zeros((2, 4, 5, 5), np.float32), 1, 1, 1, None)
+
+
+def test_imagenet_stem_through_the_family():
+    """The 224×224 variants' stem (7×7, stride 2, pad 3; four phases of up to 4×4 taps in backward data) at 9×9:
+    the ImageNet models run the same kernels as the CIFAR ones on other shapes; this is the one new shape
+    kind (the 3×3 stride-2 max pool is in test_pool)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 3, 9, 9), dtype=np.float32)
+    w = rng.standard_normal((2, 3, 7, 7), dtype=np.float32)
+    args = (2, 3, 1)
+    dout = rng.standard_normal((1, 2, 5, 5), dtype=np.float32)
+    out, dx, dw = (np.full(a.shape, np.nan, np.float32) for a in (dout, x, w))
+    with gemm.forced_choice(gemm.SIMULATOR_CONFIG, 1):
+        cuda_conv.conv2d_forward(x, w, None, out, *args, None)
+        cuda_conv.conv2d_backward_data(dout, w, dx, *args, None)
+        cuda_conv.conv2d_backward_weight(x, dout, dw, None, *args, None)
+    expected = [np.empty_like(a) for a in (out, dx, dw)]
+    ref.conv2d_forward(x, w, None, expected[0], *args)
+    ref.conv2d_backward_data(dout, w, expected[1], *args)
+    ref.conv2d_backward_weight(x, dout, expected[2], None, *args)
+    for actual, wanted in zip((out, dx, dw), expected):
+        assert_close(actual, wanted)
