@@ -87,7 +87,9 @@ def cupy_capture(body: Any, stream: Any) -> CupyGraph:
             body()
         finally:
             graph = stream.end_capture()  # an invalidated capture raises here, after ending it
-    graph.upload(stream)
+    upload = getattr(graph, "upload", None)  # instantiate on the device now, not at the first launch
+    if upload is not None:
+        upload(stream)
     return CupyGraph(graph, len(calls))
 
 
@@ -213,20 +215,31 @@ class StepRunner:
         context = self.stream if self.stream is not None else _nothing()
         with context:
             self._write_step_values(shape, x, y)
+            captured_now = False
             if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
                 shape.graph = self._capture(shape)
                 shape.epoch = memory_epoch(self.net)
                 shape.captures += 1
                 shape.launches = len(shape.graph)
+                captured_now = True  # the capture ran the step's Python (its host counters) once
             if shape.graph is not None:
                 shape.graph.launch(self.stream)
                 shape.replays += 1
+                if not captured_now:
+                    self._advance_host_counters()
             else:
                 self._body(shape)
                 shape.eager_steps += 1
         self._last_loss = shape.loss
         self.optimizer.steps_taken += 1
         self.host_seconds += time.perf_counter() - start
+
+    def _advance_host_counters(self) -> None:
+        """What a step does on the host besides launching kernels, which a replay does not: batch norm's
+        ``num_batches_tracked`` (a torchvision buffer, saved in checkpoints; no kernel reads it)."""
+        for node in self.net.graph.nodes:
+            if hasattr(node.layer, "num_batches_tracked"):
+                node.layer.num_batches_tracked += 1
 
     def _capture(self, shape: _Shape) -> Any:
         self.backend.capturing = True

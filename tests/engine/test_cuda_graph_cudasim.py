@@ -65,6 +65,7 @@ def test_replayed_graphs_give_the_baked_weights():
             runner.step(x, y)
         np.testing.assert_array_equal(np.array(net.parameters.flat), baked)
         assert runner.eager_reason is None and opt.steps_taken == 4
+        assert net.node("bn1").layer.num_batches_tracked == 4  # host counters advance on replays too
         assert {k[0]: (s.eager_steps, s.captures, s.replays) for k, s in runner.shapes.items()} == {
             2: (1, 1, 1), 3: (1, 0, 0)}
         assert runner.shapes[(2, 3, 4, 4)].graph is None
