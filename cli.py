@@ -387,7 +387,7 @@ def train(**params) -> None:
     hyper = options.hyper(total_steps)
     checkpoint = _read_initial_weights(options, net, data, run, hyper)
     schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K)
-    offload = _offload_session(options, net, opt, root)
+    offload, needs = _offload_session(options, net, opt, root)
     from engine.checkpoint import checkpoint_nbytes
 
     options.outputs.check_writable(checkpoint_nbytes(net, opt))
@@ -443,6 +443,11 @@ def train(**params) -> None:
         result = guarded_fit(trainer, writer)
     except (ValueError, TrainingDiverged) as exc:
         fail(str(exc))
+    except MemoryError as exc:  # issue 30: a limit the check could not see through (one line, not a traceback)
+        from engine.memory.limits import memory_limit
+
+        fail(f"out of memory ({exc}); this process may use {memory_limit().describe()}: raise the limit or lower "
+             "--batch-size")
     finally:
         monitor.close()
     if not root:  # data parallel: rank 0 alone writes
@@ -451,7 +456,8 @@ def train(**params) -> None:
         write_checkpoint(outputs.save, trainer)
     render_training_summary(result, console)
     _write_outputs(options, result, trainer, monitor, console,
-                   {**run, "backend": backend.name, "threads": threads, **_parallel_fields(options, parallel, K)})
+                   {**run, "backend": backend.name, "threads": threads, **_parallel_fields(options, parallel, K),
+                    **({"memory_needs": needs.as_dict()} if needs is not None else {})})  # issue 30: the prediction
     stop.check("at the end of the run", "the run finished and its results were written")
 
 
@@ -501,28 +507,33 @@ def _make_optimizer(options, net, backend, total_steps: int, checkpoint, workers
 
 
 def _offload_session(options, net, opt, root: bool):
-    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None."""
+    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; and
+    what the run needs against its memory limit (issue 30: every run is checked before anything is written)."""
+    from engine.data.prefetch import ring_bytes
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
-    from engine.offload.budget import describe_fit, resolve_budget  # imagenet issue: budget 'auto'
+    from engine.offload.budget import describe_needs, parse_budget, resolve_budget
     from engine.offload.session import session_from_options
 
     chosen = options.offload
-    try:
-        budget, fit = resolve_budget(net, options.batch_size, opt, options.prefetch, chosen.n, chosen.budget)
+    batch = (options.batch_size, *net.graph.input_shape)
+    try:  # --offload-budget is read here, once; the INPUT rings (training, evaluation) are the data pipeline's
+        resolved = resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
+                                  ring_bytes(batch, options.prefetch + 1), ring_bytes(batch, 2), chosen.n,
+                                  parse_budget(chosen.budget))
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         fail(str(exc))
-    if fit is not None and budget == str(fit.arena_budget):  # the budget is the machine's: say where it came from
-        click.echo(describe_fit(fit))
+    if resolved.from_limit:  # the budget is the machine's: say where it came from
+        click.echo(describe_needs(resolved.needs))
     try:
-        offload = session_from_options(net, options.batch_size, chosen.n, budget, chosen.directory, chosen.params,
-                                       chosen.verify)
+        offload = session_from_options(net, options.batch_size, chosen.n, resolved.budget_bytes, chosen.directory,
+                                       chosen.params, chosen.verify)
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None and root:
         plan = offload.scheduler.plan_for(options.batch_size)
         click.echo(f"offload: {offload_summary(plan, offload.no_offload_bytes)}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
-    return offload
+    return offload, resolved.needs
 
 
 def _parallel_fields(options, parallel, workers: int) -> dict:
@@ -628,7 +639,8 @@ def evaluate_command(
 
 @main.command()
 @click.option("--model", required=True, type=click.Choice(MODEL_CHOICES))
-@click.option("--batch-size", type=int, default=32, show_default=True, callback=number(1, MAX_BATCH_SIZE))
+@click.option("--batch-size", "batch_sizes", default="32", show_default=True,
+              help="Batch size, or several comma-separated (e.g. 32,128): then the smallest limits per plan only.")
 @click.option("--num-classes", type=int, default=10, show_default=True, callback=number(2, MAX_CLASSES))
 @click.option("--image-size", type=int, default=32, show_default=True, callback=number(1, MAX_IMAGE_SIZE))
 @variant_option
@@ -645,7 +657,7 @@ def evaluate_command(
 @click.option("--update-after-backward", is_flag=True,  # issue 13: as engine train
               help="Plan every layer's gradients kept to the end of backward (engine train's default keeps one "
                    "layer's: the update runs in backward).")
-def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_json: bool,
+def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_json: bool,
            offload_n: int | None = None, measure: bool = False, show_program: bool = False,
            variant: str | None = None, update_after_backward: bool = False, offload_budget: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
@@ -654,10 +666,17 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     """
     from engine.backend import get_backend
     from engine.summary import render_memory_report
+    from engine.validate import check_number
     from models import build_model
 
-    if batch_size < 1:
-        fail(f"--batch-size must be at least 1, got {batch_size}")
+    try:
+        sizes = [int(check_number("--batch-size", int(b), low=1, high=MAX_BATCH_SIZE))
+                 for b in batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        fail(f"--batch-size takes positive integers, comma-separated (e.g. 32,128), got {batch_sizes!r}")
+    if not sizes:
+        fail(f"--batch-size takes positive integers, comma-separated (e.g. 32,128), got {batch_sizes!r}")
+    batch_size = sizes[0]
     options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
     try:
         net = build_model(model, num_classes, get_backend("cpu"), variant=variant, **options)
@@ -668,6 +687,19 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
         return
     if not update_after_backward:  # engine train's default in one process (engine.optim.update_in_backward)
         net.set_gradient_storage("per_layer")
+    import engine.checkpoint  # noqa: F401  # issue 30: what engine train has imported when it plans (the
+    import engine.train  # noqa: F401  # smallest limits start from this process's measured memory)
+    import kernels.cpu  # noqa: F401
+    from engine.data.prefetch import ring_bytes
+
+    if len(sizes) > 1:  # issue 30: the smallest limit per plan and batch size
+        from engine.offload.budget import limits_for_cli
+
+        try:
+            limits_for_cli(net, sizes, ring_bytes, offload_n, offload_budget, as_json)
+        except ValueError as exc:
+            fail(str(exc))
+        return
     report = net.memory_report(batch_size)
     if measure:  # planned arena: one real step
         net.measure_memory(batch_size, report)
@@ -676,21 +708,26 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     if offload_budget is not None and offload_n is None:
         fail("--offload-budget goes with --offload-n N: the plan keeps units within it beyond the window")
     if offload_n is not None:
-        from engine.offload.session import budget_bytes_for, planned_peaks
+        from engine.offload.budget import parse_budget
+        from engine.offload.session import planned_peaks
 
         try:
-            peaks = planned_peaks(net, batch_size, offload_n, budget_bytes_for(offload_budget, net, batch_size))
+            budget = parse_budget(offload_budget)
+            if budget is not None and budget.auto:
+                fail("engine memory takes --offload-budget as bytes or a share (e.g. 0.3x); auto is engine train's")
+            peaks = planned_peaks(net, batch_size, offload_n, budget.bytes_for(net, batch_size) if budget else None)
         except ValueError as exc:
             fail(str(exc))
     # --- end offload issue ---
-    # imagenet issue: the smallest memory limit that trains, with and without offload, against this one
-    from engine.data.prefetch import ring_bytes
-    from engine.offload.budget import describe_fit, memory_fit
+    # issue 30: the smallest memory limit per plan (engine train's defaults), against this one
+    from engine.offload.budget import limits_table, needs_for_cli
     from engine.report import render_table, table_dict
     from engine.summary import memory_tables
 
-    fit = memory_fit(net, batch_size, report.parameter_bytes,  # sgd with momentum, prefetch 2: train's defaults
-                     ring_bytes((batch_size, *net.graph.input_shape), 3))
+    try:
+        needs = needs_for_cli(net, [batch_size], ring_bytes, offload_n, offload_budget)
+    except ValueError as exc:
+        fail(str(exc))
     plan_tables = []
     if peaks:  # per layer: what each saved tensor does (keep, swap, recompute)
         from engine.offload.session import plan_layers_table
@@ -699,14 +736,15 @@ def memory(model: str, batch_size: int, num_classes: int, image_size: int, as_js
     if as_json:
         tables = [table_dict(t) for t in [*memory_tables(report, peaks), *plan_tables]]
         click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
-                               "variant": net.variant, "fit": fit.as_dict(), "tables": tables}, indent=2))
+                               "variant": net.variant, "fit": needs[0][1].as_dict(),
+                               "tables": [*tables, table_dict(limits_table(needs))]}, indent=2))
     else:
         render_memory_report(report, offload=peaks)
         for table in plan_tables:
             render_table(table)
         if net.variant:
             click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
-        click.echo(describe_fit(fit) + " (sgd with momentum, prefetch 2, margin included)")
+        render_table(limits_table(needs))
 
 
 # --- bench: offload benchmark (offload issue) ---
@@ -752,10 +790,11 @@ def bench(model, batch_size, offload_n, steps, warmup, image_size, backend, offl
 
         check_directory(offload_dir)
     if offload_budget is not None:
-        from engine.offload.session import parse_budget
+        from engine.offload.budget import parse_budget
 
         try:
-            parse_budget(offload_budget)
+            if parse_budget(offload_budget).auto:
+                fail("engine bench takes --offload-budget as bytes or a share (e.g. 0.3x), not auto")
         except ValueError as exc:
             fail(str(exc))
     progress = None if output_format == "json" else (lambda text: click.echo(f"... {text}", err=True))

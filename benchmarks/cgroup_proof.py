@@ -139,20 +139,56 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def run_in_cgroup(command: list[str], limit: int | None, name: str) -> dict:
+def run_in_cgroup(command: list[str], limit: int | None, name: str, timeout: float | None = None,
+                  env: dict | None = None) -> dict:
     group = Cgroup(limit, name) if limit else None
     start = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                             preexec_fn=group.join if group else None,
-                             env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    result = {"returncode": process.returncode, "seconds": time.perf_counter() - start,
-              "stdout": process.stdout[-4000:], "stderr": process.stderr[-4000:]}
+    environment = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    try:
+        process = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                                 preexec_fn=group.join if group else None, env=environment)
+        returncode, stdout, stderr = process.returncode, process.stdout, process.stderr
+    except subprocess.TimeoutExpired as exc:  # killed by subprocess.run
+        returncode, stdout, stderr = -9, str(exc.stdout or ""), f"timed out after {timeout} s"
+    result = {"returncode": returncode, "seconds": time.perf_counter() - start,
+              "stdout": stdout[-4000:], "stderr": stderr[-4000:]}
     if group is not None:
         result["oom_kills"] = group.oom_kills()
         result["cgroup_peak_bytes"] = group.peak_bytes()
         result["cgroup"] = f"v{group.version} {group.path}"
         group.remove()
     return result
+
+
+def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 << 20, timeout: float = 600,
+                 name: str = "bisect", progress=None) -> tuple[int | None, list[dict]]:
+    """The smallest limit (to ``resolution``) in (low, high] under which ``command`` exits 0 without an OOM kill.
+
+    ``high`` is tried first (None when even it fails); every trial is a fresh child cgroup. A run past
+    ``timeout`` seconds counts as a failure (a limit that only thrashes does not "work")."""
+    trials: list[dict] = []
+
+    def works(limit: int) -> bool:
+        result = run_in_cgroup(command, limit, f"engine-{name}-{os.getpid()}", timeout=timeout)
+        ok = result["returncode"] == 0 and not result.get("oom_kills")
+        trials.append({"limit_bytes": limit, "ok": ok, "returncode": result["returncode"],
+                       "oom_kills": result.get("oom_kills", 0), "cgroup_peak_bytes": result.get("cgroup_peak_bytes"),
+                       "seconds": round(result["seconds"], 1),
+                       "tail": "" if ok else (result["stdout"] + result["stderr"])[-300:]})
+        if progress:
+            progress(f"{name}: {gib(limit)} {'works' if ok else 'fails'} ({trials[-1]['returncode']}, "
+                     f"cgroup peak {gib(trials[-1]['cgroup_peak_bytes'])}, {trials[-1]['seconds']} s)")
+        return ok
+
+    if not works(high):
+        return None, trials
+    while high - low > resolution:
+        middle = (low + high) // 2 // (1 << 20) * (1 << 20)
+        if works(middle):
+            high = middle
+        else:
+            low = middle
+    return high, trials
 
 
 def smallest_offload_limit(train: list[str]) -> int:

@@ -79,9 +79,10 @@ class _Run:
         self.scheduler = None
         self.budget_bytes = None
         if window is not None:
-            from engine.offload.session import budget_bytes_for
+            from engine.offload.budget import parse_budget
 
-            self.budget_bytes = budget_bytes_for(config.get("budget"), self.net, batch)
+            budget = parse_budget(config.get("budget"))
+            self.budget_bytes = budget.bytes_for(self.net, batch) if budget is not None else None
             self.scheduler = OffloadScheduler(backend, window, directory=config.get("directory"),
                                               sample_page_cache=True, budget_bytes=self.budget_bytes)
             self.scheduler.attach(self.net, batch_size=batch)
@@ -274,11 +275,11 @@ def _model_label(r: dict[str, Any]) -> str:
 
 def _offload_label(r: dict[str, Any]) -> str:
     """"offload N=4", and the budget when there was one: "offload N=4, budget 0.3x (118.0 MiB)"."""
-    from engine.offload.session import parse_budget
+    from engine.offload.budget import parse_budget
 
     label = f"offload N={r['window']}"
     if r.get("budget_bytes"):
-        given = f"{r['budget']} (" if parse_budget(r["budget"])[0] == "share" else ""
+        given = f"{r['budget']} (" if parse_budget(r["budget"]).kind == "share" else ""
         label += f", budget {given}{_mib(r['budget_bytes'])}" + (")" if given else "")
     return label
 

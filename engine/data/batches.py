@@ -88,8 +88,11 @@ class BatchSource:
     def fill(self, epoch: int, index: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Write batch ``index`` of ``epoch`` into ``x_out`` (float32) and ``y_out`` (int64)."""
         chosen = self.indices(epoch, index)
-        gather = self._gather_buffer()
-        np.take(self.x, chosen, axis=0, out=gather)
+        if isinstance(self.x, np.ndarray):
+            gather = self._gather_buffer()
+            np.take(self.x, chosen, axis=0, out=gather)
+        else:  # images made on demand (engine.data.datasets.SyntheticImages), straight into the batch
+            gather = self.x.take(chosen, out=x_out)
         np.take(self.y, chosen, axis=0, out=y_out)
         # (x - mean) * (1/std), broadcasting one stored channel to three for grayscale sets
         np.subtract(gather, self.mean, out=x_out, casting="unsafe")

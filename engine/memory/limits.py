@@ -135,4 +135,52 @@ def resident_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-__all__ = ["MemoryLimit", "available_ram", "cgroup_limit", "memory_limit", "resident_bytes"]
+def resident_parts(proc: str = "/proc") -> dict[str, int]:
+    """This process's resident set by kind (``RssAnon``, ``RssFile``, ``RssShmem`` of /proc/self/status), bytes.
+
+    Anonymous pages (the heap, arrays, thread stacks) can only leave memory by an OOM kill under a
+    cgroup without swap; file pages (the libraries' code, mapped files) are reclaimed and read back under
+    pressure. So they count differently towards the smallest limit a run needs (engine.offload.budget)."""
+    parts = {"anon": 0, "file": 0, "shmem": 0}
+    try:
+        with open(os.path.join(proc, "self", "status"), encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("RssAnon", "RssFile", "RssShmem"):
+                    parts[key[3:].lower()] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        total = resident_bytes()
+        return {"anon": total, "file": 0, "shmem": 0}
+    return parts
+
+
+def resident_array_bytes(array: object) -> int:
+    """How many bytes of a NumPy array's memory are resident now (mincore over its pages).
+
+    A block made with ``np.zeros``/``np.empty`` takes no memory until it is written (the kernel maps
+    zero pages on first touch), so what a run will still add is its planned bytes less this. Pages the
+    array shares with its neighbours count whole. 0 on platforms without mincore."""
+    import ctypes
+
+    import numpy as np
+
+    if not isinstance(array, np.ndarray) or array.nbytes == 0:
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = array.ctypes.data // page * page
+    stop = -(-(array.ctypes.data + array.nbytes) // page) * page
+    pages = (stop - start) // page
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        vector = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), vector) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    resident = int(np.count_nonzero(np.frombuffer(vector, dtype=np.uint8) & 1))
+    return min(array.nbytes, resident * page)
+
+
+__all__ = ["MemoryLimit", "available_ram", "cgroup_limit", "memory_limit", "resident_array_bytes",
+           "resident_bytes", "resident_parts"]

@@ -1,39 +1,105 @@
-"""``--offload-budget auto``: the offload window's bytes from the memory this process may use.
+"""The memory a training run needs, against the limit it runs under; and ``--offload-budget``, read once.
 
-A training step needs, besides the saved-for-backward tensors the offload window holds:
-- what the process holds before its first step (interpreter, libraries, the data set; measured RSS,
-  less the network's parameters and buffers, which are counted below),
-- the network's long-lived blocks (parameters, gradients, buffers) and optimizer state,
-- the largest step of what offload does not place (activation gradients, the batch, the loss head,
-  working memory: ``planned_peaks``),
-- the INPUT ring of prefetched batches,
-- ``RUNTIME_BYTES`` for what the first step loads: Numba's compiled kernels, the threading layer and
-  BLAS buffers (measured: RSS grows 115-130 MiB past the tensors over a first ResNet-18 step),
-- the evaluation pass at the end (``inference_peak_bytes``: the liveness peak of a forward pass, plus
-  its two-slot ring). Without offload the training workspaces stay while it runs, so it adds; with
-  offload the scheduler's arena is gone by then, so the larger of the two counts,
-- a margin for what no plan sees (allocator slack, the swap writes' pages before they leave the page
-  cache): ``MARGIN_FRACTION`` of the rest, at least ``MARGIN_MIN``.
-The limit (``engine.memory.limits``) minus all that is the window's budget; the largest N whose arena
-fits is used (``--offload-n auto`` adapts below it). When even N=1 does not fit, the run is refused
-before the first step with the smallest limit that would work.
+One home for both. ``parse_budget`` reads ``--offload-budget`` once ("auto", bytes such as "256MB", or a
+share such as "0.3x") into a ``Budget``; ``resolve_budget`` turns it into the byte budget the offload
+scheduler takes and checks every run against its limit (``engine.memory.limits``: cgroup v2/v1, else
+available RAM), whatever its options: no offload, a fixed ``--offload-n N``, a byte budget, ``auto``. A
+run that cannot fit is refused before its first step with one line that names the smallest limit that
+works and the option that reaches it (``DoesNotFit``), instead of being OOM-killed in its first step
+with its swap directory left behind.
 
-Checked on ResNet-18 ImageNet at 224×224, batch 32 (docs/offload.md, "Proof under a memory limit"): without
-offload the model says 1.5 GiB and the run peaks at 1.39 GiB RSS; with ``--offload-n auto`` it says
-1.2 GiB and the run peaks at 1.0 GiB. Before ``RUNTIME_BYTES`` and the evaluation pass were counted,
-the model said 1.16 GiB for the run that peaked at 1.39 GiB.
+What a run needs (``RunNeeds``), from measured and planned figures, not padding:
+- what the process holds when the plan is made, measured: its resident set (interpreter, libraries,
+  the data set, parameters). Anonymous pages count whole; file pages (the libraries' code, which the
+  kernel reclaims and reads back under a limit) count by ``FILE_SHARE`` (see below);
+- the planned blocks not yet resident: parameters, gradients, buffers and optimizer state are
+  allocated, and ``mincore`` says how much of them is already in the resident set (``np.zeros`` takes
+  no memory before it is written); the rest is added;
+- the step's tensors as the step program plans them: without offload the liveness peak
+  (``net.memory_report``), with offload the largest moment of what the scheduler does not place plus the
+  offload arena of the run's window (``session.planned_peaks``);
+- the INPUT ring of prefetched batches (its bytes passed in by the caller: the data pipeline is the
+  trainer's, not offload's), and the evaluation pass at the end (the liveness peak of a forward pass plus
+  its ring; with offload the arena is gone by then, so the larger of step and evaluation counts);
+- ``RUNTIME_BYTES``: what the first step adds beyond the planned tensors (Numba loading the compiled
+  kernels from its cache, the kernel threads, BLAS buffers, allocator slack), measured.
+
+Calibration (``benchmarks/cgroup_proof.py --bisect``: the true smallest cgroup v1 limit found by
+bisection, to 8 MiB, beside this prediction; README "Memory limits"): see ``RUNTIME_BYTES`` and
+``FILE_SHARE``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.memory.limits import MemoryLimit, memory_limit, resident_bytes
+from engine.memory.limits import MemoryLimit, memory_limit, resident_array_bytes, resident_parts
+from engine.report import format_bytes
 
-MARGIN_FRACTION = 0.10
-MARGIN_MIN = 128 * 2**20
-RUNTIME_BYTES = 128 * 2**20
+RUNTIME_BYTES = 16 * 2**20
+"""What the first training step adds to the resident set beyond the planned tensors (calibrated, module docstring)."""
+FILE_SHARE = 0.0
+"""The share of the file-backed resident set (libraries' code) a run needs to keep charged under a limit."""
+CHECK_VARIABLE = "ENGINE_MEMORY_CHECK"
+"""``ENGINE_MEMORY_CHECK=off`` predicts but does not refuse: for ``benchmarks/cgroup_proof.py``, which finds
+the true smallest limit by running below the prediction."""
+
+
+# -- --offload-budget, read once ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``--offload-budget`` as read: ``kind`` "auto" (from the memory limit), "bytes" or "share" (of what the
+    step keeps for backward without offload, so one value means the same share for every model and batch)."""
+
+    kind: str
+    value: float = 0.0
+    text: str = ""
+
+    @property
+    def auto(self) -> bool:
+        return self.kind == "auto"
+
+    def bytes_for(self, net: Any, batch_size: int) -> int:
+        """The budget in bytes for ``net`` at ``batch_size`` (not for "auto": that comes from the limit)."""
+        if self.kind == "auto":
+            raise ValueError("--offload-budget auto is resolved against the memory limit (resolve_budget)")
+        if self.kind == "share":
+            from engine.offload.session import offloadable_resident_bytes
+
+            return int(self.value * offloadable_resident_bytes(net, batch_size))
+        return int(self.value)
+
+
+def parse_budget(text: str | None) -> Budget | None:
+    """``--offload-budget``: "auto", bytes ("120MB", "1GiB", ``storage.parse_bytes``) or a share ("0.3x");
+    None for None; a ValueError names what is wrong."""
+    if text is None:
+        return None
+    cleaned = str(text).strip()
+    if cleaned.lower() == "auto":
+        return Budget("auto", 0.0, cleaned)
+    if cleaned.lower().endswith("x"):
+        try:
+            value = float(cleaned[:-1])
+        except ValueError:
+            raise ValueError(f"--offload-budget takes bytes (e.g. 120MB) or a share like 0.3x (or auto), "
+                             f"got {text!r}") from None
+        kind = "share"
+    else:
+        from engine.offload.storage import parse_bytes
+
+        value, kind = parse_bytes(cleaned), "bytes"
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"--offload-budget must be positive, got {text!r}")
+    return Budget(kind, value, cleaned)
+
+
+# -- what a run needs -----------------------------------------------------------------------------------
 
 
 def inference_peak_bytes(graph: Any, batch_size: int) -> int:
@@ -58,75 +124,128 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def round_up_mib(n: float, to: int = 16) -> int:
+    """``n`` bytes up to the next ``to`` MiB: the limits the refusals name are ones a user can type."""
+    step = to * 2**20
+    return int(-(-int(n) // step) * step)
+
+
 @dataclass(frozen=True)
-class MemoryFit:
-    """What a run needs against what it may use (bytes); ``needed_*`` include the margin."""
+class Setup:
+    """What the process holds when the plan is made (measured) and the planned blocks already among it."""
+
+    anon_bytes: int
+    file_bytes: int
+    blocks_resident_bytes: int  # of parameters, gradients, buffers and optimizer state: already resident
+
+    @classmethod
+    def measure(cls, blocks: list[Any] = ()) -> Setup:
+        parts = resident_parts()
+        return cls(parts["anon"] + parts["shmem"], parts["file"], sum(resident_array_bytes(b) for b in blocks))
+
+    @property
+    def bytes(self) -> int:
+        """The resident set this prediction starts from: anonymous pages, ``FILE_SHARE`` of file pages,
+        less the planned blocks already among them (they are counted with the plan)."""
+        return max(0, self.anon_bytes + int(FILE_SHARE * self.file_bytes) - self.blocks_resident_bytes)
+
+
+@dataclass(frozen=True)
+class RunNeeds:
+    """The parts of what a run needs at its peak, bytes; ``needed(arena)`` the smallest limit for an arena."""
 
     limit: MemoryLimit
-    baseline_bytes: int  # the process before the network's tensors
+    setup: Setup
+    long_lived_bytes: int  # parameters, gradients, buffers
     optimizer_state_bytes: int
     input_ring_bytes: int
-    needed_no_offload: int
-    needed_offload_without_arena: int  # everything with offload on, except the window's arena
-    min_window_arena_bytes: int  # the arena of N=1
+    no_offload_step_bytes: int  # the step's tensors without offload (liveness peak), beyond the long-lived
+    offload_step_bytes: int  # with offload: what the scheduler does not place, at its worst moment
+    evaluation_bytes: int  # inference peak + its ring
+    min_arena_bytes: int  # the offload arena of N=1
+    runtime_bytes: int = RUNTIME_BYTES
+    arenas: dict[str, int] = field(default_factory=dict)  # arena bytes of the configurations checked
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Held throughout: the measured setup, the long-lived blocks, optimizer state, the runtime."""
+        return self.setup.bytes + self.long_lived_bytes + self.optimizer_state_bytes + self.runtime_bytes
+
+    @property
+    def needed_no_offload(self) -> int:
+        # the network's training arena stays while the evaluation runs
+        return self.fixed_bytes + self.input_ring_bytes + self.no_offload_step_bytes + self.evaluation_bytes
+
+    def needed(self, arena_bytes: int) -> int:
+        """The smallest limit with offload and an arena of ``arena_bytes``."""
+        step = self.input_ring_bytes + self.offload_step_bytes + arena_bytes
+        return self.fixed_bytes + max(step, self.evaluation_bytes)
 
     @property
     def needed_min_offload(self) -> int:
         """The smallest limit that trains with offload (N=1)."""
-        return self.needed_offload_without_arena + self.min_window_arena_bytes
+        return self.needed(self.min_arena_bytes)
+
+    @property
+    def arena_budget(self) -> int:
+        """Bytes the offload window's arena may take under the limit (negative: nothing fits)."""
+        return self.limit.bytes - self.fixed_bytes - self.input_ring_bytes - self.offload_step_bytes
 
     @property
     def fits_without_offload(self) -> bool:
         return self.needed_no_offload <= self.limit.bytes
 
-    @property
-    def arena_budget(self) -> int:
-        """Bytes the offload window's arena may take under the limit (negative: nothing fits)."""
-        return self.limit.bytes - self.needed_offload_without_arena
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "limit_bytes": self.limit.bytes,
             "limit_source": self.limit.source,
-            "baseline_bytes": self.baseline_bytes,
+            "setup_anon_bytes": self.setup.anon_bytes,
+            "setup_file_bytes": self.setup.file_bytes,
+            "setup_blocks_resident_bytes": self.setup.blocks_resident_bytes,
+            "long_lived_bytes": self.long_lived_bytes,
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "input_ring_bytes": self.input_ring_bytes,
+            "runtime_bytes": self.runtime_bytes,
+            "no_offload_step_bytes": self.no_offload_step_bytes,
+            "offload_step_bytes": self.offload_step_bytes,
+            "evaluation_bytes": self.evaluation_bytes,
+            "min_arena_bytes": self.min_arena_bytes,
             "needed_no_offload_bytes": self.needed_no_offload,
             "needed_min_offload_bytes": self.needed_min_offload,
             "arena_budget_bytes": self.arena_budget,
         }
 
 
-def with_margin(nbytes: int) -> int:
-    return int(nbytes + max(MARGIN_MIN, MARGIN_FRACTION * nbytes))
+def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int, evaluation_ring_bytes: int,
+              limit: MemoryLimit | None = None, setup: Setup | None = None) -> RunNeeds:
+    """What ``net`` needs at ``batch_size`` against ``limit`` (default: this process's).
 
-
-def memory_fit(net: Any, batch_size: int, optimizer_state_bytes: int, input_ring_bytes: int,
-               limit: MemoryLimit | None = None, baseline_bytes: int | None = None) -> MemoryFit:
-    """The run's needs without and with offload against ``limit`` (default: this process's)."""
+    ``optimizer_state``: the optimizer's state block (an array, or None for plain SGD) or its bytes;
+    ``input_ring_bytes`` / ``evaluation_ring_bytes``: the training and evaluation INPUT rings
+    (``engine.data.prefetch.ring_bytes``); ``setup``: measured now unless given."""
     from engine.offload.session import planned_peaks
 
     limit = limit if limit is not None else memory_limit()
     report = net.memory_report(batch_size)
-    if baseline_bytes is None:  # parameters and buffers were written at initialization: already resident
-        baseline_bytes = max(0, resident_bytes() - report.parameter_bytes - report.buffer_bytes)
-    from engine.data.prefetch import ring_bytes
-
+    state_bytes = int(optimizer_state) if isinstance(optimizer_state, int) else (
+        int(optimizer_state.nbytes) if optimizer_state is not None else 0)
+    if setup is None:
+        blocks = [net.parameters.flat, net.gradients.flat, net.buffers.flat]
+        if optimizer_state is not None and not isinstance(optimizer_state, int):
+            blocks.append(optimizer_state)
+        setup = Setup.measure(blocks)
     peaks = planned_peaks(net, batch_size, 1)
-    extra = baseline_bytes + optimizer_state_bytes + input_ring_bytes + RUNTIME_BYTES
-    evaluation = inference_peak_bytes(net.graph, batch_size) + ring_bytes((batch_size, *net.graph.input_shape), 2)
-    without_arena = peaks["planned_peak_bytes_offload"] - peaks["offload_arena_bytes"]
-    arena = peaks["offload_arena_bytes"]
-    # with offload: the evaluation pass reuses the arena's room; whatever it needs beyond counts as fixed
-    with_offload_fixed = extra + without_arena + max(0, evaluation - arena)
-    return MemoryFit(
+    long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    return RunNeeds(
         limit=limit,
-        baseline_bytes=baseline_bytes,
-        optimizer_state_bytes=optimizer_state_bytes,
+        setup=setup,
+        long_lived_bytes=long_lived,
+        optimizer_state_bytes=state_bytes,
         input_ring_bytes=input_ring_bytes,
-        needed_no_offload=with_margin(extra + report.planned_peak_bytes + evaluation),
-        needed_offload_without_arena=with_margin(with_offload_fixed),
-        min_window_arena_bytes=arena,
+        no_offload_step_bytes=report.planned_peak_bytes - long_lived,
+        offload_step_bytes=peaks["not_offloaded_peak_bytes"],
+        evaluation_bytes=inference_peak_bytes(net.graph, batch_size) + evaluation_ring_bytes,
+        min_arena_bytes=peaks["offload_arena_bytes"],
     )
 
 
@@ -134,67 +253,200 @@ class DoesNotFit(ValueError):
     """The run cannot train under the limit: the message says what it needs and what would work."""
 
 
-def check_fit(fit: MemoryFit, offload: bool) -> None:
-    """Refuse before the first step when the run cannot fit (without offload: name the option that helps)."""
-    if offload and fit.arena_budget < fit.min_window_arena_bytes:
-        raise DoesNotFit(
-            f"needs at least {_gib(fit.needed_min_offload)} with offload (N=1), the limit is {fit.limit.describe()}; "
-            "lower --batch-size or run with a limit of at least that"
-        )
-    if not offload and not fit.fits_without_offload:
-        hint = (f"add --offload-n auto (works from a limit of {_gib(fit.needed_min_offload)})"
-                if fit.needed_min_offload <= fit.limit.bytes
-                else f"with offload it needs {_gib(fit.needed_min_offload)}: lower --batch-size")
-        raise DoesNotFit(
-            f"needs {_gib(fit.needed_no_offload)} without offload, the limit is {fit.limit.describe()}; {hint}"
-        )
+def _limit_text(limit: MemoryLimit) -> str:
+    return limit.describe()
 
 
-def resolve_budget(net: Any, batch_size: int, optimizer: Any, prefetch: int, offload_n: str | None,
-                   offload_budget: str | None) -> tuple[str | None, MemoryFit | None]:
-    """The ``--offload-budget`` to use and the fit it came from, for ``engine train``.
+def check_no_offload(needs: RunNeeds) -> None:
+    """Refuse a run without offload that cannot fit, naming the option that helps and from which limit."""
+    if needs.fits_without_offload:
+        return
+    floor = round_up_mib(needs.needed_min_offload)
+    if needs.needed_min_offload <= needs.limit.bytes:
+        hint = f"add --offload-n auto (works from a limit of {_gib(floor)})"
+    else:
+        hint = f"with --offload-n 1 it needs a limit of at least {_gib(floor)}: raise the limit or lower --batch-size"
+    raise DoesNotFit(f"needs a limit of {_gib(round_up_mib(needs.needed_no_offload))} without offload, the limit is "
+                     f"{_limit_text(needs.limit)}; {hint}")
 
-    ``--offload-budget auto``, or ``--offload-n auto`` without a budget: the window's bytes under the
-    limit (the budget returned is then ``str(fit.arena_budget)``). A share ("0.3x",
-    ``session.parse_budget``) becomes bytes of this network at this batch size. Without offload options
-    the run is checked to fit. Raises DoesNotFit before the first step (ValueError for a malformed
-    budget). On device backends nothing is checked (the fit is None): host limits do not bound device memory.
+
+def check_offload(needs: RunNeeds, arena_bytes: int, option: str) -> None:
+    """Refuse an offload run whose arena (``option`` names its configuration) cannot fit under the limit."""
+    if needs.needed(arena_bytes) <= needs.limit.bytes:
+        return
+    floor = round_up_mib(needs.needed_min_offload)
+    if needs.needed_min_offload <= needs.limit.bytes:
+        hint = f"--offload-n auto fits (works from a limit of {_gib(floor)})"
+    else:
+        hint = (f"the smallest window (--offload-n 1) needs a limit of at least {_gib(floor)}: raise the limit "
+                "or lower --batch-size")
+    raise DoesNotFit(f"{option} needs a limit of {_gib(round_up_mib(needs.needed(arena_bytes)))}, the limit is "
+                     f"{_limit_text(needs.limit)}; {hint}")
+
+
+def checks_enabled() -> bool:
+    """False when ``ENGINE_MEMORY_CHECK=off`` (the prediction is still made and shown)."""
+    return os.environ.get(CHECK_VARIABLE, "on").strip().lower() not in ("off", "0", "no")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``resolve_budget`` decided: the scheduler's byte budget (None: none), the needs it checked
+    (None on device backends), and whether the budget came from the limit (``auto``)."""
+
+    budget_bytes: int | None
+    needs: RunNeeds | None
+    from_limit: bool = False
+
+
+def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
+                   evaluation_ring_bytes: int, offload_n: str | None, budget: Budget | None,
+                   limit: MemoryLimit | None = None) -> Resolved:
+    """The byte budget for ``engine train``'s scheduler, with the run checked against its memory limit.
+
+    ``budget`` auto, or ``--offload-n auto`` without a budget: the window's bytes under the limit. A share
+    becomes bytes of this network at this batch size. Every configuration is checked (no offload, a fixed
+    N, a byte budget, auto): DoesNotFit before the first step when it cannot fit, unless
+    ``ENGINE_MEMORY_CHECK=off``. On device backends nothing is checked (host limits do not bound device
+    memory) and "auto" is refused.
     """
-    from engine.data.prefetch import ring_bytes
-    from engine.offload.session import budget_bytes_for, parse_budget
-
-    if offload_budget is not None and str(offload_budget).strip().lower() != "auto" \
-            and parse_budget(offload_budget)[0] == "share":
-        offload_budget = str(budget_bytes_for(offload_budget, net, batch_size))
-
-    auto = str(offload_budget).strip().lower() == "auto" or (
-        offload_budget is None and str(offload_n).strip().lower() == "auto")
-    if net.backend.is_device:  # the tensors live in device memory: host RAM and cgroups do not bound them
-        if str(offload_budget).strip().lower() == "auto":
+    n_text = None if offload_n is None else str(offload_n).strip().lower()
+    auto = (budget is not None and budget.auto) or (budget is None and n_text == "auto")
+    if net.backend.is_device:
+        if budget is not None and budget.auto:
             raise DoesNotFit(f"--offload-budget auto reads host memory limits; on the {net.backend.name} backend "
                              "give --offload-budget BYTES")
-        return offload_budget, None
-    ring = ring_bytes((batch_size, *net.graph.input_shape), prefetch + 1)
-    fit = memory_fit(net, batch_size, optimizer_state_bytes(optimizer), ring)
+        return Resolved(budget.bytes_for(net, batch_size) if budget is not None else None, None)
+    budget_bytes = budget.bytes_for(net, batch_size) if budget is not None and not budget.auto else None
+    needs = run_needs(net, batch_size, optimizer_state, input_ring_bytes, evaluation_ring_bytes, limit)
+    check = checks_enabled()
     if auto:
-        check_fit(fit, offload=True)
-        return str(fit.arena_budget), fit
-    if offload_n is None and offload_budget is None:
-        check_fit(fit, offload=False)
-    return offload_budget, fit
+        if check:
+            check_offload(needs, needs.min_arena_bytes, "--offload-n auto")
+        return Resolved(max(needs.arena_budget, needs.min_arena_bytes), needs, from_limit=True)
+    if offload_n is None and budget is None:
+        if check:
+            check_no_offload(needs)
+        return Resolved(None, needs)
+    arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
+    needs.arenas[option] = arena
+    if check:
+        check_offload(needs, arena, option)
+    return Resolved(budget_bytes, needs)
 
 
-def describe_fit(fit: MemoryFit) -> str:
-    """One line: the limit, what the run needs without offload and with N=1, the window's budget."""
-    return (f"memory limit {fit.limit.describe()}: needs {_gib(fit.needed_no_offload)} without offload, "
-            f"{_gib(fit.needed_min_offload)} with offload N=1; offload window budget {_gib(max(fit.arena_budget, 0))}")
+def offload_arena(net: Any, batch_size: int, n_text: str | None, budget_bytes: int | None) -> tuple[int, str]:
+    """The arena bytes the scheduler will fill for ``--offload-n``/``--offload-budget`` (bytes), and the
+    options' words. A byte budget keeps units up to it (``plan.keep_within``); ``auto`` with a byte budget
+    may fill the budget; a budget alone runs ``scheduler.BUDGET_WINDOW``."""
+    from engine.offload.scheduler import BUDGET_WINDOW
+    from engine.offload.session import planned_peaks
+
+    if n_text == "auto":  # with a byte budget (auto alone is resolved from the limit)
+        total = planned_peaks(net, batch_size, 1)["offloadable_bytes_all_kept"]
+        return min(int(budget_bytes), int(total)), f"--offload-n auto --offload-budget {format_bytes(budget_bytes)}"
+    if n_text is None:  # the scheduler's window for a budget alone: BUDGET_WINDOW, or the largest below that fits
+        option = f"--offload-budget {format_bytes(budget_bytes)}"
+        for window in range(BUDGET_WINDOW, 1, -1):
+            try:
+                return int(planned_peaks(net, batch_size, window, budget_bytes)["offload_arena_bytes"]), option
+            except ValueError:
+                continue
+        window = 1  # below, the budget's own refusal names what is wrong
+    else:
+        try:
+            window = int(n_text)
+        except ValueError:
+            raise ValueError(f"--offload-n must be a positive integer or 'auto', got {n_text!r}") from None
+        if window < 1:
+            raise ValueError(f"--offload-n must be at least 1 (layers kept in memory), got {window}")
+        option = f"--offload-n {window}" + (f" --offload-budget {format_bytes(budget_bytes)}" if budget_bytes else "")
+    peaks = planned_peaks(net, batch_size, window, budget_bytes)
+    return int(peaks["offload_arena_bytes"]), option
 
 
-def optimizer_state_bytes(optimizer: Any) -> int:
-    """Bytes of the optimizer's state block (momentum, Adam's moments; 0 for plain SGD)."""
-    state = getattr(optimizer, "state", None)
-    return int(state.flat.nbytes) if state is not None else 0
+def describe_needs(needs: RunNeeds) -> str:
+    """One line: the limit, the smallest limits without offload and with N=1, the window's budget."""
+    return (f"memory limit {needs.limit.describe()}: needs {_gib(round_up_mib(needs.needed_no_offload))} without "
+            f"offload, {_gib(round_up_mib(needs.needed_min_offload))} with offload N=1; offload window budget "
+            f"{_gib(max(needs.arena_budget, 0))}")
 
 
-__all__ = ["DoesNotFit", "MemoryFit", "check_fit", "describe_fit", "memory_fit", "optimizer_state_bytes",
-           "resolve_budget", "with_margin"]
+# -- engine memory: the smallest limit per plan --------------------------------------------------------
+
+
+def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[int, ...], int], int],
+                  offload_n: int | None = None, offload_budget: str | None = None) -> list[tuple[int, RunNeeds]]:
+    """``engine memory``: what ``engine train`` with its defaults (SGD with momentum, prefetch 2) needs per batch
+    size, for no offload, N=1 and the ``--offload-n``/``--offload-budget`` asked for (``RunNeeds.arenas``).
+    ``ring_bytes(batch_shape, slots)``: the INPUT ring's bytes (``engine.data.prefetch.ring_bytes``).
+
+    The setup is measured in this process; the caller imports what ``engine train`` has imported when it
+    plans, so it stands for a training process with its network built. A data set held in memory (CIFAR,
+    MNIST, npz) is not in it (synthetic data and image folders hold none)."""
+    budget = parse_budget(offload_budget)
+    if budget is not None and budget.auto:
+        raise ValueError("engine memory takes --offload-budget as bytes or a share (e.g. 0.3x); auto is engine train's")
+    state_bytes = int(net.parameters.flat.nbytes)  # momentum: one value per parameter, not yet written
+    setup = Setup.measure([net.parameters.flat, net.gradients.flat, net.buffers.flat])
+    limit = memory_limit()
+    found = []
+    for batch in batch_sizes:
+        shape = (batch, *net.graph.input_shape)
+        needs = run_needs(net, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit, setup)
+        needs.arenas["--offload-n 1"] = needs.min_arena_bytes
+        if offload_n is not None and (offload_n != 1 or budget is not None):
+            budget_bytes = budget.bytes_for(net, batch) if budget is not None else None
+            arena, option = offload_arena(net, batch, str(offload_n), budget_bytes)
+            needs.arenas[option] = arena
+        found.append((batch, needs))
+    return found
+
+
+def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
+    """The smallest limit per plan and batch size (``needs_for_cli``), as a table of engine/report.py."""
+    from engine.report import Table
+
+    table = Table("smallest memory limit per plan (predicted, engine train with sgd momentum and prefetch 2)",
+                  ["batch", "plan", "step tensors", "smallest limit", "fits the limit here"], right={0, 2, 3})
+    for batch, needs in found:
+        rows = [("no offload", needs.input_ring_bytes + needs.no_offload_step_bytes, needs.needed_no_offload)]
+        rows += [(option, needs.input_ring_bytes + needs.offload_step_bytes + arena, needs.needed(arena))
+                 for option, arena in needs.arenas.items()]
+        for plan, step, needed in rows:
+            table.add_row(batch, plan, format_bytes(step), format_bytes(round_up_mib(needed)),
+                          "yes" if needed <= needs.limit.bytes else "no")
+    if found:
+        needs = found[0][1]
+        table.notes.append(
+            f"each limit = setup {format_bytes(needs.setup.bytes)} (measured: interpreter, libraries, network) + "
+            f"parameters, gradients, buffers {format_bytes(needs.long_lived_bytes)} + optimizer state "
+            f"{format_bytes(needs.optimizer_state_bytes)} + first-step runtime {format_bytes(needs.runtime_bytes)} + "
+            "the step's tensors (or the evaluation pass, whichever is larger with offload)")
+        table.notes.append(f"the limit here: {needs.limit.describe()}")
+        table.notes.append("no chunking yet: every plan holds whole-batch tensors, so the smallest limit grows with "
+                           "the batch size")
+    return table
+
+
+def limits_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[int, ...], int], int],
+                   offload_n: int | None, offload_budget: str | None, as_json: bool) -> None:
+    """``engine memory --batch-size 32,128``: the table (or its JSON with every part of each prediction)."""
+    import json
+
+    from engine.report import render_table, table_dict
+
+    found = needs_for_cli(net, batch_sizes, ring_bytes, offload_n, offload_budget)
+    if as_json:
+        print(json.dumps({"limits": [{"batch_size": b, **n.as_dict(),
+                                      "arenas": dict(n.arenas),
+                                      "needed_bytes": {o: n.needed(a) for o, a in n.arenas.items()}}
+                                     for b, n in found],
+                          "table": table_dict(limits_table(found))}, indent=2))
+    else:
+        render_table(limits_table(found))
+
+
+__all__ = ["Budget", "DoesNotFit", "Resolved", "RunNeeds", "Setup", "check_no_offload", "check_offload",
+           "describe_needs", "inference_peak_bytes", "limits_for_cli", "limits_table", "needs_for_cli", "offload_arena",
+           "parse_budget", "resolve_budget", "run_needs"]

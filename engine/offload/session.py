@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.offload.scheduler import OffloadScheduler, OffloadTarget
-from engine.offload.storage import VERIFY_MODES, DelayHook, parse_bytes
+from engine.offload.storage import VERIFY_MODES, DelayHook
 from engine.report import Table, format_bytes
 from engine.validate import parse_window
 
@@ -30,19 +30,20 @@ class OffloadConfig:
     verify: str = "full"  # what is checked when a record comes back from the swap file
 
     @classmethod
-    def from_options(cls, n: str | None, budget: str | None, directory: str | None,
+    def from_options(cls, n: str | None, budget_bytes: int | None, directory: str | None,
                      params: bool = False, verify: str = "full") -> OffloadConfig | None:
-        """The config for the command-line options, None when offload is off; ValueError on bad values."""
+        """The config for the command-line options, None when offload is off; ValueError on bad values.
+        ``budget_bytes``: ``--offload-budget`` as ``budget.resolve_budget`` (or ``Budget.bytes_for``) made it."""
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-        if n is None and budget is None:
+        if n is None and budget_bytes is None:
             if params:
                 raise ValueError("--offload-params goes with --offload-n N|auto or --offload-budget BYTES")
             return None
         window = parse_window(n)  # OptionError (a ValueError) on anything but a positive integer or 'auto'
-        budget_bytes = parse_bytes(budget) if budget is not None else None
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise ValueError(f"--offload-budget must be positive, got {budget!r}")
+        if budget_bytes is not None and not budget_bytes > 0:
+            raise ValueError(f"--offload-budget must be positive, got {budget_bytes!r}")
+        budget_bytes = int(budget_bytes) if budget_bytes is not None else None
         return cls(window, budget_bytes, directory, params, verify)
 
     def scheduler(self, backend: Any, delay: DelayHook | None = None, **options: Any) -> OffloadScheduler:
@@ -149,14 +150,14 @@ class OffloadSession:
                 self.scheduler.close()
 
 
-def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget: str | None,
+def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget_bytes: int | None,
                          directory: str | None, params: bool = False, verify: str = "full") -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
     Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
     an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
     """
-    config = OffloadConfig.from_options(n, budget, directory, params, verify)
+    config = OffloadConfig.from_options(n, budget_bytes, directory, params, verify)
     if config is None:
         return None
     if params and net.backend.is_device:
@@ -165,35 +166,6 @@ def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, bud
     session = OffloadSession(config, sample_page_cache=True)  # one mincore per step: the summary's page-cache figure
     session.prepare(net, batch_size)
     return session
-
-
-def parse_budget(text: str) -> tuple[str, float]:
-    """``--offload-budget`` as ``engine train``, ``bench`` and ``memory`` take it besides "auto": ("bytes", n)
-    for "120MB", or ("share", f) for "0.3x" (of what the step keeps for backward without offload,
-    ``budget_bytes_for``); a ValueError names what is wrong."""
-    text = str(text).strip()
-    if text.lower().endswith("x"):
-        try:
-            value = float(text[:-1])
-        except ValueError:
-            raise ValueError(f"--offload-budget takes bytes (e.g. 120MB) or a share like 0.3x, got {text!r}") from None
-        kind = "share"
-    else:
-        from engine.offload.storage import parse_bytes
-
-        value, kind = parse_bytes(text), "bytes"
-    if not value > 0:
-        raise ValueError(f"--offload-budget must be positive, got {text!r}")
-    return kind, value
-
-
-def budget_bytes_for(text: str | None, net: Any, batch_size: int) -> int | None:
-    """The budget ``parse_budget`` reads, in bytes for ``net`` at ``batch_size``: a share ("0.3x") of
-    ``offloadable_resident_bytes``, so one value means the same share for every model and batch size."""
-    if text is None:
-        return None
-    kind, value = parse_budget(text)
-    return int(value * offloadable_resident_bytes(net, batch_size)) if kind == "share" else int(value)
 
 
 def offloadable_resident_bytes(net: Any, batch_size: int) -> int:

@@ -63,28 +63,82 @@ def resnet_224():
     net.close()
 
 
+def needs_at(net, limit_bytes: int, batch: int = 32):
+    from engine.offload.budget import Setup, run_needs
+
+    return run_needs(net, batch, 45 << 20, 55 << 20, 37 << 20, MemoryLimit(limit_bytes, "test"),
+                     setup=Setup(0, 0, 0))
+
+
 def test_budget_and_refusal_follow_the_limit(resnet_224):
-    from engine.offload.budget import DoesNotFit, check_fit, memory_fit
+    from engine.offload.budget import DoesNotFit, check_no_offload, check_offload
 
-    def fit(limit_bytes: int):
-        return memory_fit(resnet_224, 32, 45 << 20, 55 << 20, MemoryLimit(limit_bytes, "test"), baseline_bytes=0)
-
-    roomy = fit(64 << 30)
+    roomy = needs_at(resnet_224, 64 << 30)
     assert roomy.needed_min_offload < roomy.needed_no_offload  # offload saves memory at 224, batch 32
-    check_fit(roomy, offload=False)
-    between = fit((roomy.needed_min_offload + roomy.needed_no_offload) // 2)
+    check_no_offload(roomy)
+    between = needs_at(resnet_224, (roomy.needed_min_offload + roomy.needed_no_offload) // 2)
     with pytest.raises(DoesNotFit, match="without offload.*add --offload-n auto"):
-        check_fit(between, offload=False)
-    check_fit(between, offload=True)
-    assert between.min_window_arena_bytes <= between.arena_budget < roomy.arena_budget
-    tight = fit(roomy.needed_min_offload - (1 << 20))
-    with pytest.raises(DoesNotFit, match=r"with offload \(N=1\)"):
-        check_fit(tight, offload=True)
+        check_no_offload(between)
+    check_offload(between, between.min_arena_bytes, "--offload-n 1")
+    assert between.min_arena_bytes <= between.arena_budget < roomy.arena_budget
+    tight = needs_at(resnet_224, roomy.needed_min_offload - (1 << 20))
+    with pytest.raises(DoesNotFit, match=r"--offload-n 1 needs a limit of .*the smallest window \(--offload-n 1\)"):
+        check_offload(tight, tight.min_arena_bytes, "--offload-n 1")
     with pytest.raises(DoesNotFit, match="lower --batch-size"):
-        check_fit(tight, offload=False)
+        check_no_offload(tight)
 
 
-def test_train_refuses_before_the_first_step(monkeypatch):
+def test_the_prediction_adds_its_parts(resnet_224):
+    """The smallest limit is the measured setup plus the planned blocks plus the step (or the evaluation)."""
+    from engine.offload.budget import RUNTIME_BYTES, Setup, run_needs
+
+    report = resnet_224.memory_report(32)
+    setup = Setup(anon_bytes=300 << 20, file_bytes=0, blocks_resident_bytes=report.parameter_bytes)
+    needs = run_needs(resnet_224, 32, 45 << 20, 55 << 20, 37 << 20, MemoryLimit(8 << 30, "test"), setup=setup)
+    long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    fixed = (300 << 20) - report.parameter_bytes + long_lived + (45 << 20) + RUNTIME_BYTES
+    assert needs.fixed_bytes == fixed
+    step_no_offload = report.planned_peak_bytes - long_lived
+    assert needs.needed_no_offload == fixed + (55 << 20) + step_no_offload + needs.evaluation_bytes
+    step = (55 << 20) + needs.offload_step_bytes + needs.min_arena_bytes
+    assert needs.needed_min_offload == fixed + max(step, needs.evaluation_bytes)
+    assert needs.arena_budget == (8 << 30) - fixed - (55 << 20) - needs.offload_step_bytes
+
+
+def test_resident_array_bytes_counts_written_pages_only():
+    import numpy as np
+
+    from engine.memory.limits import resident_array_bytes
+
+    block = np.zeros(64 << 20, dtype=np.uint8)  # calloc'd: mapped, not yet resident
+    assert resident_array_bytes(block) <= 2 << 20
+    block[: 16 << 20] = 1
+    assert (16 << 20) <= resident_array_bytes(block) <= (18 << 20)  # a huge page may round up
+
+
+def test_budget_is_read_once():
+    from engine.offload.budget import parse_budget
+
+    assert parse_budget(None) is None
+    assert parse_budget(" Auto ").auto
+    assert (parse_budget("120MB").kind, parse_budget("120MB").value) == ("bytes", 120_000_000)
+    assert (parse_budget("0.3x").kind, parse_budget("0.3x").value) == ("share", 0.3)
+    for bad in ("lots", "zx", "0x", "-1MB", "nan", "infx"):
+        with pytest.raises(ValueError):
+            parse_budget(bad)
+
+
+def test_offload_budget_does_not_import_the_data_pipeline():
+    """Offload serves the network: the INPUT ring's bytes are passed in (issue 30, item 6)."""
+    import ast
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[3] / "engine" / "offload" / "budget.py"
+    modules = {n.module for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ImportFrom)}
+    assert not [m for m in modules if m and m.startswith("engine.data")]
+
+
+def test_train_refuses_before_the_first_step(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     import engine.offload.budget as budget
@@ -92,11 +146,14 @@ def test_train_refuses_before_the_first_step(monkeypatch):
 
     monkeypatch.setattr(budget, "memory_limit", lambda: MemoryLimit(64 << 20, "test limit"))
     runner = CliRunner()
-    args = ["train", "--model", "cnn", "--steps", "2", "--no-progress"]
-    result = runner.invoke(main, args)
+    args = ["train", "--model", "cnn", "--steps", "2", "--no-progress", "--offload-dir", str(tmp_path)]
+    result = runner.invoke(main, args[:-2])
     assert result.exit_code == 1 and "without offload, the limit is 0.06 GiB (test limit)" in result.output
-    result = runner.invoke(main, [*args, "--offload-n", "auto"])
-    assert result.exit_code == 1 and "with offload (N=1)" in result.output
+    for options in (["--offload-n", "auto"], ["--offload-n", "2"], ["--offload-budget", "0.9x"]):
+        result = runner.invoke(main, [*args, *options])
+        assert result.exit_code == 1, (options, result.output)
+        assert "needs a limit of" in result.output and "the smallest window (--offload-n 1)" in result.output
+        assert os.listdir(tmp_path) == []  # refused before the swap directory was made
     monkeypatch.setattr(budget, "memory_limit", lambda: MemoryLimit(16 << 30, "test limit"))
     result = runner.invoke(main, [*args, "--offload-budget", "auto"])
     assert result.exit_code == 0, result.output
@@ -106,10 +163,10 @@ def test_train_refuses_before_the_first_step(monkeypatch):
 def test_device_backends_skip_the_host_fit():
     from types import SimpleNamespace
 
-    from engine.offload.budget import DoesNotFit, resolve_budget
+    from engine.offload.budget import DoesNotFit, parse_budget, resolve_budget
 
     net = SimpleNamespace(backend=SimpleNamespace(is_device=True, name="cuda"))
-    assert resolve_budget(net, 32, None, 2, "auto", None) == (None, None)
-    assert resolve_budget(net, 32, None, 2, None, "1GB") == ("1GB", None)
+    assert resolve_budget(net, 32, None, 0, 0, "auto", None).budget_bytes is None
+    assert resolve_budget(net, 32, None, 0, 0, None, parse_budget("1GB")).budget_bytes == 10**9
     with pytest.raises(DoesNotFit, match="on the cuda backend give --offload-budget BYTES"):
-        resolve_budget(net, 32, None, 2, None, "auto")
+        resolve_budget(net, 32, None, 0, 0, None, parse_budget("auto"))

@@ -50,7 +50,7 @@ def test_trainer_with_offload_matches_and_reports_swap(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(DIR_PREFIX)]  # stop() removed the directory
 
 
-@pytest.mark.parametrize("n, budget, expected", [("4", None, 4), ("auto", None, "auto"), (None, "1MB", None)])
+@pytest.mark.parametrize("n, budget, expected", [("4", None, 4), ("auto", None, "auto"), (None, 1_000_000, None)])
 def test_config_from_options(n, budget, expected):
     config = OffloadConfig.from_options(n, budget, None)
     assert config.window == expected
