@@ -119,13 +119,41 @@ def available_ram() -> int:
     return int(psutil.virtual_memory().available + psutil.Process().memory_info().rss)
 
 
+def address_space_limit(proc: str = "/proc") -> tuple[int, str] | None:
+    """(bytes, description) of what ``ulimit -v`` (RLIMIT_AS) leaves this process to grow its resident set
+    by, counted like a memory limit, or None when there is no such limit.
+
+    RLIMIT_AS bounds the address space, not the resident set: a process that already maps more than it
+    touched (thread stacks, libraries, reserved heaps) reaches it earlier. Everything a run still
+    allocates is new address space, so the equivalent bound on the resident set is the limit less what is
+    mapped but not resident now. Without this, a too-large batch under ``ulimit -v`` ended in NumPy's
+    MemoryError traceback in the first step instead of a refusal."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    sizes = {}
+    try:
+        with open(os.path.join(proc, "self", "status"), encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmSize", "VmRSS"):
+                    sizes[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    unbacked = max(0, sizes.get("VmSize", 0) - sizes.get("VmRSS", 0))
+    return (max(0, soft - unbacked),
+            f"ulimit -v {soft // 1024} KiB, less {unbacked / 2**20:.0f} MiB mapped but not resident")
+
+
 def memory_limit(proc: str = "/proc") -> MemoryLimit:
-    """The cgroup limit when there is one (and it is below the RAM), else available RAM."""
-    ram = available_ram()
-    limit = cgroup_limit(proc)
-    if limit is not None and limit[0] < ram:
-        return MemoryLimit(limit[0], limit[1])
-    return MemoryLimit(ram, "available RAM")
+    """The tightest of: the cgroup limit, what ``ulimit -v`` leaves (``address_space_limit``), available RAM."""
+    found = [(available_ram(), "available RAM")]
+    for limit in (cgroup_limit(proc), address_space_limit(proc)):
+        if limit is not None:
+            found.append(limit)
+    return MemoryLimit(*min(found))
 
 
 def resident_bytes() -> int:
@@ -182,5 +210,5 @@ def resident_array_bytes(array: object) -> int:
     return min(array.nbytes, resident * page)
 
 
-__all__ = ["MemoryLimit", "available_ram", "cgroup_limit", "memory_limit", "resident_array_bytes",
-           "resident_bytes", "resident_parts"]
+__all__ = ["MemoryLimit", "address_space_limit", "available_ram", "cgroup_limit", "memory_limit",
+           "resident_array_bytes", "resident_bytes", "resident_parts"]

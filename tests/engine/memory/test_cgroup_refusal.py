@@ -1,0 +1,53 @@
+"""Under a real memory cgroup (v1 or v2) that is too small, ``engine train`` refuses before its first step.
+
+Issue 30 item 4 / issue 31 class 4: a fixed ``--offload-n N`` used to be checked against nothing and was
+OOM-killed in its first step, leaving its swap directory. The child runs in a fresh child cgroup of this
+process's own (``benchmarks/cgroup_proof.Cgroup``); skipped where cgroups are not writable (not root,
+no memory controller)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+LIMIT = 400 << 20  # above what the process holds before it plans (~150 MiB), far below what the step needs
+
+
+def proof_module():
+    spec = importlib.util.spec_from_file_location("cgroup_proof", os.path.join(ROOT, "benchmarks", "cgroup_proof.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def proof():
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("needs Linux and root to make a memory cgroup")
+    module = proof_module()
+    try:
+        module.Cgroup(1 << 40, f"engine-test-check-{os.getpid()}").remove()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"no writable memory cgroup here: {exc}")
+    return module
+
+
+@pytest.mark.parametrize("options", [["--offload-n", "1"], ["--offload-n", "3"], ["--offload-n", "auto"], []],
+                         ids=["n1", "n3", "auto", "no-offload"])
+def test_a_too_small_cgroup_limit_is_refused_in_one_line(proof, tmp_path, options):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    command = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
+               "--batch-size", "96", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap),
+               *options]
+    result = proof.run_in_cgroup(command, LIMIT, f"engine-test-{os.getpid()}-{len(options)}", timeout=300)
+    errors = [line for line in (result["stdout"] + result["stderr"]).splitlines() if line.strip()]
+    assert result["returncode"] == 1 and not result.get("oom_kills"), result
+    assert len(errors) == 1 and errors[0].startswith("Error: ") and "needs a limit of" in errors[0], errors
+    assert "the limit is 0.39 GiB (cgroup v" in errors[0]
+    assert "--offload-n 1" in errors[0] or "--offload-n auto" in errors[0]  # the option that reaches the limit
+    assert os.listdir(swap) == []  # refused before the swap directory was made

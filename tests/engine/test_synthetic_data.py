@@ -1,0 +1,62 @@
+"""``--data synthetic`` is made per image, lazily, as a function of (seed, split, index) (issue 30 item 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from engine.data.batches import BatchSource
+from engine.data.datasets import SyntheticImages, load_dataset, synthetic
+
+
+def test_an_image_depends_on_seed_split_and_index_only():
+    small = synthetic(10, seed=3, train=8, test=4, shape=(3, 8, 8))
+    large = synthetic(10, seed=3, train=100, test=50, shape=(3, 8, 8))
+    # the labels of the first images agree (one generator per split), and so do the images
+    np.testing.assert_array_equal(small.y_train, large.y_train[:8])
+    np.testing.assert_array_equal(small.x_train[[1, 5, 7]], large.x_train[[1, 5, 7]])
+    assert small.x_train[2].dtype == np.float32 and small.x_train[2].shape == (3, 8, 8)
+    assert not np.array_equal(small.x_train[0], small.x_test[0])  # the splits differ
+    other = synthetic(10, seed=4, train=8, test=4, shape=(3, 8, 8))
+    assert not np.array_equal(small.x_train[1], other.x_train[1])
+    # an image is its class's pattern plus noise: two images of one class share the pattern
+    label = int(small.y_train[0])
+    pattern = np.random.default_rng([3, 7, 0, label]).standard_normal((3, 8, 8), dtype=np.float32)
+    noise = np.random.default_rng([3, 7, 1, 0]).standard_normal((3, 8, 8), dtype=np.float32)
+    np.testing.assert_array_equal(small.x_train[0], pattern + np.float32(2.0) * noise)
+
+
+def test_nothing_but_labels_is_held():
+    data = load_dataset("synthetic", image_size=224)
+    assert isinstance(data.x_train, SyntheticImages) and data.x_train.shape == (96, 3, 224, 224)
+    assert not [v for v in vars(data.x_train).values() if isinstance(v, np.ndarray) and v.nbytes > 96 * 8]
+
+
+def test_batches_are_the_same_whoever_fills_them():
+    data = synthetic(4, seed=1, train=12, test=4, shape=(3, 6, 6))
+    source = BatchSource(data.x_train, data.y_train, data.mean, data.std, 4, shuffle=True, seed=5)
+    first_x, first_y = np.empty((4, 3, 6, 6), np.float32), np.empty(4, np.int64)
+    source.fill(1, 2, first_x, first_y)
+    again_x, again_y = np.empty_like(first_x), np.empty_like(first_y)
+    BatchSource(data.x_train, data.y_train, data.mean, data.std, 4, shuffle=True, seed=5).fill(1, 2, again_x, again_y)
+    np.testing.assert_array_equal(first_x, again_x)
+    chosen = source.indices(1, 2)
+    np.testing.assert_array_equal(first_y, data.y_train[chosen])
+    expected = (data.x_train[chosen] - data.mean.reshape(-1, 1, 1)) * (1 / data.std).reshape(-1, 1, 1)
+    np.testing.assert_array_equal(first_x, expected.astype(np.float32))
+
+
+def test_an_absurd_batch_size_is_refused_before_anything_is_allocated():
+    from cli import main
+
+    result = CliRunner().invoke(main, ["train", "--model", "cnn", "--data", "synthetic", "--batch-size", str(10**9)])
+    assert result.exit_code == 2 and "--batch-size must be" in result.output
+    result = CliRunner().invoke(main, ["train", "--model", "cnn", "--data", "synthetic", "--batch-size", "100000"])
+    assert result.exit_code == 1 and "--batch-size must be between 1 and the training split's size (512)" in result.output
+
+
+@pytest.mark.parametrize("index", [-1, 8])
+def test_an_image_out_of_range_is_an_index_error(index):
+    with pytest.raises(IndexError):
+        synthetic(10, train=8, test=2, shape=(3, 4, 4)).x_train.image(index, np.empty((3, 4, 4), np.float32))
