@@ -1,18 +1,29 @@
-"""Proof under a real memory limit: ResNet-18 ImageNet, 224×224, batch 32, in a memory cgroup.
+"""Proof under a real memory limit: the engine's predicted smallest limit against the true one, found by bisection.
 
+    sudo python benchmarks/cgroup_proof.py --bisect [--models resnet18,mobilenetv2] [--batch-sizes 32,128]
+                                           [--plans n1,none] [--steps 2] [--torch] [--json out.json]
     sudo python benchmarks/cgroup_proof.py [--limit 1.1GiB] [--steps 3] [--json out.json]
+    python benchmarks/cgroup_proof.py --from-json out.json
 
-Runs, each in a fresh child cgroup of this process's own memory cgroup (v2 or v1, whichever the
-machine has) with the same limit:
-1. ``engine train`` without offload: refuses before the first step (naming ``--offload-n auto``),
-   or is OOM-killed;
-2. ``engine train --offload-n auto``: completes its steps and leaves no swap directory behind;
-3. the same loop in PyTorch (torchvision's resnet18, SGD with momentum, one synthetic batch);
-and, for the ratio, PyTorch once more without a limit. The limit defaults to the smallest one the
-engine says works with offload (the first line ``engine train --offload-n auto`` prints), so the run
-also checks that prediction. Prints a Markdown table (docs/offload.md's) and optionally JSON.
+``--bisect`` (issue 30): for each model (ImageNet variant, 224×224), batch size and plan (``n1``:
+``--offload-n 1``, the smallest window; ``none``: no offload), on synthetic data:
+1. ``engine train`` without a limit (in a cgroup of 1 TiB, for its peak) writes ``--summary-json``, whose
+   ``memory_needs`` is the prediction the training process made before its first step;
+2. the true smallest limit is bisected (to ``--resolution``), each trial a fresh child cgroup with
+   ``ENGINE_MEMORY_CHECK=off`` so the engine does not refuse below its own prediction; a trial works when
+   it exits 0 without an OOM kill within ``--timeout``;
+3. with plan ``n1``, ``engine train --offload-n auto`` runs under the predicted limit (rounded up to
+   16 MiB, as the refusals name it): it must train; its step time and cgroup peak are the README's
+   cells, beside PyTorch (``--torch``) under the same limit and without one.
+Prints the table predicted against bisected (Markdown) and writes JSON with every trial.
 
-Linux and root only (a cgroup is made and written); anywhere else it says why and exits 0.
+Without ``--bisect``: the earlier proof at one limit (default: the smallest the engine names for
+``--offload-n auto``): ``engine train`` without offload refuses, ``--offload-n auto`` completes and
+leaves no swap directory, and PyTorch's same loop under the same limit.
+
+Each run in a fresh child cgroup of this process's own memory cgroup (v2 or v1, whichever the machine
+has). Linux and root only; anywhere else it says why and exits 0. Memory figures do not depend on the
+machine's load; step times do (run it on a quiet machine).
 """
 
 from __future__ import annotations
@@ -39,8 +50,10 @@ package = types.ModuleType("torchvision"); package.__path__ = list(spec.submodul
 sys.modules["torchvision"] = package  # models only: the wheel's C++ operators do not load beside this torch
 import torchvision.models
 batch, size, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+name = sys.argv[4] if len(sys.argv) > 4 else "resnet18"
 torch.manual_seed(0)
-model = torchvision.models.resnet18(num_classes=10).train()
+model = {"resnet18": torchvision.models.resnet18, "mobilenetv2": torchvision.models.mobilenet_v2}[name](num_classes=10)
+model = model.train()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(batch, 3, size, size); y = torch.randint(0, 10, (batch,))
 times = []
@@ -161,7 +174,7 @@ def run_in_cgroup(command: list[str], limit: int | None, name: str, timeout: flo
 
 
 def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 << 20, timeout: float = 600,
-                 name: str = "bisect", progress=None) -> tuple[int | None, list[dict]]:
+                 name: str = "bisect", progress=None, env: dict | None = None) -> tuple[int | None, list[dict]]:
     """The smallest limit (to ``resolution``) in (low, high] under which ``command`` exits 0 without an OOM kill.
 
     ``high`` is tried first (None when even it fails); every trial is a fresh child cgroup. A run past
@@ -169,7 +182,7 @@ def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 <
     trials: list[dict] = []
 
     def works(limit: int) -> bool:
-        result = run_in_cgroup(command, limit, f"engine-{name}-{os.getpid()}", timeout=timeout)
+        result = run_in_cgroup(command, limit, f"engine-{name}-{os.getpid()}", timeout=timeout, env=env)
         ok = result["returncode"] == 0 and not result.get("oom_kills")
         trials.append({"limit_bytes": limit, "ok": ok, "returncode": result["returncode"],
                        "oom_kills": result.get("oom_kills", 0), "cgroup_peak_bytes": result.get("cgroup_peak_bytes"),
@@ -189,6 +202,164 @@ def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 <
         else:
             low = middle
     return high, trials
+
+
+PLANS = {"n1": ["--offload-n", "1"], "none": []}
+PLAN_NEEDS = {"n1": "needed_min_offload_bytes", "none": "needed_no_offload_bytes"}
+UNLIMITED = 1 << 40
+
+
+def parse_size(text: str) -> int:
+    from engine.offload.storage import parse_bytes
+
+    return parse_bytes(text)
+
+
+def train_command(model: str, batch: int, steps: int, image_size: int = 224) -> list[str]:
+    return [sys.executable, os.path.join(ROOT, "cli.py"), "train", "--model", model, "--variant", "imagenet",
+            "--image-size", str(image_size), "--batch-size", str(batch), "--data", "synthetic",
+            "--steps", str(steps), "--no-progress"]
+
+
+def summary_of(result: dict, path: str) -> dict | None:
+    if result["returncode"] != 0 or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def step_seconds(summary: dict) -> float:
+    if summary.get("steady_images_per_second"):
+        return summary["batch_size"] / summary["steady_images_per_second"]
+    return summary["seconds"] / max(summary["steps"], 1)
+
+
+def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scratch: str, progress) -> dict:
+    """One row of the --bisect table: prediction, bisected minimum, and (plan n1) auto under the prediction."""
+    name = f"{model}-b{batch}-{plan}"
+    command = train_command(model, batch, args.steps, args.image_size) + PLANS[plan]
+    swap = os.path.join(scratch, f"swap-{name}")
+    os.makedirs(swap, exist_ok=True)
+    command += ["--offload-dir", swap] if PLANS[plan] else []
+    summary_path = os.path.join(scratch, f"{name}.json")
+    progress(f"{name}: unlimited run for the prediction")
+    free = run_in_cgroup(command + ["--summary-json", summary_path], UNLIMITED, f"engine-{name}-free",
+                         timeout=args.timeout)
+    summary = summary_of(free, summary_path)
+    if summary is None:
+        return {"model": model, "batch_size": batch, "plan": plan, "error": (free["stdout"] + free["stderr"])[-800:]}
+    needs = summary["memory_needs"]
+    predicted = needs[PLAN_NEEDS[plan]]
+    row = {"model": model, "batch_size": batch, "plan": plan, "predicted_bytes": predicted, "needs": needs,
+           "unlimited_cgroup_peak_bytes": free.get("cgroup_peak_bytes"),
+           "unlimited_peak_rss_bytes": summary["peak_rss_bytes"]}
+    progress(f"{name}: predicted {gib(predicted)}, unlimited cgroup peak {gib(free.get('cgroup_peak_bytes'))}")
+    if args.predict_only:
+        return row
+    low = int(min(predicted, free.get("cgroup_peak_bytes") or predicted) * 0.8)
+    high = int(max(predicted, free.get("cgroup_peak_bytes") or 0) * 1.05)
+    best, trials = None, []
+    for _ in range(3):  # widen upwards while even the top fails
+        best, more = bisect_limit(command, low, high, args.resolution, args.timeout, name, progress,
+                                  env={"ENGINE_MEMORY_CHECK": "off"})
+        trials += more
+        if best is not None:
+            break
+        low, high = high, int(high * 1.3)
+    row.update(bisected_bytes=best, trials=trials)
+    if best is not None:
+        row["error"] = (predicted - best) / best
+    if plan == "n1" and not args.no_auto_check:
+        limit = -(-predicted // (16 << 20)) * (16 << 20)  # as the refusal names it
+        auto_summary = os.path.join(scratch, f"{name}-auto.json")
+        progress(f"{name}: --offload-n auto under the predicted {gib(limit)}")
+        auto = run_in_cgroup(train_command(model, batch, args.steps, args.image_size)
+                             + ["--offload-n", "auto", "--offload-dir", swap, "--summary-json", auto_summary],
+                             limit, f"engine-{name}-auto", timeout=args.timeout)
+        done = summary_of(auto, auto_summary)
+        row["auto"] = {"limit_bytes": limit, "returncode": auto["returncode"], "oom_kills": auto.get("oom_kills", 0),
+                       "cgroup_peak_bytes": auto.get("cgroup_peak_bytes"),
+                       "step_s": step_seconds(done) if done else None,
+                       "window": (done.get("offload") or {}).get("window") if done else None,
+                       "swap_left": os.listdir(swap),
+                       "tail": "" if done else (auto["stdout"] + auto["stderr"])[-500:]}
+        if args.torch:
+            loop = [sys.executable, "-c", TORCH_LOOP, str(batch), str(args.image_size), str(args.steps), model]
+            for key, group_limit in (("torch_limited", limit), ("torch_unlimited", UNLIMITED)):
+                progress(f"{name}: {key}")
+                result = run_in_cgroup(loop, group_limit, f"engine-{name}-{key}", timeout=args.timeout)
+                entry = {"returncode": result["returncode"], "oom_kills": result.get("oom_kills", 0),
+                         "cgroup_peak_bytes": result.get("cgroup_peak_bytes")}
+                if result["returncode"] == 0:
+                    entry.update(json.loads(result["stdout"].strip().splitlines()[-1]))
+                row[key] = entry
+    return row
+
+
+def print_bisect_table(rows: list[dict]) -> None:
+    """The table predicted against bisected, and the README's memory table (auto under the prediction)."""
+    print("| model | batch | plan | predicted smallest limit | bisected smallest limit | prediction error | "
+          "setup (anon + file RSS) | unlimited cgroup peak |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "predicted_bytes" not in r:
+            print(f"| {r['model']} | {r['batch_size']} | {r['plan']} | failed: {r.get('error', '')[-120:]!r} |||||")
+            continue
+        needs = r["needs"]
+        error = f"{100 * r['error']:+.1f}%" if r.get("bisected_bytes") else "-"
+        print(f"| {r['model']} | {r['batch_size']} | {PLAN_WORDS[r['plan']]} | {mib(r['predicted_bytes'])} | "
+              f"{mib(r.get('bisected_bytes'))} | {error} | "
+              f"{mib(needs['setup_anon_bytes'])} + {mib(needs['setup_file_bytes'])} | "
+              f"{mib(r.get('unlimited_cgroup_peak_bytes'))} |")
+    autos = [r for r in rows if r.get("auto")]
+    if not autos:
+        return
+    print()
+    print("| model | batch | limit (the engine's prediction) | engine `--offload-n auto`: step, cgroup peak | "
+          "PyTorch, same limit | PyTorch, no limit |")
+    print("|---|---|---|---|---|---|")
+    for r in autos:
+        a = r["auto"]
+        engine = (f"{a['step_s']:.2f} s, {mib(a['cgroup_peak_bytes'])} (N={a['window']})" if a["step_s"] is not None
+                  else ("OOM-killed" if a["oom_kills"] else f"exit {a['returncode']}"))
+        print(f"| {r['model']} | {r['batch_size']} | {mib(a['limit_bytes'])} | {engine} | "
+              f"{torch_cell(r.get('torch_limited'))} | {torch_cell(r.get('torch_unlimited'))} |")
+
+
+PLAN_WORDS = {"n1": "`--offload-n 1`", "none": "no offload"}
+
+
+def mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def torch_cell(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    if row["returncode"] == 0:
+        return f"{row['step_s']:.2f} s, {mib(row.get('cgroup_peak_bytes'))}"
+    return "OOM-killed" if row.get("oom_kills") or row["returncode"] in (-9, 137) else f"exit {row['returncode']}"
+
+
+def main_bisect(args: argparse.Namespace) -> int:
+    rows = []
+    scratch = tempfile.mkdtemp(prefix="cgroup-bisect-")
+
+    def progress(text: str) -> None:
+        print(f"... {text}", file=sys.stderr, flush=True)
+
+    try:
+        for model in args.models.split(","):
+            for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                for plan in args.plans.split(","):
+                    rows.append(bisect_case(model.strip(), batch, plan.strip(), args, scratch, progress))
+                    if args.json:  # after every case: a long run keeps what it found
+                        with open(args.json, "w") as f:
+                            json.dump({"mode": "bisect", "steps": args.steps, "rows": rows}, f, indent=2)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_bisect_table(rows)
+    return 0
 
 
 def smallest_offload_limit(train: list[str]) -> int:
@@ -254,11 +425,23 @@ def main() -> int:
     parser.add_argument("--skip-torch", action="store_true", help="Leave out the PyTorch runs.")
     parser.add_argument("--json", default=None, help="Also write the results here.")
     parser.add_argument("--from-json", default=None, help="Only print the table of results written by --json.")
+    parser.add_argument("--bisect", action="store_true", help="Predicted against bisected smallest limits (docstring).")
+    parser.add_argument("--models", default="resnet18,mobilenetv2", help="--bisect: models, comma-separated.")
+    parser.add_argument("--batch-sizes", default="32", help="--bisect: batch sizes, comma-separated (e.g. 32,128).")
+    parser.add_argument("--plans", default="n1", help="--bisect: n1 (--offload-n 1) and/or none (no offload).")
+    parser.add_argument("--resolution", type=parse_size, default=8 << 20, help="--bisect: stop at this gap.")
+    parser.add_argument("--timeout", type=float, default=900, help="--bisect: a trial past it fails (thrashing).")
+    parser.add_argument("--torch", action="store_true", help="--bisect: PyTorch under the same limit and without.")
+    parser.add_argument("--no-auto-check", action="store_true", help="--bisect: skip auto under the prediction.")
+    parser.add_argument("--predict-only", action="store_true", help="--bisect: only the prediction, no bisection.")
     args = parser.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
-        print_table(saved["limit_bytes"], saved["runs"])
+        if saved.get("mode") == "bisect":
+            print_bisect_table(saved["rows"])
+        else:
+            print_table(saved["limit_bytes"], saved["runs"])
         return 0
 
     if not sys.platform.startswith("linux"):
@@ -273,6 +456,8 @@ def main() -> int:
         print(f"cgroup_proof: cannot create a memory cgroup here ({exc}). Nothing run.")
         return 0
 
+    if args.bisect:
+        return main_bisect(args)
     from engine.offload.storage import parse_bytes
 
     engine = [sys.executable, os.path.join(ROOT, "cli.py")]
