@@ -114,9 +114,9 @@ def load_dataset(spec: str, num_classes: int | None = None, seed: int = 0, image
         if not location:
             raise DataError("--data imagefolder needs a location: imagefolder:DIR (one subfolder per class)")
         data: Dataset = imagefolder(location, image_size or DEFAULT_IMAGE_SIZE)
-    elif kind == "synthetic" and image_size:  # large images: fewer of them (each batch is made when it is used)
+    elif kind == "synthetic" and image_size:  # large images: fewer of them (an epoch's time; memory holds none)
         many = image_size <= 64
-        data = synthetic(num_classes or 10, seed=seed, train=512 if many else 96, test=128 if many else 32,
+        data = synthetic(num_classes or 10, seed=seed, train=512 if many else 256, test=128 if many else 32,
                          shape=(3, image_size, image_size))
     elif kind == "synthetic":
         data = synthetic(num_classes or 10, seed=seed)
