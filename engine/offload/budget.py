@@ -439,7 +439,8 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
             f"each limit = setup {format_bytes(needs.setup.bytes)} (measured: interpreter, libraries, network) + "
             f"parameters, gradients, buffers {format_bytes(needs.long_lived_bytes)} + optimizer state "
             f"{format_bytes(needs.optimizer_state_bytes)} + first-step runtime {format_bytes(needs.runtime_bytes)} + "
-            "the step's tensors (or the evaluation pass, whichever is larger with offload)")
+            "the step's tensors with the INPUT ring (with offload: or the evaluation pass, whichever is larger; "
+            f"without: the evaluation's ring, {format_bytes(needs.evaluation_ring_bytes)}, on top)")
         table.notes.append(f"the limit here: {needs.limit.describe()}")
         table.notes.append("no chunking yet: every plan holds whole-batch tensors, so the smallest limit grows with "
                            "the batch size")

@@ -170,3 +170,25 @@ def test_device_backends_skip_the_host_fit():
     assert resolve_budget(net, 32, None, 0, 0, None, parse_budget("1GB")).budget_bytes == 10**9
     with pytest.raises(DoesNotFit, match="on the cuda backend give --offload-budget BYTES"):
         resolve_budget(net, 32, None, 0, 0, None, parse_budget("auto"))
+
+
+def test_engine_memory_prints_the_smallest_limit_per_plan_and_batch_size():
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    arguments = ["memory", "--model", "cnn", "--image-size", "16", "--batch-size", "2,8", "--offload-n", "2"]
+    text = CliRunner().invoke(main, arguments)
+    assert text.exit_code == 0, text.output
+    assert "no chunking yet" in text.output and "smallest limit" in text.output
+    result = CliRunner().invoke(main, [*arguments, "--json"])
+    limits = json.loads(result.output)["limits"]
+    assert [entry["batch_size"] for entry in limits] == [2, 8]
+    assert set(limits[0]["needed_bytes"]) == {"--offload-n 1", "--offload-n 2"}
+    for small, large in zip(limits[0]["needed_bytes"].values(), limits[1]["needed_bytes"].values()):
+        assert small < large  # no chunking: the limit grows with the batch
+    assert limits[0]["needed_no_offload_bytes"] < limits[1]["needed_no_offload_bytes"]
+    refused = CliRunner().invoke(main, ["memory", "--model", "cnn", "--batch-size", "2,x"])
+    assert refused.exit_code == 1 and "comma-separated" in refused.output
