@@ -2,7 +2,7 @@
 
 Reads from the session folder ($OUT): env.json (device, versions), tile_search.json and gemm_table.json
 (benchmarks/gpu_tile_search.py), gpu_acceptance.json (engine/bench/gpu_acceptance.py), step_bench.json
-(benchmarks/gpu_step_bench.py: step_graph.json, step_offload.json, step_imagenet.json) and steps.json
+(benchmarks/gpu_step_bench.py: step_bench.json, or its parts step_*.json) and steps.json
 (each step's exit status and seconds); writes
 gpu-<date>.json (commit as benchmarks/results/gpu-<date>.json) and gpu-<date>.md. A missing piece is
 reported as missing, never filled in.
@@ -56,8 +56,7 @@ def build(folder: str, date: str) -> dict[str, Any]:
         "dry": bool(bench.get("dry")),
         "steps": _load(folder, "steps.json") or {},
         "missing": [n for n in ("env.json", "tile_search.json", "gemm_table.json", "gpu_acceptance.json",
-                                "step_graph.json", "step_offload.json", "step_imagenet.json")
-                    if not os.path.exists(os.path.join(folder, n))],
+                                "step_bench.json") if not os.path.exists(os.path.join(folder, n))],
     }
     report["step"] = [
         {"model": r["model"], "batch": r["batch"],

@@ -8,10 +8,10 @@
 #            (commit it as kernels/cuda/gemm_table.json) and tile_search.json. The steps after it run
 #            with that table (ENGINE_GEMM_TABLE);
 #   accept   engine/bench/gpu_acceptance.py, part 1: every kernel of real steps against NumPy;
-#   graph    benchmarks/gpu_step_bench.py: eager vs one captured CUDA graph per step (images/s, host
-#            µs per step, same weights), ResNet-18 and MobileNetV2, batch 32;
-#   offload  engine train ResNet-18 with and without --offload-n 4 (images/s, same loss);
-#   imagenet ResNet-18 at 224×224 (ImageNet variant) with and without offload;
+#   bench    benchmarks/gpu_step_bench.py, in one process (the kernels compile once): eager vs one
+#            captured CUDA graph per step (images/s, host µs per step, same weights), ResNet-18 and
+#            MobileNetV2, batch 32; engine train ResNet-18 with and without --offload-n 4 (images/s,
+#            same loss); ResNet-18 at 224×224 (ImageNet variant) with and without offload;
 #   report   benchmarks/gpu_report.py: gpu-<date>.json (commit as benchmarks/results/) and .md.
 # Logs and files go to $OUT (the device tool's folder) or ./gpu_session_out.
 # Usage, from the repository root:  bash benchmarks/gpu_session.sh [--dry] [steps...]
@@ -57,7 +57,7 @@ data = json.load(open(path)); data[name] = {"rc": int(rc), "seconds": int(second
 PY
 }
 
-steps=${*:-"env search accept graph offload imagenet report"}
+steps=${*:-"env search accept bench report"}
 for s in $steps; do
     case $s in
     env) step env 60 python benchmarks/gpu_env.py "$OUT/env.json" $DRY ;;
@@ -66,7 +66,7 @@ for s in $steps; do
             step search 200 python benchmarks/gpu_tile_search.py --dry --max-shapes 1 \
                 --output "$OUT/gemm_table.json" --results "$OUT/tile_search.json"
         else
-            step search 150 python benchmarks/gpu_tile_search.py --repeat 5 \
+            step search 150 python benchmarks/gpu_tile_search.py --repeat 5 --budget-s 100 \
                 --output "$OUT/gemm_table.json" --results "$OUT/tile_search.json"
             # the rest of the session runs with the fresh table, if the search finished and wrote one
             if python -c "import json,sys; t=json.load(open(sys.argv[1])); sys.exit(0 if t['entries'] else 1)" \
@@ -77,20 +77,17 @@ for s in $steps; do
         ;;
     accept)
         if [ -n "$DRY" ]; then echo "=== accept: covered by tests/engine/test_gpu_acceptance_cudasim.py in a dry run"
-        else step accept 110 python -m engine.bench.gpu_acceptance --no-timings --no-train \
+        else step accept 100 python -m engine.bench.gpu_acceptance --no-timings --no-train \
             --output "$OUT/gpu_acceptance.json"; fi
         ;;
-    graph) step graph 90 python benchmarks/gpu_step_bench.py $DRY --parts graph --output "$OUT/step_graph.json" ;;
-    offload)
-        if [ -n "$DRY" ]; then echo "=== offload: engine train is covered by the acceptance test in a dry run"
-        else step offload 100 python benchmarks/gpu_step_bench.py --parts offload --output "$OUT/step_offload.json"; fi
-        ;;
-    imagenet)
-        if [ -n "$DRY" ]; then echo "=== imagenet: GPU only (the simulator runs its kernels in the kernel tests)"
-        else step imagenet 110 python benchmarks/gpu_step_bench.py --parts imagenet --output "$OUT/step_imagenet.json"; fi
+    bench)
+        if [ -n "$DRY" ]; then step bench 150 python benchmarks/gpu_step_bench.py --dry --parts graph \
+            --output "$OUT/step_bench.json"
+        else step bench 200 python benchmarks/gpu_step_bench.py --parts graph offload imagenet \
+            --output "$OUT/step_bench.json"; fi
         ;;
     report) python benchmarks/gpu_report.py "$OUT" ;;
-    *) echo "unknown step $s (env search accept graph offload imagenet report)"; exit 2 ;;
+    *) echo "unknown step $s (env search accept bench report)"; exit 2 ;;
     esac
 done
 echo "session: $((SECONDS - START)) s"

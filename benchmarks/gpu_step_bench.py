@@ -7,7 +7,8 @@ Three parts, one JSON:
    GPU drained before and after), host µs per step (time spent in ``step()``: with the graph, one copy of
    the batch and one graph launch), and whether both runs end with the same weights, bit for bit.
 2. **engine train** with and without ``--offload-n 4`` (ResNet-18 CIFAR, batch 32): steady images/s and
-   the final loss from ``--summary-json`` (the two losses must agree).
+   the final loss from ``--summary-json`` (the two losses must agree). In this process (the click group),
+   so no part compiles the kernels again.
 3. **224×224** (ResNet-18 and MobileNetV2, torchvision's ImageNet variants, batch 8): ``engine train``
    with and without offload.
 
@@ -91,21 +92,36 @@ def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = pri
     return result
 
 
-def train_run(args: list[str], offload: str | None, log: Any = print, timeout: float = 240) -> dict[str, Any]:
-    """``engine train`` in a child process; its summary's figures."""
+def train_run(args: list[str], offload: str | None, log: Any = print, timeout: float = 240,
+              in_process: bool = True) -> dict[str, Any]:
+    """``engine train`` with ``args``; its summary's figures. ``in_process``: through the click group in
+    this process, so the kernels compiled by an earlier part (tens of seconds a process on a GPU host)
+    are not compiled again; else a child process (``timeout`` applies there)."""
     with tempfile.TemporaryDirectory(prefix="gpu-step-bench-") as tmp:
         summary = os.path.join(tmp, "summary.json")
-        command = [sys.executable, str(ROOT / "cli.py"), "train", *args, "--no-progress", "--prefetch", "0",
-                   "--summary-json", summary, "--seed", "0"]
+        argv = ["train", *args, "--no-progress", "--prefetch", "0", "--summary-json", summary, "--seed", "0"]
         if offload is not None:
-            command += ["--offload-n", offload, "--offload-dir", tmp]
+            argv += ["--offload-n", offload, "--offload-dir", tmp]
         start = time.perf_counter()
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-            returncode, tail = done.returncode, (done.stdout + done.stderr)[-800:]
-        except subprocess.TimeoutExpired as exc:
-            returncode, tail = 124, f"timed out after {timeout} s: {str(exc.stdout or '')[-400:]}"
-        figures: dict[str, Any] = {"command": " ".join(command[1:]), "returncode": returncode,
+        tail = ""
+        if in_process:
+            from cli import main as engine_main
+
+            try:
+                engine_main.main(args=argv, standalone_mode=False)
+                returncode = 0
+            except SystemExit as exc:
+                returncode = exc.code if isinstance(exc.code, int) else 1
+            except Exception as exc:  # a failed run is a figure of the report, not the end of the session
+                returncode, tail = 1, f"{type(exc).__name__}: {exc}"
+        else:
+            try:
+                done = subprocess.run([sys.executable, str(ROOT / "cli.py"), *argv], capture_output=True, text=True,
+                                      cwd=ROOT, timeout=timeout)
+                returncode, tail = done.returncode, (done.stdout + done.stderr)[-800:]
+            except subprocess.TimeoutExpired as exc:
+                returncode, tail = 124, f"timed out after {timeout} s: {str(exc.stdout or '')[-400:]}"
+        figures: dict[str, Any] = {"command": "engine " + " ".join(argv), "returncode": returncode,
                                    "seconds": time.perf_counter() - start, "offload_n": offload}
         if returncode == 0 and os.path.exists(summary):
             with open(summary, encoding="utf-8") as handle:
@@ -117,6 +133,14 @@ def train_run(args: list[str], offload: str | None, log: Any = print, timeout: f
     log(f"engine train {' '.join(args)}{' --offload-n ' + offload if offload else ''}: exit {returncode}, "
         f"{figures.get('steady_images_per_second')} images/s, loss {figures.get('final_loss')}")
     return figures
+
+
+def _write(path: str, report: dict[str, Any]) -> None:
+    """After every part: a session cut short by its time limit keeps what finished."""
+    losses = [r.get("final_loss") for r in report["offload"]]
+    report["offload_same_loss"] = len(losses) == 2 and losses[0] is not None and losses[0] == losses[1]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             report["graph"].append(eager_vs_graph(model, 2 if options.dry else 32, 1 if options.dry else options.steps,
                                                   options.dry))
+            _write(options.output, report)
     if "offload" in options.parts:
         if options.dry:
             with tempfile.TemporaryDirectory() as tmp:
@@ -155,15 +180,14 @@ def main(argv: list[str] | None = None) -> int:
             common = ["--model", "resnet18", "--data", "synthetic", "--batch-size", "32", "--steps", "30",
                       "--backend", backend]
             report["offload"] = [train_run(common, None), train_run(common, "4")]
+        _write(options.output, report)
     if "imagenet" in options.parts and not options.dry:
         for model in options.imagenet_models:
             common = ["--model", model, "--variant", "imagenet", "--data", "synthetic", "--image-size", "224",
                       "--batch-size", "8", "--steps", "8", "--backend", backend]
             report["imagenet"] += [train_run(common, None), train_run(common, "4")]
-    losses = [r.get("final_loss") for r in report["offload"]]
-    report["offload_same_loss"] = len(losses) == 2 and losses[0] is not None and losses[0] == losses[1]
-    with open(options.output, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=1)
+            _write(options.output, report)
+    _write(options.output, report)
     print(f"written {options.output}")
     failed = [r for part in ("offload", "imagenet") for r in report[part] if r["returncode"] != 0]
     failed += [r for r in report["graph"] if not r["same_weights"]]

@@ -5,9 +5,11 @@ running the step under ``count_only`` with the kernel table intercepted, so no G
 finding them), every candidate of the tile family (``kernels.cuda.gemm.CANDIDATES``) is timed with a
 few split-K counts through the production launcher (``forced_choice``: the split's partial sums and
 ``sum_splits`` included), back-to-back launches between CUDA events, after one run checked against
-the NumPy reference. The fastest (config, splits) goes into the table; beside it, cuBLAS
-(``cupy.matmul``) on a plain GEMM of the same M×N×K (batched over z) in the same run, as the reference
-for the goal (≥ 40% of cuBLAS's TFLOP/s).
+the default configuration's result (itself checked against NumPy by the acceptance run, which runs
+with the new table; ``--dry`` checks against NumPy directly). Shapes go largest first and
+``--budget-s`` stops the search in time, the rest keeping the default. The fastest (config, splits)
+goes into the table; beside it, cuBLAS (``cupy.matmul``) on a plain GEMM of the same M×N×K (batched
+over z) in the same run, as the reference for the goal (≥ 40% of cuBLAS's TFLOP/s).
 
     python benchmarks/gpu_tile_search.py --output $OUT/gemm_table.json --results $OUT/tile_search.json
 
@@ -137,7 +139,8 @@ def split_options(K: int, rule: int, dry: bool) -> list[int]:
 
 
 def search(models: list[str], batch: int, image_size: int, configs: dict[str, Any], repeat: int, dry: bool,
-           log: Any = print, max_shapes: int | None = None, **model_options: Any) -> list[Row]:
+           log: Any = print, max_shapes: int | None = None, budget_s: float | None = None,
+           **model_options: Any) -> list[Row]:
     from kernels.cuda import conv as cuda_conv
     from kernels.cuda import gemm
     from kernels.reference import TABLE as REFERENCE
@@ -148,82 +151,95 @@ def search(models: list[str], batch: int, image_size: int, configs: dict[str, An
     timer = _timer(dry)
     rng = np.random.default_rng(0)
     rows: dict[str, Row] = {}
+    # Every distinct GEMM of the models' steps, largest first, so a search cut short by its time budget has
+    # spent it where the step's time is.
+    todo: list[tuple[float, str, str, ConvCall, Any, Any]] = []
     for model in models:
-        calls = step_conv_calls(model, batch, image_size, **model_options)
-        for call in calls:
+        for call in step_conv_calls(model, batch, image_size, **model_options):
             g = cuda_conv.conv_geometry(call.x_shape, call.w_shape, call.stride, call.pad, call.groups)
             if g.direct:
                 continue
             shape = g.gemm(call.direction)
             key = gemm.shape_key(shape.op, shape.M, shape.N, shape.K, shape.z)
-            if key in rows or (max_shapes is not None and len(rows) >= max_shapes):
-                continue
-            flops = 2.0 * shape.M * shape.N * shape.K * shape.z
-            row = rows[key] = Row(key, model, call.direction,
-                                  f"x{call.x_shape} w{call.w_shape} s{call.stride} p{call.pad} g{call.groups}",
-                                  flops / 1e9)
-            x_h = rng.standard_normal(call.x_shape).astype(np.float32)
-            w_h = rng.standard_normal(call.w_shape).astype(np.float32)
-            out_shape = (g.N, g.K, g.OH, g.OW)
-            d_h = rng.standard_normal(out_shape).astype(np.float32)
-            args = (call.stride, call.pad, call.groups)
+            if key not in {t[2] for t in todo}:
+                todo.append((2.0 * shape.M * shape.N * shape.K * shape.z, model, key, call, g, shape))
+    todo.sort(key=lambda t: -t[0])
+    if max_shapes is not None:
+        todo = todo[:max_shapes]
+    start = time.perf_counter()
+    for flops, model, key, call, g, shape in todo:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            log(f"time budget of {budget_s:.0f} s spent: {len(todo) - len(rows)} smaller shapes keep the default")
+            break
+        row = rows[key] = Row(key, model, call.direction,
+                              f"x{call.x_shape} w{call.w_shape} s{call.stride} p{call.pad} g{call.groups}",
+                              flops / 1e9)
+        x_h = rng.standard_normal(call.x_shape).astype(np.float32)
+        w_h = rng.standard_normal(call.w_shape).astype(np.float32)
+        out_shape = (g.N, g.K, g.OH, g.OW)
+        d_h = rng.standard_normal(out_shape).astype(np.float32)
+        args = (call.stride, call.pad, call.groups)
+        inputs, out_h = {"forward": ((x_h, w_h), np.empty(out_shape, np.float32)),
+                         "data": ((d_h, w_h), np.empty(call.x_shape, np.float32)),
+                         "weight": ((x_h, d_h), np.empty(call.w_shape, np.float32))}[call.direction]
+        a, b = (xp.asarray(v) for v in inputs)
+        out = xp.asarray(out_h)
+
+        def run(scratch: Any, a: Any = a, b: Any = b, out: Any = out, direction: str = call.direction,
+                args: tuple[int, int, int] = args) -> None:
+            if direction == "forward":
+                cuda_conv.conv2d_forward(a, b, None, out, *args, scratch)
+            elif direction == "data":
+                cuda_conv.conv2d_backward_data(a, b, out, *args, scratch)
+            else:
+                cuda_conv.conv2d_backward_weight(a, b, out, None, *args, scratch)
+
+        candidates = [(name, s) for name in configs for s in split_options(
+            shape.K, cuda_conv.split_rule(shape.M, shape.N, shape.K, shape.z), dry)]
+        default = (gemm.DEFAULT_CONFIG if gemm.DEFAULT_CONFIG in configs else next(iter(configs)),
+                   cuda_conv.split_rule(shape.M, shape.N, shape.K, shape.z))
+        if default not in candidates:
+            candidates.append(default)
+        candidates.remove(default)
+        candidates.insert(0, default)  # first: the others are checked against its result
+        expected = scale = None
+        if dry:  # tiny: the NumPy reference itself (on a GPU the acceptance run checks the table's choices)
+            expected = np.empty_like(out_h)
             if call.direction == "forward":
-                inputs, out_h = (x_h, w_h), np.empty(out_shape, np.float32)
-                expected = np.empty_like(out_h)
                 REFERENCE["conv2d_forward"](x_h, w_h, None, expected, *args)
             elif call.direction == "data":
-                inputs, out_h = (d_h, w_h), np.empty(call.x_shape, np.float32)
-                expected = np.empty_like(out_h)
                 REFERENCE["conv2d_backward_data"](d_h, w_h, expected, *args)
             else:
-                inputs, out_h = (x_h, d_h), np.empty(call.w_shape, np.float32)
-                expected = np.empty_like(out_h)
                 REFERENCE["conv2d_backward_weight"](x_h, d_h, expected, None, *args)
-            a, b = (xp.asarray(v) for v in inputs)
-            out = xp.asarray(out_h)
             scale = max(1.0, float(np.abs(expected).max()))
-
-            def run(scratch: Any, a: Any = a, b: Any = b, out: Any = out, direction: str = call.direction,
-                    args: tuple[int, int, int] = args) -> None:
-                if direction == "forward":
-                    cuda_conv.conv2d_forward(a, b, None, out, *args, scratch)
-                elif direction == "data":
-                    cuda_conv.conv2d_backward_data(a, b, out, *args, scratch)
-                else:
-                    cuda_conv.conv2d_backward_weight(a, b, out, None, *args, scratch)
-
-            candidates = [(name, s) for name in configs for s in split_options(
-                shape.K, cuda_conv.split_rule(shape.M, shape.N, shape.K, shape.z), dry)]
-            default = (gemm.DEFAULT_CONFIG if gemm.DEFAULT_CONFIG in configs else next(iter(configs)),
-                       cuda_conv.split_rule(shape.M, shape.N, shape.K, shape.z))
-            if default not in candidates:
-                candidates.append(default)
-            for name, splits in candidates:
-                with gemm.forced_choice(configs[name], splits):
-                    size = g.scratch_size(call.direction)
-                    scratch = xp.empty(max(size, 1), np.float32) if size else None
-                    out.fill(np.nan)
-                    run(scratch)
-                    got = out.get() if hasattr(out, "get") else np.array(out)
-                    error = float(np.abs(got.astype(np.float64) - expected).max()) / scale
-                    row.max_error = max(row.max_error, error)
-                    if not error < 1e-3:
-                        log(f"  {key} {name}/{splits}: WRONG (error {error:.2e}), not a candidate")
-                        continue
-                    ms = timer(lambda scratch=scratch: run(scratch), repeat)
-                tflops = flops / ms / 1e9
-                row.tried[f"{name}/{splits}"] = round(tflops, 3)
-                if (name, splits) == default:
-                    row.default_tflops = tflops
-                if tflops > row.best_tflops:
-                    row.best_config, row.best_splits, row.best_tflops = name, splits, tflops
-            if not dry:
-                A = xp.asarray(rng.standard_normal((shape.z, shape.M, shape.K)).astype(np.float32))
-                B = xp.asarray(rng.standard_normal((shape.z, shape.K, shape.N)).astype(np.float32))
-                C = xp.empty((shape.z, shape.M, shape.N), np.float32)
-                row.cublas_tflops = flops / timer(lambda A=A, B=B, C=C: xp.matmul(A, B, out=C), repeat) / 1e9
-            log(f"  {key}: best {row.best_config}/{row.best_splits} {row.best_tflops:.2f} TFLOP/s "
-                f"(default {row.default_tflops:.2f}, cuBLAS {row.cublas_tflops or 0:.2f})")
+        for name, splits in candidates:
+            with gemm.forced_choice(configs[name], splits):
+                size = g.scratch_size(call.direction)
+                scratch = xp.empty(max(size, 1), np.float32) if size else None
+                out.fill(np.nan)
+                run(scratch)
+                got = (out.get() if hasattr(out, "get") else np.array(out)).astype(np.float64)
+                if expected is None:  # the default's result, the reference for the other candidates
+                    expected, scale = got, max(1.0, float(np.nanmax(np.abs(got))))
+                error = float(np.abs(got - expected).max()) / scale
+                row.max_error = max(row.max_error, error)
+                if not error < 1e-3:
+                    log(f"  {key} {name}/{splits}: WRONG (error {error:.2e}), not a candidate")
+                    continue
+                ms = timer(lambda scratch=scratch: run(scratch), repeat)
+            tflops = flops / ms / 1e9
+            row.tried[f"{name}/{splits}"] = round(tflops, 3)
+            if (name, splits) == default:
+                row.default_tflops = tflops
+            if tflops > row.best_tflops:
+                row.best_config, row.best_splits, row.best_tflops = name, splits, tflops
+        if not dry:
+            A = xp.asarray(rng.standard_normal((shape.z, shape.M, shape.K)).astype(np.float32))
+            B = xp.asarray(rng.standard_normal((shape.z, shape.K, shape.N)).astype(np.float32))
+            C = xp.empty((shape.z, shape.M, shape.N), np.float32)
+            row.cublas_tflops = flops / timer(lambda A=A, B=B, C=C: xp.matmul(A, B, out=C), repeat) / 1e9
+        log(f"  {key}: best {row.best_config}/{row.best_splits} {row.best_tflops:.2f} TFLOP/s "
+            f"(default {row.default_tflops:.2f}, cuBLAS {row.cublas_tflops or 0:.2f})")
     return list(rows.values())
 
 
@@ -249,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--output", default="gemm_table.json", help="the table file to write (commit it)")
     parser.add_argument("--results", default="tile_search.json", help="every shape's figures")
-    parser.add_argument("--max-shapes", type=int, help="stop after this many GEMM shapes")
+    parser.add_argument("--max-shapes", type=int, help="only the largest N GEMM shapes")
+    parser.add_argument("--budget-s", type=float, help="stop starting new shapes after this many seconds")
     parser.add_argument("--dry", action="store_true", help="under the CUDA simulator at tiny sizes")
     options = parser.parse_args(argv)
     if options.dry:
@@ -278,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     start = time.perf_counter()
     print(f"tile search on {device}: {len(configs)} configs, models {', '.join(models)}, batch {batch}")
-    rows = search(models, batch, image, configs, repeat, options.dry, max_shapes=options.max_shapes, **model_options)
+    rows = search(models, batch, image, configs, repeat, options.dry, max_shapes=options.max_shapes,
+                  budget_s=options.budget_s, **model_options)
     default = max(configs, key=lambda n: sum(r.tried.get(f"{n}/{r.best_splits}", 0.0) for r in rows))
     table = table_from(rows, device, default if not options.dry else gemm.DEFAULT_CONFIG)
     for path, payload in ((options.output, table),

@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dry_session_runs_and_reports(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
-    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry", "env", "search", "graph", "report"],
+    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry", "env", "search", "bench", "report"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     steps = json.loads((tmp_path / "steps.json").read_text())
-    assert {name: step["rc"] for name, step in steps.items()} == {"env": 0, "search": 0, "graph": 0}
+    assert {name: step["rc"] for name, step in steps.items()} == {"env": 0, "search": 0, "bench": 0}
     reports = list(tmp_path.glob("gpu-*.json"))
     assert len(reports) == 1 and reports[0].with_suffix(".md").exists()
     report = json.loads(reports[0].read_text())
