@@ -31,10 +31,12 @@ buffer of ResNet-18's largest layer at batch 32 is gone.
 
 Weight gradients reduce over N·OH·OW (32,768 products for the first layers at batch 32) into a small
 dw (64×576: 9 tiles of 64×64): unsplit, that GEMM would leave most of a GPU idle, so the k range is
-cut into ``weight_splits`` fixed chunks (grid z), each writing a partial dw to scratch, and
-``sum_splits`` adds them in split order. The split count depends only on the shapes, so the sum's
-rounding is the same on every run; no path uses atomics. Scratch: ``splits·K·C/g·R·S`` floats for
-a split weight gradient, else none.
+cut into fixed chunks (grid z), each writing a partial dw to scratch, and ``sum_splits`` adds them in
+split order. Deep layers' forward and backward data split the same way (512→512 on 4×4 at batch 32 is
+64 output tiles for 132 SMs): ``split_rule`` decides from the shapes, the GEMM table may override it
+per shape (measured), and the split's partials are [splits·N, ...] copies of the output's layout.
+The split count depends only on the shapes and the table, so the sum's rounding is the same on every
+run; no path uses atomics. Scratch: splits × the direction's output, else none.
 """
 
 from __future__ import annotations

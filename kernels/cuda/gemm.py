@@ -1,4 +1,4 @@
-"""GEMM on the GPU in three numbered versions, side by side as llm.c's dev/cuda does.
+"""GEMM on the GPU: three numbered versions side by side as llm.c's dev/cuda does, and the tile family (v4).
 
 ``C[M,N] = A[M,K] @ B[K,N]`` (plus the old ``C`` when ``accumulate``). How an element of A or B is
 read and how an element of C is written is a parameter: an ``Operands`` triple of device functions
@@ -18,19 +18,25 @@ use it for the group and the split of a split-K weight gradient. NVVM inlines th
   THREAD_M values of A and THREAD_N of B from shared memory and does THREAD_M·THREAD_N FMAs, so
   shared-memory traffic per FMA drops too, and the block's tile (BLOCK_M×BLOCK_N) grows without
   more threads.
+- v4 the tile family (``make_gemm_tiles``, ``TileConfig``): v3's register tiles, double-buffered
+  shared-memory slabs with the next slab's loads in flight during the FMAs, and each thread's row and
+  column index arithmetic (``prep_a`` / ``prep_b``) done once, not per load. Configurations are
+  parameters, not copies; ``CANDIDATES`` are the ones a GPU times, ``gemm_table.json`` picks one per
+  shape (``choose``), benchmarks/gpu_tile_search.py fills it.
 
 Split-K: a launch may cut the k range into chunks of ``k_chunk`` (split ``z % splits`` takes chunk
 ``z % splits``, where ``splits = ceil(K / k_chunk)``); each split writes its own partial result and
-the caller adds them in a fixed order (conv's weight gradient, whose K is the batch's pixels and
-whose M·N is small). With ``k_chunk >= K`` there is one split, the plain GEMM.
+the caller adds them in a fixed order (conv: the weight gradient, whose K is the batch's pixels and
+whose M·N is small, and the deep layers' forward and backward data). With ``k_chunk >= K`` there is one
+split, the plain GEMM.
 
 Every version adds the products for one output in the same order (k = k_begin, k_begin + 1, ...,
 the old C last), so all three give the same result up to the compiler's FMA contraction, and the
 same bits on every run. Tile sizes are closure constants (shared arrays need compile-time shapes):
 the ``make_*`` factories build a kernel for any size and any operands, which is how the simulator
-tests run them on tiny tiles. ``gemm(...)`` and conv run the version ``use_gemm`` picked (v3 unless
-told otherwise); the static report (``engine kernels --backend cuda --static``) shows why v3: no
-spills, and the most FMAs per shared-memory load.
+tests run them on tiny tiles. ``gemm(...)`` and conv run the table's choice (v4) unless ``use_gemm``
+picked a numbered version; the static report (``engine kernels --backend cuda --static``) gives every
+build's registers, spills and occupancy.
 """
 
 from __future__ import annotations

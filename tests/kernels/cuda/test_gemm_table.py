@@ -80,3 +80,13 @@ def test_split_rule_splits_only_deep_layers():
     assert cuda_conv.split_rule(64, 32 * 1024, 576, 1) == 1  # ResNet-18's first 3x3 forward: 512 tiles
     assert cuda_conv.split_rule(512, 512, 4608, 1) == 4  # 512->512 @4x4, batch 32: 64 tiles
     assert cuda_conv.split_rule(512, 512, 900, 1) == 1  # too few products to split
+
+
+def test_launches_do_not_synchronize_the_arguments_streams():
+    """numba-cuda synchronizes the stream in a CuPy argument's __cuda_array_interface__ at every launch unless
+    this is off: every launch would wait for the GPU, and a captured stream cannot be synchronized."""
+    from numba.cuda.core import config as cuda_config
+
+    import kernels.cuda._launch  # noqa: F401  (sets it)
+
+    assert not cuda_config.CUDA_ARRAY_INTERFACE_SYNC
