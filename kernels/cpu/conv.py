@@ -55,6 +55,14 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   GEMMs, backward-data scatters each image's GEMM result into dx with its zeros, the weight gradient sums
   256-deep GEMMs of images side by side (``Paths.pointwise_strided``; figures in ``conv_pointwise``).
 
+Since v38 (``ENGINE_CONV``, ``CONV_MODES``) the **forward** of a 3×3 stride-1 conv never takes F(4×4) by default
+(``Paths.float32_forward``): F(4×4)'s forward rounds 3.8–9.6× more than a float32 GEMM at ResNet-18's shapes and
+moved ~6 ReLU masks per step of a CIFAR ResNet-18 at batch 8 (1 with float32-level forwards, the same as
+PyTorch's), so the layers it took run F(2×2) forward ("winograd", 1.1–2.0× a GEMM's error), on 4×4 planes too
+(tiles, not v23's split by ξ: 4% slower on 512 @4×4, one warm-up job fewer), while backward-data and the weight
+gradient keep F(4×4). ``ENGINE_CONV=fast`` gives v37's forward back, ``exact`` takes F(4×4) off every direction.
+Errors per path and mode: kernels/README.md, "Rounding per path".
+
 Backward to data is the transposed product, ``dcols = w.T @ dout``, then col2im adds each column
 back into the pixels it came from (one thread owns a whole plane: no races). Backward to weights
 accumulates ``dw += dout_tile @ cols_tile.T`` tile after tile; the per-thread partial sums are
@@ -70,6 +78,7 @@ its work the same way every time: the same bits for the same thread count.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -282,9 +291,63 @@ class Paths:
     pointwise_strided: bool = True  # v33
     stem_columns: bool = True  # v36
     winograd_s2_weight_8x8: bool = True  # v37
+    float32_forward: bool = True  # v38: no F(4×4) forward (``CONV_MODES``)
 
 
-EXPORTED = Paths()
+CONV_MODES = ("auto", "exact", "fast")
+"""``ENGINE_CONV``'s values: which rounding the 3×3 stride-1 convolutions may trade for speed.
+
+- ``auto`` (the default): every **forward** is float32-GEMM-level (v38: F(2×2) Winograd, the shifted GEMMs,
+  im2col or the polyphase stride-2 transform, never F(4×4)); backward-data and the weight gradient keep F(4×4)
+  where it is fastest. The forward decides every ReLU mask and max-pool winner, backward decides none: this is
+  the precision promise of the design (DESIGN.md, "Precision": F(4×4) only where its error cannot change a
+  decision of the forward pass).
+- ``exact``: no F(4×4) in any direction; every conv is float32-GEMM-level forward *and* backward (backward-data and
+  weight gradient on F(2×2), the shifted GEMMs or im2col). For comparing gradients against another float32
+  framework or a float64 run term by term.
+- ``fast``: F(4×4) wherever it is fastest, forward included (v34–v37's paths): its forward rounds 4–10× more
+  than a float32 GEMM and flips a few ReLU masks per ResNet-18 step whose inputs lie within its rounding of 0.
+
+"float32-GEMM-level" here: relative error (‖y − y₆₄‖ / ‖y₆₄‖ against float64) at most 2× that of a float32
+im2col GEMM on the same data, at ResNet-18's layer shapes (``tests/kernels/cpu/test_conv_precision.py``;
+measured 1.0–1.9× for F(2×2), 0.8–1.0× for the shifted and polyphase paths, 4.0–9.6× for F(4×4): the table in
+kernels/README.md, "Rounding per path", from ``benchmarks/conv_precision.py``).
+
+Why ``auto`` is the default: it keeps the design's precision promise at the least cost. F(2×2)'s forward was
+measured 1.3× F(4×4)'s on the layers it takes back (batch 32, two threads, v14/v18's figures in
+``WINOGRAD4_MIN_PIXELS`` and ``WINOGRAD4_MIN_PIXELS_8X8``: 64 @32×32 10.19 vs 7.67 ms, 128 @16×16 9.86 vs 7.95,
+256 @8×8 10.35 vs 7.46), i.e. ~+30 ms on a CIFAR ResNet-18 step of ~440 ms if all four stages pay it; what it
+costs at batch 32 and at 224×224 next to PyTorch is for the quiet machine's ``bench_train`` and
+``conv_precision --time`` to confirm (kernels/README.md gives the commands). ``exact`` costs more (F(4×4)'s
+backward-data and weight gradients were 1.2–1.4× faster than F(2×2)'s and the shifted GEMMs'), ``fast`` less."""
+
+
+def conv_mode() -> str:
+    """``ENGINE_CONV`` (``CONV_MODES``; unset or empty: ``auto``): the one place it is read."""
+    from kernels.errors import SettingError
+
+    wanted = os.environ.get("ENGINE_CONV", "auto").strip().lower() or "auto"
+    if wanted not in CONV_MODES:
+        raise SettingError(f"ENGINE_CONV={wanted!r} is not one of {', '.join(CONV_MODES)}: set one of those, "
+                           "or unset it for auto")
+    return wanted
+
+
+def paths_for(mode: str) -> Paths:
+    """The paths the kernel table runs in ``mode`` (``CONV_MODES``)."""
+    if mode == "fast":
+        return Paths(float32_forward=False)
+    if mode == "exact":
+        return Paths(winograd4=False, winograd4_weight=False, winograd4_by_k=False, winograd4_weight_by_k=False)
+    if mode == "auto":
+        return Paths()
+    raise ValueError(f"{mode!r} is not one of {', '.join(CONV_MODES)}")
+
+
+MODE = conv_mode()
+"""This process's ``ENGINE_CONV`` (read once, at import: the kernels' paths may not change under a plan)."""
+
+EXPORTED = paths_for(MODE)
 """What the kernel table runs."""
 
 
@@ -368,12 +431,13 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and WINOGRAD4_BY_K_MIN_PIXELS <= x_shape[2] * x_shape[3] <= WINOGRAD4_BY_K_MAX_PIXELS
         and blas.select_sgemm() == blas.OPENBLAS
     ):  # F(4×4) by output channel: forward and backward-data (v34), the weight gradient where it fits (v35)
-        if direction != "weight" and paths.winograd4_by_k:
+        if direction != "weight" and paths.winograd4_by_k and not (direction == "forward" and paths.float32_forward):
             return "winograd4-by-k"
         if direction == "weight" and paths.winograd4_weight_by_k and conv_winograd4.by_k_weight_fits(x_shape, w_shape):
             return "winograd4-weight-by-k"
     if (
-        (paths.winograd4_weight if direction == "weight" else paths.winograd4)
+        (paths.winograd4_weight if direction == "weight"
+         else paths.winograd4 and not (direction == "forward" and paths.float32_forward))
         and conv_winograd4.supported(x_shape, w_shape, stride, pad, groups)
         and WINOGRAD_MIN_CHANNELS <= min(w_shape[0], w_shape[1])
         and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
@@ -399,7 +463,10 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
         and x_shape[2] * x_shape[3] <= winograd_max_pixels(direction, paths)
     ):
-        if paths.winograd_by_xi and direction != "weight" and x_shape[2] * x_shape[3] <= WINOGRAD_BY_XI_MAX_PIXELS:
+        if (
+            paths.winograd_by_xi and direction != "weight" and x_shape[2] * x_shape[3] <= WINOGRAD_BY_XI_MAX_PIXELS
+            and not (direction == "forward" and paths.float32_forward)  # v38: one compile job (module docstring)
+        ):
             return "winograd-by-xi"
         return "winograd"
     if (

@@ -183,7 +183,7 @@ from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
 _SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-            34, 35, 36, 37)
+            34, 35, 36, 37, 38)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -205,13 +205,14 @@ ADDED_IN = {
     35: ("winograd4_weight_by_k",),
     36: ("stem_columns",),
     37: ("winograd_s2_weight_8x8",),
+    38: ("float32_forward",),
 }
 """The ``conv.Paths`` flags each version from v26 on added: off in every version before it (``_paths``). A new
 version is one line here and its number in ``_SINCE_2``."""
 
 
 def flags_off(version: int) -> dict[str, bool]:
-    """``ADDED_IN[version]``'s flags, off: ``dataclasses.replace(conv.EXPORTED, **flags_off(34))`` is today's paths
+    """``ADDED_IN[version]``'s flags, off: ``dataclasses.replace(conv.Paths(), **flags_off(34))`` is today's paths
     without what v34 added."""
     return dict.fromkeys(ADDED_IN[version], False)
 
@@ -801,7 +802,7 @@ def _paths(version: int) -> conv.Paths:
              11: V11_PATHS, 12: V12_PATHS, 13: V13_PATHS, 14: V14_PATHS, 15: V15_PATHS,
              16: V16_PATHS, 17: V17_PATHS, 18: V18_PATHS, 20: V20_PATHS, 21: V21_PATHS,
              23: V23_PATHS}
-    chosen = paths.get(version, conv.EXPORTED)
+    chosen = paths.get(version, conv.Paths())  # not EXPORTED: a version's paths do not follow ENGINE_CONV
     for since in ADDED_IN:
         if version < since:
             chosen = dataclasses.replace(chosen, **flags_off(since))
@@ -814,7 +815,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
     """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-    34, 35, 36, 37) and direction ("forward", "data", "weight")."""
+    34, 35, 36, 37, 38) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -920,8 +921,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25-37), "data" or "weight" (2-18, 20, 21, 23,
-    25-37), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25-38), "data" or "weight" (2-18, 20, 21, 23,
+    25-38), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

@@ -118,3 +118,35 @@ def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int,
 
 def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     return 0
+
+
+
+def _columns32(x: np.ndarray, kr: int, ks: int, stride: int, pad: int, oh: int, ow: int) -> np.ndarray:
+    """im2col in float32, groups 1: cols[n, (c·R + r)·S + s, oh·OW + ow]."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    taps = [_window(xp, r, s, stride, oh, ow) for r in range(kr) for s in range(ks)]  # each n, c, oh, ow
+    cols = np.stack(taps, axis=2)  # n, c, R·S, oh, ow
+    return np.ascontiguousarray(cols.reshape(x.shape[0], -1, oh * ow), dtype=np.float32)
+
+
+def gemm32(direction: str, x_shape, w_shape, stride: int, pad: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One direction of a groups-1 conv as a float32 im2col GEMM (NumPy's sgemm), float32 throughout: the rounding
+    of a float32 GEMM, which ``kernels.cpu.conv.CONV_MODES``' float32-GEMM-level paths are held to.
+
+    ``(a, b)`` = (x, w) forward → out; (dout, w) "data" → dx (col2im adds in float32); (x, dout) "weight" → dw
+    (one GEMM over the whole batch's columns)."""
+    n, c, h, wd = x_shape
+    k, _, kr, ks = w_shape
+    oh, ow = check_conv2d_shapes(tuple(x_shape), tuple(w_shape), stride, pad, 1)
+    if direction == "forward":
+        return np.matmul(b.reshape(k, -1), _columns32(a, kr, ks, stride, pad, oh, ow)).reshape(n, k, oh, ow)
+    if direction == "weight":
+        cols = _columns32(a, kr, ks, stride, pad, oh, ow).transpose(1, 0, 2).reshape(c * kr * ks, n * oh * ow)
+        dout = np.ascontiguousarray(b.transpose(1, 0, 2, 3)).reshape(k, n * oh * ow)
+        return (dout @ cols.T).reshape(w_shape)
+    dcols = np.matmul(b.reshape(k, -1).T, a.reshape(n, k, oh * ow)).reshape(n, c, kr, ks, oh, ow)
+    dxp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad), np.float32)
+    for r in range(kr):
+        for s in range(ks):
+            _window(dxp, r, s, stride, oh, ow)[...] += dcols[:, :, r, s]
+    return dxp[:, :, pad : pad + h, pad : pad + wd]

@@ -275,7 +275,8 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
         expected = "gemm"
     if expected == "winograd4-by-k" and blas.select_sgemm() != blas.OPENBLAS:
         expected = "winograd-by-xi"
-    assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward") == expected
+    # the speed figures chose ENGINE_CONV=fast's forward; auto's differs on F(4×4)'s layers only (test_conv_precision)
+    assert cpu.path(x_shape, w_shape, stride, pad, groups, "forward", cpu.paths_for("fast")) == expected
 
 
 @pytest.mark.parametrize(
@@ -295,9 +296,10 @@ def test_model_shapes_take_the_path_the_figures_chose(x_shape, w_shape, stride, 
 @pytest.mark.parametrize("direction", ["forward", "data"])
 def test_winograd4_takes_the_planes_the_figures_chose(x_shape, w_shape, openblas, mkl, direction):
     expected = openblas if blas.select_sgemm() == blas.OPENBLAS else mkl
-    assert cpu.path(x_shape, w_shape, 1, 1, 1, direction) == expected
+    fast = cpu.paths_for("fast")  # the figures are F(4×4)'s speed; auto's forward is test_conv_precision's
+    assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, fast) == expected
     if expected == "winograd4-by-k":
-        before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.flags_off(34))
+        before_v34 = dataclasses.replace(fast, **conv_study.flags_off(34))
         expected = "winograd4" if x_shape[2] == 8 else "winograd-by-xi"
         assert cpu.path(x_shape, w_shape, 1, 1, 1, direction, before_v34) == expected
     if expected == "winograd4":
@@ -333,7 +335,22 @@ def test_winograd4_runs_on_the_tested_shape():
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[21]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
     expected = "winograd4" if blas.select_sgemm() == blas.OPENBLAS else "winograd"
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == expected
+    fast = cpu.paths_for("fast")
+    assert cpu.path(*shapes, "forward", fast) == cpu.path(*shapes, "data") == cpu.path(*shapes, "weight") == expected
+    assert cpu.path(*shapes, "forward", cpu.paths_for("auto")) == "winograd"  # v38: F(2×2) decides the masks
+
+
+def test_the_fast_forward_matches_reference():
+    # ENGINE_CONV=fast's forward (F(4×4), v34's by-k on small planes) is no longer the table's default
+    fast = cpu.paths_for("fast")
+    for index in (21, 18, 24):
+        x, w, b, dout, args = _case(SHAPES[index])
+        expected = _reference(x, w, b, dout, args)[0]
+        out = np.full(dout.shape, np.nan, np.float32)
+        size = cpu.workspace_size(x.shape, w.shape, *args, "forward", fast)
+        cpu.forward(x, w, b, out, *args, np.full(max(size, 1), np.nan, np.float32), fast)
+        atol = _atol(x.shape, w.shape, args, "forward", expected, fast)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=atol)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -528,8 +545,10 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
     assert cpu.path(*shapes, "forward", v30) == cpu.path(*shapes, "data", v30) == "winograd"
     assert cpu.path(*shapes, "weight", v30) == "winograd"
     if blas.select_sgemm() == blas.OPENBLAS:  # v35: the weight gradient too
-        assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd4-by-k"
+        fast = cpu.paths_for("fast")
+        assert cpu.path(*shapes, "forward", fast) == cpu.path(*shapes, "data") == "winograd4-by-k"
         assert cpu.path(*shapes, "weight") == "winograd4-weight-by-k"
+        assert cpu.path(*shapes, "forward", cpu.paths_for("auto")) == "winograd"  # v38: the table's forward again
     assert cpu.path(*shapes, "weight", conv_study._paths(10)) == "gemm"  # v10: 35 pixels, below the shifted path's 64
     assert cpu.path(*shapes, "forward", conv_study._paths(9)) == "gemm"  # v9 keeps its own path
 
@@ -1446,8 +1465,9 @@ def test_winograd4_by_k_is_reached_by_the_tested_shapes():
     # the reference, determinism, torch and numbered-version tests reach forward_by_k through this shape
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[-1]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
+    # (the forward through ENGINE_CONV=fast's paths since v38: test_the_fast_forward_matches_reference)
     expected = "winograd4-by-k" if blas.select_sgemm() == blas.OPENBLAS else "winograd-by-xi"
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == expected
+    assert cpu.path(*shapes, "forward", cpu.paths_for("fast")) == cpu.path(*shapes, "data") == expected
     expected = "winograd4-weight-by-k" if blas.select_sgemm() == blas.OPENBLAS else "winograd"
     assert cpu.path(*shapes, "weight") == expected
 

@@ -1,0 +1,147 @@
+"""ENGINE_CONV (``kernels.cpu.conv.CONV_MODES``): each mode's paths round as documented, route as documented, and
+give the same bits every call.
+
+"float32-GEMM level": relative error against float64 at most ``GEMM_LEVEL`` × that of a float32 im2col GEMM on the
+same data (``kernels.reference.conv.gemm32``). F(2×2) measured up to 2.0× (512 channels), F(4×4) 4.0–10.7×
+(benchmarks/conv_precision.py; kernels/README.md, "Rounding per path").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kernels.cpu import conv
+from kernels.reference import conv as ref
+
+GEMM_LEVEL = 2.5
+
+# ResNet-18's 3×3 layers at small batch: (C, K, plane, stride); CIFAR and ImageNet planes
+LAYERS = [(64, 64, 32, 1), (128, 128, 16, 1), (256, 256, 8, 1), (512, 512, 4, 1), (256, 256, 14, 1),
+          (512, 512, 7, 1), (128, 256, 16, 2)]
+IDS = [f"{c}-{k}@{p}s{s}" for c, k, p, s in LAYERS]
+WINOGRAD4 = ("winograd4", "winograd4-by-k", "winograd4-weight-by-k")
+
+
+def _case(c, k, plane, stride, batch=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.standard_normal((batch, c, plane, plane)), 0).astype(np.float32)
+    w = (rng.standard_normal((k, c, 3, 3)) * np.sqrt(2.0 / (9 * c))).astype(np.float32)
+    out = (plane - 1) // stride + 1
+    return x, w, rng.standard_normal((batch, k, out, out)).astype(np.float32)
+
+
+def _run(direction, x, w, dout, stride, paths):
+    size = conv.workspace_size(x.shape, w.shape, stride, 1, 1, direction, paths)
+    scratch = np.full(max(size, 1), np.nan, np.float32)
+    if direction == "forward":
+        out = np.empty(dout.shape, np.float32)
+        conv.forward(x, w, None, out, stride, 1, 1, scratch, paths)
+    elif direction == "data":
+        out = np.empty(x.shape, np.float32)
+        conv.backward_data(dout, w, out, stride, 1, 1, scratch, paths)
+    else:
+        out = np.empty(w.shape, np.float32)
+        conv.backward_weight(x, dout, out, None, stride, 1, 1, scratch, paths)
+    return out
+
+
+def _errors(direction, x, w, dout, stride, paths):
+    """(this path's, a float32 GEMM's) relative error against float64."""
+    if direction == "forward":
+        want = np.zeros(dout.shape)
+        ref.conv2d_forward(x, w, None, want, stride, 1, 1)
+        a, b = x, w
+    elif direction == "data":
+        want = np.zeros(x.shape)
+        ref.conv2d_backward_data(dout, w, want, stride, 1, 1)
+        a, b = dout, w
+    else:
+        want = np.zeros(w.shape)
+        ref.conv2d_backward_weight(x, dout, want, None, stride, 1, 1)
+        a, b = x, dout
+
+    def rel(got):
+        return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+
+    gemm = ref.gemm32(direction, x.shape, w.shape, stride, 1, a, b)
+    return rel(_run(direction, x, w, dout, stride, paths)), rel(gemm)
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=IDS)
+def test_float32_paths_round_like_a_float32_gemm(layer):
+    c, k, plane, stride = layer
+    x, w, dout = _case(c, k, plane, stride)
+    for direction in ("forward", "data", "weight"):
+        for mode in ("auto", "exact") if direction == "forward" else ("exact",):
+            paths = conv.paths_for(mode)
+            ours, gemm = _errors(direction, x, w, dout, stride, paths)
+            kind = conv.path(x.shape, w.shape, stride, 1, 1, direction, paths)
+            assert ours <= GEMM_LEVEL * gemm, f"{mode} {direction} on {kind}: {ours:.2e} > {GEMM_LEVEL} × {gemm:.2e}"
+
+
+@pytest.mark.parametrize("layer", [LAYERS[1], LAYERS[3]], ids=[IDS[1], IDS[3]])
+def test_the_fast_forward_rounds_more_than_a_gemm(layer):
+    # the measure above tells F(4×4) apart: were it on the float32 paths, that test would fail
+    c, k, plane, stride = layer
+    x, w, dout = _case(c, k, plane, stride)
+    paths = conv.paths_for("fast")
+    assert conv.path(x.shape, w.shape, stride, 1, 1, "forward", paths) in WINOGRAD4
+    ours, gemm = _errors("forward", x, w, dout, stride, paths)
+    assert ours > GEMM_LEVEL * gemm
+
+
+def _resnet_shapes():
+    for c, k, plane, stride in LAYERS + [(64, 64, 56, 1), (128, 128, 28, 1)]:
+        yield (32, c, plane, plane), (k, c, 3, 3), stride
+
+
+def test_modes_route_as_documented():
+    auto, exact, fast = (conv.paths_for(m) for m in ("auto", "exact", "fast"))
+    fast_forward_f4 = 0
+    for x_shape, w_shape, stride in _resnet_shapes():
+        for direction in ("forward", "data", "weight"):
+            kinds = {m: conv.path(x_shape, w_shape, stride, 1, 1, direction, p)
+                     for m, p in (("auto", auto), ("exact", exact), ("fast", fast))}
+            assert kinds["exact"] not in WINOGRAD4
+            if direction == "forward":
+                assert kinds["auto"] not in WINOGRAD4
+                fast_forward_f4 += kinds["fast"] in WINOGRAD4
+            else:  # backward decides no mask: auto keeps fast's paths
+                assert kinds["auto"] == kinds["fast"]
+    assert fast_forward_f4 >= 5  # fast is today's F(4×4) forward
+    assert conv.paths_for("auto") == conv.Paths()
+    with pytest.raises(ValueError, match="not one of"):
+        conv.paths_for("quick")
+
+
+def _in_a_process(mode: str | None, code: str):
+    env = {k: v for k, v in os.environ.items() if k != "ENGINE_CONV"}
+    if mode is not None:
+        env["ENGINE_CONV"] = mode
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_engine_conv_sets_the_table_paths_and_a_wrong_value_is_one_line():
+    code = "from kernels.cpu import conv; print(conv.MODE, conv.EXPORTED == conv.paths_for(conv.MODE))"
+    for mode, want in ((None, "auto"), ("", "auto"), ("exact", "exact"), (" FAST ", "fast")):
+        done = _in_a_process(mode, code)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [want, "True"]
+    done = _in_a_process("quick", "import kernels.cpu.conv")
+    assert done.returncode != 0
+    assert "ENGINE_CONV='quick' is not one of auto, exact, fast" in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["auto", "exact"])
+def test_float32_paths_give_the_same_bits_every_call(mode):
+    paths = conv.paths_for(mode)
+    for c, k, plane, stride in (LAYERS[1], LAYERS[3]):
+        x, w, dout = _case(c, k, plane, stride, batch=2)
+        for direction in ("forward", "data", "weight"):
+            first = _run(direction, x, w, dout, stride, paths)
+            assert np.array_equal(first, _run(direction, x, w, dout, stride, paths))
