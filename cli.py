@@ -86,6 +86,8 @@ def info(as_json: bool) -> None:
 @click.option("--ops", default="", help="Comma-separated op prefixes to keep, e.g. conv2d,dense (default: all).")
 @click.option("--models", default="resnet18,mobilenetv2", show_default=True, help="Whose conv shapes to time.")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--image-size", default=32, show_default=True, type=click.IntRange(8),
+              help="The models' conv shapes at this image size (above 32: their ImageNet variants, as engine train).")
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(1), help="Timed calls; the best counts.")
 @click.option("--compare", type=click.Choice(["torch"]), default=None, help="Also time torch's CPU op (2 threads).")
 @click.option("--rounds", default=None, type=click.IntRange(1),
@@ -104,7 +106,7 @@ def info(as_json: bool) -> None:
 @click.option("--launches", "launches", is_flag=True,
               help="--backend cuda|cudasim: kernel launches per training step (counted, not run).")
 def kernels(backend, ops, models, batch_size, repeat, compare, rounds, versions, output_format, output, warmup,
-            static, roofline, launches) -> None:
+            static, roofline, launches, image_size=32) -> None:
     """Time every kernel on ResNet-18 and MobileNetV2 shapes against NumPy's sgemm (and torch)."""
     if output:
         from engine.validate import check_output_path
@@ -139,13 +141,14 @@ def kernels(backend, ops, models, batch_size, repeat, compare, rounds, versions,
     from engine.bench import kernels as kernel_bench
 
     op_list = [o.strip() for o in ops.split(",") if o.strip()]
-    cases, missing = kernel_bench.build_cases(backend, op_list, batch_size, versions, chosen_models)
+    cases, missing = kernel_bench.build_cases(backend, op_list, batch_size, versions, chosen_models, image_size)
     if not cases:
         fail(f"no kernels match --ops {ops!r} on backend {backend}")
     sgemm = kernel_bench.sgemm_gflops(repeat)
     rounds = rounds or (3 if compare == "torch" else 1)
     if compare == "torch":
-        with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat) as torch_process:
+        with kernel_bench.TorchProcess(op_list, batch_size, versions, chosen_models, repeat,
+                                       image_size) as torch_process:
             records = kernel_bench.measure(cases, backend, repeat, sgemm, torch_process=torch_process, rounds=rounds)
     else:
         records = kernel_bench.measure(cases, backend, repeat, sgemm, rounds=rounds)

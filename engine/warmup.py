@@ -186,6 +186,7 @@ def all_jobs(versions: bool = True) -> list[Job]:
         ((BATCH, 64, 16, 16), (64, 64, 3, 3), 2, 1, 1),  # 3×3 stride 2, ≥ 64 channels: polyphase Winograd (v28, v32)
         ((BATCH, 4, 5, 5), (4, 4, 1, 1), 2, 0, 1),  # 1×1 stride 2: its kept pixels (v33)
         ((BATCH, 3, 8, 8), (4, 3, 3, 3), 1, 1, 1),  # a 3-channel stem: its own columns (v36)
+        ((BATCH, 3, 16, 16), (4, 3, 7, 7), 2, 3, 1),  # an ImageNet stem (stride 2): its columns by output rows (v39)
         ((BATCH, 264, 16, 16), (264, 264, 3, 3), 1, 1, 1),  # > 256 channels on 16×16: F(2×2) tiles
         ((BATCH, 4, 5, 5), (4, 1, 5, 5), 1, 2, 4),  # depthwise 5×5: the direct loops
     ]

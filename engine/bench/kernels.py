@@ -108,6 +108,25 @@ def mobilenetv2_convs(batch: int) -> list[ConvShape]:
     return list(dict.fromkeys(shapes))
 
 
+def graph_convs(model: str, batch: int, image_size: int) -> list[ConvShape]:
+    """The distinct convolutions of ``model`` at ``image_size`` (the variant ``engine train`` picks for that size:
+    the ImageNet ones above 32×32), read from the model's graph in the model's order (issue 32: the 224 shapes)."""
+    from models import GRAPHS, resolve_variant
+
+    options = {"variant": resolve_variant(model, None, image_size)}
+    graph = GRAPHS[model](num_classes=10, image_size=image_size, **options)
+    inputs = graph.shapes(batch)
+    shapes = []
+    for node in graph.nodes:
+        layer = node.layer
+        if type(layer).__name__ == "Conv2d":
+            r = layer.kernel_size
+            w_shape = (layer.out_channels, layer.in_channels // layer.groups, r, r)
+            shapes.append(ConvShape(model, tuple(inputs[node.inputs[0]]), w_shape, layer.stride, layer.padding,
+                                    layer.groups))
+    return list(dict.fromkeys(shapes))
+
+
 TINY_CONVS = (
     ConvShape("tiny", (2, 4, 5, 5), (4, 4, 3, 3), 1, 1),  # 3×3
     ConvShape("tiny", (2, 4, 5, 5), (4, 4, 1, 1), 1, 0),  # plain 1×1: no im2col
@@ -409,8 +428,10 @@ def other_cases(table: dict, reference: dict, batch: int) -> list[Case]:
 # ----------------------------------------------------------------------------------------------
 
 
-def build_cases(backend: str, ops: list[str] | None, batch: int, versions: bool, models=("resnet18", "mobilenetv2")):
-    """Every case the command measures, filtered by op family (``conv2d``, ``dense``, ``relu``...)."""
+def build_cases(backend: str, ops: list[str] | None, batch: int, versions: bool, models=("resnet18", "mobilenetv2"),
+                image_size: int = 32):
+    """Every case the command measures, filtered by op family (``conv2d``, ``dense``, ``relu``...); conv shapes of
+    ``models`` at ``image_size`` (32: the CIFAR variants' as always; larger: ``graph_convs``)."""
     table, reference = load_tables(backend)
     wanted = lambda op: not ops or any(op.startswith(prefix) for prefix in ops)  # noqa: E731
     cases: list[Case] = []
@@ -421,9 +442,11 @@ def build_cases(backend: str, ops: list[str] | None, batch: int, versions: bool,
     # "conv2d" asks for every conv op, "conv2d_forward" for one of them
     if not ops or any(prefix.startswith("conv2d") or "conv2d".startswith(prefix) for prefix in ops):
         shapes = []
-        if "resnet18" in models:
+        if image_size != 32:
+            shapes = [shape for model in models for shape in graph_convs(model, batch, image_size)]
+        if "resnet18" in models and image_size == 32:
             shapes += resnet18_convs(batch)
-        if "mobilenetv2" in models:
+        if "mobilenetv2" in models and image_size == 32:
             shapes += mobilenetv2_convs(batch)
         for shape in shapes:
             cases += [c for c in conv_cases(shape, table, reference, versions, backend) if wanted(c.op)]
@@ -463,12 +486,14 @@ class TorchProcess:
     overlap.
     """
 
-    def __init__(self, ops: list[str] | None, batch: int, versions: bool, models, repeat: int) -> None:
+    def __init__(self, ops: list[str] | None, batch: int, versions: bool, models, repeat: int,
+                 image_size: int = 32) -> None:
         import json
         import subprocess
         import sys
 
-        spec = {"ops": ops, "batch": batch, "versions": versions, "models": list(models), "repeat": repeat}
+        spec = {"ops": ops, "batch": batch, "versions": versions, "models": list(models), "repeat": repeat,
+                "image_size": image_size}
         self._child = subprocess.Popen(
             [sys.executable, "-c", _TORCH_WORKER, json.dumps(spec)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
@@ -519,7 +544,8 @@ def _torch_worker(spec_json: str) -> None:
 
     torch.set_num_threads(2 if _cpu_count() >= 2 else 1)
     spec = json.loads(spec_json)
-    cases, _ = build_cases("cpu", spec["ops"], spec["batch"], spec["versions"], tuple(spec["models"]))
+    cases, _ = build_cases("cpu", spec["ops"], spec["batch"], spec["versions"], tuple(spec["models"]),
+                           spec.get("image_size", 32))
     print("ready", flush=True)
     for line in sys.stdin:
         index, op, version, shape = line.rstrip("\n").split("\t")

@@ -27,11 +27,13 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   (``conv_shifted.py``), except convolutions of < ``SHIFTED_MIN_CHANNELS`` input channels (the
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17);
   since v36 the stems' forward and weight gradient run their own small im2col and one sgemm per image
-  (``conv_stem.py``: the general im2col drivers were the largest compile jobs of a cold first run).
+  (``conv_stem.py``: the general im2col drivers were the largest compile jobs of a cold first run), and since v39
+  the ImageNet stems' (7×7 and 3×3 stride 2, ≤ 4 input channels) in blocks of output rows.
 - **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
   polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
   ``WINOGRAD_S2_MIN_PIXELS``); since v32 backward-data of the same layers and their weight gradient on
-  inputs of ≥ 16×16 too, by the transform transposed (``WINOGRAD_S2_WEIGHT_MIN_PIXELS``).
+  inputs of ≥ 16×16 too, by the transform transposed (``WINOGRAD_S2_WEIGHT_MIN_PIXELS``); since v40 on planes
+  that are not multiples of 4 too (ImageNet's 256→512 @14×14), embedded in zeros (``s2_padded``).
 - **depthwise 3×3 pad 1** (``groups == C == K``): flat vector runs across channel planes on small
   planes, plane by plane with the weights in registers from 16×16, the weight gradient by image
   groups from 8×8 (v21; ``conv_depthwise.py``); since v25 the 4×4, 8×8, 16×16 and 32×32 planes (stride 1
@@ -182,6 +184,15 @@ F(2×2)'s 1.7e-6 / 2.2e-6 (relative ~7e-6: still far inside float32 training noi
 v15: the weight gradient of the same layers too (``conv_winograd4.backward_weight``): 64 @32×32
 15.51 → 11.25 ms (it was on the shifted GEMMs), 128 @16×16 10.56 → 9.09 (F(2×2))."""
 
+WINOGRAD_LARGE_MAX_PIXELS = 56 * 56
+"""Proposed for the 224 shapes (issue 32), **not exported**: ``Paths.winograd_large_planes`` lets F(4×4) (backward-data
+and weight gradient; the forward too with ``ENGINE_CONV=fast``) and F(2×2) (the forward) take 3×3 stride-1 planes up to
+56×56 (ImageNet ResNet-18's four 64-channel layer1 convolutions, ~25% of its step's flops, on the shifted GEMMs now),
+with OpenBLAS. The 32×32 limit was the largest plane measured (v12, v14), not a measured loss; the transforms are
+blocked by tile rows and take any plane. What to run before exporting it: ``benchmarks/conv_ab.py --image-size 224
+--versions 40 40 --set winograd_large_planes=1`` (each direction of 64 @56×56, v40 against v40 with the flag), then
+``bench_train`` at 224 (kernels/README.md, "The 224 shapes")."""
+
 WINOGRAD4_WEIGHT_MIN_PIXELS = 64
 """The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
 two threads, wall ms, F(2×2) → F(4×4) (torch), two runs: 10.30 → 9.23, 10.21 → 8.93 (11.64); forward
@@ -252,6 +263,48 @@ median of 5 rounds of best-of-7 after ``quiesce``, ms, im2col → polyphase: bat
 drivers (kernels/README.md's v37 row)."""
 
 
+def s2_padded(x_shape, w_shape, stride: int, pad: int, groups: int) -> bool:
+    """v40: a 3×3 stride-2 pad-1 conv whose planes are not multiples of 4 (ImageNet ResNet-18's 256→512 @14×14), run
+    by the polyphase transform on the input embedded in the next multiple of 4 (16×16) with zeros.
+
+    Why it is exact: output (oy, ox) reads input rows and columns 2·oy − 1 … 2·oy + 1 ≤ H for oy < OH, and rows ≥ H
+    are the padding's zeros in both problems, so the padded conv's first OH × OW outputs are the conv's; backward-data
+    keeps dx's first H × W of the padded dx (the rest lands on the zeros), the weight gradient sums over zero douts
+    beyond OH × OW. The copies are NumPy slices into the caller's scratch: nothing new to compile (the transform's
+    kernels are those of the layers on multiples of 4, whose warm-up job ResNet-18 has at every size).
+
+    What it is for: 256→512 @14×14 was ResNet-18's (224×224) last layer on im2col, whose three jobs (forward,
+    backward-data, weight gradient) are the largest compile work of a cold first run (kernels/README.md, v36, v37).
+    Cost: the GEMMs run on 8×8 outputs instead of 7×7 (1.31× the tiles) at 25/36 of im2col's multiplies (0.91×
+    im2col's work), plus three to four copies of the batch's planes. Whether that is at least level with im2col on the
+    step is for ``benchmarks/conv_ab.py --image-size 224 --versions 39 40`` to say on a quiet machine."""
+    return (
+        groups == 1 and stride == 2 and pad == 1 and w_shape[2] == 3 and w_shape[3] == 3
+        and (x_shape[2] % 4 != 0 or x_shape[3] % 4 != 0) and x_shape[2] >= 2 and x_shape[3] >= 2
+    )
+
+
+def _s2_padded_shapes(x_shape, w_shape) -> tuple[tuple, tuple]:
+    """(the input's, the output's) shapes on the padded planes (``s2_padded``)."""
+    height, width = -(-x_shape[2] // 4) * 4, -(-x_shape[3] // 4) * 4
+    return (x_shape[0], x_shape[1], height, width), (x_shape[0], w_shape[0], height // 2, width // 2)
+
+
+def _s2_pad(scratch, x_shape, w_shape):
+    """The padded input-side and output-side arrays at the start of ``scratch``, and the rest of it."""
+    padded, out_padded = _s2_padded_shapes(x_shape, w_shape)
+    a, b = int(np.prod(padded)), int(np.prod(out_padded))
+    return scratch[:a].reshape(padded), scratch[a : a + b].reshape(out_padded), scratch[a + b :]
+
+
+def _embed(src, dst) -> None:
+    """dst = src in its top-left corner, zeros elsewhere."""
+    h, w = src.shape[2], src.shape[3]
+    dst[:, :, :h, :w] = src
+    dst[:, :, h:, :] = 0.0
+    dst[:, :, :h, w:] = 0.0
+
+
 @dataclass(frozen=True)
 class Paths:
     """Which fast paths a call may take (the study versions switch them off one by one)."""
@@ -292,6 +345,9 @@ class Paths:
     stem_columns: bool = True  # v36
     winograd_s2_weight_8x8: bool = True  # v37
     float32_forward: bool = True  # v38: no F(4×4) forward (``CONV_MODES``)
+    stem_strided: bool = True  # v39: the ImageNet stems on their own columns (``conv_stem``)
+    winograd_s2_padded: bool = True  # v40: the polyphase transform on planes that are not multiples of 4
+    winograd_large_planes: bool = False  # proposed, off until timed: ``WINOGRAD_LARGE_MAX_PIXELS``
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -391,7 +447,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     weight gradient on ≥ 16×16 planes split over dW, ``conv_pointwise``), "pointwise-weight-transposed" (v31:
     that weight gradient on smaller planes as NN GEMMs), "pointwise-strided" (v33: a 1×1 stride-2 conv in every
     direction on its kept pixels, ``conv_pointwise``), "stem" (v36: the forward and weight gradient of a 3×3
-    stride-1 conv of ≤ 4 input channels, ``conv_stem``) or "gemm" (im2col).
+    stride-1 conv of ≤ 4 input channels, ``conv_stem``), "stem-strided" (v39: those of a strided conv of ≤ 4 input
+    channels, the ImageNet stems, ``conv_stem``) or "gemm" (im2col).
 
     The three depthwise kernels of ``conv_depthwise`` are separate paths (warm-up compiles one job per
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
@@ -411,6 +468,11 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         return "pointwise"
     if direction != "data" and paths.stem_columns and conv_stem.supported(x_shape, w_shape, stride, pad, groups):
         return "stem"
+    if (
+        direction != "data" and paths.stem_strided
+        and conv_stem.strided_supported(x_shape, w_shape, stride, pad, groups)
+    ):
+        return "stem-strided"
     if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
         return "pointwise-strided"
     if (
@@ -443,13 +505,15 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and max(w_shape[0], w_shape[1]) <= WINOGRAD4_MAX_CHANNELS
         and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight"
              else WINOGRAD4_MIN_PIXELS_8X8 if paths.winograd4_8x8 else WINOGRAD4_MIN_PIXELS)
-        <= x_shape[2] * x_shape[3] <= WINOGRAD_MAX_PIXELS_OPENBLAS
+        <= x_shape[2] * x_shape[3]
+        <= (WINOGRAD_LARGE_MAX_PIXELS if paths.winograd_large_planes else WINOGRAD_MAX_PIXELS_OPENBLAS)
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd4"
     if (
         (paths.winograd_s2 if direction == "forward" else paths.winograd_s2_backward)
-        and conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
+        and (conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
+             or paths.winograd_s2_padded and s2_padded(x_shape, w_shape, stride, pad, groups))
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
         and x_shape[2] * x_shape[3]
         >= (WINOGRAD_S2_MIN_PIXELS if direction != "weight" or paths.winograd_s2_weight_8x8
@@ -488,7 +552,7 @@ def winograd_max_pixels(direction: str, paths: Paths = EXPORTED, sgemm: str | No
     (``WINOGRAD_MAX_PIXELS_OPENBLAS``), else 16×16 (``WINOGRAD_MAX_PIXELS``)."""
     if direction != "weight" and paths.winograd_32x32_openblas:
         if (sgemm if sgemm is not None else blas.select_sgemm()) == blas.OPENBLAS:
-            return WINOGRAD_MAX_PIXELS_OPENBLAS
+            return WINOGRAD_LARGE_MAX_PIXELS if paths.winograd_large_planes else WINOGRAD_MAX_PIXELS_OPENBLAS
     return WINOGRAD_MAX_PIXELS
 
 
@@ -653,9 +717,9 @@ def workspace_size(
         return conv_pointwise.transposed_workspace_size(x_shape, w_shape, threads)
     if kind == "pointwise-strided":
         return conv_pointwise.strided_workspace_size(x_shape, w_shape, stride, direction, threads)
-    if kind == "stem":
+    if kind in ("stem", "stem-strided"):
         partials = (threads - 1) * int(np.prod(w_shape)) if direction == "weight" else 0
-        return conv_stem.workspace_size(x_shape, threads) + partials
+        return conv_stem.workspace_size(x_shape, threads, w_shape, stride, pad) + partials
     if kind == "winograd" and direction == "weight":
         rows = conv_winograd.weight_block_rows(x_shape, w_shape[1], w_shape[0])
         return conv_winograd.weight_workspace_size(x_shape, w_shape, threads, rows)
@@ -663,6 +727,10 @@ def workspace_size(
         return conv_winograd.workspace_size(x_shape, w_shape, direction, threads)
     if kind == "winograd-by-xi":
         return conv_winograd.by_xi_workspace_size(x_shape, w_shape, direction, threads)
+    if kind == "winograd-s2" and s2_padded(x_shape, w_shape, stride, pad, groups):
+        padded, out_padded = _s2_padded_shapes(x_shape, w_shape)
+        inner = workspace_size(padded, w_shape, stride, pad, groups, direction, paths)
+        return inner + int(np.prod(padded)) + int(np.prod(out_padded))
     if kind == "winograd-s2" and direction == "data":
         return conv_winograd_s2.data_workspace_size(x_shape, w_shape, threads)
     if kind == "winograd-s2" and direction == "weight":
@@ -1378,9 +1446,14 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         depthwise_forward(x, w, out, stride, pad)
     elif kind in FLIPPED_FORWARD:
         _run_forward_kernel(kind, x, w, out, False, stride, threads, scratch, paths)
-    elif kind == "stem":  # v36
+    elif kind in ("stem", "stem-strided"):  # v36, v39
         with blas_on_calling_thread:
-            conv_stem.forward(x, w, out, threads, scratch)
+            conv_stem.forward(x, w, out, threads, scratch, stride, pad)
+    elif kind == "winograd-s2" and s2_padded(x.shape, w.shape, stride, pad, groups):  # v40
+        x_pad, out_pad, rest = _s2_pad(scratch, x.shape, w.shape)
+        _embed(x, x_pad)
+        forward(x_pad, w, None, out_pad, stride, pad, groups, rest, paths)
+        out[...] = out_pad[:, :, : out.shape[2], : out.shape[3]]
     elif kind == "winograd-s2":
         with blas_on_calling_thread:
             images = conv_winograd_s2.block_images(x.shape, w.shape[1], w.shape[0], threads)
@@ -1415,6 +1488,11 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
         depthwise_backward_data(dout, w, dx, stride, pad)
     elif kind in FLIPPED_FORWARD:
         _run_forward_kernel(kind, dout, w, dx, True, stride, threads, scratch, paths)
+    elif kind == "winograd-s2" and s2_padded(dx.shape, w.shape, stride, pad, groups):  # v40
+        dx_pad, dout_pad, rest = _s2_pad(scratch, dx.shape, w.shape)
+        _embed(dout, dout_pad)
+        backward_data(dout_pad, w, dx_pad, stride, pad, groups, rest, paths)
+        dx[...] = dx_pad[:, :, : dx.shape[2], : dx.shape[3]]
     elif kind == "winograd-s2":  # v32
         with blas_on_calling_thread:
             images = conv_winograd_s2.data_block_images(dx.shape, w.shape, threads)
@@ -1458,9 +1536,10 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
     elif kind == "pointwise-strided":
         with blas_on_calling_thread:
             pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
-    elif kind == "stem":  # v36: image shares, as the im2col weight gradient
+    elif kind in ("stem", "stem-strided"):  # v36, v39: image shares, as the im2col weight gradient
+        share = conv_stem.weight_share(x, dout, STEM_WEIGHT_K_BLOCK, dw.shape, stride, pad)
         with blas_on_calling_thread:
-            sum_image_shares(dw, scratch, threads, x.shape[0], conv_stem.weight_share(x, dout, STEM_WEIGHT_K_BLOCK))
+            sum_image_shares(dw, scratch, threads, x.shape[0], share)
     elif kind == "winograd4":
         with blas_on_calling_thread:
             rows = conv_winograd4.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
@@ -1469,6 +1548,11 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         with blas_on_calling_thread:
             rows = conv_winograd.weight_block_rows(x.shape, dw.shape[1], dw.shape[0])
             conv_winograd.backward_weight(x, dout, dw, threads, rows, scratch)
+    elif kind == "winograd-s2" and s2_padded(x.shape, dw.shape, stride, pad, groups):  # v40
+        x_pad, dout_pad, rest = _s2_pad(scratch, x.shape, dw.shape)
+        _embed(x, x_pad)
+        _embed(dout, dout_pad)
+        backward_weight(x_pad, dout_pad, dw, None, stride, pad, groups, rest, paths)
     elif kind == "winograd-s2":  # v32
         with blas_on_calling_thread:
             images = conv_winograd_s2.weight_block_images(x.shape, dw.shape, threads)

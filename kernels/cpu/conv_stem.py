@@ -27,6 +27,19 @@ median of 5 rounds of best-of-7, ms, im2col → direct: 3→64 forward 1.13 → 
 weight 0.76 → 1.35 (two channels sharing the loads); 3→32 weight 0.50 → 0.68.
 
 Measured: kernels/README.md's v36 row.
+
+v39: the ImageNet stems (ResNet-18's 3→64 7×7 stride 2 pad 3 and MobileNetV2's 3→32 3×3 stride 2 pad 1, on 224×224
+inputs) the same way (path "stem-strided", ``strided_supported``, ``conv.Paths.stem_strided``): they ran on the general
+im2col drivers, whose forward and weight-gradient jobs were the largest compile work of a cold 224 first run (v36's
+figures: 2.3–2.5 s and 5.0–5.7 s of CPU). One image's columns are 7.4 MB for the 7×7 stem at 224 (147 rows × 12,544
+pixels), so the columns are built and multiplied in blocks of whole output rows of ≤ ``COLUMN_BUDGET`` floats (1 MiB,
+15 rows of 112 for the 7×7 stem, 86 for the 3×3 one): the forward writes each block's K × rows·OW result into ``out``
+with the plane as leading dimension, the weight gradient adds each block's ``dout[n][:, block] @ colsᵀ`` (β = 1 after
+the first). Each tap's output row is one run of valid input columns (stride apart) between zeroed ends
+(``_strided_columns``). Separate kernels from v36's (``_strided_forward_images``, ``strided_weight_images``): a CIFAR
+run compiles none of them, an ImageNet run none of v36's. The weight gradient keeps v26's 32-channel sgemm blocks
+(measured on the 27-column result of the 3×3 stems; for the 7×7 stem's 147 columns not measured). Speed against
+im2col and PyTorch: not measured yet (``engine kernels --compare torch --image-size 224``, kernels/README.md).
 """
 
 from __future__ import annotations
@@ -53,9 +66,37 @@ def supported(x_shape: tuple, w_shape: tuple, stride: int, pad: int, groups: int
     )
 
 
-def workspace_size(x_shape: tuple, threads: int) -> int:
-    """Per thread one image's columns (both directions)."""
-    return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
+def strided_supported(x_shape: tuple, w_shape: tuple, stride: int, pad: int, groups: int) -> bool:
+    """v39: a square kernel (not 1×1: v33's path) at stride ≥ 2, pad < kernel, one group, ≤ ``MAX_CHANNELS`` input
+    channels (the ImageNet stems: ResNet-18's 7×7 stride 2 pad 3, MobileNetV2's 3×3 stride 2 pad 1)."""
+    return (
+        groups == 1 and stride >= 2 and w_shape[1] <= MAX_CHANNELS and w_shape[2] == w_shape[3] > 1
+        and 0 <= pad < w_shape[2] and x_shape[2] + 2 * pad >= w_shape[2] and x_shape[3] + 2 * pad >= w_shape[3]
+    )
+
+
+COLUMN_BUDGET = 1 << 18
+"""v39: float32 elements (1 MiB) of one block of a strided stem's columns: whole output rows, so that the block
+and the GEMM reading it stay in L2 (one 7×7 image's columns at 224×224 are 147 × 12,544 floats, 7.4 MB)."""
+
+
+def _out_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def block_rows(x_shape: tuple, w_shape: tuple, stride: int, pad: int) -> int:
+    """Output rows per block of a strided stem's columns (``COLUMN_BUDGET``)."""
+    depth = x_shape[1] * w_shape[2] * w_shape[3]
+    out_h, out_w = _out_size(x_shape[2], w_shape[2], stride, pad), _out_size(x_shape[3], w_shape[3], stride, pad)
+    return max(1, min(out_h, COLUMN_BUDGET // (depth * out_w)))
+
+
+def workspace_size(x_shape: tuple, threads: int, w_shape: tuple = (0, 0, 3, 3), stride: int = 1, pad: int = 1) -> int:
+    """Per thread one image's columns (v36's 3×3 stride 1), or one block of output rows' (v39, strided)."""
+    if stride == 1:
+        return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
+    out_w = _out_size(x_shape[3], w_shape[3], stride, pad)
+    return threads * x_shape[1] * w_shape[2] * w_shape[3] * out_w * block_rows(x_shape, w_shape, stride, pad)
 
 
 @njit(cache=True, nogil=True)
@@ -107,26 +148,106 @@ def weight_images(x, dout_flat, c_out, first, last, k_block, acc_flat, cols):
                   beta, acc_flat[k0 * depth :], depth, scalars)
 
 
-def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray) -> None:
-    """out = conv(x, w), stride 1, pad 1, no bias (the caller adds it); scratch: ``workspace_size``."""
+@njit(cache=True, nogil=True)
+def _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols):
+    """cols[(c·R + r)·R + s, (oy − y0)·OW + ox] = x[n, c, stride·oy + r − pad, stride·ox + s − pad] (0 outside the
+    image) for output rows [y0, y1): per tap and output row one run of the valid columns between zeroed ends."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    span = (y1 - y0) * out_w
+    for c in range(c_in):
+        for r in range(kernel):
+            for s in range(kernel):
+                base = ((c * kernel + r) * kernel + s) * span
+                lo = (pad - s + stride - 1) // stride if pad > s else 0  # first ox with stride·ox + s − pad ≥ 0
+                hi = (width - 1 + pad - s) // stride + 1 if width - 1 + pad - s >= 0 else 0
+                hi = max(lo, min(out_w, hi))
+                for oy in range(y0, y1):
+                    iy = stride * oy + r - pad
+                    dst = base + (oy - y0) * out_w
+                    if iy < 0 or iy >= height:
+                        cols[dst : dst + out_w] = 0.0
+                        continue
+                    cols[dst : dst + lo] = 0.0
+                    src = x[n, c, iy]
+                    for ox in range(lo, hi):
+                        cols[dst + ox] = src[stride * ox + s - pad]
+                    cols[dst + hi : dst + out_w] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, cols):
+    """out[n][:, block] (K × rows·OW, leading dimension OH·OW) = W (K × C·R·R) @ cols of the block, for images
+    [first, last) and blocks of ``rows`` output rows."""
+    depth = x.shape[1] * kernel * kernel
+    pixels = out_h * out_w
+    scalars = np.empty(2, np.float32)
+    for n in range(first, last):
+        for y0 in range(0, out_h, rows):
+            y1 = min(out_h, y0 + rows)
+            span = (y1 - y0) * out_w
+            _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols)
+            sgemm(False, False, c_out, span, depth, w_flat, depth, cols, span, 0.0,
+                  out_flat[n * c_out * pixels + y0 * out_w :], pixels, scalars)
+
+
+@njit(cache=True, nogil=True)
+def strided_weight_images(x, dout_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
+                          acc_flat, cols):
+    """acc (K × C·R·R) = Σ over images [first, last) and their blocks of output rows, in order, of
+    dout[n][:, block] @ colsᵀ (zero when there are none), in sgemms of ≤ ``k_block`` output channels."""
+    depth = x.shape[1] * kernel * kernel
+    pixels = out_h * out_w
+    scalars = np.empty(2, np.float32)
+    if first >= last:
+        acc_flat[:] = 0.0
+    for n in range(first, last):
+        for y0 in range(0, out_h, rows):
+            y1 = min(out_h, y0 + rows)
+            span = (y1 - y0) * out_w
+            _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols)
+            beta = 0.0 if n == first and y0 == 0 else 1.0
+            for k0 in range(0, c_out, k_block):
+                count = min(k_block, c_out - k0)
+                sgemm(False, True, count, depth, span, dout_flat[(n * c_out + k0) * pixels + y0 * out_w :], pixels,
+                      cols, span, beta, acc_flat[k0 * depth :], depth, scalars)
+
+
+def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray, stride: int = 1,
+            pad: int = 1) -> None:
+    """out = conv(x, w) (v36's 3×3 stride 1 pad 1, or v39's strided stems), no bias (the caller adds it); scratch:
+    ``workspace_size``."""
     n, c_out = x.shape[0], w.shape[0]
-    per_thread = workspace_size(x.shape, 1)
+    per_thread = workspace_size(x.shape, 1, w.shape, stride, pad)
     chunks = chunk_count(n, 1, threads)
     w_flat, out_flat = w.reshape(-1), out.reshape(-1)  # both C-contiguous (conv._check_array)
+    rows = block_rows(x.shape, w.shape, stride, pad)
+    kernel, out_h, out_w = w.shape[2], out.shape[2], out.shape[3]
 
     def work(chunk: int, slot: int) -> None:
         cols = scratch[slot * per_thread : (slot + 1) * per_thread]
-        _forward_images(x, w_flat, out_flat, c_out, chunk * n // chunks, (chunk + 1) * n // chunks, cols)
+        first, last = chunk * n // chunks, (chunk + 1) * n // chunks
+        if stride == 1:
+            _forward_images(x, w_flat, out_flat, c_out, first, last, cols)
+        else:
+            _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
+                                    cols)
 
     run_chunks(work, chunks, threads)
 
 
-def weight_share(x, dout, k_block: int) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
+def weight_share(x, dout, k_block: int, w_shape: tuple = (0, 0, 3, 3), stride: int = 1,
+                 pad: int = 1) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
     """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``,
     in sgemms of ≤ ``k_block`` output channels (``conv.STEM_WEIGHT_K_BLOCK``: v26's measured block)."""
-    dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1)
+    dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1, w_shape, stride, pad)
+    rows = block_rows(x.shape, w_shape, stride, pad)
+    kernel, out_h, out_w = w_shape[2], dout.shape[2], dout.shape[3]
 
     def share(first: int, last: int, acc, mine) -> None:
-        weight_images(x, dout_flat, c_out, first, last, k_block, acc.reshape(-1), mine[:size])
+        if stride == 1:
+            weight_images(x, dout_flat, c_out, first, last, k_block, acc.reshape(-1), mine[:size])
+        else:
+            strided_weight_images(x, dout_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
+                                  acc.reshape(-1), mine[:size])
 
     return share

@@ -332,3 +332,38 @@ def test_a_conv_on_the_network_input_gets_no_backward_data_job():
     assert ops == {"conv2d_forward", "conv2d_backward_weight"}
     assert "conv2d_backward_data" in {job.op for job in warmup.conv_jobs([stem])}  # unknown: compiled
     assert "conv2d_backward_data" in {job.op for job in warmup.conv_jobs([(*stem, True)])}
+
+
+@pytest.mark.parametrize("model", ["resnet18", "mobilenetv2"])
+def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
+    # issue 32: the ImageNet first run (engine train --variant imagenet --image-size 224) compiles what its layers
+    # run at a training batch, nothing else, and, like the CIFAR runs, none of the general im2col drivers (the largest
+    # compile jobs): the stems run conv_stem (v39), ResNet-18's 256->512 @14x14 the padded polyphase transform (v40)
+    from engine.graph import GRAPH_INPUT
+    from kernels.cpu import conv as cpu_conv
+    from models import build_model
+
+    net = build_model(model, num_classes=10, backend=get_backend("cpu"), seed=0, variant="imagenet", image_size=224)
+    shapes = net.graph.shapes(32)
+    routed = set()
+    for node in net.graph.nodes:
+        layer = node.layer
+        if type(layer).__name__ != "Conv2d":
+            continue
+        r = layer.kernel_size
+        w_shape = (layer.out_channels, layer.in_channels // layer.groups, r, r)
+        for direction in warmup.CONV_OPS:
+            if direction == "data" and node.inputs[0] == GRAPH_INPUT:
+                continue  # the network's input has no gradient
+            kind = cpu_conv.path(tuple(shapes[node.inputs[0]]), w_shape, layer.stride, layer.padding, layer.groups,
+                                 direction)
+            routed.add((kind, direction))
+    direction_of = {op: direction for direction, op in warmup.CONV_OPS.items()}
+    jobs = [job for job in warmup.model_jobs(net.graph, "sgd") if job.conv is not None]
+    compiled = {(job.path, direction_of[job.op]) for job in jobs}
+    shared = {(job.path, "data") for job in jobs
+              if job.op == "conv2d_forward" and job.path in warmup.SHARED_FORWARD_KERNEL}
+    assert compiled <= routed  # no job for a path no layer takes
+    assert routed <= compiled | shared  # every path a layer takes has its job
+    assert all(kind != "gemm" for kind, _ in routed), sorted(routed)
+    net.close()

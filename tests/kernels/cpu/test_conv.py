@@ -628,7 +628,7 @@ def test_512_channels_on_4x4_take_winograd_by_xi(direction):
     # v23: 512 @4x4 forward 9.6 -> 9.15 ms, backward-data 10.05 -> 9.65 (two threads, batch 32); 8x8 lost.
     # Until v34 (F(4x4) by output channel), and still where the sgemm is not OpenBLAS.
     shapes = ((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1)
-    before_v34 = dataclasses.replace(cpu.EXPORTED, **conv_study.flags_off(34))
+    before_v34 = dataclasses.replace(cpu.paths_for("fast"), **conv_study.flags_off(34))  # v38's forward: tiles
     assert cpu.path(*shapes, direction, before_v34) == "winograd-by-xi"
     assert cpu.path(*shapes, direction, conv_study._paths(20)) == "winograd"
     assert cpu.path(*shapes, "weight", conv_study._paths(34)) == "winograd"
@@ -639,7 +639,8 @@ def test_winograd_by_xi_is_reached_by_the_tested_shapes():
     # the reference, determinism and numbered-version tests reach forward_by_xi through this shape
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[22]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
-    assert cpu.path(*shapes, "forward") == cpu.path(*shapes, "data") == "winograd-by-xi"
+    assert cpu.path(*shapes, "forward", cpu.paths_for("fast")) == cpu.path(*shapes, "data") == "winograd-by-xi"
+    assert cpu.path(*shapes, "forward") == "winograd"  # v38: the float32-level forward in tiles (one warm-up job)
 
 
 def test_winograd_weight_gradient_bits_do_not_depend_on_the_thread_count():
@@ -809,7 +810,10 @@ def test_stems_take_their_own_path_and_backward_data_stays_on_im2col(direction):
     stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
     assert cpu.path(*stem, 1, 1, 1, direction) == ("gemm" if direction == "data" else "stem")
     assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(35)) == "gemm"
-    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == "gemm"
+    # the ImageNet stems (stride 2): their own columns by output rows since v39 (test_conv_stem)
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == (
+        "gemm" if direction == "data" else "stem-strided")
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(38)) == "gemm"
     assert cpu.path((32, 3, 32, 32), (64, 3, 3, 3), 1, 0, 1, direction) == "gemm"  # "valid": not a stem shape
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study._paths(13)) == "shifted"
     if direction != "weight":

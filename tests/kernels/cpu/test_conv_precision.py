@@ -145,3 +145,18 @@ def test_float32_paths_give_the_same_bits_every_call(mode):
         for direction in ("forward", "data", "weight"):
             first = _run(direction, x, w, dout, stride, paths)
             assert np.array_equal(first, _run(direction, x, w, dout, stride, paths))
+
+
+def test_the_proposed_large_plane_rule_matches_reference():
+    # conv.WINOGRAD_LARGE_MAX_PIXELS (not exported, for the lead's A/B at 224): F(2×2) forward, F(4×4) backward on
+    # planes above 32×32; the kernels are blocked by tile rows, so any plane is theirs
+    x, w, dout = _case(64, 64, 40, 1)
+    paths = conv.Paths(winograd_large_planes=True)
+    if conv.path(x.shape, w.shape, 1, 1, 1, "data", paths) != "winograd4":
+        pytest.skip("F(4×4) is OpenBLAS's only")
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "data") == "shifted"  # the exported rule
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "forward", paths) == "winograd"
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "weight", paths) == "winograd4"
+    for direction in ("forward", "data", "weight"):
+        ours, gemm = _errors(direction, x, w, dout, 1, paths)
+        assert ours <= (GEMM_LEVEL if direction == "forward" else 20) * gemm
