@@ -20,8 +20,14 @@ with one launch of the graph (CuPy stream capture; the Numba kernels go to CuPy'
   captured or would break the capture; the simulator shows them the same way).
 - **Bookkeeping.** A shape is captured after ``warmup`` eager steps (the first cycle sizes every
   workspace and plans the arena); a graph is dropped when memory moved since its capture (a block
-  reallocated: ``memory_epoch``); networks with hooks (offload, listeners), dropout (a host RNG) or
-  the update in backward run eagerly, with the reason in ``eager_reason``.
+  reallocated: ``memory_epoch``); batch norm's host counter advances on replays; networks with hooks
+  (offload, listeners), dropout or the update in backward run eagerly, with the reason in
+  ``eager_reason``. Dropout's mask is a per-step value from a host generator; it cannot be written into
+  its arena slot before a replay (that slot holds other tensors earlier in the step), so capturing it
+  needs a runner-owned mask buffer copied into the slot by a captured launch at the layer's forward
+  (or a device generator): MobileNetV2's classifier has one, so its step stays eager for now.
+- **The loss** lands in an arena slot that later tensors reuse: each step copies it into a runner-owned
+  device scalar with a launch (captured too), which ``last_loss()`` reads.
 
 ``capture="cupy"`` is the real thing (``cupy.cuda.Stream.begin_capture`` on a non-blocking stream,
 ``Graph.launch``); it needs a GPU and is exercised by ``benchmarks/gpu_session.sh``. ``capture="record"``
@@ -109,7 +115,6 @@ class _Shape:
     eager_steps: int = 0
     graph: Any = None
     epoch: tuple[int, ...] = ()
-    loss: Any = None  # the device array the captured step writes its loss into
     replays: int = 0
     captures: int = 0
     launches: int = 0  # kernel launches the last captured graph holds
@@ -136,6 +141,8 @@ class StepRunner:
 
         self.backend = self.net.backend
         self.scalars = self.backend.to_device(np.zeros(SCALARS, np.float32))
+        # the loss's arena slot is reused later in the step: each step copies it here (a launch, so captured)
+        self.loss_out = self.backend.to_device(np.zeros(1, np.float32))
         self.stream = None
         if self.capture == "cupy":
             import cupy
@@ -147,7 +154,6 @@ class StepRunner:
         if self.capture not in ("cupy", "record", False):
             raise ValueError(f"capture must be 'cupy', 'record' or False, got {self.capture!r}")
         self.eager_reason = self._eager_reason()
-        self._last_loss: Any = None
         self.classes: int | None = None  # from the first eager step: the captured steps check labels here
 
     def _eager_reason(self) -> str | None:
@@ -183,8 +189,10 @@ class StepRunner:
 
     def _body(self, shape: _Shape) -> None:
         self.net.forward(shape.x, training=True)
+        from kernels.cuda.elementwise import copy
+
         self.net.loss(shape.y)  # checks the labels on the host when not capturing
-        shape.loss = self.net.loss_head.loss_array
+        copy(self.net.loss_head.loss_array, self.loss_out)
         self.classes = int(self.net.loss_head.saved["probs"].shape[1])
         self.net.backward()
         self._update()
@@ -230,7 +238,6 @@ class StepRunner:
             else:
                 self._body(shape)
                 shape.eager_steps += 1
-        self._last_loss = shape.loss
         self.optimizer.steps_taken += 1
         self.host_seconds += time.perf_counter() - start
 
@@ -257,7 +264,7 @@ class StepRunner:
     def last_loss(self) -> float:
         """The last step's loss (waits for it)."""
         self.synchronize()
-        return float(self.backend.to_host(self._last_loss)[0])
+        return float(self.backend.to_host(self.loss_out)[0])
 
 
 def residual_graph(channels: int = 2, image: int = 4, classes: int = 3) -> Any:

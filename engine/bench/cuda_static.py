@@ -179,6 +179,7 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "leaky_relu_forward_kernel": (f1, f32, f1),
         "leaky_relu_backward_kernel": (f1, f1, f32, f1),
         "add_kernel": (f1, f1, f1),
+        "copy_kernel": (f1, f1),
         "dropout_kernel": (f1, t.u8_1, f32, f1),
         "maxpool_forward_kernel": (f4, f4, t.i32_4, i64, i64, i64, t.boolean),  # local=True with a uint8 argmax
         "maxpool_backward_kernel": (f2, t.i32_2, f2),

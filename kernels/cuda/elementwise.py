@@ -78,6 +78,20 @@ def dropout_kernel(x, mask, scale, out):
         out[i] = x[i] * float32(mask[i]) * scale
 
 
+@cuda.jit
+def copy_kernel(x, out):
+    """out[i] = x[i]."""
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i]
+
+
+def copy(x: Any, out: Any) -> None:
+    """out = x as a kernel launch: inside a step captured as a CUDA graph a copy must be a launch (the
+    simulator's stand-in graph replays launches only; engine/bench/cuda_graph.py copies the loss out)."""
+    _run(copy_kernel, *_flat(x, out))
+
+
 def _flat(*arrays: Any) -> list[Any]:
     shape = arrays[0].shape
     for a in arrays[1:]:
