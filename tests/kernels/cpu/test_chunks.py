@@ -99,7 +99,7 @@ def test_chunk_count(items, per_chunk, count):
 SHAPES = [  # (x, w, stride, pad): the chunked paths' forward, backward-data and weight gradient
     ((12, 24, 8, 8), (40, 24, 1, 1), 1, 0),  # 1×1 on 8×8 planes: v27's row blocks; the weight gradient v16's split
     ((10, 16, 16, 16), (24, 16, 1, 1), 1, 0),  # 1×1 on 16×16: row blocks; the weight gradient split over dW (v27)
-    ((9, 3, 12, 12), (8, 3, 3, 3), 2, 1),  # a stride-2 stem (im2col/col2im)
+    ((9, 3, 12, 12), (8, 3, 3, 3), 2, 1),  # a stride-2 stem: conv_stem's chunks (v39), backward-data im2col/col2im
 ]
 
 
@@ -110,7 +110,9 @@ def test_the_same_bits_whichever_thread_runs_the_chunks(two_threads, request, x_
     w = rng.standard_normal(w_shape).astype(np.float32)
     out_shape = (x_shape[0], w_shape[0], *conv.check_conv2d_shapes(x_shape, w_shape, stride, pad, 1))
     dout = rng.standard_normal(out_shape).astype(np.float32)
-    assert conv.path(x_shape, w_shape, stride, pad, 1, "forward") == ("pointwise" if w_shape[2] == 1 else "gemm")
+    pointwise = w_shape[2] == 1
+    assert conv.path(x_shape, w_shape, stride, pad, 1, "forward") == ("pointwise" if pointwise else "stem-strided")
+    assert conv.path(x_shape, w_shape, stride, pad, 1, "data") == ("pointwise" if pointwise else "gemm")
 
     def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out, dx, dw = np.empty(out_shape, np.float32), np.empty_like(x), np.empty_like(w)
