@@ -33,11 +33,13 @@ def _blas() -> dict[str, Any]:
         from threadpoolctl import threadpool_info
 
         from kernels.cpu.blas import select_sgemm, selection_reason
+        from kernels.cpu.conv import MODE, MODE_SUMMARY
 
         pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
         return {
             "kernels": select_sgemm(),  # the sgemm the conv kernels call (kernels/cpu/blas.py)
             "kernels_reason": selection_reason(),
+            "conv_mode": f"{MODE} ({MODE_SUMMARY[MODE]}; ENGINE_CONV=auto|exact|fast)",  # kernels/README.md
             "libraries": sorted({f"{p.get('internal_api')} {p.get('version') or ''} ({p.get('architecture') or '?'})"
                              for p in pools}),
             "threads": max((p.get("num_threads", 0) for p in pools), default=None),
@@ -153,6 +155,7 @@ def render_info(report: dict[str, Any]) -> None:
     machine.add_row("Numba cache directory", str(cpu["cache_dir"]))
     if blas.get("kernels"):
         machine.add_row("sgemm of the kernels", f"{blas['kernels']} ({blas['kernels_reason']})")
+        machine.add_row("conv algorithms", blas["conv_mode"])
     machine.add_row("BLAS libraries loaded", ", ".join(blas["libraries"]) or blas.get("error", "unknown"))
     machine.add_row("BLAS threads", str(blas["threads"]))
     cache = report.get("kernel_cache")

@@ -378,6 +378,14 @@ costs at batch 32 and at 224×224 next to PyTorch is for the quiet machine's ``b
 backward-data and weight gradients were 1.2–1.4× faster than F(2×2)'s and the shifted GEMMs'), ``fast`` less."""
 
 
+MODE_SUMMARY = {
+    "auto": "float32-GEMM-level forwards, F(4×4) backward where fastest",
+    "exact": "float32-GEMM-level in every direction",
+    "fast": "F(4×4) wherever fastest, forward included",
+}
+"""One line per ``CONV_MODES`` value, for ``engine info``."""
+
+
 def conv_mode() -> str:
     """``ENGINE_CONV`` (``CONV_MODES``; unset or empty: ``auto``): the one place it is read."""
     from kernels.errors import SettingError

@@ -135,6 +135,12 @@ def test_engine_conv_sets_the_table_paths_and_a_wrong_value_is_one_line():
     done = _in_a_process("quick", "import kernels.cpu.conv")
     assert done.returncode != 0
     assert "ENGINE_CONV='quick' is not one of auto, exact, fast" in done.stderr
+    # on the command line: one line, no traceback, a non-zero exit; engine info names the mode in use
+    done = _in_a_process("quick", "import sys, cli; sys.argv = ['engine', 'info']; cli.main()")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: ENGINE_CONV='quick' is not one of")
+    done = _in_a_process("exact", "import sys, cli; sys.argv = ['engine', 'info']; cli.main()")
+    assert done.returncode == 0 and "exact (float32-GEMM-level in every direction" in done.stdout
 
 
 @pytest.mark.parametrize("mode", ["auto", "exact"])
