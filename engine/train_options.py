@@ -14,6 +14,7 @@ is chosen, and ``--backend cudasim`` must be switched on before Numba is importe
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,9 @@ class OutputOptions:
                 check_output_path(option, path, nbytes)
         if self.memory_plot and os.path.splitext(self.memory_plot)[1].lower() not in PLOT_SUFFIXES:
             raise UserError(f"--memory-plot {self.memory_plot}: give a .png, .pdf or .svg file name")
+        if self.memory_plot and importlib.util.find_spec("matplotlib") is None:  # an extra since issue 33
+            raise UserError("--memory-plot draws with matplotlib, which is not installed: pip install -e '.[plot]' "
+                            "(or pip install matplotlib), or leave out --memory-plot")
 
 
 @dataclass(frozen=True)

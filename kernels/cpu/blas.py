@@ -45,8 +45,13 @@ buffers): the README main command peaks at 394 MiB with MKL, 372 with OpenBLAS. 
 win its speed clearly, its memory decides. ``engine info`` names the choice and the reason.
 
 ``ENGINE_BLAS=mkl`` uses MKL on any CPU (and makes a missing MKL an error instead of a silent
-fallback); ``ENGINE_BLAS=openblas`` keeps SciPy's OpenBLAS. The ``mkl`` wheel is a dependency on
-x86-64 Linux only; elsewhere the kernels use OpenBLAS.
+fallback); ``ENGINE_BLAS=openblas`` keeps SciPy's OpenBLAS.
+
+**MKL is an extra** (``pip install -e '.[mkl]'``, x86-64 Linux): its wheels are 926 MiB of a 1.6 GB
+base install, for a speed-up that exists on Intel CPUs only. Without it, ``auto`` takes OpenBLAS on
+every CPU and ``engine info`` says why and how to add MKL; the test extra installs it, so CI tests
+the MKL path. ``choose`` is the whole rule, as a function of the request, the vendor and whether
+MKL is installed.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ _MKL_CBWR_SUCCESS = 0
 
 OPENBLAS = "OpenBLAS (SciPy's)"
 MKL_VENDORS = ("GenuineIntel",)  # where ENGINE_BLAS=auto loads MKL (see the module docstring)
+MKL_INSTALL = "pip install -e '.[mkl]', or pip install mkl"  # the extra that brings MKL
 _selected: str | None = None
 _reason = ""
 _library: ctypes.CDLL | None = None  # kept loaded for the life of the process
@@ -89,7 +95,7 @@ def _mkl_library_path() -> Path | None:
 def _load_mkl() -> tuple[ctypes.CDLL, str]:
     path = _mkl_library_path()
     if path is None:
-        raise BlasError("the mkl package is not installed (pip install mkl), or has no libmkl_rt")
+        raise BlasError(f"the mkl package is not installed ({MKL_INSTALL}), or has no libmkl_rt")
     library = ctypes.CDLL(str(path))
     # The threading layer first: any other call would load MKL's default (Intel OpenMP) layer.
     library.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_SEQUENTIAL))
@@ -117,6 +123,27 @@ def _install_sgemm(address: int) -> None:
 
 
 
+def choose(wanted: str, vendor: str, mkl_installed: bool) -> tuple[bool, str]:
+    """``ENGINE_BLAS``'s rule: (whether to load MKL, why), for ``wanted`` (auto, mkl, openblas) on a CPU of
+    ``vendor``, with or without the ``mkl`` extra installed. BlasError for a value not in the list, and
+    for ``mkl`` without MKL installed (asked for explicitly, its absence is an error, not a fallback)."""
+    if wanted not in ("auto", "mkl", "openblas"):
+        raise BlasError(f"ENGINE_BLAS={wanted!r} is not one of auto, mkl, openblas: set one of those, or unset it")
+    if wanted == "openblas":
+        return False, "ENGINE_BLAS=openblas"
+    if wanted == "mkl":
+        if not mkl_installed:
+            raise BlasError("ENGINE_BLAS=mkl, but MKL cannot be used: the mkl package is not installed "
+                            f"({MKL_INSTALL}); unset ENGINE_BLAS to use OpenBLAS")
+        return True, "ENGINE_BLAS=mkl"
+    if not auto_uses_mkl(vendor):
+        return False, (f"auto on {vendor or 'an unknown CPU vendor'}: MKL is chosen on Intel CPUs only; "
+                       "ENGINE_BLAS=mkl uses it" + ("" if mkl_installed else f" ({MKL_INSTALL})"))
+    if not mkl_installed:
+        return False, f"auto on {vendor}: MKL would be faster here but is not installed ({MKL_INSTALL})"
+    return True, f"auto on {vendor}"
+
+
 def select_sgemm() -> str:
     """Choose the kernels' sgemm once per process (``ENGINE_BLAS``: auto, mkl, openblas); returns its name.
 
@@ -126,28 +153,20 @@ def select_sgemm() -> str:
     if _selected is not None:
         return _selected
     wanted = os.environ.get("ENGINE_BLAS", "auto").strip().lower() or "auto"
-    if wanted not in ("auto", "mkl", "openblas"):
-        raise BlasError(f"ENGINE_BLAS={wanted!r} is not one of auto, mkl, openblas: set one of those, or unset it")
-    if wanted == "openblas":
-        _selected, _reason = OPENBLAS, "ENGINE_BLAS=openblas"
-        return _selected
-    vendor = cpu_vendor()
-    if wanted == "auto" and not auto_uses_mkl(vendor):
-        _selected = OPENBLAS
-        _reason = (f"auto on {vendor or 'an unknown CPU vendor'}: MKL is chosen on Intel CPUs only; "
-                   "ENGINE_BLAS=mkl uses it")
+    use_mkl, reason = choose(wanted, cpu_vendor() if wanted == "auto" else "", _mkl_library_path() is not None)
+    if not use_mkl:
+        _selected, _reason = OPENBLAS, reason
         return _selected
     try:
         library, name = _load_mkl()
-    except (BlasError, OSError, AttributeError) as exc:
+    except (BlasError, OSError, AttributeError) as exc:  # installed, but its library does not load
         if wanted == "mkl":
             raise BlasError(f"ENGINE_BLAS=mkl, but MKL cannot be used: {exc}; unset ENGINE_BLAS to use OpenBLAS") \
                 from exc
         _selected, _reason = OPENBLAS, f"auto: MKL cannot be used ({exc})"
         return _selected
     _install_sgemm(ctypes.cast(library.sgemm_, ctypes.c_void_p).value)
-    _library, _selected = library, name
-    _reason = "ENGINE_BLAS=mkl" if wanted == "mkl" else f"auto on {vendor}"
+    _library, _selected, _reason = library, name, reason
     return _selected
 
 

@@ -50,3 +50,16 @@ def test_cli_offload_n_four_exits_2_before_anything_runs():
     assert result.exit_code == 2, result.output
     assert "--offload-n must be a positive integer or 'auto', got 'four'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_memory_plot_without_matplotlib_says_what_to_install_before_the_first_step(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    log = tmp_path / "steps.jsonl"  # a witness: written from the first step on
+    result = CliRunner().invoke(main, ["train", "--model", "cnn", "--data", "synthetic", "--num-classes", "2",
+                                       "--batch-size", "8", "--steps", "2", "--no-progress", "--memory-log", str(log),
+                                       "--memory-plot", str(tmp_path / "plot.png")])
+    assert result.exit_code == 1 and "pip install -e '.[plot]'" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -77,3 +77,27 @@ def test_a_bad_engine_blas_is_one_line_from_the_command_line():
 def test_engine_blas_mkl_without_mkl_says_so():
     result = run("import kernels.cpu", ENGINE_BLAS="mkl")
     assert result.returncode != 0 and "MKL cannot be used" in result.stderr
+
+
+# -- MKL is an extra (issue 33): its absence is a fallback under auto, an error when asked for -----------
+
+
+@pytest.mark.parametrize(("wanted", "vendor", "installed", "use_mkl", "reason"), [
+    ("auto", "GenuineIntel", True, True, "auto on GenuineIntel"),
+    ("auto", "GenuineIntel", False, False, "would be faster here but is not installed (pip install -e '.[mkl]'"),
+    ("auto", "AuthenticAMD", True, False, "MKL is chosen on Intel CPUs only; ENGINE_BLAS=mkl uses it"),
+    ("auto", "AuthenticAMD", False, False, "Intel CPUs only; ENGINE_BLAS=mkl uses it (pip install -e '.[mkl]'"),
+    ("auto", "", False, False, "auto on an unknown CPU vendor"),
+    ("openblas", "GenuineIntel", True, False, "ENGINE_BLAS=openblas"),
+    ("mkl", "AuthenticAMD", True, True, "ENGINE_BLAS=mkl"),
+])
+def test_choose_takes_mkl_only_where_installed_and_faster(wanted, vendor, installed, use_mkl, reason):
+    chosen, why = blas.choose(wanted, vendor, installed)
+    assert chosen is use_mkl and reason in why
+
+
+def test_engine_blas_mkl_without_the_extra_names_it():
+    with pytest.raises(blas.BlasError, match=r"not installed \(pip install -e '\.\[mkl\]'.*unset ENGINE_BLAS"):
+        blas.choose("mkl", "GenuineIntel", False)
+    with pytest.raises(blas.BlasError, match="is not one of auto, mkl, openblas"):
+        blas.choose("fast", "GenuineIntel", True)
