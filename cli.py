@@ -14,7 +14,7 @@ import click
 
 from engine.backend import BACKEND_NAMES, BackendUnavailable
 from engine.errors import UserError
-from engine.validate import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, number
+from engine.validate import MAX_BATCH_SIZE, MAX_CLASSES, MAX_IMAGE_SIZE, number, parse_window
 from kernels.errors import SettingError
 
 
@@ -306,6 +306,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--gc-every", type=int, default=100, show_default=True, callback=number(0),
               help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
+@click.option("--progress-interval", type=float, default=10.0, show_default=True, callback=number(0),
+              help="Seconds between progress lines when the output is not a terminal (a pipe, a log file).")
 # --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
@@ -375,7 +377,7 @@ def train(**params) -> None:
     from engine.checkpoint import save_checkpoint
     from engine.memory.monitor import MemoryMonitor
     from engine.summary import render_training_summary
-    from engine.train import ProgressListener, Trainer, TrainingDiverged
+    from engine.train import Trainer, TrainingDiverged
 
     data = _load_data(options.data, options.num_classes, options.seed, options.image_size)
     if K > 1 and data.name == "imagefolder":
@@ -417,10 +419,11 @@ def train(**params) -> None:
                       f"has {K}: the global batch changed, so the run continues at step {start_step}, but not bit for "
                       "bit as an uninterrupted run", markup=True, highlight=False)
     # --- end of data parallel ---
+    warmed = None  # kernels compiled up front: the summary's time names them apart from the steps
     if backend.name == "cpu" and root:  # kernels issue: compile what this model uses in worker processes, once
         from engine.warmup import warm_for_training
 
-        warm_for_training(net.graph, options.optimizer, options.model, pool=early_workers)
+        warmed = warm_for_training(net.graph, options.optimizer, options.model, pool=early_workers)
     outputs = options.outputs
     monitor = MemoryMonitor(net.mgr, path=outputs.memory_log if root else None)
     from engine.guard import CheckpointWriter, guarded_fit
@@ -440,7 +443,7 @@ def train(**params) -> None:
         trainer = Trainer.from_options(
             options, net, opt, data, steps=total_steps, start_step=start_step, monitor=monitor, offload=offload,
             parallel=parallel, stop=ranks_stop,
-            listeners=[ProgressListener(console, workers=K)] if options.progress and root else [],
+            listeners=_progress_listeners(options, console, K) if root else [],
             on_checkpoint=(lambda t: write_checkpoint(outputs.save, t)) if root else None,  # rank 0 writes
         )
         result = guarded_fit(trainer, writer)
@@ -455,6 +458,7 @@ def train(**params) -> None:
         monitor.close()
     if not root:  # data parallel: rank 0 alone writes
         return
+    result.compile_seconds = warmed.seconds if warmed is not None else None
     if outputs.save:
         write_checkpoint(outputs.save, trainer)
     render_training_summary(result, console)
@@ -462,6 +466,18 @@ def train(**params) -> None:
                    {**run, "backend": backend.name, "threads": threads, **_parallel_fields(options, parallel, K),
                     **({"memory_needs": needs.as_dict()} if needs is not None else {})})  # issue 30: the prediction
     stop.check("at the end of the run", "the run finished and its results were written")
+
+
+def _progress_listeners(options, console, workers: int) -> list:
+    """A live bar on a terminal; where it would print nothing (a pipe, a log file), a plain line every
+    --progress-interval seconds (engine.train.LineProgressListener)."""
+    from engine.train import LineProgressListener, ProgressListener
+
+    if not options.progress:
+        return []
+    if console.is_terminal:
+        return [ProgressListener(console, workers=workers)]
+    return [LineProgressListener(interval_s=options.progress_interval, workers=workers)]
 
 
 def _read_initial_weights(options, net, data, run: dict, hyper: dict):
@@ -533,8 +549,10 @@ def _offload_session(options, net, opt, root: bool):
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None and root:
-        plan = offload.scheduler.plan_for(options.batch_size)
-        click.echo(f"offload: {offload_summary(plan, offload.no_offload_bytes)}"
+        scheduler = offload.scheduler
+        summary = offload_summary(scheduler.plan_for(options.batch_size), offload.no_offload_bytes,
+                                  scheduler.storage.capacity_bytes)  # the swap file as allocated
+        click.echo(f"offload: {summary}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     return offload, resolved.needs
 
@@ -632,12 +650,14 @@ def evaluate_command(
             return
     else:
         result = evaluate(net, data, backend, batch_size=batch_size, split=split)
+    class_names = list(getattr(data, "classes", None) or []) or None  # an image folder's class folders
     if as_json:
         click.echo(json.dumps({"examples": result.examples, "accuracy": result.accuracy,
                                "top5_accuracy": result.top5_accuracy, "loss": result.loss,
-                               "confusion_matrix": result.confusion.tolist()}, indent=2))
+                               "confusion_matrix": result.confusion.tolist(),
+                               **({"class_names": class_names} if class_names else {})}, indent=2))
     else:
-        render_evaluation(result)
+        render_evaluation(result, class_names=class_names)
 
 
 @main.command()
@@ -648,8 +668,9 @@ def evaluate_command(
 @click.option("--image-size", type=int, default=32, show_default=True, callback=number(1, MAX_IMAGE_SIZE))
 @variant_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--offload-n", "offload_n", type=click.IntRange(1), default=None,  # offload issue
-              help="Also print the planned peak with offload, keeping a window of N layers in memory.")
+@click.option("--offload-n", "offload_n", default=None, callback=lambda ctx, param, value: parse_window(value),
+              help="Also print the planned peak with offload, keeping a window of N layers in memory; 'auto': the "
+                   "window engine train's auto starts at (N=1), within the machine's budget unless --offload-budget.")
 @click.option("--offload-budget", "offload_budget", default=None,  # issue 11: keep within a budget
               help="With --offload-n: resident bytes for the offload plan (e.g. 120MB) or a share of what the step "
                    "keeps without offload (e.g. 0.3x); the units it keeps beyond the window show '(budget)'.")
@@ -661,7 +682,7 @@ def evaluate_command(
               help="Plan every layer's gradients kept to the end of backward (engine train's default keeps one "
                    "layer's: the update runs in backward).")
 def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_json: bool,
-           offload_n: int | None = None, measure: bool = False, show_program: bool = False,
+           offload_n: int | str | None = None, measure: bool = False, show_program: bool = False,
            variant: str | None = None, update_after_backward: bool = False, offload_budget: str | None = None) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
@@ -699,7 +720,7 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
         from engine.offload.budget import limits_for_cli
 
         try:
-            limits_for_cli(net, sizes, ring_bytes, offload_n, offload_budget, as_json)
+            limits_for_cli(net, sizes, ring_bytes, 1 if offload_n == "auto" else offload_n, offload_budget, as_json)
         except ValueError as exc:
             fail(str(exc))
         return
@@ -710,6 +731,7 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
     peaks = None
     if offload_budget is not None and offload_n is None:
         fail("--offload-budget goes with --offload-n N: the plan keeps units within it beyond the window")
+    window = 1 if offload_n == "auto" else offload_n  # auto starts at N=1 (the scheduler's min_window)
     if offload_n is not None:
         from engine.offload.budget import parse_budget
         from engine.offload.session import planned_peaks
@@ -718,7 +740,7 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
             budget = parse_budget(offload_budget)
             if budget is not None and budget.auto:
                 fail("engine memory takes --offload-budget as bytes or a share (e.g. 0.3x); auto is engine train's")
-            peaks = planned_peaks(net, batch_size, offload_n, budget.bytes_for(net, batch_size) if budget else None)
+            peaks = planned_peaks(net, batch_size, window, budget.bytes_for(net, batch_size) if budget else None)
         except ValueError as exc:
             fail(str(exc))
     # --- end offload issue ---
@@ -728,23 +750,27 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
     from engine.summary import memory_tables
 
     try:
-        needs = needs_for_cli(net, [batch_size], ring_bytes, offload_n, offload_budget)
+        needs = needs_for_cli(net, [batch_size], ring_bytes, window, offload_budget)
     except ValueError as exc:
         fail(str(exc))
+    shown = f"{model} ({net.variant} variant)" if net.variant else model
     plan_tables = []
     if peaks:  # per layer: what each saved tensor does (keep, swap, recompute)
         from engine.offload.session import plan_layers_table
 
         plan_tables.append(plan_layers_table(peaks))
     if as_json:
-        tables = [table_dict(t) for t in [*memory_tables(report, peaks), *plan_tables]]
+        tables = [table_dict(t) for t in [*memory_tables(report, peaks, shown), *plan_tables]]
         click.echo(json.dumps({**report.as_dict(), **({"offload": peaks} if peaks else {}),
                                "variant": net.variant, "fit": needs[0][1].as_dict(),
                                "tables": [*tables, table_dict(limits_table(needs))]}, indent=2))
     else:
-        render_memory_report(report, offload=peaks)
+        render_memory_report(report, offload=peaks, model=shown)
         for table in plan_tables:
             render_table(table)
+        if offload_n == "auto":
+            click.echo("offload auto: planned at N=1, where engine train's auto starts; it grows a window per step "
+                       "while the executor waits for loads")
         if net.variant:
             click.echo(f"{model}: {net.variant} variant at {image_size}x{image_size}")
         render_table(limits_table(needs))

@@ -23,7 +23,7 @@ class Evaluation:
 
     examples: int
     accuracy: float
-    top5_accuracy: float
+    top5_accuracy: float | None  # None with 5 classes or fewer: every label is then in the top 5
     loss: float
     confusion: np.ndarray
     input_ring_bytes: int = 0  # the INPUT ring the batches came through (outside the network's managers)
@@ -72,10 +72,15 @@ class Scorer:
         return Evaluation(
             examples=self.examples,
             accuracy=float(np.trace(self.confusion)) / n,
-            top5_accuracy=self.top5_hits / n,
+            top5_accuracy=top5(self.top5_hits, n, self.num_classes),
             loss=self.loss_sum / n,
             confusion=self.confusion,
         )
+
+
+def top5(hits: int, examples: int, num_classes: int) -> float | None:
+    """Top-5 accuracy, or None where it means nothing: with 5 classes or fewer every label is in the top 5."""
+    return hits / max(examples, 1) if num_classes > 5 else None
 
 
 def evaluate(

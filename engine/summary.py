@@ -28,24 +28,50 @@ def summary_table(result: Any) -> Table:
     """Time, throughput, losses, accuracies and the process's peak RSS with the phase it came from."""
     table = Table("training summary", ["what", "value"], show_header=False)
     table.add_row("steps", f"{result.steps} (now at step {result.final_step}, epoch {result.epochs:.2f})")
-    table.add_row("time", f"{result.seconds:.1f} s")
+    table.add_row("time", time_split(result))
     if result.steady_images_per_second is None:
-        rate = (f"{result.images_per_second:,.1f} over all {result.steps} steps (compilation included); "
+        rate = (f"{result.images_per_second:,.1f} over {_all(result.steps)} (the first included); "
                 "after the first two steps: n/a (needs more than 2 steps)")
     else:
         rate = (f"{result.steady_images_per_second:,.1f} after the first two steps "
-                f"({result.images_per_second:,.1f} over all {result.steps}, compilation included)")
+                f"({result.images_per_second:,.1f} over all {result.steps}, the first two included)")
     table.add_row("images/s", rate)
-    table.add_row("final loss", f"{result.final_loss:.4f} (mean of the last {result.loss_window} steps)")
+    table.add_row("final loss", f"{result.final_loss:.4f} (mean of the last {plural(result.loss_window, 'step')})")
     table.add_row("train accuracy",
-                  f"{_percent(result.train_accuracy)} (running, over the last epoch's {result.accuracy_steps} steps)")
-    if result.test_accuracy is not None:
-        top5 = _percent(result.test_top5_accuracy)
-        table.add_row("test accuracy", f"{_percent(result.test_accuracy)} (top-5 {top5})")
+                  f"{_percent(result.train_accuracy)} (running, over the last epoch's "
+                  f"{plural(result.accuracy_steps, 'step')})")
+    if result.test_accuracy is not None:  # top-5 only above 5 classes: with 5 or fewer it is always 100%
+        top5 = "" if result.test_top5_accuracy is None else f" (top-5 {_percent(result.test_top5_accuracy)})"
+        table.add_row("test accuracy", f"{_percent(result.test_accuracy)}{top5}")
         table.add_row("test loss", f"{result.test_loss:.4f}")
     where = PHASE_LABELS.get(result.peak_rss_phase, result.peak_rss_phase)
     table.add_row("peak RSS", f"{format_bytes(result.peak_rss_bytes)}, during {where} (each phase below)")
     return table
+
+
+def time_split(result: Any) -> str:
+    """Where the wall time went: kernels compiled up front (a cold cache's first run), the training steps
+    (the first one apart: it loads the kernels and learns the workspaces) and the evaluation."""
+    compile_s = getattr(result, "compile_seconds", None)
+    evaluation_s = getattr(result, "evaluation_seconds", None)
+    first_s = getattr(result, "first_step_seconds", None)
+    total = result.seconds + (compile_s or 0.0) + (evaluation_s or 0.0)
+    steps = plural(result.steps, "step")
+    parts = [f"compiling kernels {compile_s:.1f} s (first run only)"] if compile_s else []
+    parts.append(f"training {steps} {result.seconds:.1f} s"
+                 + (f" (the first {first_s:.1f} s)" if first_s is not None and result.steps > 1 else ""))
+    if evaluation_s is not None:
+        parts.append(f"evaluation {evaluation_s:.1f} s")
+    return f"{total:.1f} s: " + ", ".join(parts)
+
+
+def _all(steps: int) -> str:
+    return "its 1 step" if steps == 1 else f"all {steps:,} steps"
+
+
+def plural(count: int, noun: str) -> str:
+    """"1 step", "2 steps"."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
 def phase_table(result: Any) -> Table:
@@ -98,18 +124,27 @@ def offload_table(offload: dict[str, Any]) -> Table:
             last = kept[-1]
             history += f", … ({offload['window_changes']} in all), {last['window']} from step {last['step']}"
         window += f" (auto: {history}; per step in --memory-log)"
-    elif offload["requested"] == "budget":
-        window += " (the largest that fits --offload-budget)"
+    elif offload["requested"] == "budget":  # a budget alone takes N=4, or the largest below it that fits
+        largest = offload.get("max_window")
+        if largest is None or offload["window"] >= largest:
+            window += " (the largest that fits --offload-budget)"
+        else:
+            window += f" (--offload-budget alone takes N={offload['window']}; up to N={largest} fits)"
     table.add_row("window N", window)
     table.add_row("stall per step", format_seconds(offload["stall_ms_per_step"] / 1e3))
     table.add_row("IO threads' CPU per step", format_seconds(offload["io_cpu_ms_per_step"] / 1e3))
     table.add_row("written per step", format_bytes(offload["written_bytes_per_step"]))
     table.add_row("read per step", format_bytes(offload["read_bytes_per_step"]))
     resident = format_bytes(offload["resident_peak_bytes"])
+    notes = []
+    if offload.get("bound_bytes"):  # the arena reserves each unit's span ahead of its load: a ceiling, not a floor
+        notes.append(f"within the {format_bytes(offload['bound_bytes'])} planned arena")
     base = offload.get("no_offload_bytes")
     if base:
-        resident += (f" (without offload, planned: {format_bytes(base)}; "
-                     f"{100 * (offload['resident_peak_bytes'] / base - 1):+.0f}%)")
+        notes.append(f"without offload, planned: {format_bytes(base)}; "
+                     f"{100 * (offload['resident_peak_bytes'] / base - 1):+.0f}%")
+    if notes:
+        resident += f" ({'; '.join(notes)})"
     table.add_row("saved for backward, resident peak", resident)
     cache = offload.get("page_cache_bytes")
     table.add_row("swap file in the page cache", format_bytes(cache) if cache is not None else "n/a (not sampled)")
@@ -121,7 +156,7 @@ def chance_hint(result: Any) -> str | None:
     if not result.at_chance:
         return None
     return (f"test accuracy {_percent(result.test_accuracy)} is at chance for {result.num_classes} classes "
-            f"({100 / result.num_classes:.1f}%) after {result.final_step} steps: train for more steps "
+            f"({100 / result.num_classes:.1f}%) after {plural(result.final_step, 'step')}: train for more steps "
             "(--epochs/--steps) or with a higher --lr")
 
 
@@ -152,8 +187,9 @@ def render_training_summary(result: Any, console: Any = None) -> None:
 def evaluation_tables(evaluation: Any, class_names: list[str] | None = None) -> list[Table]:
     """The scores, and per-class accuracy with the confusion matrix (up to 20 classes)."""
     scores = Table("evaluation", ["what", "value"], show_header=False)
-    scores.add_row("accuracy", f"{_percent(evaluation.accuracy)} ({evaluation.examples} examples)")
-    scores.add_row("top-5 accuracy", _percent(evaluation.top5_accuracy))
+    scores.add_row("accuracy", f"{_percent(evaluation.accuracy)} ({plural(evaluation.examples, 'example')})")
+    if evaluation.top5_accuracy is not None:  # None with 5 classes or fewer, where it is always 100%
+        scores.add_row("top-5 accuracy", _percent(evaluation.top5_accuracy))
     scores.add_row("loss", f"{evaluation.loss:.4f}")
     k = evaluation.confusion.shape[0]
     if k > 20:
@@ -163,7 +199,7 @@ def evaluation_tables(evaluation: Any, class_names: list[str] | None = None) -> 
                    ["class", *(str(j) for j in range(k)), "accuracy"], right=set(range(1, k + 2)))
     per_class = evaluation.per_class_accuracy()
     for i in range(k):
-        name = class_names[i] if class_names else str(i)
+        name = f"{i} {class_names[i]}" if class_names and i < len(class_names) else str(i)  # columns: the numbers
         cells = [str(int(c)) if c else "." for c in evaluation.confusion[i]]
         matrix.add_row(name, *cells, f"{100 * per_class[i]:.1f}%")
     return [scores, matrix]
@@ -176,9 +212,9 @@ def render_evaluation(evaluation: Any, console: Any = None, class_names: list[st
         render_table(table, console)
 
 
-def layer_table(report: Any) -> Table:
-    """The per-layer rows of ``net.memory_report(batch_size)`` and their totals."""
-    table = Table(f"memory per layer, batch size {report.batch_size}",
+def layer_table(report: Any, model: str | None = None) -> Table:
+    """The per-layer rows of ``net.memory_report(batch_size)`` and their totals; ``model`` names it in the title."""
+    table = Table(f"memory per layer{f' of {model}' if model else ''}, batch size {report.batch_size}",
                   ["layer", "kind", "output", "parameters", "output bytes", "kept for backward", "working memory"],
                   right={3, 4, 5, 6})
     for row in report.rows:
@@ -279,13 +315,14 @@ def arena_table(report: Any) -> Table:
     return table
 
 
-def memory_tables(report: Any, offload: dict[str, Any] | None = None) -> list[Table]:
+def memory_tables(report: Any, offload: dict[str, Any] | None = None, model: str | None = None) -> list[Table]:
     """Every table ``engine memory`` prints (and ``--json`` gives under ``tables``)."""
-    return [layer_table(report), planned_peak_table(report, offload), arena_table(report)]
+    return [layer_table(report, model), planned_peak_table(report, offload), arena_table(report)]
 
 
-def render_memory_report(report: Any, console: Any = None, offload: dict[str, Any] | None = None) -> None:
+def render_memory_report(report: Any, console: Any = None, offload: dict[str, Any] | None = None,
+                         model: str | None = None) -> None:
     """The per-layer table, the planned peak per plan with its legend, and the planned arena."""
     console = _console(console)
-    for table in memory_tables(report, offload):
+    for table in memory_tables(report, offload, model):
         render_table(table, console)

@@ -95,6 +95,10 @@ class TrainResult:
     accuracy_steps: int = 0  # how many steps train_accuracy counts
     num_classes: int = 0
     evaluation: Evaluation | None = None
+    # where the wall time went (issue 33: the summary's one "time" omitted the up-front compile)
+    first_step_seconds: float | None = None  # the first step of this fit(): kernels loaded, workspaces learned
+    evaluation_seconds: float | None = None  # the evaluation after the last step
+    compile_seconds: float | None = None  # kernels compiled before the first step (engine.warmup; set by the CLI)
 
     @property
     def at_chance(self) -> bool:
@@ -267,6 +271,64 @@ class ProgressListener(TrainingListener):
     def on_train_abort(self, trainer: Trainer, error: BaseException) -> None:
         if self.progress is not None:  # the error's one line must not land inside a live progress bar
             self.progress.stop()
+
+
+class LineProgressListener(TrainingListener):
+    """Progress for logs, where a live bar prints nothing (output piped, redirected, in CI): one plain line
+    when the first step ends (compilation and warm-up done), then one every ``interval_s`` seconds, and
+    one at the last step: step, epoch, loss, running accuracy, images per second and the time left.
+
+    Images per second and the time left count the steps after the run's first (which compiles and
+    learns the workspaces: on a cold cache it takes seconds, the others milliseconds); until there is
+    such a step they read "n/a". Written to ``stream`` (default stderr: stdout keeps the run's results,
+    which a log or a README quotes without the progress in between)."""
+
+    def __init__(self, stream: Any = None, interval_s: float = 10.0, workers: int = 1,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream = stream
+        self.interval_s = interval_s
+        self.workers = workers  # data parallel: every rank trains as many examples per step as this one
+        self.clock = clock
+        self._last: float | None = None
+        self._steps = 0
+        self._images = 0  # after the first step
+        self._seconds = 0.0
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self._last, self._steps, self._images, self._seconds = None, 0, 0, 0.0
+
+    def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
+        self._steps += 1
+        if self._steps > 1:
+            self._images += record.examples * self.workers
+            self._seconds += record.seconds
+        now = self.clock()
+        done = record.step + 1
+        if self._last is not None and now - self._last < self.interval_s and done < trainer.total_steps:
+            return
+        self._last = now
+        score = trainer.score
+        epoch = min(record.step // trainer.source.batches_per_epoch, trainer.epochs_total - 1) + 1
+        if self._seconds > 0:
+            rate = f"{self._images / self._seconds:,.1f} img/s"
+            left = (trainer.total_steps - done) * self._seconds / (self._steps - 1)
+            eta = _clock_time(left)
+        else:
+            rate, eta = "n/a img/s", "n/a"
+        line = (f"step {done}/{trainer.total_steps}  epoch {epoch}/{trainer.epochs_total}  "
+                f"loss {score.recent_loss:.4f}  acc {100 * score.running_accuracy:.1f}%  {rate}  ETA {eta}")
+        import sys
+
+        stream = self.stream if self.stream is not None else sys.stderr
+        print(line, file=stream, flush=True)
+
+
+def _clock_time(seconds: float) -> str:
+    """0:07, 3:25, 1:02:03: the time left as a log reader reads it."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 # --- the trainer -----------------------------------------------------------------------------------
@@ -470,6 +532,7 @@ class Trainer:
         if self.stop is not None and self.stop.received is not None:
             self.stopped_by = self.stop.received
         evaluation = None
+        evaluation_start = time.perf_counter()
         if self.evaluate_at_end and self.step == self.total_steps and self.stopped_by is None:
             self.monitor.begin_phase("evaluation")
             if self.parallel is not None:  # sharded over the ranks: sampled once, after it
@@ -480,6 +543,8 @@ class Trainer:
                                       listener=lambda batch: self.monitor.sample(batch.step))
         self.monitor.end_phase()
         result = self._result(self.step - first, seconds, evaluation)
+        if evaluation is not None:
+            result.evaluation_seconds = time.perf_counter() - evaluation_start
         if self.parallel is not None:
             result = self.parallel.reduce_result(self, result)
         for listener in self.listeners:
@@ -522,6 +587,7 @@ class Trainer:
             accuracy_steps=self.score.epoch_steps,
             num_classes=self.data.num_classes,
             evaluation=evaluation,
+            first_step_seconds=self.timing.head[0][0] if steps and self.timing.head else None,
         )
 
     def position(self) -> tuple[int, int]:

@@ -122,6 +122,7 @@ class TrainOptions:
     prefetch: int = 2
     gc_every: int = 100
     progress: bool = True
+    progress_interval: float = 10.0  # seconds between plain progress lines when the output is not a terminal
     offload: OffloadOptions = field(default_factory=OffloadOptions)
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     outputs: OutputOptions = field(default_factory=OutputOptions)

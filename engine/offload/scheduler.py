@@ -764,12 +764,7 @@ class OffloadScheduler:
             self._ensure_arena(min(self.budget_bytes, plan.total_bytes))
         else:
             self._ensure_arena(self.plan_for(batch_size, self.max_window if self.adaptive else self.window).arena_bytes)
-        if self.storage is not None and self.storage.capacity_bytes < plan.file_bytes:
-            self.storage.close()  # between steps nothing on disk is needed any more: a larger file replaces it
-            self.storage = None
-        if self.storage is None:
-            self.storage = SwapStorage(plan.file_bytes, self.directory, delay=self.delay, verify=self.verify)
-            self._place_io_threads()
+        self._ensure_file(self.plan_for(batch_size).file_bytes_used)  # what the starting window writes
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
@@ -922,10 +917,27 @@ class OffloadScheduler:
         view = self._arena[start:start + tensor_spec.nbytes].view(tensor_spec.dtype).reshape(tensor_spec.shape)
         return Tensor(view, array_type, unit.region, self._generation, start)
 
+    def _ensure_file(self, nbytes: int) -> None:
+        """A swap file of at least ``nbytes`` (at least one page), created or grown between two steps.
+
+        Sized for the plan in use, not for every unit: a budget that keeps every unit writes nothing and
+        needs no file, and a window auto grows to writes no more. A window that writes past the file
+        (auto shrinking under a budget) gets a larger one before its step: between steps nothing on disk
+        is needed any more, so the old file is dropped, and a disk too full for the new one is an error
+        between two steps (engine.guard saves the last step's checkpoint)."""
+        if self.storage is not None and self.storage.capacity_bytes < nbytes:
+            self.storage.close()
+            self.storage = None
+        if self.storage is None:
+            self.storage = SwapStorage(nbytes, self.directory, delay=self.delay, verify=self.verify)
+            self._written0 = self._read0 = 0  # this step's IO counts from the new file's zero
+            self._place_io_threads()
+
     def _begin_planned_step(self, first_shape: tuple[int, ...]) -> None:
         batch_size = int(first_shape[0]) if first_shape else 1
         if self._batch_size != batch_size or self.max_window is None or self._arena is None:
             self.prepare(batch_size)
+        self._ensure_file(self.plan_for(batch_size).file_bytes_used)
         self._use_plan(self.plan_for(batch_size))
         self._needs_plan = False
         self._current.window = self.window
@@ -1385,18 +1397,23 @@ class OffloadScheduler:
                     self._cond.notify_all()
 
 
-def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None) -> str:
+def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None, file_bytes: int | None = None) -> str:
     """One line for logs and the CLI: the planned resident peak with offload against the one without.
 
     ``no_offload_bytes``: what training without offload holds of the same tensors (the planned arena,
     ``engine.offload.session.offloadable_resident_bytes``); without it, all of them kept at once.
+    ``file_bytes``: the swap file allocated (default: the part of it the plan writes).
+    The arena is what the plan reserves: each unit's span starts where its load may begin, so the bytes
+    actually resident at once (the summary's measured peak) can be smaller. ``lower_bound_bytes`` is a
+    bound on the arena (the most the reserved spans overlap), not on the resident bytes: it is named so.
     """
     baseline = plan.total_bytes if no_offload_bytes is None else no_offload_bytes
-    return (f"window {plan.window}: resident saved-for-backward peak {format_bytes(plan.arena_bytes)} planned "
-            f"(lower bound {format_bytes(plan.lower_bound_bytes)}), without offload {format_bytes(baseline)}; "
+    return (f"window {plan.window}: saved-for-backward arena {format_bytes(plan.arena_bytes)} planned "
+            f"(its reserved spans overlap by at most {format_bytes(plan.lower_bound_bytes)}), "
+            f"without offload {format_bytes(baseline)}; "
             f"{len(plan.offloaded)} of {len(plan.units)} units written"
             + (f" ({len(plan.kept)} kept by the budget, {format_bytes(plan.kept_bytes)})" if plan.kept else "")
-            + f", swap file {format_bytes(plan.file_bytes)}")
+            + f", swap file {format_bytes(plan.file_bytes_used if file_bytes is None else file_bytes)}")
 
 
 __all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "cpu_per_mib", "offload_summary"]

@@ -124,6 +124,7 @@ class OffloadSession:
         return {
             "requested": str(self.config.window) if self.config.window is not None else "budget",
             "window": scheduler.stats[-1].window,
+            "max_window": scheduler.max_window,  # the largest window the budget (or the run) allows
             "window_history": [{"step": step, "window": window} for step, window in totals.changes()],
             "window_changes": totals.window_changes_total,
             "steps": totals.steps,

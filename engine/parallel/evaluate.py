@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.data.datasets import Dataset
 from engine.data.prefetch import BatchStream
-from engine.evaluate import Evaluation, Scorer
+from engine.evaluate import Evaluation, Scorer, top5
 from engine.parallel.comm import wait_all
 from engine.parallel.data import StridedSource
 
@@ -51,7 +51,7 @@ def evaluate_sharded(
     return Evaluation(
         examples=examples,
         accuracy=float(np.trace(scorer.confusion)) / n,
-        top5_accuracy=int(counts[0]) / n,
+        top5_accuracy=top5(int(counts[0]), examples, data.num_classes),
         loss=loss_sum / n,
         confusion=scorer.confusion,
     )
