@@ -68,8 +68,8 @@ def training_blocks() -> list[tuple[str, list[str]]]:
 
 @pytest.fixture(scope="module")
 def tiny_training_output(tmp_path_factory) -> list[str]:
-    directory = tmp_path_factory.mktemp("readme")
-    return run(["train", "--model", "cnn", "--data", "synthetic", "--num-classes", "4", "--batch-size", "16",
+    directory = tmp_path_factory.mktemp("readme")  # 10 classes, as digits: top-5 is printed
+    return run(["train", "--model", "cnn", "--data", "synthetic", "--num-classes", "10", "--batch-size", "16",
                 "--steps", "3", "--offload-n", "1", "--offload-dir", str(directory), "--no-progress"])
 
 
