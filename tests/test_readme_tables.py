@@ -48,6 +48,7 @@ def normalize(line: str) -> str:
     line = re.sub(r"-{2,}", "--", line)
     line = re.sub(r"(?<!\S)-(?!\S)", "#", line)  # an empty cell
     line = re.sub(r"\b(steps|step)\b", "step", line)  # "43 steps" / "1 step"
+    line = line.replace("compiling kernels # <time> (first run only), ", "")  # only on a cold kernel cache
     return " ".join(line.split())
 
 
