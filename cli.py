@@ -487,6 +487,9 @@ def _read_initial_weights(options, net, data, run: dict, hyper: dict):
 
     try:
         if options.resume:
+            if options.weights:  # the original command plus the stop's hint: the checkpoint carries on from it
+                click.echo(f"note: --resume {options.resume} continues from its checkpoint; --weights "
+                           f"{options.weights}, where the run started, is not read again")
             checkpoint = read_checkpoint(options.resume)
             check_resume(checkpoint, {**run, **hyper}, options.override, known=("steps",))
             return checkpoint

@@ -114,6 +114,8 @@ class TrainOptions:
     backend: str = "auto"
     workspace_mode: str = "enabled"
     weights: str | None = None
+    # With --weights too, --resume wins (a note says so): after Ctrl-C the hint says "continue with --resume FILE",
+    # and the natural next command is the original one with that added; the checkpoint descends from --weights.
     resume: str | None = None
     override: tuple[str, ...] = ()  # with --resume: options allowed to differ from the checkpoint's
     shuffle: bool = True
@@ -133,8 +135,6 @@ class TrainOptions:
                             "give --resume FILE too")
         if self.epochs is not None and self.steps is not None:
             raise UserError("give --epochs or --steps, not both")
-        if self.weights and self.resume:
-            raise UserError("--resume restores the weights itself; give --weights or --resume, not both")
         if self.workspace_mode == "none" and self.offload.enabled:
             raise UserError("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode "
                             "enabled")

@@ -141,3 +141,19 @@ def test_a_budget_alone_says_it_took_n4_when_a_larger_window_fits():
     assert rows["window N"] == "4 (--offload-budget alone takes N=4; up to N=9 fits)"
     offload["max_window"] = 4
     assert dict(offload_table(offload).rows)["window N"] == "4 (the largest that fits --offload-budget)"
+
+
+def test_the_stop_hint_works_on_a_command_that_had_weights(tmp_path):
+    """After a stop the hint says "continue with --resume FILE": added to the original command, which had
+    --weights, it resumes (the checkpoint wins, a note says so) and ends where an unstopped run ends."""
+    start, whole, part = tmp_path / "start.st", tmp_path / "whole.st", tmp_path / "part.st"
+    assert engine(*SMALL, "--steps", 1, "--save", start).exit_code == 0
+    assert engine(*SMALL, "--weights", start, "--steps", 3, "--save", whole).exit_code == 0
+    assert engine(*SMALL, "--weights", start, "--steps", 2, "--save", part).exit_code == 0  # stands for a stop
+    resumed = engine(*SMALL, "--weights", start, "--steps", 3, "--save", part, "--resume", part)
+    assert resumed.exit_code == 0, resumed.output
+    assert f"note: --resume {part} continues from its checkpoint; --weights {start}" in resumed.output
+    from engine.checkpoint import read_checkpoint
+
+    a, b = read_checkpoint(str(whole)), read_checkpoint(str(part))
+    assert a.step == b.step == 3 and all((a.tensors[k] == b.tensors[k]).all() for k in a.tensors)

@@ -20,7 +20,6 @@ def test_defaults_are_resolved_once():
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: TrainOptions("cnn", epochs=1, steps=2), "give --epochs or --steps, not both"),
-    (lambda: TrainOptions("cnn", weights="a", resume="b"), "give --weights or --resume, not both"),
     (lambda: TrainOptions("cnn", override=("lr",)), "give --resume FILE too"),
     (lambda: TrainOptions("cnn", workspace_mode="none", offload=OffloadOptions(n="2")), "--workspace-mode enabled"),
     (lambda: OutputOptions(checkpoint_every=3), "give --save FILE too"),
