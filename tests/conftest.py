@@ -37,32 +37,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 def import_torchvision():
-    """torchvision's pure-Python parts (models, transforms, datasets.folder) without its C++ operators.
-
-    The installed torchvision wheel registers C++ ops in its ``__init__`` (``torchvision::nms``), which
-    fails beside a torch build it was not compiled against. Registering the package path in
-    ``sys.modules`` without running ``__init__`` lets the pure-Python submodules import. Returns the
-    package module, or skips the test when torchvision is not installed (``pip install -e '.[test]'``).
-    """
+    """torchvision's pure-Python parts without its C++ operators (``benchmarks/export_torchvision.py``, where
+    the workaround lives and why), or a skip when torchvision is not installed (``pip install -e '.[test]'``)."""
     import importlib.util
-    import sys
-    import types
+    from pathlib import Path
 
-    if "torchvision" not in sys.modules:
-        spec = importlib.util.find_spec("torchvision")
-        if spec is None or not spec.submodule_search_locations:
-            pytest.skip("torchvision is not installed (it is in the test extra)")
-        package = types.ModuleType("torchvision")
-        package.__path__ = list(spec.submodule_search_locations)
-        package.__spec__ = spec
-        package.__file__ = spec.origin
-        sys.modules["torchvision"] = package
-    import torchvision.datasets.folder  # noqa: F401
-    import torchvision.models  # noqa: F401
-    import torchvision.transforms  # noqa: F401
-    import torchvision.transforms.functional  # noqa: F401
-
-    return sys.modules["torchvision"]
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "export_torchvision.py"
+    spec = importlib.util.spec_from_file_location("export_torchvision", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.import_torchvision()
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
