@@ -532,12 +532,10 @@ def _offload_session(options, net, opt, root: bool):
     """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; and
     what the run needs against its memory limit (issue 30: every run is checked before anything is written)."""
     from engine.data.prefetch import ring_bytes
-    from engine.memory.limits import trim_heap
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
     from engine.offload.budget import describe_needs, parse_budget, resolve_budget
     from engine.offload.session import session_from_options
 
-    trim_heap()  # issue 30: the network's initialization temporaries go back to the OS before the plan measures
     chosen = options.offload
     batch = (options.batch_size, *net.graph.input_shape)
     try:  # --offload-budget is read here, once; the INPUT rings (training, evaluation) are the data pipeline's

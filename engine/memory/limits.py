@@ -182,23 +182,6 @@ def resident_parts(proc: str = "/proc") -> dict[str, int]:
     return parts
 
 
-def trim_heap() -> int:
-    """Hand the heap's free pages back to the OS (glibc ``malloc_trim(0)``); the bytes it gave back, 0 elsewhere.
-
-    Building a network leaves the temporaries of its initialization free but resident in the heap: ResNet-18
-    at 224×224 held 165.7 MiB of anonymous memory after its build and 137.5 MiB after a trim (its parameters
-    and gradients are 85.3 MiB of it). Trimmed before the plan, they are neither counted by the prediction
-    of the smallest limit (engine.offload.budget, which measures the resident set) nor held by the run."""
-    import ctypes
-
-    before = resident_parts()["anon"]
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        return 0
-    return max(0, before - resident_parts()["anon"])
-
-
 def resident_array_bytes(array: object) -> int:
     """How many bytes of a NumPy array's memory are resident now (mincore over its pages).
 
@@ -228,4 +211,4 @@ def resident_array_bytes(array: object) -> int:
 
 
 __all__ = ["MemoryLimit", "address_space_limit", "available_ram", "cgroup_limit", "memory_limit",
-           "resident_array_bytes", "resident_bytes", "resident_parts", "trim_heap"]
+           "resident_array_bytes", "resident_bytes", "resident_parts"]
