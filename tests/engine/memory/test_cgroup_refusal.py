@@ -51,3 +51,24 @@ def test_a_too_small_cgroup_limit_is_refused_in_one_line(proof, tmp_path, option
     assert "the limit is 0.39 GiB (cgroup v" in errors[0]
     assert "--offload-n 1" in errors[0] or "--offload-n auto" in errors[0]  # the option that reaches the limit
     assert os.listdir(swap) == []  # refused before the swap directory was made
+
+
+def test_a_too_large_batch_under_ulimit_v_is_a_refusal_not_a_traceback(tmp_path):
+    """Issue 31 class 4: under ``ulimit -v`` NumPy's MemoryError in the first step used to be a traceback."""
+    import resource
+    import subprocess
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("RLIMIT_AS and /proc/self/status are Linux's")
+
+    def limit_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, resource.RLIM_INFINITY))
+
+    command = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
+               "--batch-size", "96", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, preexec_fn=limit_address_space,
+                            timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("Error: needs a limit of") and "(ulimit -v 1572864 KiB" in lines[0]
+    assert os.listdir(tmp_path) == []
