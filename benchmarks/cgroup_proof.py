@@ -259,7 +259,7 @@ def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scr
     low = int(min(predicted, free.get("cgroup_peak_bytes") or predicted) * 0.8)
     high = int(max(predicted, free.get("cgroup_peak_bytes") or 0) * 1.05)
     best, trials = None, []
-    for _ in range(3):  # widen upwards while even the top fails
+    for _ in range(0 if args.auto_only else 3):  # widen upwards while even the top fails
         best, more = bisect_limit(command, low, high, args.resolution, args.timeout, name, progress,
                                   env={"ENGINE_MEMORY_CHECK": "off"})
         trials += more
@@ -434,6 +434,7 @@ def main() -> int:
     parser.add_argument("--torch", action="store_true", help="--bisect: PyTorch under the same limit and without.")
     parser.add_argument("--no-auto-check", action="store_true", help="--bisect: skip auto under the prediction.")
     parser.add_argument("--predict-only", action="store_true", help="--bisect: only the prediction, no bisection.")
+    parser.add_argument("--auto-only", action="store_true", help="--bisect: the prediction and auto under it only.")
     args = parser.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
