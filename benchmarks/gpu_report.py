@@ -58,16 +58,21 @@ def build(folder: str, date: str) -> dict[str, Any]:
         "missing": [n for n in ("env.json", "tile_search.json", "gemm_table.json", "gpu_acceptance.json",
                                 "step_bench.json") if not os.path.exists(os.path.join(folder, n))],
     }
-    report["step"] = [
-        {"model": r["model"], "batch": r["batch"],
-         "eager_images_per_second": r["eager"]["images_per_second"],
-         "graph_images_per_second": r["graph"]["images_per_second"],
-         "eager_host_us_per_step": r["eager"]["host_us_per_step"],
-         "graph_host_us_per_step": r["graph"]["host_us_per_step"],
-         "graph_launches": r["graph"]["graph_launches"], "same_weights": r["same_weights"],
-         "eager_reason": r["graph"]["eager_reason"]}
-        for r in bench.get("graph", [])
-    ]
+    report["step"] = []
+    for r in bench.get("graph", []):
+        if "error" in r:
+            continue
+        eager, graph = r["eager"], r.get("graph") or {}
+        report["step"].append({
+            "model": r["model"], "batch": r["batch"],
+            "eager_images_per_second": eager["images_per_second"],
+            "graph_images_per_second": graph.get("images_per_second"),
+            "eager_host_us_per_step": eager["host_us_per_step"],
+            "graph_host_us_per_step": graph.get("host_us_per_step"),
+            "graph_launches": graph.get("graph_launches"), "same_weights": r["same_weights"],
+            "eager_reason": graph.get("eager_reason"), "graph_error": r.get("graph_error")})
+    report["errors"] = [{"model": r["model"], "error": r.get("error") or r.get("graph_error")}
+                        for r in bench.get("graph", []) if r.get("error") or r.get("graph_error")]
     report["offload"] = {"runs": bench.get("offload", []), "same_loss": bench.get("offload_same_loss")}
     report["imagenet"] = bench.get("imagenet", [])
     report["gemm"] = [
@@ -145,6 +150,8 @@ def markdown(report: dict[str, Any]) -> str:
         a = report["acceptance"]
         lines += ["", f"Acceptance: {'PASS' if a['passed'] else 'FAIL'} ({a['checks']} kernel checks, host "
                       f"{_f(a['host_launch_us'])} µs a launch)"] + [f"- {f}" for f in a["failures"]]
+    for e in report.get("errors", []):
+        lines += ["", f"**{e['model']}: eager vs graph failed**", "", "```", e["error"].strip(), "```"]
     lines += ["", "Steps: " + ", ".join(f"{k} rc={v.get('rc')} {v.get('seconds')} s" for k, v in
                                        report["steps"].items())]
     return "\n".join(lines) + "\n"
