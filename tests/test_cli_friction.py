@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli import main
@@ -157,3 +158,18 @@ def test_the_stop_hint_works_on_a_command_that_had_weights(tmp_path):
 
     a, b = read_checkpoint(str(whole)), read_checkpoint(str(part))
     assert a.step == b.step == 3 and all((a.tensors[k] == b.tensors[k]).all() for k in a.tensors)
+
+
+@pytest.mark.parametrize("offload", [[], ["--offload-n", "1"]], ids=["no offload", "offload"])
+def test_memory_log_in_use_never_exceeds_what_is_reserved_for_it(tmp_path, offload):
+    """A type's bytes live in its own workspaces and blocks or in the planned arena its types share; the log
+    used to split the arena by the plan's bytes per type, and a type's peak exceeded its share."""
+    log = tmp_path / "memory.jsonl"
+    result = engine(*SMALL, "--steps", 2, "--memory-log", log, *offload, "--offload-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all("SHARED_ARENA" in r["reserved_bytes"] and "ACTIVATION_GRAD" not in r["reserved_bytes"] for r in lines)
+    for r in lines:
+        reserved, shared = r["reserved_bytes"], r["reserved_bytes"]["SHARED_ARENA"]
+        for name, nbytes in r["in_use_bytes"].items():
+            assert nbytes <= reserved.get(name, 0) + shared, (r["phase"], r["step"], name, nbytes, reserved)

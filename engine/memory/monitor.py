@@ -195,7 +195,7 @@ class MemoryMonitor:
                 used = node.in_use_bytes_by_type()
             for key, nbytes in used.items():
                 in_use[key] = in_use.get(key, 0) + nbytes
-            for key, nbytes in node.reserved_bytes_by_type().items():
+            for key, nbytes in node.reserved_bytes_by_type(split_arenas=False).items():
                 reserved[key] = reserved.get(key, 0) + nbytes
             spilled += node.spilled_bytes()
             block_allocations += node.block_allocations()
