@@ -173,3 +173,10 @@ def test_memory_log_in_use_never_exceeds_what_is_reserved_for_it(tmp_path, offlo
         reserved, shared = r["reserved_bytes"], r["reserved_bytes"]["SHARED_ARENA"]
         for name, nbytes in r["in_use_bytes"].items():
             assert nbytes <= reserved.get(name, 0) + shared, (r["phase"], r["step"], name, nbytes, reserved)
+
+
+def test_an_offload_ratio_below_one_is_called_noise():
+    from engine.bench.offload import ratio_text
+
+    assert ratio_text(1.046) == "1.046x"
+    assert ratio_text(0.873).startswith("0.873x: below 1 is noise between the two runs")

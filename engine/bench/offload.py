@@ -296,10 +296,20 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
     return rows
 
 
+def ratio_text(ratio: float) -> str:
+    """The step-time ratio with offload over without, and a word when it is below 1: offload only adds work
+    (IO threads, checks, rebuilds), so a step measured faster with it is the noise between the two runs
+    (issue 33: a 0.873x read as offload speeding training up)."""
+    if ratio >= 1:
+        return f"{ratio:.3f}x"
+    return (f"{ratio:.3f}x: below 1 is noise between the two runs (offload adds work, it cannot make a step "
+            "faster); more --steps or a quieter machine narrow it")
+
+
 def _summary_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"step time: {r['step_ms_no_offload']:.1f} ms without offload, {r['step_ms_offload']:.1f} ms with "
-        f"({r['step_time_ratio']:.3f}x); CPU time per step {r['step_cpu_ms_no_offload']:.1f} ms without, "
+        f"({ratio_text(r['step_time_ratio'])}); CPU time per step {r['step_cpu_ms_no_offload']:.1f} ms without, "
         f"{r['step_cpu_ms_offload']:.1f} ms with, of which the IO threads {r.get('io_cpu_ms_per_step', 0):.1f} ms",
         f"swap IO per step: {_mib(r.get('written_bytes_per_step', 0))} written, "
         f"{_mib(r.get('read_bytes_per_step', 0))} read; "
