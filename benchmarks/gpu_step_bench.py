@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     _write(options.output, report)
     print(f"written {options.output}")
     failed = [r for part in ("offload", "imagenet") for r in report[part] if r["returncode"] != 0]
-    failed += [r for r in report["graph"] if not r.get("same_weights")]
+    failed += [r for r in report["graph"] if "error" in r or r.get("same_weights") is False]
     return 1 if failed or (report["offload"] and not report["offload_same_loss"]) else 0
 
 
