@@ -38,3 +38,34 @@ def test_a_child_past_the_limit_is_oom_killed():
     assert small["returncode"] in (-9, 137) and small["oom_kills"] >= 1
     fine = proof.run_in_cgroup([sys.executable, "-c", "b = bytearray(16 << 20)"], 96 << 20, f"t-ok-{os.getpid()}")
     assert fine["returncode"] == 0 and fine["oom_kills"] == 0
+
+
+def test_bisect_finds_the_smallest_limit_that_works(monkeypatch):
+    """bisect_limit against a stand-in for the cgroup: a run works from 700 MiB up."""
+    proof = load_script()
+    tried = []
+
+    def fake_run(command, limit, name, timeout=None, env=None):
+        tried.append(limit)
+        ok = limit >= 700 << 20
+        return {"returncode": 0 if ok else -9, "oom_kills": 0 if ok else 1, "cgroup_peak_bytes": min(limit, 690 << 20),
+                "seconds": 1.0, "stdout": "", "stderr": ""}
+
+    monkeypatch.setattr(proof, "run_in_cgroup", fake_run)
+    best, trials = proof.bisect_limit(["true"], 500 << 20, 900 << 20, 8 << 20)
+    assert (700 << 20) <= best < (708 << 20) and tried[0] == 900 << 20 and len(trials) == len(tried)
+    assert all(t["ok"] == (t["limit_bytes"] >= 700 << 20) for t in trials)
+    assert proof.bisect_limit(["true"], 500 << 20, 600 << 20, 8 << 20)[0] is None  # even the top fails
+
+
+def test_the_bisect_table_prints_predicted_against_bisected(capsys):
+    proof = load_script()
+    needs = {"setup_anon_bytes": 170 << 20, "setup_file_bytes": 67 << 20}
+    rows = [{"model": "resnet18", "batch_size": 32, "plan": "n1", "predicted_bytes": 698 << 20, "needs": needs,
+             "bisected_bytes": 665 << 20, "error": 33 / 665, "unlimited_cgroup_peak_bytes": 659 << 20,
+             "auto": {"limit_bytes": 704 << 20, "returncode": 0, "oom_kills": 0, "cgroup_peak_bytes": 662 << 20,
+                      "step_s": 1.5, "window": 1, "swap_left": []}}]
+    proof.print_bisect_table(rows)
+    out = capsys.readouterr().out
+    assert "| resnet18 | 32 | `--offload-n 1` | 698 MiB | 665 MiB | +5.0% | 170 MiB + 67 MiB | 659 MiB |" in out
+    assert "| resnet18 | 32 | 704 MiB | 1.50 s, 662 MiB (N=1) | not run | not run |" in out
