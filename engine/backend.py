@@ -199,6 +199,8 @@ def cuda_unavailable_reason() -> str | None:
         return "CuPy not installed (pip install 'numba-offload-engine[cuda]')"
     except Exception as exc:  # a broken CuPy install must not break the engine
         return f"CuPy failed to import: {exc}"
+    if numba_cuda_missing():
+        return NUMBA_CUDA_MISSING
     try:
         if not cupy.is_available():
             return "no GPU driver or no usable GPU (cupy.is_available() is False)"
@@ -209,8 +211,22 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+NUMBA_CUDA_MISSING = ("numba-cuda is not installed (pip install -e '.[cudasim]' for the simulator, "
+                      "'.[cuda]' for a GPU)")
+
+
+def numba_cuda_missing() -> bool:
+    """numba-cuda, the CUDA kernels' compiler and simulator, is an extra (issue 33: with its CUDA bindings it
+    was 72 MiB of the base install, which trains on the cpu backend and never imports it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("numba_cuda") is None
+
+
 def cudasim_unavailable_reason() -> str | None:
     """Why the simulator cannot run in this process, or None when it can."""
+    if numba_cuda_missing():
+        return NUMBA_CUDA_MISSING
     if "numba" in sys.modules:
         from numba import config
 

@@ -180,3 +180,15 @@ def test_an_offload_ratio_below_one_is_called_noise():
 
     assert ratio_text(1.046) == "1.046x"
     assert ratio_text(0.873).startswith("0.873x: below 1 is noise between the two runs")
+
+
+def test_without_numba_cuda_the_cuda_backends_name_the_extra(monkeypatch):
+    import importlib.util
+
+    from engine import backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba_cuda" else real(name, *a))
+    assert "pip install -e '.[cudasim]'" in backend.cudasim_unavailable_reason()
+    with pytest.raises(backend.BackendUnavailable, match=r"numba-cuda is not installed"):
+        backend.get_backend("cudasim")
