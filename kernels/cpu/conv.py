@@ -375,7 +375,10 @@ measured 1.3× F(4×4)'s on the layers it takes back (batch 32, two threads, v14
 256 @8×8 10.35 vs 7.46), i.e. ~+30 ms on a CIFAR ResNet-18 step of ~440 ms if all four stages pay it; what it
 costs at batch 32 and at 224×224 next to PyTorch is for the quiet machine's ``bench_train`` and
 ``conv_precision --time`` to confirm (kernels/README.md gives the commands). ``exact`` costs more (F(4×4)'s
-backward-data and weight gradients were 1.2–1.4× faster than F(2×2)'s and the shifted GEMMs'), ``fast`` less."""
+backward-data and weight gradients were 1.2–1.4× faster than F(2×2)'s and the shifted GEMMs'), ``fast`` less.
+A cold first run: ``auto`` compiles one job more than ``fast`` (the F(2×2) forward), ``exact`` the fewest
+(kernels/README.md, "What each mode compiles"): if the step shows ``exact`` within the speed goals, it is the better
+default (the gradients' goal too), and this function's default is the one line to change."""
 
 
 MODE_SUMMARY = {
