@@ -39,7 +39,9 @@ The largest shortfall is 14 MiB, and a run's peak still grows a little after its
 true limit, within 6%. It must stay above: ``auto`` fills the limit it is given (what the window leaves
 of its budget keeps units resident), so a prediction below the truth is an OOM kill at every limit;
 checked: ``auto`` under the predicted limit trained, ResNet-18 at 704 MiB (peak 662, N=1), MobileNetV2
-at 848 MiB (peak 828, N=2). ResNet-18 at batch 128, N=1: bisected 2.08 GiB.
+at 848 MiB (peak 828, N=2). At batch 128, N=1 (3 steps, RUNTIME_BYTES 32 MiB then): ResNet-18 predicted
+2,187 MiB, bisected 2,115; MobileNetV2 3,049 and 3,001; ``auto`` under the prediction trained (peaks
+2,116 MiB at N=1 and 3,027 at N=2).
 ``FILE_SHARE`` = 0: the cgroup peaks of unlimited runs (677 and 846 MiB) sit 90 MiB below their RSS
 peaks (769 and 930 MiB): the libraries' file pages are in the page cache already, charged to whoever
 read them first, and are reclaimed, not killed for, under a limit. Handing the heap's free pages back
