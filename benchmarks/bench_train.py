@@ -96,7 +96,9 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int, image_si
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size, shape=(3, image_size, image_size))
-    x_all, y_all = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    # the images are made batch by batch, as the engine's synthetic data is (engine.data.datasets.SyntheticImages):
+    # neither side holds the whole split, so the peak RSS compares the training steps
+    images, y_all = data.x_train, torch.from_numpy(data.y_train)
     mean, std = torch.from_numpy(data.mean)[:, None, None], torch.from_numpy(data.std)[:, None, None]
     net = TORCH_MODELS[model](num_classes=10) if image_size <= CIFAR_MAX_SIZE else torchvision_model(model, 10)
     net.train()
@@ -106,8 +108,9 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int, image_si
     batches = len(y_all) // batch_size
     order = np.random.default_rng(0).permutation(len(y_all))
     for step in range(steps):
-        chosen = torch.from_numpy(order[(step % batches) * batch_size : (step % batches + 1) * batch_size])
-        x, y = (x_all[chosen] - mean) / std, y_all[chosen]  # the engine's prefetch thread does this off the clock
+        chosen = order[(step % batches) * batch_size : (step % batches + 1) * batch_size]
+        # made and normalized off the clock, as the engine's prefetch thread does
+        x, y = (torch.from_numpy(images[chosen]) - mean) / std, y_all[torch.from_numpy(chosen)]
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.cross_entropy(net(x), y)
