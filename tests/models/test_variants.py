@@ -48,4 +48,5 @@ def test_memory_command_says_which_variant_and_what_fits():
     result = runner.invoke(main, ["memory", "--model", "resnet18", "--image-size", "224", "--batch-size", "2",
                                   "--variant", "cifar"])
     assert result.exit_code == 0, result.output
-    assert "cifar variant at 224x224" in result.output and "--offload-n 1" in result.output  # the smallest limit per plan
+    # the smallest limit per plan
+    assert "cifar variant at 224x224" in result.output and "--offload-n 1" in result.output
