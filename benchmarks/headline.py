@@ -7,8 +7,8 @@ Each row is one ``benchmarks/bench_train.py`` command (printed in the row): ResN
 batch 32, SGD with momentum, synthetic images; at 32×32 the CIFAR variants against their PyTorch twins, at
 224×224 torchvision's exact ImageNet models on both sides. The engine and PyTorch alternate, each run in
 a fresh process; a cell is the median over the runs (step: of each run's mean step after the warm-up
-steps; peak RSS: of each process's high-water mark, which includes on both sides the same eight batches of
-synthetic float32 images, 147 MiB at 224×224). Run it on a quiet machine: the step times are the
+steps; peak RSS: of each process's high-water mark; both sides make their synthetic batches one at a
+time, so neither holds the whole data set). Run it on a quiet machine: the step times are the
 machine's, the ratios mean something only when both sides saw the same load.
 """
 
@@ -74,8 +74,8 @@ def main() -> None:
     print()
     print(f"Batch {args.batch_size}, SGD with momentum 0.9, {args.threads} thread(s) on each side; "
           f"median of {args.runs} alternating run(s), each in a fresh process; the step is the mean after 3 warm-up "
-          "steps (the first compiles kernels and sizes workspaces); peak RSS is the process's high-water mark, "
-          f"which on both sides includes the same {8 * args.batch_size} synthetic float32 images held in memory.")
+          "steps (the first compiles kernels and sizes workspaces); peak RSS is the process's high-water mark "
+          "(both sides make their synthetic batches one at a time: neither holds the whole data set).")
 
 
 if __name__ == "__main__":
