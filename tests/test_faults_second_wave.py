@@ -12,7 +12,6 @@ import os
 import pty
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -110,19 +109,6 @@ def test_a_full_disk_under_stderr_keeps_a_signals_exit_code(tmp_path):
         code = process.wait(timeout=120)
     assert code == 128 + signal.SIGTERM
     assert read_checkpoint(str(save)).step >= 3 and leftovers(tmp_path) == []
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_a_memory_log_whose_disk_fills_names_it_and_saves_the_last_step(tmp_path, small_tmpfs):

@@ -89,23 +89,8 @@ def resnet18_convs(batch: int) -> list[ConvShape]:
 
 def mobilenetv2_convs(batch: int) -> list[ConvShape]:
     """The distinct convolutions of MobileNetV2 for 32×32 inputs (the CIFAR variant the engine trains):
-    1×1 expand, 3×3 depthwise, 1×1 project, in the model's order.
-
-    Read from the model's own graph (``models.mobilenetv2``), so the benchmark times what trains and
-    the stride table exists once."""
-    from models.mobilenetv2 import mobilenetv2_graph
-
-    graph = mobilenetv2_graph(num_classes=10, in_channels=3, image_size=32)
-    inputs = graph.shapes(batch)
-    shapes = []
-    for node in graph.nodes:
-        layer = node.layer
-        if type(layer).__name__ == "Conv2d":
-            r = layer.kernel_size
-            w_shape = (layer.out_channels, layer.in_channels // layer.groups, r, r)
-            x_shape = tuple(inputs[node.inputs[0]])
-            shapes.append(ConvShape("mobilenetv2", x_shape, w_shape, layer.stride, layer.padding, layer.groups))
-    return list(dict.fromkeys(shapes))
+    1×1 expand, 3×3 depthwise, 1×1 project, in the model's order, read from its graph (``graph_convs``)."""
+    return graph_convs("mobilenetv2", batch, 32)
 
 
 def graph_convs(model: str, batch: int, image_size: int) -> list[ConvShape]:

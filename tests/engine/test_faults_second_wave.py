@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -129,23 +128,6 @@ def test_a_killed_runs_claim_is_taken_over(tmp_path):
 # -- output files on a disk that fills --------------------------------------------------------------
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 64 KiB tmpfs (root only; skipped where mounting is not allowed)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        for _ in range(20):
-            if subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-
-
 def test_a_memory_log_on_a_disk_that_fills_names_the_log(small_tmpfs):
     monitor = MemoryMonitor([], path=small_tmpfs / "memory.jsonl")
     with pytest.raises(OutputWriteError, match=r"memory log .*memory.jsonl: cannot write \(No space left on device\)"):
@@ -158,7 +140,7 @@ def test_a_memory_plot_on_a_full_disk_leaves_no_file(small_tmpfs):
     monitor = MemoryMonitor([])
     for step in range(3):
         monitor.sample(step)
-    (small_tmpfs / "filler").write_bytes(b"\0" * (60 << 10))
+    (small_tmpfs / "filler").write_bytes(b"\0" * (252 << 10))
     with pytest.raises(OutputPathError, match=r"memory plot .*plot.png: cannot write .*--memory-plot"):
         monitor.plot(small_tmpfs / "plot.png")
     assert sorted(os.listdir(small_tmpfs)) == ["filler"]
