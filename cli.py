@@ -392,7 +392,7 @@ def train(**params) -> None:
     hyper = options.hyper(total_steps)
     checkpoint = _read_initial_weights(options, net, data, run, hyper)
     schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K)
-    offload, needs = _offload_session(options, net, opt, root)
+    offload, needs = _offload_session(options, net, opt, root, world)
     from engine.checkpoint import checkpoint_nbytes
 
     options.outputs.check_writable(checkpoint_nbytes(net, opt))
@@ -528,22 +528,33 @@ def _make_optimizer(options, net, backend, total_steps: int, checkpoint, workers
     return schedule, opt, start_step
 
 
-def _offload_session(options, net, opt, root: bool):
+def _offload_session(options, net, opt, root: bool, world=None):
     """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; and
-    what the run needs against its memory limit (issue 30: every run is checked before anything is written)."""
+    what the run needs against its memory limit (issue 30: every run is checked before anything is written).
+    With ``--workers`` (``world``) the ranks on this host share its limit (``memory_limit``), and a rank that
+    does not fit stops every rank with one line (``refuse_together``)."""
     from engine.data.prefetch import ring_bytes
+    from engine.memory.limits import memory_limit
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
     from engine.offload.budget import describe_needs, parse_budget, resolve_budget
     from engine.offload.session import session_from_options
+    from engine.parallel.comm import refuse_together
 
     chosen = options.offload
     batch = (options.batch_size, *net.graph.input_shape)
+    ranks = world.local_size if world is not None else 1
+    refusal = None
     try:  # --offload-budget is read here, once; the INPUT rings (training, evaluation) are the data pipeline's
         resolved = resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
                                   ring_bytes(batch, options.prefetch + 1), ring_bytes(batch, 2), chosen.n,
-                                  parse_budget(chosen.budget))
+                                  parse_budget(chosen.budget),
+                                  memory_limit(ranks_on_host=ranks) if ranks > 1 else None)  # None: this process's
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
-        fail(str(exc))
+        refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
+                              if ranks > 1 and "the limit is" in str(exc) else "")
+    refuse_together(world, refusal)
+    if refusal is not None:
+        fail(refusal)
     if resolved.from_limit:  # the budget is the machine's: say where it came from
         click.echo(describe_needs(resolved.needs))
     try:

@@ -147,12 +147,26 @@ def address_space_limit(proc: str = "/proc") -> tuple[int, str] | None:
             f"ulimit -v {soft // 1024} KiB, less {unbacked / 2**20:.0f} MiB mapped but not resident")
 
 
-def memory_limit(proc: str = "/proc") -> MemoryLimit:
-    """The tightest of: the cgroup limit, what ``ulimit -v`` leaves (``address_space_limit``), available RAM."""
-    found = [(available_ram(), "available RAM")]
-    for limit in (cgroup_limit(proc), address_space_limit(proc)):
-        if limit is not None:
-            found.append(limit)
+def memory_limit(proc: str = "/proc", ranks_on_host: int = 1) -> MemoryLimit:
+    """The tightest of: the cgroup limit, what ``ulimit -v`` leaves (``address_space_limit``), available RAM.
+
+    ``ranks_on_host``: the data-parallel ranks of one job on this host (``engine train --workers K`` runs K
+    processes in the launcher's cgroup, started together). The cgroup and the available RAM are theirs
+    together, so each rank gets an equal share of them; ``ulimit -v`` bounds each process by itself and is
+    not shared. Without the share, each of two ranks planned against the whole limit and both were
+    OOM-killed together (issue 30: every run refused before its first step when it cannot fit)."""
+    k = max(1, int(ranks_on_host))
+
+    def shared(bytes_: int, source: str) -> tuple[int, str]:
+        return (bytes_, source) if k == 1 else (bytes_ // k, f"{source}, shared by {k} ranks on this host")
+
+    found = [shared(available_ram(), "available RAM")]
+    cgroup = cgroup_limit(proc)
+    if cgroup is not None:
+        found.append(shared(*cgroup))
+    address_space = address_space_limit(proc)
+    if address_space is not None:
+        found.append(address_space)
     return MemoryLimit(*min(found))
 
 

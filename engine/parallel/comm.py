@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import Interrupted, signal_name
+from engine.errors import Interrupted, UserError, signal_name
 from engine.parallel.notes import LAUNCH_DIR_ENV, read_note, write_note
 
 FAILURE_TAG, ACK_TAG = 7301, 7302  # point-to-point tags of the failure notice and its acknowledgement
@@ -263,6 +263,10 @@ def _abort_for_current(world: World, stream: Any) -> None:
         _report_and_abort(world, stream, f"exited with status {exc.code}", code)
     except PeerFailed as failure:
         _acknowledge_and_abort(world, failure)
+    except AgreedRefusal as refusal:  # every rank refused together (refuse_together): rank 0 says it
+        if world.is_root:
+            raise
+        raise SystemExit(refusal.exit_code) from None
     except RankLost as lost:
         _exit_after_loss(world, stream, lost)
     except Interrupted as stopped:
@@ -315,6 +319,30 @@ def _report_and_abort(world: World, stream: Any, text: str, code: int) -> None:
             time.sleep(0.001)
     del requests  # MPI_Abort ends them with everything else
     world.abort(code)
+
+
+class AgreedRefusal(UserError):
+    """A refusal every rank reached together (``refuse_together``): rank 0 alone says it, in the one line a
+    refusal gets, and every rank exits with its code; nothing is aborted, because no rank is left waiting."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def refuse_together(world: World | None, refusal: str | None) -> None:
+    """Raise ``AgreedRefusal`` on every rank when any rank refuses (``refusal``: its message, None: it goes on).
+
+    For checks each rank makes before the first step that should end the job as one process would (the
+    memory limit each rank plans against: ``engine train --workers`` under a cgroup). Without it each
+    refusing rank reported and aborted on its own: two lines for one problem and MPI_Abort's own line,
+    or, where one rank fitted and another did not, a job aborted from one side. One ``allgather`` of a
+    short string per rank; the lowest refusing rank's message is the one said."""
+    if world is None or world.size == 1:
+        return
+    said = [text for text in world.comm.allgather(refusal) if text is not None]
+    if said:
+        raise AgreedRefusal(said[0])
 
 
 class PeerFailed(RuntimeError):

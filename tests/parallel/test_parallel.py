@@ -155,3 +155,31 @@ def test_cli_workers_rank_zero_writes_resume_is_bit_for_bit_and_eval_equals_one_
                                    catch_exceptions=False)
     assert alone.exit_code == 0, alone.output
     assert "written with 2 worker(s), this run has 1" in " ".join(alone.output.split())
+
+
+class _Gathered:
+    """A stand-in communicator whose allgather returns what every rank would have said."""
+
+    def __init__(self, said):
+        self.said = said
+
+    def allgather(self, mine):
+        return self.said
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_refusal_of_any_rank_is_said_once_by_rank_zero_and_every_rank_exits_with_its_code(rank):
+    from engine.parallel.comm import AgreedRefusal, World, abort_on_error, refuse_together
+
+    world = World(_Gathered([None, "needs a limit of 1 GiB", "needs a limit of 2 GiB"]), rank, 3, rank, 3)
+    refuse_together(World(_Gathered([None, None, None]), rank, 3, rank, 3), None)  # nobody refuses: goes on
+    with pytest.raises(AgreedRefusal, match="^needs a limit of 1 GiB$") as refused:  # the lowest refusing rank's
+        refuse_together(world, None)
+    assert refused.value.exit_code == 1
+    if rank == 0:  # rank 0 says it: the command line turns it into its one line
+        with pytest.raises(AgreedRefusal), abort_on_error(world):
+            refuse_together(world, None)
+    else:  # the others leave quietly with the code, no MPI_Abort (nothing to abort: every rank is leaving)
+        with pytest.raises(SystemExit) as leaving, abort_on_error(world):
+            refuse_together(world, None)
+        assert leaving.value.code == 1

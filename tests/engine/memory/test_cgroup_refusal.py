@@ -71,3 +71,27 @@ def test_a_too_large_batch_under_ulimit_v_is_a_refusal_not_a_traceback(tmp_path)
     assert result.returncode == 1 and len(lines) == 1, lines
     assert lines[0].startswith("Error: needs a limit of") and "(ulimit -v 1572864 KiB" in lines[0]
     assert os.listdir(tmp_path) == []
+
+
+def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(proof, tmp_path):
+    """``--workers 2`` starts both ranks in this cgroup: each gets half of it. Batch 24 of the cnn at 224 needs
+    ~0.48 GiB in one process (``engine memory``), so 800 MiB would hold one run but not two. Both ranks
+    refuse together (``refuse_together``): one line, exit 1, no MPI_Abort."""
+    pytest.importorskip("mpi4py")
+    from engine.parallel.comm import mpiexec_path
+
+    if mpiexec_path() is None:
+        pytest.skip("no mpiexec: pip install 'numba-offload-engine[mpi]'")
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    command = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
+               "--batch-size", "24", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap),
+               "--workers", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "PMI_RANK", "ENGINE_WORKERS_LAUNCHED")}
+    result = proof.run_in_cgroup(command, 800 << 20, f"engine-test-{os.getpid()}-ranks", timeout=300, env=env)
+    assert result["returncode"] == 1 and not result.get("oom_kills"), result
+    lines = [line for line in (result["stdout"] + result["stderr"]).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: needs a limit of"), lines  # said once, no MPI_Abort
+    assert "the limit is 0.39 GiB (cgroup v" in lines[0] and "shared by 2 ranks on this host" in lines[0]
+    assert lines[0].endswith("(the 2 ranks on this host share its limit: fewer --workers leave each more)")
+    assert os.listdir(swap) == []

@@ -54,6 +54,28 @@ def test_no_cgroup_limit_means_available_ram(tmp_path):
     assert limit.source == "available RAM" and limit.bytes > 0
 
 
+def test_ranks_on_one_host_share_the_cgroup_and_the_ram_but_not_ulimit_v(tmp_path, monkeypatch):
+    """``engine train --workers K``: K processes in one cgroup, each planned against the whole limit, were
+    OOM-killed together; each gets 1/K of the cgroup and of the available RAM, while ``ulimit -v`` bounds
+    every process by itself."""
+    from engine.memory import limits
+
+    mount = tmp_path / "unified"
+    write(mount / "job" / "memory.max", str(3 << 30))
+    proc = fake_proc(tmp_path, ["0::/job"], [f"40 31 0:40 / {mount} rw - cgroup2 cgroup2 rw"])
+    monkeypatch.setattr(limits, "available_ram", lambda: 16 << 30)
+    monkeypatch.setattr(limits, "address_space_limit", lambda proc: None)
+    assert memory_limit(proc).bytes == 3 << 30
+    two = memory_limit(proc, ranks_on_host=2)
+    assert two.bytes == 3 << 29
+    assert two.source == f"cgroup v2 {mount / 'job' / 'memory.max'}, shared by 2 ranks on this host"
+    monkeypatch.setattr(limits, "available_ram", lambda: 2 << 30)  # RAM tighter than the cgroup: shared too
+    assert memory_limit(proc, ranks_on_host=4) == MemoryLimit(1 << 29, "available RAM, shared by 4 ranks on this host")
+    monkeypatch.setattr(limits, "address_space_limit", lambda proc: (1 << 28, "ulimit -v"))  # per process
+    assert memory_limit(proc, ranks_on_host=4) == MemoryLimit(1 << 28, "ulimit -v")
+    assert memory_limit(proc, ranks_on_host=1).bytes == 1 << 28
+
+
 @pytest.fixture(scope="module")
 def resnet_224():
     from models import build_model
