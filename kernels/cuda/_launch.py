@@ -8,13 +8,14 @@ work stay ordered.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 try:  # numba-cuda warns on every launch of fewer than 128 blocks: by design here (a 4x4 layer's grid is
     # small, the batch is folded into one launch), so on a real GPU the user's screen filled with it
@@ -31,6 +32,17 @@ try:  # numba-cuda warns on every launch of fewer than 128 blocks: by design her
     _cuda_config.CUDA_ARRAY_INTERFACE_SYNC = 0
 except ImportError:  # the simulator or another numba-cuda layout: it does not warn
     pass
+
+SIMULATOR_SWITCH_INTERVAL_S = 1e-4
+"""Python's GIL switch interval under the simulator (the default is 5 ms; a real GPU leaves it alone).
+The simulator runs each CUDA thread as a Python thread, and its block manager busy-polls them holding the
+GIL: at every ``syncthreads`` each woken thread waited up to a whole interval for the GIL, so a launch cost
+~(threads × barriers × 5 ms). Same launches, same results (no kernel may depend on thread scheduling);
+measured on this 2-core machine under load ~7: batchnorm_train at 2×8×4×4 (8 blocks of 32 threads) 1.2–1.6 s
+at 5 ms, 0.5–0.9 s at 1e-4 s; the cuda-graph test's 8 residual-block steps 34 s → 17 s."""
+
+if config.ENABLE_CUDASIM:
+    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 THREADS_PER_BLOCK = 256
 """Threads of a 1-D element-wise launch: a multiple of the 32-thread warp, enough to hide latency."""
