@@ -38,7 +38,8 @@ STEADY_FROM = 3  # steps before this one are warm-up
 CIFAR_MAX_SIZE = 64  # models.CIFAR_MAX_SIZE: larger images get the ImageNet variants
 
 
-def engine_worker(model: str, batch_size: int, steps: int, threads: int, image_size: int = 32) -> dict:
+def engine_worker(model: str, batch_size: int, steps: int, threads: int, image_size: int = 32,
+                  conv_paths: str | None = None) -> dict:
     from engine.backend import get_backend
     from engine.data.datasets import synthetic
     from engine.optim import make_optimizer
@@ -47,6 +48,12 @@ def engine_worker(model: str, batch_size: int, steps: int, threads: int, image_s
     from models import build_network
 
     set_threads(threads)
+    if conv_paths:  # a mix of conv paths that is no ENGINE_CONV mode, before the network plans (issue 32)
+        from conv_precision import mix_paths
+
+        from kernels.cpu import conv
+
+        conv.use_paths(mix_paths(conv_paths))
     backend = get_backend("cpu")
     data = synthetic(num_classes=10, seed=0, train=8 * batch_size, test=batch_size, shape=(3, image_size, image_size))
     net = build_network(model, data, backend, seed=0)  # the variant follows the image size
@@ -121,9 +128,12 @@ def torch_worker(model: str, batch_size: int, steps: int, threads: int, image_si
     return {"step_seconds": step_seconds, "rss": rss}
 
 
-def worker(framework: str, model: str, batch_size: int, steps: int, threads: int, image_size: int = 32) -> None:
-    run = engine_worker if framework == "engine" else torch_worker
-    result = run(model, batch_size, steps, threads, image_size)
+def worker(framework: str, model: str, batch_size: int, steps: int, threads: int, image_size: int = 32,
+           conv_paths: str | None = None) -> None:
+    if framework == "engine":
+        result = engine_worker(model, batch_size, steps, threads, image_size, conv_paths)
+    else:
+        result = torch_worker(model, batch_size, steps, threads, image_size)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seconds = result["step_seconds"]
     steady = seconds[STEADY_FROM:]
@@ -136,6 +146,7 @@ def worker(framework: str, model: str, batch_size: int, steps: int, threads: int
                 "image_size": image_size,
                 "steps": steps,
                 "threads": threads,
+                "conv_paths": conv_paths if framework == "engine" else None,
                 "images_per_second": batch_size * len(steady) / sum(steady),
                 "first_step_seconds": seconds[0],
                 "peak_rss_bytes": peak,
@@ -157,14 +168,22 @@ def main() -> None:
     parser.add_argument("--frameworks", nargs="+", default=["engine", "torch"])
     parser.add_argument("--runs", type=int, default=1, help="Alternating runs per framework (median reported).")
     parser.add_argument("--json", help="Also write the results here.")
+    parser.add_argument("--conv-paths", default=None, metavar="PATHS",
+                        help="The engine's conv paths: an ENGINE_CONV mode, a mix of benchmarks/conv_precision.py "
+                             "(MIXES: weight4, data4) or MODE:flag=0,... (default: ENGINE_CONV's).")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps <= STEADY_FROM:
         parser.error(f"--steps must be more than {STEADY_FROM} (the warm-up steps)")
     if args.worker:
-        worker(args.worker, args.model, args.batch_size, args.steps, args.threads, args.image_size)
+        worker(args.worker, args.model, args.batch_size, args.steps, args.threads, args.image_size, args.conv_paths)
         return
+    if args.conv_paths:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from conv_precision import mix_paths
+
+        mix_paths(args.conv_paths)  # a wrong name fails here, before any run
 
     results = []
     for model in args.models:
@@ -174,7 +193,7 @@ def main() -> None:
                     sys.executable, __file__, "--worker", framework, "--model", model,
                     "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--threads", str(args.threads),
                     "--image-size", str(args.image_size),
-                ]
+                ] + (["--conv-paths", args.conv_paths] if args.conv_paths else [])
                 out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
                 if out.returncode != 0:
                     sys.exit(f"{framework} {model} failed:\n{out.stderr}")
@@ -206,7 +225,9 @@ def format_ratio(model: str, results: list[dict]) -> str:
 def format_row(r: dict) -> str:
     mib = 2.0**20
     return (
-        f"{r['model']:<12} {r['framework']:<7} batch {r['batch_size']:<3} threads {r['threads']:<2} "
+        f"{r['model']:<12} {r['framework']:<7} "
+        + (f"conv paths {r['conv_paths']} " if r.get("conv_paths") else "")
+        + f"batch {r['batch_size']:<3} threads {r['threads']:<2} "
         f"{r['images_per_second']:8.1f} img/s  first step {r['first_step_seconds']:6.1f} s  "
         f"peak RSS {r['peak_rss_bytes'] / mib:7.0f} MiB  "
         f"RSS after step 3 {r['rss_after_step_3_bytes'] / mib:6.0f} MiB, "

@@ -3,6 +3,9 @@
     python benchmarks/conv_precision.py                        # the error table (any machine, any load)
     python benchmarks/conv_precision.py --time                 # and each path's time at batch 32 (quiet machine)
     python benchmarks/conv_precision.py --gradients            # one ResNet-18 step's gradients vs float64, per mode
+    python benchmarks/conv_precision.py --gradients --modes auto weight4 data4 exact --seeds 1 2 3   # and mixes
+    python benchmarks/conv_precision.py --gradients --modes auto weight4 --grad-image-size 224 --grad-batch 8
+    python benchmarks/conv_precision.py --routes --modes auto weight4 data4 exact   # the F(4×4) kernels each gives up
 
 **The table.** ResNet-18's 3×3 layers (CIFAR 32×32 and ImageNet 224×224 planes), stride 1 and 2, and the stems:
 for each direction and each ``ENGINE_CONV`` mode (``kernels.cpu.conv.CONV_MODES``), the path the kernel table
@@ -12,13 +15,20 @@ float32 im2col GEMM on the same data (``kernels.reference.conv.gemm32``), the le
 ``torch32`` is PyTorch's float32 where torch imports. Errors do not depend on the machine's load; ``--time``
 adds the best of ``--repeat`` calls at ``--time-batch`` (32) images per (shape, direction, mode), which does.
 
-**The gradients.** One training step of the CIFAR ResNet-18 at ``--grad-batch`` (8) images, in a subprocess per
-mode (``ENGINE_CONV`` is read once per process): the engine's gradients, then the PyTorch twin
+**The gradients.** One training step of ResNet-18 at ``--grad-batch`` (8) images of ``--grad-image-size`` (32: the
+CIFAR variant; above 64 the ImageNet one, as ``engine train`` picks), in a subprocess per entry of ``--modes`` and
+seed of ``--seeds``: the engine's gradients with that entry's conv paths (an ``ENGINE_CONV`` mode, a ``MIXES`` name
+or ``MODE:flag=0,...``, made the kernel table's by ``conv.use_paths``), then the PyTorch twin
 (``tests/models/torch_models.py``) in float64 and in float32, both made to follow the engine's side of every
 ReLU kink (its own masks), so that what is compared is rounding, not a flipped mask. Printed: the relative error
 of all gradients together (‖g − g₆₄‖ / ‖g₆₄‖ over the concatenation) and of the worst tensor, the engine's and
-PyTorch float32's, and their ratio (issue 32's goal: ≤ 2×), plus how many ReLU inputs the engine put on the other
-side of 0 than float64 does ("flips").
+PyTorch float32's, and their ratio (issue 32's goal: ≤ 2×), plus how many ReLU inputs the engine, and PyTorch
+float32 given the same masks upstream, put on the other side of 0 than float64 does ("flips"; max-pool winners
+are not forced: the ImageNet stem's are float32-GEMM-level in every mode).
+
+**The routes.** ``--routes``: for each ResNet-18 layer and direction at 32 and 224 where ``auto`` or a mix of
+``--modes`` takes an F(4×4) kernel, the path each takes and the calls per step (``conv_ab.layer_calls``), and per mix
+the F(4×4) calls it keeps: what a mix gives up, for the lead to time (``bench_train --conv-paths``, ``conv_ab --set``).
 """
 
 from __future__ import annotations
@@ -171,22 +181,66 @@ def print_table(rows, timed: bool) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def gradient_errors(batch: int, seed: int = 1) -> dict:
-    """In this process (its ``ENGINE_CONV``): the errors of one CIFAR ResNet-18 step's gradients."""
+MIXES = {
+    "data4": {"winograd4_weight": False, "winograd4_weight_by_k": False},
+    "weight4": {"winograd4": False, "winograd4_by_k": False},
+}
+"""Named mixes of paths that are no ``ENGINE_CONV`` mode, each ``auto``'s paths with these ``conv.Paths`` flags off:
+``data4`` F(4×4) in backward-data only (the weight gradient on F(2×2) or the shifted GEMMs, as ``exact``), ``weight4``
+F(4×4) in the weight gradient only (backward-data as ``exact``). Forwards are float32-GEMM-level in both."""
+
+
+def mix_paths(spec: str):
+    """``conv.Paths`` for ``spec``: a mode (``CONV_MODES``), a ``MIXES`` name, or either followed by
+    ``:flag=0,flag=1`` (e.g. ``auto:winograd4_weight_by_k=0``: ``auto`` with the by-k F(4×4) weight gradient off)."""
+    import dataclasses
+
+    from kernels.cpu import conv
+
+    base, _, flags = spec.partition(":")
+    if base in MIXES:
+        paths = dataclasses.replace(conv.paths_for("auto"), **MIXES[base])
+    elif base in conv.CONV_MODES:
+        paths = conv.paths_for(base)
+    else:
+        raise SystemExit(f"{spec!r}: {base!r} is none of the modes ({', '.join(conv.CONV_MODES)}) or mixes "
+                         f"({', '.join(MIXES)})")
+    changes = {}
+    for item in filter(None, flags.split(",")):
+        name, _, value = item.partition("=")
+        if name not in {f.name for f in dataclasses.fields(conv.Paths)}:
+            raise SystemExit(f"{spec!r}: {name!r} is not a conv.Paths flag")
+        changes[name] = value.strip() not in ("0", "false", "False")
+    return dataclasses.replace(paths, **changes)
+
+
+def resnet_twin(variant: str):
+    """The PyTorch twin of the engine's ResNet-18 (``variant`` cifar or imagenet), activations as modules."""
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from torch_models import TORCH_MODELS, ResNet18ImageNet
+
+    return ResNet18ImageNet(10) if variant == "imagenet" else TORCH_MODELS["resnet18"](10)
+
+
+def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | None = None, seed: int = 1) -> dict:
+    """In this process, with ``mix_paths(spec)`` as the kernel table's paths: the errors of one ResNet-18 step's
+    gradients (``variant`` by ``image_size`` as ``engine train`` picks it), the engine's and PyTorch float32's."""
     sys.path.insert(0, str(ROOT / "tests" / "models"))
     import torch
-    from torch_models import TORCH_MODELS, ReLU
+    from torch_models import ReLU
 
     from engine.backend import get_backend
     from kernels.cpu import conv
-    from models import build_model
+    from models import build_model, resolve_variant
 
+    variant = resolve_variant("resnet18", variant, image_size)
+    conv.use_paths(mix_paths(spec))
     torch.set_num_threads(1)
     backend = get_backend("cpu")
-    net = build_model("resnet18", num_classes=10, backend=backend, seed=0)
+    net = build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=image_size, variant=variant)
     state = {k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()}
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+    x = rng.standard_normal((batch, 3, image_size, image_size)).astype(np.float32)
     labels = rng.integers(0, 10, batch).astype(np.int64)
 
     outputs: dict[str, np.ndarray] = {}
@@ -204,7 +258,7 @@ def gradient_errors(batch: int, seed: int = 1) -> dict:
     net.close()
 
     def twin_gradients(dtype) -> tuple[dict, dict]:
-        twin = TORCH_MODELS["resnet18"](10)
+        twin = resnet_twin(variant)
         twin.load_state_dict(state, strict=True)
         twin = twin.to(dtype).train()
         relus = {name: m for name, m in twin.named_modules() if isinstance(m, ReLU)}
@@ -216,8 +270,10 @@ def gradient_errors(batch: int, seed: int = 1) -> dict:
         return grads, {name: m.seen_input.double().numpy() for name, m in relus.items()}
 
     exact, inputs = twin_gradients(torch.float64)
-    theirs, _ = twin_gradients(torch.float32)
+    theirs, their_inputs = twin_gradients(torch.float32)
     flips = sum(int(np.sum((inputs[n] > 0) != (outputs[n] > 0))) for n in outputs)
+    # PyTorch float32's own sides of 0 against float64's, given the same (engine's) masks upstream
+    torch_flips = sum(int(np.sum((inputs[n] > 0) != (their_inputs[n] > 0))) for n in outputs)
 
     def summary(grads: dict) -> dict:
         names = list(exact)
@@ -226,26 +282,68 @@ def gradient_errors(batch: int, seed: int = 1) -> dict:
         worst = max(names, key=lambda n: relative_error(grads[n], exact[n]) if np.any(exact[n]) else 0.0)
         return {"all": diff / norm, "worst": relative_error(grads[worst], exact[worst]), "worst_name": worst}
 
-    return {"mode": conv.MODE, "batch": batch, "flips": flips, "engine": summary(ours), "torch32": summary(theirs)}
+    return {"mix": spec, "batch": batch, "image_size": image_size, "variant": variant, "seed": seed, "flips": flips,
+            "torch_flips": torch_flips, "relu_inputs": sum(int(v.size) for v in outputs.values()),
+            "engine": summary(ours), "torch32": summary(theirs)}
 
 
-def gradients_table(batch: int) -> None:
-    from kernels.cpu.conv import CONV_MODES
+def gradients_table(mixes, batch: int, image_size: int = 32, variant: str | None = None, seeds=(1,)) -> None:
+    """One row per (mix, seed), each in a fresh process (one network's kernels and plan at a time)."""
+    print("| paths | batch | image | seed | flips: engine / torch32 (of ReLU inputs) | engine: all | torch32: all | "
+          "ratio | engine: worst tensor | torch32: worst tensor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for spec in mixes:
+        for seed in seeds:
+            command = [sys.executable, __file__, "--gradients-worker", spec, "--grad-batch", str(batch),
+                       "--grad-image-size", str(image_size), "--seed", str(seed)]
+            if variant:
+                command += ["--variant", variant]
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{spec}: the gradient worker failed:\n{done.stderr}")
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            e, t = r["engine"], r["torch32"]
+            print(f"| {spec} | {batch} | {image_size} ({r['variant']}) | {seed} | {r['flips']} / {r['torch_flips']} "
+                  f"({r['relu_inputs']:,}) | {e['all']:.2e} | {t['all']:.2e} | {e['all'] / t['all']:.2f}× | "
+                  f"{e['worst']:.2e} ({e['worst_name']}) | {t['worst']:.2e} ({t['worst_name']}) |", flush=True)
 
-    print("| ENGINE_CONV | flips vs float64 | engine: all | torch32: all | ratio | engine: worst tensor | "
-          "torch32: worst tensor |")
-    print("|---|---|---|---|---|---|---|")
-    for mode in CONV_MODES:
-        env = dict(os.environ, ENGINE_CONV=mode, PYTHONPATH=str(ROOT))
-        done = subprocess.run([sys.executable, __file__, "--gradients-worker", "--grad-batch", str(batch)], env=env,
-                              cwd=ROOT, check=True, capture_output=True, text=True)
-        r = json.loads(done.stdout.strip().splitlines()[-1])
-        e, t = r["engine"], r["torch32"]
-        print(f"| {mode} | {r['flips']} | {e['all']:.2e} | {t['all']:.2e} | {e['all'] / t['all']:.2f}× | "
-              f"{e['worst']:.2e} ({e['worst_name']}) | {t['worst']:.2e} ({t['worst_name']}) |", flush=True)
+
+# ----------------------------------------------------------------------------------------------
+# Which F(4×4) kernels a mix gives up, layer by layer (what the lead times)
+# ----------------------------------------------------------------------------------------------
+
+WINOGRAD4 = ("winograd4", "winograd4-by-k", "winograd4-weight-by-k")
+
+
+def routes_table(mixes, sizes=(32, 224), batch: int = 32, models=("resnet18",)) -> None:
+    """For every conv layer of ``models`` at each image size (``conv_ab.layer_calls``: the variant ``engine train``
+    picks, each direction training runs, how often per step) where ``auto`` or a mix takes an F(4×4) kernel: the path
+    under each. The last rows count, per mix, the F(4×4) calls per step it keeps: what the lead's timing weighs."""
+    from conv_ab import layer_calls
+
+    from kernels.cpu import conv
+
+    sides = {"auto": conv.paths_for("auto"), **{m: mix_paths(m) for m in mixes if m != "auto"}}
+    print("| model | image | layer | direction | calls/step | " + " | ".join(sides) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(sides))
+    for size in sizes:
+        kept = dict.fromkeys(sides, 0)
+        for key, count in layer_calls(models, size, batch).items():
+            model, x_shape, w_shape, stride, pad, groups, direction = key
+            kinds = [conv.path(x_shape, w_shape, stride, pad, groups, direction, p) for p in sides.values()]
+            if not any(k in WINOGRAD4 for k in kinds):
+                continue
+            for name, kind in zip(sides, kinds):
+                kept[name] += count * (kind in WINOGRAD4)
+            label = f"{w_shape[1] * groups}->{w_shape[0]} {w_shape[2]}x{w_shape[3]} s{stride} @{x_shape[2]}"
+            print(f"| {model} | {size} | {label} | {direction} | {count} | " + " | ".join(kinds) + " |", flush=True)
+        print(f"| {'/'.join(models)} | {size} | F(4×4) calls per step | | | "
+              + " | ".join(str(kept[name]) for name in sides) + " |")
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=2, help="images for the errors")
     parser.add_argument("--time", action="store_true", help="also time each path (a quiet machine only)")
@@ -253,19 +351,36 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="calls per timing; the best is kept")
     parser.add_argument("--threads", type=int, default=None, help="Numba threads (default: all)")
     parser.add_argument("--gradients", action="store_true", help="the ResNet-18 step's gradients instead")
+    parser.add_argument("--modes", nargs="+", default=None, metavar="PATHS",
+                        help="--gradients / --routes: modes, MIXES names or MODE:flag=0,... (default: the modes)")
     parser.add_argument("--grad-batch", type=int, default=8)
-    parser.add_argument("--gradients-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--grad-image-size", type=int, default=32, help="above 64: the ImageNet variant")
+    parser.add_argument("--variant", choices=("cifar", "imagenet"), default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="the batch's seeds, a row each")
+    parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--routes", action="store_true",
+                        help="which F(4×4) kernels each of --modes gives up, per ResNet-18 layer at 32 and 224")
+    parser.add_argument("--gradients-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shapes", nargs="*", default=None, help="only the layers whose name contains one of these")
     args = parser.parse_args()
     if args.threads:
         import numba
 
         numba.set_num_threads(args.threads)
+    from kernels.cpu.conv import CONV_MODES
+
+    mixes = args.modes or list(CONV_MODES)
     if args.gradients_worker:
-        print(json.dumps(gradient_errors(args.grad_batch)))
+        print(json.dumps(gradient_errors(args.gradients_worker, args.grad_batch, args.grad_image_size, args.variant,
+                                         args.seed)))
+        return
+    for spec in mixes:
+        mix_paths(spec)  # a wrong name fails here, before any run
+    if args.routes:
+        routes_table(mixes)
         return
     if args.gradients:
-        gradients_table(args.grad_batch)
+        gradients_table(mixes, args.grad_batch, args.grad_image_size, args.variant, args.seeds)
         return
     shapes = [s for s in SHAPES if not args.shapes or any(p in s[0] for p in args.shapes)]
     print_table(error_rows(args.batch, args.time_batch if args.time else None, args.repeat, shapes), args.time)

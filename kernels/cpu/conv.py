@@ -378,7 +378,27 @@ costs at batch 32 and at 224×224 next to PyTorch is for the quiet machine's ``b
 backward-data and weight gradients were 1.2–1.4× faster than F(2×2)'s and the shifted GEMMs'), ``fast`` less.
 A cold first run: ``auto`` compiles one job more than ``fast`` (the F(2×2) forward), ``exact`` the fewest
 (kernels/README.md, "What each mode compiles"): if the step shows ``exact`` within the speed goals, it is the better
-default (the gradients' goal too), and this function's default is the one line to change."""
+default (the gradients' goal too), and this function's default is the one line to change.
+
+Which F(4×4) direction carries ``auto``'s gradient error (issue 32's goal: one ResNet-18 step's gradients against
+float64 with the engine's own ReLU masks, ≤ 2× PyTorch float32's error; ``benchmarks/conv_precision.py --gradients
+--modes …``, the table in kernels/README.md, "Rounding per path"): **backward-data**. CIFAR, batch 8, three seeds:
+``auto`` 3.66–3.69×, F(4×4) in backward-data only 3.36–3.40×, in the weight gradient only 1.89–1.90×, ``exact``
+1.23–1.25×; batch 32: 3.38×, 3.17×, 1.46×, 0.85×. A backward-data error reaches every gradient below its layer (the
+worst tensor is the stem's BN), a weight gradient's stays in its tensor; no backward-data layer can keep F(4×4) (its
+by-k layers alone 3.17×, its tiled ones alone 3.57×). At ImageNet sizes ``auto`` is at the goal already (112×112,
+batch 8 1.96×; 224×224 batch 4 2.04×, batch 8 1.73×), F(4×4) in the weight gradient only 0.83–1.16×: PyTorch
+float32's own error is larger there and 64 @56 never takes F(4×4). The mix "F(4×4) in the weight gradient only"
+(``Paths(winograd4=False, winograd4_by_k=False)``) meets the goal everywhere measured, and gives up F(4×4)'s
+backward-data: 13 calls of a CIFAR step (64 @32, 128 @16, 256 @8, 512 @4), 9 at 224 (128 @28, 256 @14, 512 @7),
+estimated from the per-layer figures above at ~+40 ms on a ~600 ms CIFAR step at batch 32 (half of ``exact``'s
+cost): not small, so ``auto`` keeps F(4×4) backward until ``bench_train --conv-paths weight4`` times it
+(kernels/README.md gives the commands); if the step keeps the speed goals, ``paths_for("auto")`` becomes that mix.
+
+Tried and dropped: other interpolation points for F(4×4, 3×3) than Lavin's 0, ±1, ±2. A float32 simulation of 2-D
+tiles (64 channels, |N(0, 1)| half-zero inputs, He weights; error × a float32 direct sum's): Lavin's 4.1×;
+0, ±1, ±1/2 4.4×; 0, ±1, 1/2, −2 2.9×; 0, ±1, 2, −1/2 3.1×; 0, ±1/2, ±2 3.0×; 0, ±1, ±3/2 4.8×; 0, ±1, ±2/3 4.9×: at
+best ~30% less error, nowhere near float32's, not worth rewriting ``conv_winograd4``'s hand-unrolled transforms."""
 
 
 MODE_SUMMARY = {
@@ -415,7 +435,16 @@ MODE = conv_mode()
 """This process's ``ENGINE_CONV`` (read once, at import: the kernels' paths may not change under a plan)."""
 
 EXPORTED = paths_for(MODE)
-"""What the kernel table runs."""
+"""What the kernel table runs (its six ``conv2d_*`` entries read it at each call: ``use_paths``)."""
+
+
+def use_paths(paths: Paths) -> None:
+    """Make ``paths`` the kernel table's from now on, in this process only: for benchmarks that compare mixes of
+    paths which are no ``ENGINE_CONV`` mode (``benchmarks/conv_precision.py --gradients``: F(4×4) in one backward
+    direction only). Call it before a network plans its workspaces: scratch sized for other paths fails its check.
+    The functions' ``paths`` defaults (``path``, ``forward`` …) keep the mode's."""
+    global EXPORTED
+    EXPORTED = paths
 
 
 # ----------------------------------------------------------------------------------------------
@@ -773,17 +802,17 @@ def workspace_size(
 
 def conv2d_forward_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch (float32 elements) for ``conv2d_forward``."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "forward")
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "forward", EXPORTED)
 
 
 def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch for ``conv2d_backward_data``."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "data")
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "data", EXPORTED)
 
 
 def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch for ``conv2d_backward_weight`` (includes a dw-sized partial sum per extra thread)."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "weight")
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "weight", EXPORTED)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1381,17 +1410,17 @@ blas_on_calling_thread = _BlasOnCallingThread()
 
 def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
     """out = conv2d(x, w) + bias, written into ``out``; scratch sized by conv2d_forward_workspace_size."""
-    forward(x, w, bias, out, stride, pad, groups, scratch)
+    forward(x, w, bias, out, stride, pad, groups, scratch, EXPORTED)
 
 
 def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
     """dx = the gradient of conv2d's output ``dout`` with respect to its input."""
-    backward_data(dout, w, dx, stride, pad, groups, scratch)
+    backward_data(dout, w, dx, stride, pad, groups, scratch, EXPORTED)
 
 
 def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
     """dw (and dbias when given) = the gradients of conv2d's output ``dout`` w.r.t. weights and bias."""
-    backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch)
+    backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, EXPORTED)
 
 
 def check_forward_args(x, w, bias, out, stride, pad, groups) -> None:

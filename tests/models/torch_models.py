@@ -85,6 +85,21 @@ class ResNet18Cifar(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class ResNet18ImageNet(ResNet18Cifar):
+    """torchvision's ResNet-18 (7×7 stride-2 stem, 3×3 stride-2 max-pool) with the activations as modules: the twin of
+    the engine's ``variant="imagenet"`` (benchmarks/conv_precision.py --gradients at ImageNet sizes)."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__(num_classes)
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 def conv_bn_relu6(cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),

@@ -8,6 +8,7 @@ same data (``kernels.reference.conv.gemm32``). F(2×2) measured up to 2.0× (512
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -166,3 +167,55 @@ def test_the_proposed_large_plane_rule_matches_reference():
     for direction in ("forward", "data", "weight"):
         ours, gemm = _errors(direction, x, w, dout, 1, paths)
         assert ours <= (GEMM_LEVEL if direction == "forward" else 20) * gemm
+
+
+def test_use_paths_is_what_the_table_runs():
+    # benchmarks compare mixes of paths in one process (conv_precision --gradients, bench_train --conv-paths)
+    x, w, dout = _case(128, 128, 16, 1)
+    exact, before = conv.paths_for("exact"), conv.EXPORTED
+    if conv.path(x.shape, w.shape, 1, 1, 1, "data", before) not in WINOGRAD4:
+        pytest.skip("F(4×4) is OpenBLAS's only, or ENGINE_CONV=exact")
+    try:
+        conv.use_paths(exact)
+        size = conv.conv2d_backward_data_workspace_size(x.shape, w.shape, 1, 1, 1)
+        assert size == conv.workspace_size(x.shape, w.shape, 1, 1, 1, "data", exact)
+        dx = np.empty(x.shape, np.float32)
+        conv.conv2d_backward_data(dout, w, dx, 1, 1, 1, np.empty(size, np.float32))
+    finally:
+        conv.use_paths(before)
+    assert np.array_equal(dx, _run("data", x, w, dout, 1, exact))
+    assert not np.array_equal(dx, _run("data", x, w, dout, 1, before))  # F(4×4)'s bits differ: the table moved
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "conv_precision.py"
+    spec = importlib.util.spec_from_file_location("conv_precision", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_mixes_route_as_named():
+    bench = _benchmark()
+    auto = conv.paths_for("auto")
+    weight4, data4 = bench.mix_paths("weight4"), bench.mix_paths("data4")
+    kept = {"weight4": 0, "data4": 0}
+    for x_shape, w_shape, stride in _resnet_shapes():
+        kinds = {d: {name: conv.path(x_shape, w_shape, stride, 1, 1, d, p)
+                     for name, p in (("auto", auto), ("weight4", weight4), ("data4", data4))}
+                 for d in ("forward", "data", "weight")}
+        assert kinds["forward"]["weight4"] == kinds["forward"]["data4"] == kinds["forward"]["auto"]
+        assert kinds["data"]["weight4"] not in WINOGRAD4 and kinds["data"]["data4"] == kinds["data"]["auto"]
+        assert kinds["weight"]["data4"] not in WINOGRAD4 and kinds["weight"]["weight4"] == kinds["weight"]["auto"]
+        kept["weight4"] += kinds["weight"]["weight4"] in WINOGRAD4
+        kept["data4"] += kinds["data"]["data4"] in WINOGRAD4
+    if conv.path((32, 128, 16, 16), (128, 128, 3, 3), 1, 1, 1, "data", auto) in WINOGRAD4:  # OpenBLAS
+        assert kept["weight4"] >= 5 and kept["data4"] >= 5
+    assert bench.mix_paths("weight4:winograd4_weight=0") == dataclasses.replace(weight4, winograd4_weight=False)
+    assert bench.mix_paths("exact") == conv.paths_for("exact")
+    for wrong in ("weight5", "auto:no_such_flag=0"):
+        with pytest.raises(SystemExit, match="is no|is not a conv.Paths flag|none of"):
+            bench.mix_paths(wrong)
