@@ -104,3 +104,20 @@ def test_one_training_step_matches_pytorch(model, one_torch_thread):
         else:  # updated weights (a gradient error moves them by LR times it), running_mean, running_var
             assert_close(name, state[name], value, 1e-4, LR * floor)
     net.close()
+
+
+def test_the_imagenet_resnet18_twin_is_the_engines_model():
+    # benchmarks/conv_precision.py --gradients at ImageNet sizes follows the engine's masks node by node through it
+    # (not its arithmetic, which a 224 run would have to compile for: that benchmark's runs put the engine's gradients
+    # within 3e-6 of this twin's in float64, kernels/README.md "Rounding per path")
+    from torch_models import ResNet18ImageNet
+
+    backend = get_backend("cpu")
+    net = build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=64, variant="imagenet")
+    twin = ResNet18ImageNet(10)
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()}, strict=True)
+    relus = {name for name, m in twin.named_modules() if isinstance(m, ReLU)}
+    assert relus == {node.name for node in net.graph.nodes if type(node.layer).__name__ == "ReLU"}
+    assert [type(m).__name__ for m in (twin.conv1, twin.maxpool)] == ["Conv2d", "MaxPool2d"]
+    assert (twin.conv1.kernel_size, twin.conv1.stride, twin.maxpool.stride) == ((7, 7), (2, 2), 2)
+    net.close()
