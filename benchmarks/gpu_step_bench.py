@@ -14,10 +14,10 @@ Three parts, one JSON:
 
     python benchmarks/gpu_step_bench.py --output $OUT/step_bench.json
 
-``--dry`` runs every part under the CUDA simulator at tiny sizes (a residual block at 4×4; ``engine
-train --backend cudasim`` on a 4×4 cnn and, for the ImageNet path, ResNet-18's ImageNet variant is left
-to the GPU: the simulator runs its kernels at any size in the kernel tests), so a test shows the script
-works before a GPU is lent.
+``--dry`` runs every part under the CUDA simulator at tiny sizes (a residual block at 2×2: the launches of
+4×4 with fewer simulated threads; ``engine train --backend cudasim`` on a 4×4 cnn and, for the ImageNet
+path, ResNet-18's ImageNet variant is left to the GPU: the simulator runs its kernels at any size in the
+kernel tests), so a test shows the script works before a GPU is lent.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = pri
     from models import build_model
 
     backend = get_backend("cudasim" if dry else "cuda")
-    image = 4 if dry else 32
+    image = 2 if dry else 32
     rng = np.random.default_rng(0)
     batches = [(rng.standard_normal((batch, 3, image, image)).astype(np.float32),
                 rng.integers(0, 3 if dry else 10, batch).astype(np.int64)) for _ in range(4)]
     result: dict[str, Any] = {"model": "residual block (simulator)" if dry else model, "batch": batch, "steps": steps}
     weights = {}
     for mode in ("eager", "graph"):
-        net = Network(residual_graph(), backend, seed=0) if dry else build_model(model, 10, backend, seed=0,
+        net = Network(residual_graph(image=image), backend, seed=0) if dry else build_model(model, 10, backend, seed=0,
                                                                                 image_size=image)
         try:
             optimizer = make_optimizer("sgd", net, backend, lambda step: 0.05 / (1 + 0.01 * step), momentum=0.9,
