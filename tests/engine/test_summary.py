@@ -2,13 +2,12 @@
 
 import io
 
-import numpy as np
 import pytest
 from rich.console import Console
 
 from engine.backend import get_backend
 from engine.data.datasets import synthetic
-from engine.memory.monitor import MemoryMonitor, max_rss_bytes
+from engine.memory.monitor import MemoryMonitor
 from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer
 from engine.summary import chance_hint, render_training_summary, summary_tables
