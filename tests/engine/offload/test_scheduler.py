@@ -52,6 +52,20 @@ def train(backend, model, window, steps, batch, options, directory, shape, **sch
         net.close()
 
 
+_RUNS = {}
+
+
+def train_once(backend, model, window, steps, batch, options, directory, shape):
+    """``train`` without scheduler options, run once per module and shared: the run without offload that
+    several tests compare their weights with, and the plain window-1 run their bytes are measured against,
+    are deterministic (same seed, same bits), and ResNet-18's took ~1 s each, 11 times."""
+    key = (model, window, steps, batch, tuple(sorted(options.items())), shape)
+    if key not in _RUNS:
+        _RUNS[key] = train(backend, model, window, steps, batch, options, directory, shape)
+        assert swap_dirs(directory) == []  # the run removed its directory
+    return _RUNS[key]
+
+
 def assert_bounded(stats):
     for s in stats:
         assert 0 < s.peak_resident_bytes <= s.bound_bytes  # resident offloadable bytes within the window
@@ -68,9 +82,9 @@ def swap_dirs(path):
     ids=["mlp", "resnet18"],
 )
 def test_weights_are_bit_identical_with_any_window(cpu, tmp_path, model, options, shape, steps):
-    reference, _, _ = train(cpu, model, None, steps, 2, options, tmp_path, shape)
+    reference, _, _ = train_once(cpu, model, None, steps, 2, options, tmp_path, shape)
     for window in (1, 2, 4, "auto"):
-        weights, stats, scheduler = train(cpu, model, window, steps, 2, options, tmp_path, shape)
+        weights, stats, scheduler = train_once(cpu, model, window, steps, 2, options, tmp_path, shape)
         for key in reference:
             assert np.array_equal(reference[key], weights[key]), f"window {window}: {key} differs"
         assert_bounded(stats)
@@ -86,7 +100,7 @@ def test_relu_outputs_are_recomputed_not_swapped_with_the_same_bits(cpu, tmp_pat
     """A ReLU after a batch norm is rebuilt from the kept batch-norm output: fewer bytes written, same weights,
     whatever the verify mode."""
     shape = (3, 8, 8)
-    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    reference, _, _ = train_once(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
     runs = {}
     for recompute, verify in ((False, "full"), (True, "full"), (True, "header"), (True, "off")):
         weights, stats, scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, recompute=recompute,
@@ -202,8 +216,8 @@ def test_a_budget_keeps_units_resident_with_the_same_bits_and_fewer_bytes_writte
     of rebuilding them (``plan.keep_within``): the same weights as without offload, fewer bytes written,
     the arena within the budget."""
     shape = (3, 8, 8)
-    reference, _, _ = train(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
-    _, plain, plain_scheduler = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape)
+    reference, _, _ = train_once(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    _, plain, plain_scheduler = train_once(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape)
     base = plain_scheduler._plan
     budget = int(base.arena_bytes + share * (base.total_bytes - base.arena_bytes))
     weights, stats, scheduler = train(cpu, "resnet18", window, 2, 2, RESNET, tmp_path, shape, budget_bytes=budget)
@@ -454,8 +468,8 @@ def test_rebuild_sources_are_checked_by_the_executor_not_hashed_by_the_io_thread
     """A ReLU/ReLU6 rebuild's source (a swapped batch-norm output) is summed by the ReLU's forward and again by
     the rebuild's own pass; the storage hashes everything else, and the weights stay the same bits."""
     shape = (3, size, size)
-    reference, _, _ = train(cpu, model, None, 2, 2, dict(image_size=size), tmp_path, shape)
-    weights, stats, scheduler = train(cpu, model, 1, 2, 2, dict(image_size=size), tmp_path, shape)
+    reference, _, _ = train_once(cpu, model, None, 2, 2, dict(image_size=size), tmp_path, shape)
+    weights, stats, scheduler = train_once(cpu, model, 1, 2, 2, dict(image_size=size), tmp_path, shape)
     for key in reference:
         assert np.array_equal(reference[key], weights[key]), key
     checked = stats[-1].executor_checked_bytes
