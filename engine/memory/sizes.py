@@ -7,6 +7,8 @@ the reverse.
 
 from __future__ import annotations
 
+import math
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -15,5 +17,14 @@ Shape = tuple[int, ...]
 
 
 def nbytes(shape: Shape, dtype: Any = np.float32) -> int:
-    """Bytes of a dense array of ``shape`` and ``dtype`` (no alignment)."""
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    """Bytes of a dense array of ``shape`` and ``dtype`` (no alignment).
+
+    ``math.prod`` and a cached item size, not ``np.prod``: the planners size every tensor at every moment
+    (166,000 calls for ``engine memory --model mobilenetv2``), and ``np.prod`` on a tuple took 2.8 of its
+    11.6 s under cProfile."""
+    return int(math.prod(shape)) * _itemsize(dtype)
+
+
+@cache
+def _itemsize(dtype: Any) -> int:
+    return np.dtype(dtype).itemsize
