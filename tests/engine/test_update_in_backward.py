@@ -48,9 +48,11 @@ def train(net, opt, data):
         opt.step()
 
 
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize(("model", "optimizer"), [("mlp", name) for name in OPTIMIZERS] + [("resnet18", "adam-decay")])
 def test_the_update_in_backward_gives_the_same_bits_as_the_update_after_it(model, optimizer):
+    # every optimizer's per-layer update on the MLP; ResNet-18 (convolutions, batch-norm buffers, gradients that
+    # meet at the residual adds before a layer's are complete) with the one that keeps the most state: its
+    # SGD cases ran the same hooks and slices as the MLP's, at 3 s each
     whole, whole_opt = build(model, OPTIMIZERS[optimizer])
     fused, fused_opt = build(model, OPTIMIZERS[optimizer])
     hook = update_in_backward(fused, fused_opt)
