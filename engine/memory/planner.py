@@ -21,6 +21,7 @@ offset for all of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,12 +57,17 @@ def first_fit(sizes: Sequence[int], spans: Sequence[Sequence[Span]], order: Sequ
         raise ValueError("first_fit: order must be a permutation of the items, with one span list per size")
     offsets: list[int | None] = [None] * len(sizes)
     placed: list[int] = []
+    # each item's first and last moment: items whose hulls do not meet cannot overlap, a test that skips the
+    # span-by-span one for most pairs (it was 40% of ``engine memory --model mobilenetv2``'s CPU time)
+    hulls = [(min(s for s, _ in item), max(e for _, e in item)) if item else (math.inf, -math.inf)
+             for item in spans]
     for item in order:
         size = int(sizes[item])
+        lo, hi = hulls[item]
         busy = sorted(
             (offsets[other], offsets[other] + int(sizes[other]))  # type: ignore[operator]
             for other in placed
-            if _overlap(spans[item], spans[other])
+            if hulls[other][0] <= hi and lo <= hulls[other][1] and _overlap(spans[item], spans[other])
         )
         offset = 0
         for start, end in busy:
