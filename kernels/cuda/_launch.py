@@ -39,9 +39,51 @@ The simulator runs each CUDA thread as a Python thread, and its block manager bu
 GIL: at every ``syncthreads`` each woken thread waited up to a whole interval for the GIL, so a launch cost
 ~(threads × barriers × 5 ms). Same launches, same results (no kernel may depend on thread scheduling);
 measured on this 2-core machine under load ~7: batchnorm_train at 2×8×4×4 (8 blocks of 32 threads) 1.2–1.6 s
-at 5 ms, 0.5–0.9 s at 1e-4 s; the cuda-graph test's 8 residual-block steps 34 s → 17 s."""
+at 5 ms, 0.5–0.9 s at 1e-4 s; the cuda-graph test's 8 residual-block steps 34 s → 17 s. It needs
+``_lock_simulator_shared_arrays`` below: threads now switch inside the simulator's own code."""
+
+
+def _lock_simulator_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` one allocation per block, whatever the thread switches.
+
+    numba-cuda 0.30's ``FakeCUDAShared.array`` looks the block's array up by the caller's file and line and
+    creates it when missing, without a lock: a thread switched out between the lookup and the store lets a
+    second thread of the block create its own "shared" array, and the block's reduction then reads slots
+    nobody wrote (seen as a conv gradient of 344.9 for 9.36 and a wrong batch-norm result: 3 of 16 runs of
+    kernel test files failed with the switch interval forced to 2 µs, 0 of 37 with this lock; possible,
+    rarely, at the default 5 ms too). Same key (file, line), same dynamic shared memory path, under one lock;
+    the caller's frame is read directly instead of through ``traceback.extract_stack``, which read the
+    source lines of the whole stack on every call.
+    """
+    import threading
+
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    unlocked = shared.array
+    if getattr(unlocked, "engine_locked", False):
+        return
+    lock = threading.Lock()
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if alignment is not None or shape == 0:  # the refusal and dynamic shared memory: no per-line lookup
+            return unlocked(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            result = self._allocations.get(key)
+            if result is None:
+                result = self._allocations[key] = np.empty(shape, dtype)
+        return result
+
+    array.engine_locked = True  # type: ignore[attr-defined]
+    shared.array = array
+
 
 if config.ENABLE_CUDASIM:
+    _lock_simulator_shared_arrays()
     sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 THREADS_PER_BLOCK = 256
