@@ -377,10 +377,21 @@ def run_images(
     Stride > 1 (v33): per block of ``strided_tile_images`` images of a chunk, in the thread's slice of
     ``scratch`` (``strided_workspace_size``), the forward gathers the kept pixels (``move_kept``) and runs
     ``images`` on them into out; backward-data runs ``images`` into the tile and scatters it into dx with its
-    zeros (``move_kept``). ``images`` then has the signature it has at stride 1: nothing more to compile."""
+    zeros (``move_kept``). ``images`` then has the signature it has at stride 1: nothing more to compile.
+
+    Where a single output row's GEMM (depth × pixels) is already past ``limit``, no block reaches the
+    small-matrix kernel, and cutting the rows only reads the whole source panel once per block: all rows go
+    in one GEMM. The case that showed it, MobileNetV2's 16→96 @112×112 backward-data at 224 (depth 96,
+    12,544 pixels: 1.2·10⁶ a row, so 16 one-row GEMMs, each re-reading 4.8 MB of dout): batch 32, two
+    threads, best of 7, ms, by rows per block 1 / 2 / 4 / 8 / 16: 131.4 / 85.1 / 48.7 / 28.8 / 28.9
+    (torch 77.3 in ``engine kernels --compare torch --image-size 224``). The other 1×1 stride-1 layers at
+    224 stay under the limit a row and keep their blocks, which won there: e.g. 144→24 @56×56 forward
+    8.86 ms in blocks against 20.00 in one GEMM, 24→144 6.48 against 16.88 (2026-11-27, AMD EPYC, quiet)."""
     n_images = src.shape[0]
     limit = SMALL_GEMM_MNK if limit is None else limit
     pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
+    if src.shape[1] * pixels > limit:  # one row is past the small-matrix kernel already: blocks only re-read src
+        limit = 0
     block = row_block(dst.shape[1], src.shape[1], pixels, limit)
     if stride == 1:
         chunks = chunk_count(n_images, 1, threads)
