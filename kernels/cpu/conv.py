@@ -185,13 +185,28 @@ v15: the weight gradient of the same layers too (``conv_winograd4.backward_weigh
 15.51 → 11.25 ms (it was on the shifted GEMMs), 128 @16×16 10.56 → 9.09 (F(2×2))."""
 
 WINOGRAD_LARGE_MAX_PIXELS = 56 * 56
-"""Proposed for the 224 shapes (issue 32), **not exported**: ``Paths.winograd_large_planes`` lets F(4×4) (backward-data
-and weight gradient; the forward too with ``ENGINE_CONV=fast``) and F(2×2) (the forward) take 3×3 stride-1 planes up to
-56×56 (ImageNet ResNet-18's four 64-channel layer1 convolutions, ~25% of its step's flops, on the shifted GEMMs now),
-with OpenBLAS. The 32×32 limit was the largest plane measured (v12, v14), not a measured loss; the transforms are
-blocked by tile rows and take any plane. What to run before exporting it: ``benchmarks/conv_ab.py --image-size 224
---versions 40 40 --set winograd_large_planes=1`` (each direction of 64 @56×56, v40 against v40 with the flag), then
-``bench_train`` at 224 (kernels/README.md, "The 224 shapes")."""
+"""v41 (issue 32), ``Paths.winograd_large_planes``: 3×3 stride-1 planes up to 56×56 (ImageNet ResNet-18's four
+64-channel layer1 convolutions, ~25% of its step's flops, on the shifted GEMMs before) take F(2×2) forward and
+backward-data and F(4×4) weight gradient, with OpenBLAS. The 32×32 limit was the largest plane measured (v12, v14), not
+a measured loss; the transforms are blocked by tile rows and take any plane.
+
+Measured (``benchmarks/conv_ab.py --models resnet18 --image-size 224 --versions 40 40 --set winograd_large_planes=1
+[winograd4=0] --threads 2``; batch 32, 2026-11-27, AMD EPYC, quiet, ms per call, shifted → new): forward 45.8 → 28.5
+(F(2×2)); backward-data 46.2 → 20.0 (F(4×4)) or 44.8 → 27.3 (F(2×2)); weight 45.9 → 25.6 (F(4×4)); the four layers'
+share of a step 551.6 → 296.0 ms with F(4×4) backward-data. Backward-data stays on F(2×2) (unless
+``Paths.winograd4_large_data``: ``ENGINE_CONV=fast``): F(4×4)'s backward-data is what carries ``auto``'s gradient error
+(``CONV_MODES``), and at 224 ``auto`` sits at issue 32's 2× goal already; 28 ms a step is the price."""
+
+STEM_STRIDED_MIN_KERNEL = 7
+"""v42 (issue 32): the ImageNet stems' own columns (v39, path "stem-strided") are kept for the 7×7 forward only, and
+the padded polyphase transform (v40) for forward and backward-data only; the other directions went back to im2col.
+Measured, ``benchmarks/conv_ab.py --image-size 224 --versions 38 39`` / ``39 40`` (batch 32, two threads, ms per call,
+2026-11-27, AMD EPYC, quiet), im2col → v39/v40: ResNet-18 3→64 7×7 s2 forward 75.6 → 70.1 (kept), weight 68.0 → 83.0;
+MobileNetV2 3→32 3×3 s2 forward 8.8 → 11.5, weight 12.1 → 14.5; 256→512 3×3 s2 @14 forward 22.7 → 23.3 (kept: level,
+and its compile job is the transform's, which the layer's backward-data needs anyway), backward-data 23.0 → 21.1 (kept),
+weight 21.4 → 27.5. PyTorch's on the same records (``engine kernels --ops conv2d --compare torch --image-size 224``):
+7×7 weight 71.7, 3×3 stem 35.6 / 21.4, 256→512 weight 20.2. The price: the 224 warm-up compiles im2col's forward and
+weight-gradient jobs again (the first run's cost, ``benchmarks/first_run.py --imagenet``: 18.2 s before this change)."""
 
 WINOGRAD4_WEIGHT_MIN_PIXELS = 64
 """The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
@@ -347,7 +362,9 @@ class Paths:
     float32_forward: bool = True  # v38: no F(4×4) forward (``CONV_MODES``)
     stem_strided: bool = True  # v39: the ImageNet stems on their own columns (``conv_stem``)
     winograd_s2_padded: bool = True  # v40: the polyphase transform on planes that are not multiples of 4
-    winograd_large_planes: bool = False  # proposed, off until timed: ``WINOGRAD_LARGE_MAX_PIXELS``
+    winograd_large_planes: bool = True  # v41: 3×3 stride-1 planes up to 56×56 on Winograd (``WINOGRAD_LARGE_…``)
+    winograd4_large_data: bool = False  # with it, F(4×4) backward-data on them too (``ENGINE_CONV=fast``)
+    imagenet_measured: bool = True  # v42: v39/v40 directions that lost to im2col go back (``STEM_STRIDED_…``)
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -423,7 +440,7 @@ def conv_mode() -> str:
 def paths_for(mode: str) -> Paths:
     """The paths the kernel table runs in ``mode`` (``CONV_MODES``)."""
     if mode == "fast":
-        return Paths(float32_forward=False)
+        return Paths(float32_forward=False, winograd4_large_data=True)
     if mode == "exact":
         return Paths(winograd4=False, winograd4_weight=False, winograd4_by_k=False, winograd4_weight_by_k=False)
     if mode == "auto":
@@ -511,6 +528,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     if (
         direction != "data" and paths.stem_strided
         and conv_stem.strided_supported(x_shape, w_shape, stride, pad, groups)
+        and not (paths.imagenet_measured and (direction == "weight" or w_shape[2] < STEM_STRIDED_MIN_KERNEL))
     ):
         return "stem-strided"
     if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
@@ -546,14 +564,17 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and (WINOGRAD4_WEIGHT_MIN_PIXELS if direction == "weight"
              else WINOGRAD4_MIN_PIXELS_8X8 if paths.winograd4_8x8 else WINOGRAD4_MIN_PIXELS)
         <= x_shape[2] * x_shape[3]
-        <= (WINOGRAD_LARGE_MAX_PIXELS if paths.winograd_large_planes else WINOGRAD_MAX_PIXELS_OPENBLAS)
+        <= (WINOGRAD_LARGE_MAX_PIXELS
+            if paths.winograd_large_planes and (direction != "data" or paths.winograd4_large_data)
+            else WINOGRAD_MAX_PIXELS_OPENBLAS)
         and blas.select_sgemm() == blas.OPENBLAS
     ):
         return "winograd4"
     if (
         (paths.winograd_s2 if direction == "forward" else paths.winograd_s2_backward)
         and (conv_winograd_s2.supported(x_shape, w_shape, stride, pad, groups)
-             or paths.winograd_s2_padded and s2_padded(x_shape, w_shape, stride, pad, groups))
+             or paths.winograd_s2_padded and not (paths.imagenet_measured and direction == "weight")
+             and s2_padded(x_shape, w_shape, stride, pad, groups))
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
         and x_shape[2] * x_shape[3]
         >= (WINOGRAD_S2_MIN_PIXELS if direction != "weight" or paths.winograd_s2_weight_8x8

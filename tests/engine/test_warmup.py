@@ -340,8 +340,9 @@ def test_a_conv_on_the_network_input_gets_no_backward_data_job():
 @pytest.mark.parametrize("model", ["resnet18", "mobilenetv2"])
 def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
     # issue 32: the ImageNet first run (engine train --variant imagenet --image-size 224) compiles what its layers
-    # run at a training batch, nothing else, and, like the CIFAR runs, none of the general im2col drivers (the largest
-    # compile jobs): the stems run conv_stem (v39), ResNet-18's 256->512 @14x14 the padded polyphase transform (v40)
+    # run at a training batch, nothing else. v39 and v40 had taken every 224 layer off im2col; v42 put back the
+    # directions where im2col measured faster (conv.STEM_STRIDED_MIN_KERNEL): forward and weight gradient only, never
+    # backward-data
     from engine.graph import GRAPH_INPUT
     from kernels.cpu import conv as cpu_conv
     from models import build_model
@@ -368,5 +369,5 @@ def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
               if job.op == "conv2d_forward" and job.path in warmup.SHARED_FORWARD_KERNEL}
     assert compiled <= routed  # no job for a path no layer takes
     assert routed <= compiled | shared  # every path a layer takes has its job
-    assert all(kind != "gemm" for kind, _ in routed), sorted(routed)
+    assert {(kind, d) for kind, d in routed if kind == "gemm"} <= {("gemm", "forward"), ("gemm", "weight")}, routed
     net.close()

@@ -99,7 +99,7 @@ def test_chunk_count(items, per_chunk, count):
 SHAPES = [  # (x, w, stride, pad): the chunked paths' forward, backward-data and weight gradient
     ((12, 24, 8, 8), (40, 24, 1, 1), 1, 0),  # 1×1 on 8×8 planes: v27's row blocks; the weight gradient v16's split
     ((10, 16, 16, 16), (24, 16, 1, 1), 1, 0),  # 1×1 on 16×16: row blocks; the weight gradient split over dW (v27)
-    ((9, 3, 12, 12), (8, 3, 3, 3), 2, 1),  # a stride-2 stem: conv_stem's chunks (v39), backward-data im2col/col2im
+    ((9, 3, 20, 20), (8, 3, 7, 7), 2, 3),  # a 7×7 stride-2 stem: conv_stem's chunks (v39, forward since v42), im2col
 ]
 
 

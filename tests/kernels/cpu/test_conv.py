@@ -474,7 +474,8 @@ def test_32x32_takes_winograd_when_the_sgemm_is_openblas(direction):
     # v12: on OpenBLAS Winograd beat the shifted GEMMs at 64 @32x32 (AMD 15.4 -> 9.7 ms, Intel 11.4 -> 8.6);
     # with MKL's sgemm the two were level (Intel 7.6 vs 8.0), so 32x32 keeps the shifted GEMMs there
     shapes = ((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, direction)
-    assert cpu.winograd_max_pixels(direction, sgemm=blas.OPENBLAS) == 32 * 32
+    assert cpu.winograd_max_pixels(direction, conv_study._paths(40), sgemm=blas.OPENBLAS) == 32 * 32
+    assert cpu.winograd_max_pixels(direction, sgemm=blas.OPENBLAS) == 56 * 56  # v41: ImageNet's 64 @56×56
     assert cpu.winograd_max_pixels(direction, sgemm="MKL 2026.2 (sequential, reproducible mode)") == 16 * 16
     assert cpu.winograd_max_pixels("weight", sgemm=blas.OPENBLAS) == 16 * 16  # level at 32x32: shifted
     openblas = blas.select_sgemm() == blas.OPENBLAS
@@ -810,9 +811,13 @@ def test_stems_take_their_own_path_and_backward_data_stays_on_im2col(direction):
     stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
     assert cpu.path(*stem, 1, 1, 1, direction) == ("gemm" if direction == "data" else "stem")
     assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(35)) == "gemm"
-    # the ImageNet stems (stride 2): their own columns by output rows since v39 (test_conv_stem)
-    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == (
+    # the ImageNet stems (stride 2): their own columns by output rows in v39–v41 (test_conv_stem); since v42 only
+    # the 7×7 forward, where they measured faster than im2col (conv.STEM_STRIDED_MIN_KERNEL)
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(41)) == (
         "gemm" if direction == "data" else "stem-strided")
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == "gemm"
+    assert cpu.path((32, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, direction) == (
+        "stem-strided" if direction == "forward" else "gemm")
     assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(38)) == "gemm"
     assert cpu.path((32, 3, 32, 32), (64, 3, 3, 3), 1, 0, 1, direction) == "gemm"  # "valid": not a stem shape
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study._paths(13)) == "shifted"

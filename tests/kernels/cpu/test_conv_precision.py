@@ -112,6 +112,8 @@ def test_modes_route_as_documented():
             if direction == "forward":
                 assert kinds["auto"] not in WINOGRAD4
                 fast_forward_f4 += kinds["fast"] in WINOGRAD4
+            elif direction == "data" and x_shape[2] * x_shape[3] > 32 * 32:  # v41: 56×56 data F(2×2) but in fast
+                assert kinds["fast"] in WINOGRAD4 and kinds["auto"] == "winograd"
             else:  # backward decides no mask: auto keeps fast's paths
                 assert kinds["auto"] == kinds["fast"]
     assert fast_forward_f4 >= 5  # fast is today's F(4×4) forward
@@ -164,19 +166,22 @@ def test_float32_paths_give_the_same_bits_every_call(mode):
             assert np.array_equal(first, _run(direction, x, w, dout, stride, paths))
 
 
-def test_the_proposed_large_plane_rule_matches_reference():
-    # conv.WINOGRAD_LARGE_MAX_PIXELS (not exported, for the lead's A/B at 224): F(2×2) forward, F(4×4) backward on
-    # planes above 32×32; the kernels are blocked by tile rows, so any plane is theirs
+def test_the_large_plane_rule_matches_reference():
+    # v41 (conv.WINOGRAD_LARGE_MAX_PIXELS): planes above 32×32 up to 56×56 take F(2×2) forward and backward-data and
+    # F(4×4) weight gradient; fast's backward-data F(4×4) too. The kernels are blocked by tile rows: any plane is theirs
     x, w, dout = _case(64, 64, 40, 1)
-    paths = conv.Paths(winograd_large_planes=True)
-    if conv.path(x.shape, w.shape, 1, 1, 1, "data", paths) != "winograd4":
+    if conv.path(x.shape, w.shape, 1, 1, 1, "weight") != "winograd4":
         pytest.skip("F(4×4) is OpenBLAS's only")
-    assert conv.path(x.shape, w.shape, 1, 1, 1, "data") == "shifted"  # the exported rule
-    assert conv.path(x.shape, w.shape, 1, 1, 1, "forward", paths) == "winograd"
-    assert conv.path(x.shape, w.shape, 1, 1, 1, "weight", paths) == "winograd4"
-    for direction in ("forward", "data", "weight"):
-        ours, gemm = _errors(direction, x, w, dout, 1, paths)
-        assert ours <= (GEMM_LEVEL if direction == "forward" else 20) * gemm
+    fast = conv.paths_for("fast")
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "forward") == "winograd"
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "data") == "winograd"
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "data", fast) == "winograd4"
+    assert conv.path(x.shape, w.shape, 1, 1, 1, "data", conv.Paths(winograd_large_planes=False)) == "shifted"
+    for paths in (conv.EXPORTED, fast):
+        for direction in ("forward", "data", "weight"):
+            ours, gemm = _errors(direction, x, w, dout, 1, paths)
+            level = GEMM_LEVEL if conv.path(x.shape, w.shape, 1, 1, 1, direction, paths) == "winograd" else 20
+            assert ours <= level * gemm, (direction, ours, gemm)
 
 
 def test_use_paths_is_what_the_table_runs():

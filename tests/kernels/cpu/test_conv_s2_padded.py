@@ -12,6 +12,14 @@ from kernels.reference import conv as ref
 pytestmark = pytest.mark.skipif(blas.select_sgemm() != blas.OPENBLAS, reason="the polyphase path is OpenBLAS's only")
 
 SHAPES = [(2, 64, 14, 14, 64), (3, 64, 13, 10, 72), (1, 64, 18, 22, 64)]  # (N, C, H, W, K)
+V41 = conv.Paths(imagenet_measured=False)
+"""v40–v41's routes: the padded transform in every direction (v42 sends the weight gradient back to im2col, where it
+measured faster; the kernel stays a numbered version's and is checked here in every direction)."""
+
+
+@pytest.fixture(autouse=True)
+def every_direction_padded(monkeypatch):
+    monkeypatch.setattr(conv, "EXPORTED", V41)  # the table's conv2d_* entries read it at each call
 
 
 def _case(shape):
@@ -37,7 +45,7 @@ def test_padded_polyphase_matches_reference(shape):
     x, w, b, dout = _case(shape)
     args = (2, 1, 1)
     for direction in ("forward", "data", "weight"):
-        assert conv.path(x.shape, w.shape, *args, direction) == "winograd-s2"
+        assert conv.path(x.shape, w.shape, *args, direction, V41) == "winograd-s2"
         assert conv.s2_padded(x.shape, w.shape, *args)
     out = np.empty(dout.shape, np.float32)
     conv.conv2d_forward(x, w, b, out, *args, _scratch(conv.conv2d_forward_workspace_size(x.shape, w.shape, *args)))
@@ -62,5 +70,8 @@ def test_padded_polyphase_matches_reference(shape):
 def test_padded_polyphase_routing():
     shape = ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1, 1)
     assert conv.path(*shape, "forward") == "winograd-s2"
+    assert conv.path(*shape, "data") == "winograd-s2"
+    assert conv.path(*shape, "weight") == "gemm"  # v42: im2col measured faster (conv.STEM_STRIDED_MIN_KERNEL)
+    assert conv.path(*shape, "weight", V41) == "winograd-s2"
     assert conv.path(*shape, "forward", conv.Paths(winograd_s2_padded=False)) == "gemm"  # v39 and before
     assert not conv.s2_padded((32, 256, 16, 16), (512, 256, 3, 3), 2, 1, 1)  # multiples of 4: the plain path
