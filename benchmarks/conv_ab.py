@@ -4,7 +4,8 @@
     python benchmarks/conv_ab.py --image-size 224 --versions 38 39          # v39: the ImageNet stems off im2col
     python benchmarks/conv_ab.py --image-size 224 --versions 37 38          # v38: F(2×2) forwards vs F(4×4) (fast)
     python benchmarks/conv_ab.py --image-size 32 --versions 37 38           # the same on the CIFAR layers
-    python benchmarks/conv_ab.py --image-size 224 --versions 40 40 --set winograd_large_planes=1   # a proposed rule
+    python benchmarks/conv_ab.py --image-size 224 --versions 40 42          # v41: 56x56 on Winograd; v42: im2col back
+    python benchmarks/conv_ab.py --image-size 224 --versions 42 42 --set winograd4=0   # a rule not exported
 
 For every conv layer of ``--models`` at ``--image-size`` (the variant ``engine train`` picks for that size) and every
 direction it runs in training (no backward-data for the stem), the path each version takes
