@@ -405,7 +405,8 @@ float64 with the engine's own ReLU masks, ≤ 2× PyTorch float32's error; ``ben
 worst tensor is the stem's BN), a weight gradient's stays in its tensor; no backward-data layer can keep F(4×4) (its
 by-k layers alone 3.17×, its tiled ones alone 3.57×). At ImageNet sizes ``auto`` is at the goal already (112×112,
 batch 8 1.96×; 224×224 batch 4 2.04×, batch 8 1.73×), F(4×4) in the weight gradient only 0.83–1.16×: PyTorch
-float32's own error is larger there and 64 @56 never takes F(4×4). The mix "F(4×4) in the weight gradient only"
+float32's own error is larger there and 64 @56 never takes F(4×4) backward-data (v41: 2.09× with 64 @56 on
+Winograd, 2.04× without, batch 4). The mix "F(4×4) in the weight gradient only"
 (``Paths(winograd4=False, winograd4_by_k=False)``) meets the goal everywhere measured, and gives up F(4×4)'s
 backward-data: 13 calls of a CIFAR step (64 @32, 128 @16, 256 @8, 512 @4), 9 at 224 (128 @28, 256 @14, 512 @7),
 estimated from the per-layer figures above at ~+40 ms on a ~600 ms CIFAR step at batch 32 (half of ``exact``'s
