@@ -410,8 +410,9 @@ Winograd, 2.04× without, batch 4). The mix "F(4×4) in the weight gradient only
 (``Paths(winograd4=False, winograd4_by_k=False)``) meets the goal everywhere measured, and gives up F(4×4)'s
 backward-data: 13 calls of a CIFAR step (64 @32, 128 @16, 256 @8, 512 @4), 9 at 224 (128 @28, 256 @14, 512 @7),
 estimated from the per-layer figures above at ~+40 ms on a ~600 ms CIFAR step at batch 32 (half of ``exact``'s
-cost): not small, so ``auto`` keeps F(4×4) backward until ``bench_train --conv-paths weight4`` times it
-(kernels/README.md gives the commands); if the step keeps the speed goals, ``paths_for("auto")`` becomes that mix.
+cost). Timed (``bench_train --conv-paths auto|weight4|exact``, ResNet-18 batch 32, quiet, medians; kernels/README.md
+has the runs): 32×32 73.2 / 68.8 / 61.1 img/s (PyTorch 50.65: 0.69×, 0.74×, 0.83× its step), 224×224 16.9 / 15.35 /
+15.45 (PyTorch 14.3). weight4 would take the CIFAR step past issue 32's 0.70× goal, so ``auto`` keeps F(4×4) backward.
 
 Tried and dropped: other interpolation points for F(4×4, 3×3) than Lavin's 0, ±1, ±2. A float32 simulation of 2-D
 tiles (64 channels, |N(0, 1)| half-zero inputs, He weights; error × a float32 direct sum's): Lavin's 4.1×;
