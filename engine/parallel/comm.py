@@ -97,7 +97,11 @@ class World:
         return max(1, cores // self.local_size)
 
     def abort(self, code: int = 1) -> None:
-        """End every rank of the job now (``MPI_Abort``): a rank blocked in a collective cannot hang."""
+        """End every rank of the job now (``MPI_Abort``): a rank blocked in a collective cannot hang.
+
+        MPI_Abort leaves the job's MPICH shared memory in /dev/shm (RAM) under any launcher, so this rank first
+        unlinks the segments it maps (``unlink_own_segments``); the mappings live on until the processes end."""
+        unlink_own_segments()
         self.comm.Abort(code)
 
 
@@ -197,6 +201,7 @@ def launch(workers: int, argv: Sequence[str], stop: Any = None) -> int:
         root = os.path.dirname(os.path.abspath(cli.__file__))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     process = None
+    segments = mpich_segments()
     try:
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         passed_on = False
@@ -214,6 +219,74 @@ def launch(workers: int, argv: Sequence[str], stop: Any = None) -> int:
             process.kill()
             process.wait()
         shutil.rmtree(folder, ignore_errors=True)
+        remove_orphaned_segments(segments)
+
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "mpich_shm_"
+
+
+def mpich_segments(directory: str = SHM_DIR) -> set[str]:
+    """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) that exist now."""
+    try:
+        return {name for name in os.listdir(directory) if name.startswith(SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def unlink_own_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """Unlink the MPICH segments this process maps (before MPI_Abort); return their paths."""
+    paths: set[str] = set()
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if path.startswith(os.path.join(SHM_DIR, SHM_PREFIX)):
+                    paths.add(path)
+    except OSError:
+        return []
+    removed = []
+    for path in sorted(paths):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def remove_orphaned_segments(before: set[str], directory: str = SHM_DIR, proc: str = "/proc") -> list[str]:
+    """Remove the MPICH segments made since ``before`` that no process maps any more; return their names.
+
+    The ranks' shared memory (2 MiB per rank pair, in RAM: /dev/shm is a tmpfs) is removed by MPICH when
+    a job ends normally. A job that ends by MPI_Abort or a killed rank leaves it, and ``-disable-auto-cleanup``
+    (``launch_command``) keeps Hydra from sweeping it: 85 segments had piled up in /dev/shm after a few days
+    of the test suite's rank-fault runs. Only segments that appeared during this job are candidates, and one
+    that a live process still maps (another job started meanwhile) is left alone."""
+    made = mpich_segments(directory) - before
+    if not made:
+        return []
+    mapped: set[str] = set()
+    try:
+        pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "maps"), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if SHM_PREFIX in line:
+                        mapped.add(os.path.basename(line.split()[-1]))
+        except OSError:
+            continue
+    removed = []
+    for name in sorted(made - mapped):
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
 
 
 def start_or_join(workers: int | None, argv: Sequence[str], stop: Any = None) -> tuple[World | None, int | None]:

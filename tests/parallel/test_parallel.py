@@ -107,7 +107,11 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch():
 def test_a_failing_rank_ends_the_job_with_its_message_and_no_swap_directory_left(tmp_path, how, message):
     """The other rank is told (a point-to-point notice it polls for while waiting on the allreduce),
     removes its swap directory and acknowledges before MPI_Abort (whose SIGKILL would leave it)."""
+    from engine.parallel.comm import mpich_segments
+
+    segments = mpich_segments()
     result = run([mpiexec(), "-n", "2", sys.executable, CHECKS, how, str(tmp_path)])
+    assert mpich_segments() - segments == set()  # MPI_Abort under the user's own mpiexec: no shared memory left
     assert result.returncode != 0
     assert f"Error: rank 1 of 2: {message}; ending every rank" in result.stderr, result.stderr
     assert result.stderr.count("Error: rank") == 1  # one message, from the failing rank

@@ -42,9 +42,12 @@ def test_a_rank_killed_mid_step_stops_every_rank_and_saves_the_last_step_all_com
     allreduce, is told by Hydra (SIGUSR1 through its supervisor), removes both swap directories (rank
     1's lock died with it), writes the weights of step 3, the last step both completed (they equal a
     straight 3-step run's bit for bit), prints one line naming rank 1 and exits 137."""
+    from engine.parallel.comm import mpich_segments
+
     mpiexec()
     (tmp_path / "swap").mkdir()
     swap = ["--offload-dir", str(tmp_path / "swap")]
+    segments = mpich_segments()
     killed = subprocess.run(
         [sys.executable, "-m", "cli", *COMMON, *swap, "--steps", "10", "--save", str(tmp_path / "killed.st")],
         capture_output=True, text=True, cwd=str(tmp_path), env=launch_env(tmp_path, ENGINE_TEST_KILL_RANK="1:3"),
@@ -58,6 +61,7 @@ def test_a_rank_killed_mid_step_stops_every_rank_and_saves_the_last_step_all_com
     assert f"the checkpoint of step 3 was written to {tmp_path / 'killed.st'}" in lines[0]
     assert "BAD TERMINATION" not in output and "Traceback" not in output
     assert left_behind(tmp_path) == []
+    assert mpich_segments() - segments == set()  # the killed job's shared memory is not left in /dev/shm
 
     straight = subprocess.run(
         [sys.executable, "-m", "cli", *COMMON, *swap, "--steps", "3", "--save", str(tmp_path / "straight.st")],
