@@ -206,7 +206,9 @@ MobileNetV2 3→32 3×3 s2 forward 8.8 → 11.5, weight 12.1 → 14.5; 256→512
 and its compile job is the transform's, which the layer's backward-data needs anyway), backward-data 23.0 → 21.1 (kept),
 weight 21.4 → 27.5. PyTorch's on the same records (``engine kernels --ops conv2d --compare torch --image-size 224``):
 7×7 weight 71.7, 3×3 stem 35.6 / 21.4, 256→512 weight 20.2. The price: the 224 warm-up compiles im2col's forward and
-weight-gradient jobs again (the first run's cost, ``benchmarks/first_run.py --imagenet``: 18.2 s before this change)."""
+weight-gradient jobs again (the weight job 4.9 s of a worker's CPU, ``benchmarks/first_run.py --jobs --imagenet``): the
+ImageNet first run, cold − warm, 18.2 → 19.35 s (``first_run.py --runs 2 --imagenet``, same day), paid back after ~50
+steps of ResNet-18 at batch 32 (~24 ms a step)."""
 
 WINOGRAD4_WEIGHT_MIN_PIXELS = 64
 """The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
