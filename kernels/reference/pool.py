@@ -16,7 +16,8 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int) -> int:
 
 def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel: int, stride: int, pad: int) -> None:
     """out = max over each window (padding never wins); argmax = h * W + w of the first maximum (int32), or
-    its place r * kernel + s in the window (uint8)."""
+    its place r * kernel + s in the window (uint8). A window holding NaN gives its last NaN, as PyTorch's CPU
+    kernel (``val > maxval || isnan(val)``: each NaN takes over)."""
     N, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
     for oh in range(OH):
@@ -26,6 +27,9 @@ def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel
             w_lo, w_hi = max(w0, 0), min(w0 + kernel, W)
             window = x[:, :, h_lo:h_hi, w_lo:w_hi].reshape(N, C, -1)
             first = window.argmax(axis=2)  # first maximum in row-major order, as PyTorch
+            nan = np.isnan(window)
+            last_nan = window.shape[2] - 1 - nan[:, :, ::-1].argmax(axis=2)
+            first = np.where(nan.any(axis=2), last_nan, first)
             wh = w_hi - w_lo
             out[:, :, oh, ow] = np.take_along_axis(window, first[:, :, None], axis=2)[:, :, 0]
             h, w = h_lo + first // wh, w_lo + first % wh

@@ -121,3 +121,32 @@ def test_uint8_argmax_needs_the_window_geometry(rng):
         pool.maxpool2d_backward(np.ones_like(out), argmax, np.empty_like(x))
     with pytest.raises(ValueError, match="argmax must be int32 or uint8"):
         pool.maxpool2d_forward(x, out, argmax.astype(np.int16), 2, 2, 0)
+
+
+@pytest.mark.parametrize("stride,pad", [(2, 1), (1, 1), (2, 0)])
+def test_whole_3x3_windows_pick_the_loops_winner_with_ties_and_nans(stride, pad, rng):
+    """The unrolled 3×3 windows (``pool._maxpool_forward``): ties (the first in row-major order wins, as in torch),
+    NaNs (a NaN wins; a later NaN over an earlier one), -inf windows; against the reference, and torch without NaNs."""
+    x = rng.integers(-2, 3, (2, 3, 11, 10)).astype(np.float32)  # many ties
+    x[0, 0, 2, :] = -np.inf
+    x[0, 0, 1:4, 0:4] = -np.inf  # whole windows of -inf
+    out_shape = output_shape(x.shape, 3, stride, pad)
+    tied_out, tied_argmax = np.empty(out_shape, np.float32), np.empty(out_shape, np.int32)
+    pool.maxpool2d_forward(x, tied_out, tied_argmax, 3, stride, pad)
+    t_out, t_indices = F.max_pool2d(torch.tensor(x), 3, stride, pad, return_indices=True)
+    np.testing.assert_array_equal(tied_out, t_out.numpy())
+    np.testing.assert_array_equal(tied_argmax, t_indices.numpy())
+    x[1, 2, 4, 4] = x[1, 2, 5, 5] = x[0, 1, 6, 3] = np.nan  # two NaNs in some windows
+    for dtype in (np.int32, np.uint8):
+        out, argmax = np.empty(out_shape, np.float32), np.empty(out_shape, dtype)
+        want, want_argmax = np.empty_like(out), np.empty_like(argmax)
+        pool.maxpool2d_forward(x, out, argmax, 3, stride, pad)
+        reference.maxpool2d_forward(x, want, want_argmax, 3, stride, pad)
+        np.testing.assert_array_equal(out, want)  # NaN where the reference has NaN
+        np.testing.assert_array_equal(argmax, want_argmax)
+    t_out, t_indices = F.max_pool2d(torch.tensor(x), 3, stride, pad, return_indices=True)
+    out, argmax = np.empty(out_shape, np.float32), np.empty(out_shape, np.int32)
+    pool.maxpool2d_forward(x, out, argmax, 3, stride, pad)
+    np.testing.assert_array_equal(out, t_out.numpy())
+    np.testing.assert_array_equal(argmax, t_indices.numpy())  # with two NaNs in a window: the later one, as torch
+    assert np.isnan(out).any()
