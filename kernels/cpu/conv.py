@@ -456,14 +456,16 @@ MODE = conv_mode()
 """This process's ``ENGINE_CONV`` (read once, at import: the kernels' paths may not change under a plan)."""
 
 EXPORTED = paths_for(MODE)
-"""What the kernel table runs (its six ``conv2d_*`` entries read it at each call: ``use_paths``)."""
+"""What the kernel table runs: every function with a ``paths`` argument reads it when given none, at the call
+(``use_paths``)."""
 
 
 def use_paths(paths: Paths) -> None:
     """Make ``paths`` the kernel table's from now on, in this process only: for benchmarks that compare mixes of
     paths which are no ``ENGINE_CONV`` mode (``benchmarks/conv_precision.py --gradients``: F(4×4) in one backward
     direction only). Call it before a network plans its workspaces: scratch sized for other paths fails its check.
-    The functions' ``paths`` defaults (``path``, ``forward`` …) keep the mode's."""
+    Everything that routes a conv without naming its paths follows it (``path``, ``workspace_size``, the warm-up's
+    jobs, the kernels themselves)."""
     global EXPORTED
     EXPORTED = paths
 
@@ -499,7 +501,7 @@ def _is_strided_1x1(w_shape, stride: int, pad: int, groups: int) -> bool:
     return groups == 1 and w_shape[2] == 1 and w_shape[3] == 1 and stride == 2 and pad == 0
 
 
-def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED) -> str:
+def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths | None = None) -> str:
     """The kernel a call runs: "depthwise-registers" (v25), "depthwise-planes", "depthwise-groups",
     "depthwise-flat", "depthwise-direct", "winograd4", "winograd4-by-k" (v34), "winograd4-weight-by-k" (v35),
     "winograd-s2" (v28; backward-data and weight gradient v32), "winograd", "winograd-by-xi" (v23), "shifted",
@@ -515,6 +517,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     path and direction): "depthwise-planes" (forward and backward-data plane by plane, ≥ 16×16),
     "depthwise-groups" (the weight gradient by image groups, ≥ 8×8), "depthwise-flat" (chunk runs);
     "depthwise-registers" takes the 4×4 to 32×32 square planes before them all (``conv_depthwise_regs``)."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     if is_depthwise(x_shape, w_shape, groups):
         if paths.depthwise_registers and conv_depthwise_regs.supported(x_shape, w_shape, stride, pad):
             return "depthwise-registers"
@@ -611,10 +614,11 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     return "gemm"
 
 
-def winograd_max_pixels(direction: str, paths: Paths = EXPORTED, sgemm: str | None = None) -> int:
+def winograd_max_pixels(direction: str, paths: Paths | None = None, sgemm: str | None = None) -> int:
     """The largest plane (pixels) a 3×3 stride-1 conv takes Winograd on: 32×32 for forward and
     backward-data when the kernels' sgemm (``sgemm``, default the process's) is OpenBLAS
     (``WINOGRAD_MAX_PIXELS_OPENBLAS``), else 16×16 (``WINOGRAD_MAX_PIXELS``)."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     if direction != "weight" and paths.winograd_32x32_openblas:
         if (sgemm if sgemm is not None else blas.select_sgemm()) == blas.OPENBLAS:
             return WINOGRAD_LARGE_MAX_PIXELS if paths.winograd_large_planes else WINOGRAD_MAX_PIXELS_OPENBLAS
@@ -766,9 +770,10 @@ def _target(w_shape, direction: str, paths: Paths) -> int:
 
 
 def workspace_size(
-    x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths = EXPORTED
+    x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, paths: Paths | None = None
 ) -> int:
     """Scratch (float32 elements) for one direction ("forward", "data", "weight") of the chosen path."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     kind = path(x_shape, w_shape, stride, pad, groups, direction, paths)
     threads = get_num_threads()
@@ -827,17 +832,17 @@ def workspace_size(
 
 def conv2d_forward_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch (float32 elements) for ``conv2d_forward``."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "forward", EXPORTED)
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "forward")
 
 
 def conv2d_backward_data_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch for ``conv2d_backward_data``."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "data", EXPORTED)
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "data")
 
 
 def conv2d_backward_weight_workspace_size(x_shape, w_shape, stride: int, pad: int, groups: int) -> int:
     """Scratch for ``conv2d_backward_weight`` (includes a dw-sized partial sum per extra thread)."""
-    return workspace_size(x_shape, w_shape, stride, pad, groups, "weight", EXPORTED)
+    return workspace_size(x_shape, w_shape, stride, pad, groups, "weight")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1435,17 +1440,17 @@ blas_on_calling_thread = _BlasOnCallingThread()
 
 def conv2d_forward(x, w, bias, out, stride: int, pad: int, groups: int, scratch) -> None:
     """out = conv2d(x, w) + bias, written into ``out``; scratch sized by conv2d_forward_workspace_size."""
-    forward(x, w, bias, out, stride, pad, groups, scratch, EXPORTED)
+    forward(x, w, bias, out, stride, pad, groups, scratch)
 
 
 def conv2d_backward_data(dout, w, dx, stride: int, pad: int, groups: int, scratch) -> None:
     """dx = the gradient of conv2d's output ``dout`` with respect to its input."""
-    backward_data(dout, w, dx, stride, pad, groups, scratch, EXPORTED)
+    backward_data(dout, w, dx, stride, pad, groups, scratch)
 
 
 def conv2d_backward_weight(x, dout, dw, dbias, stride: int, pad: int, groups: int, scratch) -> None:
     """dw (and dbias when given) = the gradients of conv2d's output ``dout`` w.r.t. weights and bias."""
-    backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, EXPORTED)
+    backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch)
 
 
 def check_forward_args(x, w, bias, out, stride, pad, groups) -> None:
@@ -1495,8 +1500,9 @@ def _run_forward_kernel(
             raise ValueError(f"{kind!r} is not one of FLIPPED_FORWARD's paths")
 
 
-def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths | None = None) -> None:
     """conv2d_forward with a choice of fast paths (the study versions pass fewer)."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     stride, pad, groups = int(stride), int(pad), int(groups)
     check_forward_args(x, w, bias, out, stride, pad, groups)
     kind = path(x.shape, w.shape, stride, pad, groups, "forward", paths)
@@ -1535,8 +1541,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths = EXPORT
         add_bias(out, bias)
 
 
-def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths | None = None) -> None:
     """conv2d_backward_data with a choice of fast paths."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("dx", dx, dx.shape)
     _check_array("w", w, w.shape)
@@ -1571,8 +1578,9 @@ def backward_data(dout, w, dx, stride, pad, groups, scratch, paths: Paths = EXPO
             gemm_backward_data(dout, w, dx, stride, pad, groups, tile, threads, scratch, paths.pointwise_gather)
 
 
-def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Paths = EXPORTED) -> None:
+def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Paths | None = None) -> None:
     """conv2d_backward_weight with a choice of fast paths."""
+    paths = EXPORTED if paths is None else paths  # read at the call: ``use_paths``
     stride, pad, groups = int(stride), int(pad), int(groups)
     _check_array("x", x, x.shape)
     _check_array("dw", dw, dw.shape)

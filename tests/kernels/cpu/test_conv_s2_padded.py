@@ -19,7 +19,7 @@ measured faster; the kernel stays a numbered version's and is checked here in ev
 
 @pytest.fixture(autouse=True)
 def every_direction_padded(monkeypatch):
-    monkeypatch.setattr(conv, "EXPORTED", V41)  # the table's conv2d_* entries read it at each call
+    monkeypatch.setattr(conv, "EXPORTED", V41)  # what every call without its own paths reads
 
 
 def _case(shape):
@@ -45,7 +45,7 @@ def test_padded_polyphase_matches_reference(shape):
     x, w, b, dout = _case(shape)
     args = (2, 1, 1)
     for direction in ("forward", "data", "weight"):
-        assert conv.path(x.shape, w.shape, *args, direction, V41) == "winograd-s2"
+        assert conv.path(x.shape, w.shape, *args, direction) == "winograd-s2"
         assert conv.s2_padded(x.shape, w.shape, *args)
     out = np.empty(dout.shape, np.float32)
     conv.conv2d_forward(x, w, b, out, *args, _scratch(conv.conv2d_forward_workspace_size(x.shape, w.shape, *args)))
@@ -69,9 +69,10 @@ def test_padded_polyphase_matches_reference(shape):
 
 def test_padded_polyphase_routing():
     shape = ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1, 1)
-    assert conv.path(*shape, "forward") == "winograd-s2"
-    assert conv.path(*shape, "data") == "winograd-s2"
-    assert conv.path(*shape, "weight") == "gemm"  # v42: im2col measured faster (conv.STEM_STRIDED_MIN_KERNEL)
+    exported = conv.paths_for(conv.MODE)  # this module's fixture makes V41 the table's
+    assert conv.path(*shape, "forward", exported) == "winograd-s2"
+    assert conv.path(*shape, "data", exported) == "winograd-s2"
+    assert conv.path(*shape, "weight", exported) == "gemm"  # v42: im2col measured faster (conv.STEM_STRIDED_MIN_KERNEL)
     assert conv.path(*shape, "weight", V41) == "winograd-s2"
     assert conv.path(*shape, "forward", conv.Paths(winograd_s2_padded=False)) == "gemm"  # v39 and before
     assert not conv.s2_padded((32, 256, 16, 16), (512, 256, 3, 3), 2, 1, 1)  # multiples of 4: the plain path

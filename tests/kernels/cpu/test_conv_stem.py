@@ -27,7 +27,7 @@ forward, where it measured faster than im2col); the kernels are checked here on 
 
 @pytest.fixture(autouse=True)
 def stems_on_their_columns(monkeypatch):
-    monkeypatch.setattr(conv, "EXPORTED", V41)  # the table's conv2d_* entries read it at each call
+    monkeypatch.setattr(conv, "EXPORTED", V41)  # what every call without its own paths reads
 
 
 def _case(shape, seed=0):
@@ -67,8 +67,8 @@ def test_strided_stems_match_reference(shape, budget, monkeypatch):
     # budget 1: one output row per block (many blocks per image, beta = 1 across them); the default: whole images
     monkeypatch.setattr(conv_stem, "COLUMN_BUDGET", budget)
     x, w, dout, stride, pad = _case(shape)
-    assert conv.path(x.shape, w.shape, stride, pad, 1, "forward", V41) == "stem-strided"
-    assert conv.path(x.shape, w.shape, stride, pad, 1, "weight", V41) == "stem-strided"
+    assert conv.path(x.shape, w.shape, stride, pad, 1, "forward") == "stem-strided"
+    assert conv.path(x.shape, w.shape, stride, pad, 1, "weight") == "stem-strided"
     out, dw = _run(x, w, dout, stride, pad)
     want_out, want_dw = _reference(x, w, dout, stride, pad)
     _close(out, want_out)
