@@ -46,7 +46,7 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
                 w_hi = min(ow * stride - pad + kernel, W)
                 if kernel == 3 and h_hi - h_lo == 3 and w_hi - w_lo == 3:  # a whole 3×3 window
                     r0, r1, r2 = x[n, c, h_lo], x[n, c, h_lo + 1], x[n, c, h_lo + 2]
-                    best, at = _take(r0[w_lo], 0, np.float32(-np.inf), 0)
+                    best, at = r0[w_lo], 0  # the first value wins against the loop's -inf start, NaN or not
                     best, at = _take(r0[w_lo + 1], 1, best, at)
                     best, at = _take(r0[w_lo + 2], 2, best, at)
                     best, at = _take(r1[w_lo], 3, best, at)

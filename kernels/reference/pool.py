@@ -26,13 +26,12 @@ def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel
             h_lo, h_hi = max(h0, 0), min(h0 + kernel, H)
             w_lo, w_hi = max(w0, 0), min(w0 + kernel, W)
             window = x[:, :, h_lo:h_hi, w_lo:w_hi].reshape(N, C, -1)
-            first = window.argmax(axis=2)  # first maximum in row-major order, as PyTorch
             nan = np.isnan(window)
             last_nan = window.shape[2] - 1 - nan[:, :, ::-1].argmax(axis=2)
-            first = np.where(nan.any(axis=2), last_nan, first)
+            winner = np.where(nan.any(axis=2), last_nan, window.argmax(axis=2))  # else the first maximum, row-major
             wh = w_hi - w_lo
-            out[:, :, oh, ow] = np.take_along_axis(window, first[:, :, None], axis=2)[:, :, 0]
-            h, w = h_lo + first // wh, w_lo + first % wh
+            out[:, :, oh, ow] = np.take_along_axis(window, winner[:, :, None], axis=2)[:, :, 0]
+            h, w = h_lo + winner // wh, w_lo + winner % wh
             argmax[:, :, oh, ow] = (h - h0) * kernel + (w - w0) if argmax.dtype == np.uint8 else h * W + w
 
 
