@@ -536,7 +536,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
     from engine.data.prefetch import ring_bytes
     from engine.memory.limits import memory_limit
     from engine.offload import OffloadError, OffloadStorageError, offload_summary
-    from engine.offload.budget import describe_needs, parse_budget, resolve_budget
+    from engine.offload.budget import DoesNotFit, describe_needs, parse_budget, resolve_budget
     from engine.offload.session import session_from_options
     from engine.parallel.comm import refuse_together
 
@@ -551,7 +551,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
                                   memory_limit(ranks_on_host=ranks) if ranks > 1 else None)  # None: this process's
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
-                              if ranks > 1 and "the limit is" in str(exc) else "")
+                              if ranks > 1 and isinstance(exc, DoesNotFit) else "")
     refuse_together(world, refusal)
     if refusal is not None:
         fail(refusal)

@@ -234,19 +234,20 @@ def mpich_segments(directory: str = SHM_DIR) -> set[str]:
         return set()
 
 
-def unlink_own_segments(maps: str = "/proc/self/maps") -> list[str]:
-    """Unlink the MPICH segments this process maps (before MPI_Abort); return their paths."""
-    paths: set[str] = set()
+def _mapped_segments(maps: str) -> set[str]:
+    """The MPICH segments (their paths) a process maps, from its ``/proc/PID/maps``; empty if unreadable."""
     try:
         with open(maps, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                path = line.split()[-1] if line.strip() else ""
-                if path.startswith(os.path.join(SHM_DIR, SHM_PREFIX)):
-                    paths.add(path)
+            return {path for path in (line.rsplit(None, 1)[-1] for line in f if SHM_PREFIX in line)
+                    if os.path.basename(path).startswith(SHM_PREFIX)}
     except OSError:
-        return []
+        return set()
+
+
+def unlink_own_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """Unlink the MPICH segments this process maps (before MPI_Abort); return their paths."""
     removed = []
-    for path in sorted(paths):
+    for path in sorted(_mapped_segments(maps)):
         try:
             os.unlink(path)
             removed.append(path)
@@ -266,19 +267,11 @@ def remove_orphaned_segments(before: set[str], directory: str = SHM_DIR, proc: s
     made = mpich_segments(directory) - before
     if not made:
         return []
-    mapped: set[str] = set()
     try:
         pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
     except OSError:
         return []
-    for pid in pids:
-        try:
-            with open(os.path.join(proc, pid, "maps"), encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if SHM_PREFIX in line:
-                        mapped.add(os.path.basename(line.split()[-1]))
-        except OSError:
-            continue
+    mapped = {os.path.basename(path) for pid in pids for path in _mapped_segments(os.path.join(proc, pid, "maps"))}
     removed = []
     for name in sorted(made - mapped):
         try:
