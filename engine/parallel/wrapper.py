@@ -232,9 +232,10 @@ class AgreedStop:
     stopped alone would leave the others waiting in the next allreduce. So the Trainer's question
     "has a stop signal arrived?", asked once before each step, is answered by all ranks together: an
     allreduce (MAX) of each rank's signal number, 0 for none, polled like every wait here
-    (``wait_all``), so a rank lost meanwhile ends it too. One 4-byte allreduce per step: 137–158 µs median, ~300 µs
-    at the 99th percentile, on the 2-core machine with two ranks (``mpiexec -n 2 python benchmarks/stop_agreement.py``,
-    three runs, 2026-11-27), against a data-parallel ResNet-18 step of hundreds of milliseconds. A stop the
+    (``wait_all``), so a rank lost meanwhile ends it too. One 4-byte allreduce per step: 106–151 µs median, 228–241 µs
+    at the 99th percentile, 0.5–0.8% of the step's ResNet-18 gradient allreduce timed in the same run (19.7–20.7 ms),
+    on the 2-core machine with two ranks (``mpiexec -n 2 python benchmarks/stop_agreement.py``, three runs,
+    2026-11-27). A stop the
     launching ``engine train`` received is read from its ``stop`` note here, not sent to the ranks as
     a signal: a rank still importing (no handler yet) would be killed by it. Asked again at the same
     step, the answer is remembered; once a stop is agreed it stays (``AGREED_STOP`` tells
