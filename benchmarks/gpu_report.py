@@ -85,6 +85,10 @@ def build(folder: str, date: str) -> dict[str, Any]:
     report["acceptance"] = None if accept is None else {
         "passed": not accept.get("failures"), "failures": accept.get("failures", []),
         "checks": len(accept.get("checks", [])), "host_launch_us": accept.get("host_launch_us")}
+    profile = _load(folder, "kernel_profile.json") or {}
+    report["profile"] = [{key: step.get(key) for key in ("model", "options", "image_size", "batch", "launches",
+                                                          "step_kernel_ms", "step_roofline_ms", "error")}
+                         | {"kernels": step.get("kernels", [])[:12]} for step in profile.get("steps", [])]
     report["goals"] = goals(report)
     if report["dry"]:  # a simulator's figures decide no goal
         for goal in report["goals"]:
@@ -150,6 +154,17 @@ def markdown(report: dict[str, Any]) -> str:
         a = report["acceptance"]
         lines += ["", f"Acceptance: {'PASS' if a['passed'] else 'FAIL'} ({a['checks']} kernel checks, host "
                       f"{_f(a['host_launch_us'])} µs a launch)"] + [f"- {f}" for f in a["failures"]]
+    for p in report.get("profile", []):
+        name = f"{p['model']} {p['image_size']}x{p['image_size']} b{p['batch']}"
+        if p.get("error"):
+            lines += ["", f"Kernel profile {name}: failed ({p['error']})"]
+            continue
+        lines += ["", f"Kernel profile {name} (benchmarks/gpu_kernel_profile.py, graph-timed): {p['launches']} "
+                      f"launches, {_f(p['step_kernel_ms'], 2)} ms of kernels a step, roofline "
+                      f"{_f(p['step_roofline_ms'], 2)} ms", "", "| kernel | launches | ms a step | roofline ms |",
+                  "|---|---|---|---|"]
+        lines += [f"| {k['kernel']} | {k['launches']} | {_f(k['ms'], 3)} | {_f(k['roofline_ms'], 3)} |"
+                  for k in p["kernels"]]
     for e in report.get("errors", []):
         lines += ["", f"**{e['model']}: eager vs graph failed**", "", "```", e["error"].strip(), "```"]
     lines += ["", "Steps: " + ", ".join(f"{k} rc={v.get('rc')} {v.get('seconds')} s" for k, v in

@@ -12,6 +12,8 @@
 #            captured CUDA graph per step (images/s, host µs per step, same weights), ResNet-18 and
 #            MobileNetV2, batch 32; engine train ResNet-18 with and without --offload-n 4 (images/s,
 #            same loss); ResNet-18 at 224×224 (ImageNet variant) with and without offload;
+#   profile  benchmarks/gpu_kernel_profile.py: every distinct launch of a ResNet-18 step (CIFAR b32, 224 b8)
+#            timed inside a CUDA graph (no host in the figure), summed by kernel: where the step's GPU time goes;
 #   report   benchmarks/gpu_report.py: gpu-<date>.json (commit as benchmarks/results/) and .md.
 # Logs and files go to $OUT (the device tool's folder) or ./gpu_session_out.
 # Usage, from the repository root:  bash benchmarks/gpu_session.sh [--dry] [steps...]
@@ -57,7 +59,7 @@ data = json.load(open(path)); data[name] = {"rc": int(rc), "seconds": int(second
 PY
 }
 
-steps=${*:-"env search accept bench report"}
+steps=${*:-"env search accept bench profile report"}
 for s in $steps; do
     case $s in
     env) step env 60 python benchmarks/gpu_env.py "$OUT/env.json" $DRY ;;
@@ -86,8 +88,13 @@ for s in $steps; do
         else step bench 200 python benchmarks/gpu_step_bench.py --parts graph offload imagenet \
             --output "$OUT/step_bench.json"; fi
         ;;
+    profile)
+        if [ -n "$DRY" ]; then step profile 100 python benchmarks/gpu_kernel_profile.py --dry \
+            --output "$OUT/kernel_profile.json"
+        else step profile 90 python benchmarks/gpu_kernel_profile.py --output "$OUT/kernel_profile.json"; fi
+        ;;
     report) python benchmarks/gpu_report.py "$OUT" ;;
-    *) echo "unknown step $s (env search accept bench report)"; exit 2 ;;
+    *) echo "unknown step $s (env search accept bench profile report)"; exit 2 ;;
     esac
 done
 echo "session: $((SECONDS - START)) s"

@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dry_session_runs_and_reports(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
-    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry", "env", "search", "bench", "report"],
+    done = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--dry", "env", "search", "bench", "profile", "report"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     steps = json.loads((tmp_path / "steps.json").read_text())
-    assert {name: step["rc"] for name, step in steps.items()} == {"env": 0, "search": 0, "bench": 0}
+    assert {name: step["rc"] for name, step in steps.items()} == {"env": 0, "search": 0, "bench": 0, "profile": 0}
     reports = list(tmp_path.glob("gpu-*.json"))
     assert len(reports) == 1 and reports[0].with_suffix(".md").exists()
     report = json.loads(reports[0].read_text())
@@ -34,5 +34,7 @@ def test_dry_session_runs_and_reports(tmp_path):
     assert report["step"][0]["same_weights"] is True and report["step"][0]["graph_launches"] > 10
     assert report["gemm"] and all(g["config"] for g in report["gemm"])
     assert all(goal["met"] is None for goal in report["goals"])  # a simulator decides no goal
+    assert report["profile"][0]["step_kernel_ms"] > 0 and report["profile"][0]["kernels"]
+    assert "Kernel profile cnn 4x4 b2" in reports[0].with_suffix(".md").read_text()
     table = json.loads((tmp_path / "gemm_table.json").read_text())
     assert set(table["entries"]) == {g["key"] for g in report["gemm"]}
