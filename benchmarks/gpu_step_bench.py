@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="timed steps of part 1")
     parser.add_argument("--parts", nargs="+", default=["graph", "offload", "imagenet"])
     parser.add_argument("--imagenet-models", nargs="+", default=["resnet18", "mobilenetv2"],
-                        help="224×224 runs (mobilenetv2 too when the session has the time)")
+                        help="models trained at 224×224 (ImageNet variants), with and without offload")
     parser.add_argument("--dry", action="store_true", help="the CUDA simulator at tiny sizes")
     options = parser.parse_args(argv)
     if options.dry:
