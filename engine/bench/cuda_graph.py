@@ -21,11 +21,20 @@ with one launch of the graph (CuPy stream capture; the Numba kernels go to CuPy'
 - **Bookkeeping.** A shape is captured after ``warmup`` eager steps (the first cycle sizes every
   workspace and plans the arena); a graph is dropped when memory moved since its capture (a block
   reallocated: ``memory_epoch``); batch norm's host counter advances on replays; networks with hooks
-  (offload, listeners), dropout or the update in backward run eagerly, with the reason in
-  ``eager_reason``. Dropout's mask is a per-step value from a host generator; it cannot be written into
-  its arena slot before a replay (that slot holds other tensors earlier in the step), so capturing it
-  needs a runner-owned mask buffer copied into the slot by a captured launch at the layer's forward
-  (or a device generator): MobileNetV2's classifier has one, so its step stays eager for now.
+  (offload, listeners) or the update in backward run eagerly, with the reason in ``eager_reason``.
+- **Dropout's mask** is a per-step value from the network's host generator; it cannot be written into
+  its arena slot before a replay (that slot holds other tensors earlier in the step). So the runner owns
+  a device mask buffer per Dropout node and batch shape, fills it before every step from the very draw
+  the eager forward makes (``Dropout.draw_mask``, same generator, same order: the program's forward
+  order), and the layer's forward copies it into its slot with a launch (``Dropout.mask_fill``), which
+  the graph holds. The CPU backend's forward is untouched and draws as before. (On the H200,
+  2026-11-27, MobileNetV2 was not captured for this reason.)
+- **Host values through pinned staging** (``engine/host_staging.py``): the batch, the labels, the
+  scalars and the masks go through a ring of two pinned buffer sets with asynchronous copies on the
+  runner's stream; the host waits only to refill a set whose copy has not run. ``ndarray.set`` from
+  NumPy memory blocked until the previous replay was done: the H200's "host µs per captured step" read
+  25,347 µs of a 28.2 ms step. ``host_seconds`` is the host's own time in ``step()``, the ring's waits
+  (the GPU's time) apart in ``wait_seconds``.
 - **The loss** lands in an arena slot that later tensors reuse: each step copies it into a runner-owned
   device scalar with a launch (captured too), which ``last_loss()`` reads.
 
@@ -112,6 +121,8 @@ def memory_epoch(net: Any) -> tuple[int, ...]:
 class _Shape:
     x: Any
     y: Any
+    masks: dict[int, Any] = field(default_factory=dict)  # Dropout node index -> this shape's device mask buffer
+    dropouts: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (node, mask shape), forward order
     eager_steps: int = 0
     graph: Any = None
     epoch: tuple[int, ...] = ()
@@ -134,7 +145,8 @@ class StepRunner:
     capture: str | bool = "record"
     warmup: int = 1
     shapes: dict[tuple[int, ...], _Shape] = field(default_factory=dict)
-    host_seconds: float = 0.0  # host time spent inside step() (what a captured step saves)
+    host_seconds: float = 0.0  # host time spent inside step(), less the staging ring's waits (its own work)
+    depth: int = 2  # the staging ring's buffer sets (engine/host_staging.py: why two)
 
     def __post_init__(self) -> None:
         from kernels.cuda.optim import SCALARS
@@ -153,23 +165,69 @@ class StepRunner:
             cupy.cuda.Device().synchronize()
         if self.capture not in ("cupy", "record", False):
             raise ValueError(f"capture must be 'cupy', 'record' or False, got {self.capture!r}")
+        from engine.host_staging import CupyTransport, HostTransport, StagingRing
+
+        transport = CupyTransport(self.stream) if self.backend.is_device else HostTransport()
+        self.staging = StagingRing(transport, self.depth)
+        self._active: _Shape | None = None  # the shape of the step being run (its mask buffers)
+        self._dropouts = self._attach_dropouts()
         self.eager_reason = self._eager_reason()
         self.classes: int | None = None  # from the first eager step: the captured steps check labels here
 
     def _eager_reason(self) -> str | None:
-        from engine.layers import Dropout
-
         if self.capture is False:
             return "capture off"
         if self.net.hooks:
             return f"hooks on the network ({', '.join(type(h).__name__ for h in self.net.hooks)}: offload or listeners)"
-        if any(isinstance(node.layer, Dropout) for node in self.net.graph.nodes):
-            return "dropout draws its mask on the host every step"
         if self.optimizer.in_backward is not None:
             return "the update runs inside backward (a hook)"
         if self.optimizer.name not in ("sgd", "adam"):
             return f"no device-scalar update for optimizer {self.optimizer.name!r}"
         return None
+
+    # -- dropout masks ------------------------------------------------------------------------------
+
+    def _attach_dropouts(self) -> list[int]:
+        """Point every Dropout layer at this runner's mask buffers (``close()`` detaches them)."""
+        from engine.layers import Dropout
+
+        found = []
+        for index, node in enumerate(self.net.graph.nodes):
+            if isinstance(node.layer, Dropout):
+                if node.layer.mask_fill is not None:
+                    raise RuntimeError(f"{node.name}: its dropout masks already come from another StepRunner")
+                node.layer.mask_fill = self._mask_filler(index)
+                found.append(index)
+        return found
+
+    def _mask_filler(self, index: int) -> Any:
+        def fill(out: Any) -> None:
+            from kernels.cuda.elementwise import copy
+
+            if self._active is None:
+                raise RuntimeError("a training forward outside StepRunner.step() on a network whose dropout masks "
+                                   "the runner fills: call runner.close() first")
+            copy(self._active.masks[index], out)  # a launch: the graph holds it, replays copy the new mask
+
+        return fill
+
+    def close(self) -> None:
+        """Give the Dropout layers back their own host draws."""
+        for index in self._dropouts:
+            self.net.graph.nodes[index].layer.mask_fill = None
+        self._dropouts = []
+
+    def _new_shape(self, x: np.ndarray, y: np.ndarray) -> _Shape:
+        xp = self.backend.xp
+        shape = _Shape(xp.empty(x.shape, np.float32), xp.empty(y.shape, np.int64))
+        if self._dropouts:
+            program = self.net.program(int(x.shape[0]), True)
+            for step in program.forward_steps:  # the order the eager forward draws in
+                if step.node in self._dropouts:
+                    mask_shape = tuple(program.buffers[step.inputs[0]].shape)
+                    shape.dropouts.append((step.node, mask_shape))
+                    shape.masks[step.node] = xp.zeros(mask_shape, np.uint8)
+        return shape
 
     # -- the step -----------------------------------------------------------------------------------
 
@@ -198,48 +256,64 @@ class StepRunner:
         self._update()
 
     def _write_step_values(self, shape: _Shape, x: np.ndarray, y: np.ndarray) -> None:
+        """Everything the step reads that changes per step, through the pinned staging ring: the update's
+        scalars, the batch, the labels, and each Dropout's mask drawn now, in forward order, as the eager
+        forward would draw it."""
         from kernels.cuda.optim import step_scalars
 
         opt = self.optimizer
         step = opt.steps_taken + 1
         values = step_scalars(opt.lr, getattr(opt, "beta1", 0.9), getattr(opt, "beta2", 0.999), step)
-        _copy_in(self.scalars, values)
-        _copy_in(shape.x, np.ascontiguousarray(x, dtype=np.float32))
-        _copy_in(shape.y, np.ascontiguousarray(y, dtype=np.int64))
+        items = [(self.scalars, np.asarray(values, np.float32)), (shape.x, np.asarray(x, np.float32)),
+                 (shape.y, np.asarray(y, np.int64))]
+        for index, mask_shape in shape.dropouts:
+            items.append((shape.masks[index], self.net.graph.nodes[index].layer.draw_mask(mask_shape)))
+        self.staging.stage(items)
 
     def step(self, x: np.ndarray, y: np.ndarray) -> None:
         """One training step on a host batch; the loss stays on the device (``last_loss()`` reads it)."""
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), self.staging.wait_seconds
         if y.size and (y.min() < 0 or (self.classes is not None and y.max() >= self.classes)):
             raise ValueError(f"labels must lie in [0, {self.classes}), got values from {y.min()} to {y.max()}")
         key = tuple(x.shape)
         shape = self.shapes.get(key)
         if shape is None:
-            xp = self.backend.xp
-            shape = self.shapes[key] = _Shape(xp.empty(x.shape, np.float32), xp.empty(y.shape, np.int64))
+            shape = self.shapes[key] = self._new_shape(x, y)
         if shape.graph is not None and shape.epoch != memory_epoch(self.net):
             shape.graph = None  # a block moved since the capture: its addresses are stale
             shape.eager_steps = 0
         context = self.stream if self.stream is not None else _nothing()
-        with context:
-            self._write_step_values(shape, x, y)
-            captured_now = False
-            if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
-                shape.graph = self._capture(shape)
-                shape.epoch = memory_epoch(self.net)
-                shape.captures += 1
-                shape.launches = len(shape.graph)
-                captured_now = True  # the capture ran the step's Python (its host counters) once
-            if shape.graph is not None:
-                shape.graph.launch(self.stream)
-                shape.replays += 1
-                if not captured_now:
-                    self._advance_host_counters()
-            else:
-                self._body(shape)
-                shape.eager_steps += 1
+        self._active = shape
+        try:
+            with context:
+                self._run(shape, x, y)
+        finally:
+            self._active = None
         self.optimizer.steps_taken += 1
-        self.host_seconds += time.perf_counter() - start
+        self.host_seconds += time.perf_counter() - start - (self.staging.wait_seconds - waited)
+
+    @property
+    def wait_seconds(self) -> float:
+        """Host time spent waiting for a staging buffer's copy (the GPU's time, not the host's work)."""
+        return self.staging.wait_seconds
+
+    def _run(self, shape: _Shape, x: np.ndarray, y: np.ndarray) -> None:
+        self._write_step_values(shape, x, y)
+        captured_now = False
+        if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
+            shape.graph = self._capture(shape)
+            shape.epoch = memory_epoch(self.net)
+            shape.captures += 1
+            shape.launches = len(shape.graph)
+            captured_now = True  # the capture ran the step's Python (its host counters) once
+        if shape.graph is not None:
+            shape.graph.launch(self.stream)
+            shape.replays += 1
+            if not captured_now:
+                self._advance_host_counters()
+        else:
+            self._body(shape)
+            shape.eager_steps += 1
 
     def _advance_host_counters(self) -> None:
         """What a step does on the host besides launching kernels, which a replay does not: batch norm's
@@ -267,19 +341,22 @@ class StepRunner:
         return float(self.backend.to_host(self.loss_out)[0])
 
 
-def residual_graph(channels: int = 2, image: int = 4, classes: int = 3) -> Any:
+def residual_graph(channels: int = 2, image: int = 4, classes: int = 3, dropout: float = 0.0) -> Any:
     """A residual block, as ResNet-18's steps are made, small enough for the simulator (tests, --dry runs).
     No Flatten: its copy is CuPy's, not a launch, which a real capture holds and the simulator's recorded
-    launches would miss."""
+    launches would miss. ``dropout``: a Dropout of that p on the block's branch (MobileNetV2's stand-in:
+    a per-step mask the graph must not bake in)."""
     from engine.graph import Graph
-    from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, ReLU
+    from engine.layers import Add, BatchNorm2d, Conv2d, Dense, Dropout, GlobalAvgPool, ReLU
 
+    branch = [("drop", Dropout(dropout), ["relu1"])] if dropout else []
     return Graph(
         [
             ("conv1", Conv2d(3, channels, 3, 1, 1), ["input"]),
             ("bn1", BatchNorm2d(channels), ["conv1"]),
             ("relu1", ReLU(), ["bn1"]),
-            ("conv2", Conv2d(channels, channels, 3, 1, 1), ["relu1"]),
+            *branch,
+            ("conv2", Conv2d(channels, channels, 3, 1, 1), ["drop" if dropout else "relu1"]),
             ("add", Add(), ["conv2", "relu1"]),
             ("relu2", ReLU(), ["add"]),
             ("gap", GlobalAvgPool(), ["relu2"]),
@@ -291,14 +368,6 @@ def residual_graph(channels: int = 2, image: int = 4, classes: int = 3) -> Any:
 
 def _array(view: Any) -> Any:
     return view.array if hasattr(view, "array") else view
-
-
-def _copy_in(target: Any, values: np.ndarray) -> None:
-    """Host values into a fixed device array, on the current stream (NumPy arrays under the simulator)."""
-    if isinstance(target, np.ndarray):
-        target[...] = values
-    else:
-        target.set(values, stream=None)
 
 
 class _nothing:

@@ -120,14 +120,72 @@ def test_a_host_read_inside_the_capture_is_refused():
         backend.capturing = False
 
 
-def test_offload_and_dropout_steps_stay_eager():
-    from engine.layers import Dropout
+def test_dropout_is_captured_and_every_replay_gets_the_eager_steps_mask():
+    """A Dropout on the block's branch (16 mask elements a step): the runner draws each step's mask before
+    the step from the network's generator, the graph copies it into the layer's slot. Eager (the layer's own
+    host draw) and eager → captured → replayed × 3 end with the same weights and losses bit for bit, and
+    every step's mask is the eager step's; the masks differ from step to step, so a replay that kept the
+    captured step's mask would train other weights."""
+    batches = _batches([2, 2, 2, 2, 2])
+    backend = get_backend("cudasim")
 
-    graph = Graph([("fc", Dense(48, 3), ["input"]), ("drop", Dropout(0.5), ["fc"])], input_shape=(48,))
+    def build():
+        net = Network(residual_graph(image=IMAGE, dropout=0.5), backend, seed=0)
+        return net, make_optimizer("sgd", net, backend, _schedule, manager=net.mgr, momentum=0.9)
+
+    net, opt = build()
+    eager_masks, eager_losses = [], []
+    try:
+        for x, y in batches:
+            net.forward(x, training=True)
+            eager_masks.append(np.array(net.node("drop").layer.saved["mask"].array))
+            eager_losses.append(np.float32(net.loss(y)))
+            net.backward()
+            opt.step()
+        eager = np.array(net.parameters.flat)
+        eager_rng = net.rng.bit_generator.state
+    finally:
+        net.close()
+    assert len({m.tobytes() for m in eager_masks}) == len(batches)
+
+    net, opt = build()
+    try:
+        runner = StepRunner(net, opt, capture="record", warmup=1)
+        assert runner.eager_reason is None
+        masks, losses = [], []
+        for x, y in batches:
+            runner.step(x, y)
+            shape = runner.shapes[x.shape]
+            masks.append(np.array(shape.masks[net.graph.nodes.index(net.node("drop"))]))
+            losses.append(np.float32(runner.last_loss()))
+        assert (shape.eager_steps, shape.captures, shape.replays) == (1, 1, 4)
+        for step, (mask, expected) in enumerate(zip(masks, eager_masks)):
+            np.testing.assert_array_equal(mask, expected, err_msg=f"step {step}")
+        np.testing.assert_array_equal(np.array(net.parameters.flat), eager)
+        assert losses == eager_losses
+        assert net.rng.bit_generator.state == eager_rng  # one draw per step, as eager
+        with pytest.raises(RuntimeError, match="outside StepRunner.step"):
+            net.forward(batches[0][0], training=True)
+        net.end_iteration()
+        runner.close()
+        assert net.node("drop").layer.mask_fill is None
+    finally:
+        net.close()
+
+
+def test_a_network_with_hooks_stays_eager():
+    """Offload's scheduler and listeners are hooks: host work between a step's launches, which a replay skips."""
+
+    class Listener:
+        pass
+
+    graph = Graph([("fc", Dense(48, 3), ["input"])], input_shape=(48,))
     net = Network(graph, get_backend("cudasim"), seed=0)
     try:
+        net.hooks.append(Listener())
         runner = StepRunner(net, make_optimizer("sgd", net, net.backend, 0.1, manager=net.mgr))
-        assert runner.eager_reason == "dropout draws its mask on the host every step"
+        assert runner.eager_reason.startswith("hooks on the network (Listener")
     finally:
+        net.hooks.clear()
         net.close()
     assert memory_epoch is not None

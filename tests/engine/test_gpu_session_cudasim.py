@@ -31,7 +31,10 @@ def test_dry_session_runs_and_reports(tmp_path):
     assert len(reports) == 1 and reports[0].with_suffix(".md").exists()
     report = json.loads(reports[0].read_text())
     assert report["schema"] == "gpu-session/1" and report["dry"] is True
-    assert report["step"][0]["same_weights"] is True and report["step"][0]["graph_launches"] > 10
+    assert [(r["model"], r["same_weights"]) for r in report["step"]] == [
+        ("residual block (simulator, for resnet18)", True),
+        ("residual block with dropout (simulator, for mobilenetv2)", True)]
+    assert all(r["graph_launches"] > 10 and r["graph_host_wait_us_per_step"] is not None for r in report["step"])
     assert report["gemm"] and all(g["config"] for g in report["gemm"])
     assert all(goal["met"] is None for goal in report["goals"])  # a simulator decides no goal
     assert report["profile"][0]["step_kernel_ms"] > 0 and report["profile"][0]["kernels"]
