@@ -84,6 +84,10 @@ def build(folder: str, date: str) -> dict[str, Any]:
          "of_cublas": (r["best_tflops"] / r["cublas_tflops"]) if r.get("cublas_tflops") else None}
         for r in search.get("rows", [])
     ]
+    report["plain_gemm"] = [  # the tile loop alone: square MATRIX GEMMs, every candidate beside cuBLAS
+        dict(p, of_cublas=(p["tflops"] / p["cublas_tflops"]) if p.get("cublas_tflops") else None)
+        for p in search.get("plain", [])
+    ]
     report["acceptance"] = None if accept is None else {
         "passed": not accept.get("failures"), "failures": accept.get("failures", []),
         "checks": len(accept.get("checks", [])), "host_launch_us": accept.get("host_launch_us")}
@@ -153,6 +157,12 @@ def markdown(report: dict[str, Any]) -> str:
     for g in report["gemm"]:
         lines.append(f"| {g['key']} | {g['config']} / {g['splits']} | {_f(g['tflops'], 2)} | "
                      f"{_f(g['default_tflops'], 2)} | {_f(g['cublas_tflops'], 2)} | {_f(g['of_cublas'], 2)} |")
+    if report.get("plain_gemm"):
+        lines += ["", "| plain GEMM (tile loop alone) | config | TFLOP/s | cuBLAS | of cuBLAS |",
+                  "|---|---|---|---|---|"]
+        for p in report["plain_gemm"]:
+            lines.append(f"| {p['size']}³ | {p['config']} | {_f(p['tflops'], 2)} | {_f(p['cublas_tflops'], 2)} | "
+                         f"{_f(p['of_cublas'], 2)} |")
     if report["acceptance"] is not None:
         a = report["acceptance"]
         lines += ["", f"Acceptance: {'PASS' if a['passed'] else 'FAIL'} ({a['checks']} kernel checks, host "

@@ -93,9 +93,50 @@ class Resources:
     blocks_per_sm: int
     occupancy: float
     limited_by: str
+    loop: MainLoop | None = None  # the tile family's main loop in SASS (None: another kernel, or no nvdisasm)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class MainLoop:
+    """One k-slab of a tile-family GEMM's main loop, counted in its SASS (what the GPU issues per slab).
+
+    The slab loop is the innermost SASS loop that holds a barrier; if the k loop inside it stayed rolled,
+    its body counts once per trip (``bk·tm·tn`` FFMAs a slab over the FFMAs one trip holds). Every path
+    through the loop body counts (both sides of a branch, a division's slow path), so ``per_ffma`` is an
+    upper bound on the instructions issued per FMA; 1.0 would be FMAs only. ``int64`` counts the 64-bit
+    integer arithmetic (carry-propagating adds, wide multiplies, 64-bit compares) and ``calls`` the
+    subroutine calls (ptxas's 64-bit division and remainder); both were the index arithmetic of the
+    loads. ``shared_loads`` maps width (32, 64, 128 bits) to LDS instructions a slab.
+    """
+
+    instructions: float
+    ffma: int
+    per_ffma: float
+    shared_loads: dict[int, float]
+    global_loads: float
+    int64: float
+    calls: float
+    rolled_k: bool  # the k loop inside a slab stayed a loop (not fully unrolled)
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (the 'test' extra), else from PATH; None if neither."""
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for sub in ("cu13", "cuda_nvdisasm", "cu12"):
+                candidate = os.path.join(base, sub, "bin", "nvdisasm")
+                if os.path.exists(candidate):
+                    return candidate
+    except ImportError:
+        pass
+    from shutil import which
+
+    return which("nvdisasm")
 
 
 def ptxas_path() -> str:
@@ -279,18 +320,27 @@ _SMEM = re.compile(r"Used \d+ registers[^\n]*?(\d+) bytes smem")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def ptxas_info(ptx: str, cc: tuple[int, int]) -> dict[str, int]:
-    """Run ``ptxas -v`` on one kernel's PTX; registers, smem, stack and spill bytes of its entry function."""
+def ptxas_info(ptx: str, cc: tuple[int, int], sass: list[str] | None = None) -> dict[str, int]:
+    """Run ``ptxas -v`` on one kernel's PTX; registers, smem, stack and spill bytes of its entry function.
+
+    With a ``sass`` list (and nvdisasm at hand) the assembled code's disassembly is appended to it."""
     arch = ARCHS[cc].name
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "kernel.ptx")
+        cubin = os.path.join(tmp, "kernel.cubin")
         with open(source, "w") as handle:
             handle.write(ptx)
         result = subprocess.run(
-            [ptxas_path(), "-v", f"--gpu-name={arch}", source, "-o", os.path.join(tmp, "kernel.cubin")],
+            [ptxas_path(), "-v", f"--gpu-name={arch}", source, "-o", cubin],
             capture_output=True,
             text=True,
         )
+        disassembler = nvdisasm_path() if sass is not None and result.returncode == 0 else None
+        if disassembler is not None:
+            listing = subprocess.run([disassembler, "-c", cubin], capture_output=True, text=True)
+            if listing.returncode != 0:
+                raise RuntimeError(f"nvdisasm failed for {arch}: {listing.stderr.strip()}")
+            sass.append(listing.stdout)
     if result.returncode != 0:
         raise RuntimeError(f"ptxas failed for {arch}: {result.stderr.strip()}")
     used, spill = _USED.search(result.stderr), _SPILL.search(result.stderr)
@@ -322,8 +372,93 @@ def occupancy(registers: int, shared_bytes: int, threads: int, arch: Arch) -> tu
     return blocks, blocks * warps / arch.max_warps, limited_by
 
 
+_SASS_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"`\((\.L_x_\d+)\)")
+_INT64_OPS = ("IMAD.WIDE", "IMAD.X", "IADD3.X", "LEA.HI.X", "SHF.L.U64", "SHF.R.U64", "SHF.R.S64", "IADD.64")
+
+
+def _sass_instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """(address, opcode, operands) of every instruction, and each label's address."""
+    instructions, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        label = _SASS_LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        found = _SASS_INSN.search(line)
+        if found:
+            address = int(found.group(1), 16)
+            labels.update((name, address) for name in pending)
+            pending = []
+            instructions.append((address, found.group(2), found.group(3)))
+    return instructions, labels
+
+
+def main_loop(sass: str, config: Any) -> MainLoop:
+    """Count one k-slab of a tile-family kernel's main loop in its SASS (see ``MainLoop``)."""
+    instructions, labels = _sass_instructions(sass)
+    loops = []  # (first, last address) of each backward branch's loop
+    for address, opcode, operands in instructions:
+        target = _SASS_BRANCH.search(operands)
+        if opcode.startswith("BRA") and target and labels.get(target.group(1), address + 1) <= address:
+            loops.append((labels[target.group(1)], address))
+
+    def body(loop: tuple[int, int]) -> list[tuple[int, str, str]]:
+        return [i for i in instructions if loop[0] <= i[0] <= loop[1]]
+
+    def count(items: list[tuple[int, str, str]], test: Any) -> int:
+        return sum(1 for _, opcode, operands in items if test(opcode, operands))
+
+    def is_ffma(opcode: str, operands: str) -> bool:
+        return opcode == "FFMA"
+
+    slabs = [loop for loop in loops if count(body(loop), lambda op, _: op.startswith("BAR"))
+             and count(body(loop), is_ffma)]
+    if not slabs:
+        raise ValueError("no main loop (a loop with a barrier and FFMAs) in this SASS")
+    slab = min(slabs, key=lambda loop: loop[1] - loop[0])
+    inner = [loop for loop in loops if slab[0] <= loop[0] and loop[1] <= slab[1] and loop != slab
+             and count(body(loop), is_ffma)]
+    ffma = config.block_k * config.thread_m * config.thread_n
+    weights: dict[int, float] = {}
+    for address, _, _ in body(slab):
+        weights[address] = 1.0
+    for loop in sorted(inner, key=lambda loop: loop[1] - loop[0], reverse=True):  # outer first, inner multiplies
+        items = body(loop)
+        per_trip = count(items, is_ffma)
+        outside = sum(weights[a] for a, op, _ in body(slab) if op == "FFMA" and not loop[0] <= a <= loop[1])
+        trips = (ffma - outside) / per_trip
+        for address, _, _ in items:
+            weights[address] = trips
+    items = body(slab)
+
+    def weighted(test: Any) -> float:
+        return float(sum(weights[a] for a, op, operands in items if test(op, operands)))
+
+    total = weighted(lambda op, _: True)
+    shared = {}
+    for bits, suffix in ((32, ""), (64, ".64"), (128, ".128")):
+        got = weighted(lambda op, _, suffix=suffix: op == "LDS" + suffix or op == "LDS.U" + suffix)
+        if got:
+            shared[bits] = got
+    return MainLoop(
+        instructions=total,
+        ffma=ffma,
+        per_ffma=total / ffma,
+        shared_loads=shared,
+        global_loads=weighted(lambda op, _: op.startswith(("LDG", "LD.E", "LD."))),
+        int64=weighted(lambda op, operands: op.startswith(_INT64_OPS) or (".EX" in op and op.startswith("ISETP"))),
+        calls=weighted(lambda op, _: op.startswith("CALL")),
+        rolled_k=bool(inner),
+    )
+
+
 def resources(spec: KernelSpec, cc: tuple[int, int]) -> Resources:
-    info = ptxas_info(build_ptx(spec, cc), cc)
+    config = tile_config_of(spec.name)
+    sass: list[str] | None = [] if config is not None else None
+    info = ptxas_info(build_ptx(spec, cc), cc, sass)
+    loop = main_loop(sass[0], config) if sass else None
     blocks, occ, limited_by = occupancy(info["registers"], info["shared_bytes"], spec.threads, ARCHS[cc])
     return Resources(
         spec.name,
@@ -338,6 +473,7 @@ def resources(spec: KernelSpec, cc: tuple[int, int]) -> Resources:
         blocks,
         occ,
         limited_by,
+        loop,
     )
 
 
@@ -356,16 +492,19 @@ def render_static(rows: list[Resources], console: Any = None) -> None:
     from engine.report import Table, render_table
 
     columns = ["kernel", "arch", "regs", "spill st/ld B", "stack B", "smem B", "threads", "blocks/SM", "occupancy",
-               "limited by"]
+               "limited by", "loop SASS/FFMA", "LDS bits"]
     table = Table("CUDA kernels: ptxas -v resources and theoretical occupancy at the launchers' block size", columns,
                   right={i for i, name in enumerate(columns) if name not in ("kernel", "arch", "limited by")})
     for r in rows:
         table.add_row(r.kernel, r.arch, str(r.registers), f"{r.spill_stores}/{r.spill_loads}", str(r.stack_bytes),
                       str(r.shared_bytes), str(r.threads), str(r.blocks_per_sm), f"{100 * r.occupancy:.0f}%",
-                      r.limited_by)
+                      r.limited_by, "–" if r.loop is None else f"{r.loop.per_ffma:.2f}",
+                      "–" if r.loop is None else "/".join(str(b) for b in sorted(r.loop.shared_loads)))
     spills = [f"{r.kernel} ({r.arch})" for r in rows if r.spill_stores or r.spill_loads]
     table.notes.append(f"spills: {', '.join(spills) if spills else 'none'}; production GEMM occupancy floor "
                        f"{100 * GEMM_OCCUPANCY_FLOOR:.0f}%")
+    table.notes.append("loop SASS/FFMA: the tile family's main loop, SASS instructions a k-slab per FFMA it holds "
+                       "(every path counted; 1.0 = FMAs only; – without nvdisasm); LDS bits: its shared-load widths")
     render_table(table, console)
 
 

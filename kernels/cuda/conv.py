@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numba import cuda, float32
+from numba import cuda, float32, int64, uint32
 
 from kernels.cuda._launch import (
     MAX_REDUCTION_THREADS,
@@ -67,6 +67,16 @@ from kernels.cuda.reduce import block_sum
 
 
 @cuda.jit(device=True)
+def _udiv(a, b):
+    """a // b for 0 <= a, b < 2**32, as a 32-bit unsigned division.
+
+    numba divides int64 by int64 (Python's floor rule, a sign fix-up and a 64-bit division: a fast and
+    a slow path of some 100 SASS instructions); the per-k loads below divide every k, inside the GEMM's
+    main loop. Their operands are never negative and fit 32 bits (k < K, a tap or pixel count)."""
+    return int64(uint32(a) // uint32(b))
+
+
+@cuda.jit(device=True)
 def _z_parts(z, geom):
     """(group, phase, split) of a launch's blockIdx.z."""
     splits = geom[11]
@@ -83,7 +93,7 @@ def _forward_prep_a(w2, i, z, geom):
 
 @cuda.jit(device=True)
 def _row_at(w2, prep, k, z, geom):
-    return w2[prep[0], k]
+    return w2[uint32(prep[0]), uint32(k)]
 
 
 @cuda.jit(device=True)
@@ -103,13 +113,13 @@ def _forward_prep_b(x, j, z, geom):
 def _forward_b_at(x, prep, k, z, geom):
     """Entry (k, column) of the im2col matrix: k = (c·R + r)·S + s; 0 in the padding."""
     R, S = geom[6], geom[7]
-    c = k // (R * S)
+    c = _udiv(k, R * S)
     rs = k - c * (R * S)
-    r = rs // S
+    r = _udiv(rs, S)
     h = prep[2] + r
     w = prep[3] + rs - r * S
-    if 0 <= h < geom[1] and 0 <= w < geom[2]:
-        return x[prep[0], prep[1] + c, h, w]
+    if 0 <= h < geom[1] and 0 <= w < geom[2]:  # unsigned indices: no wraparound test (all are >= 0 here)
+        return x[uint32(prep[0]), uint32(prep[1] + c), uint32(h), uint32(w)]
     return float32(0.0)
 
 
@@ -150,12 +160,12 @@ def _phase_pixel(j, ph, pw, geom):
 def _phase_tap(k, r0, s0, geom):
     """(kk, r, s) of backward data's reduction index k = (kk, rr, ss): output channel kk and tap
     r = r0 + stride·rr, s = s0 + stride·ss (r, s may fall past R, S)."""
-    R, S, stride = geom[6], geom[7], geom[8]
-    TR = (R + stride - 1) // stride
-    TS = (S + stride - 1) // stride
-    kk = k // (TR * TS)
-    t = k - kk * (TR * TS)
-    rr = t // TS
+    stride = geom[8]
+    TS = _udiv(geom[7] + stride - 1, stride)
+    taps = _udiv(geom[6] + stride - 1, stride) * TS
+    kk = _udiv(k, taps)
+    t = k - kk * taps
+    rr = _udiv(t, TS)
     return kk, r0 + stride * rr, s0 + stride * (t - rr * TS)
 
 
@@ -171,7 +181,7 @@ def _data_a_at(w2, prep, k, z, geom):
     R, S = geom[6], geom[7]
     kk, r, s = _phase_tap(k, prep[2], prep[3], geom)
     if r < R and s < S:
-        return w2[prep[1] + kk, (prep[0] * R + r) * S + s]
+        return w2[uint32(prep[1] + kk), uint32((prep[0] * R + r) * S + s)]
     return float32(0.0)
 
 
@@ -193,10 +203,10 @@ def _data_b_at(dout, prep, k, z, geom):
         th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
         tw = w + pad - s
         if th >= 0 and tw >= 0:
-            oh = th // stride
-            ow = tw // stride
+            oh = _udiv(th, stride)
+            ow = _udiv(tw, stride)
             if oh < OH and ow < OW:
-                return dout[prep[0], prep[3] + kk, oh, ow]
+                return dout[uint32(prep[0]), uint32(prep[3] + kk), uint32(oh), uint32(ow)]
     return float32(0.0)
 
 
@@ -221,8 +231,8 @@ def _weight_prep_a(dout3, i, z, geom):
 def _weight_a_at(dout3, prep, k, z, geom):
     """A[k_out, (n, p)] = dout[n, group·Kg + k_out, p]."""
     P = geom[4] * geom[5]
-    n = k // P
-    return dout3[n, prep[0], k - n * P]
+    n = _udiv(k, P)
+    return dout3[uint32(n), uint32(prep[0]), uint32(k - n * P)]
 
 
 @cuda.jit(device=True)
@@ -241,13 +251,13 @@ def _weight_b_at(x, prep, k, z, geom):
     """B[(n, oh, ow), (c, r, s)] = x[n, c, oh·stride − pad + r, ow·stride − pad + s] or 0."""
     OH, OW, stride = geom[4], geom[5], geom[8]
     P = OH * OW
-    n = k // P
+    n = _udiv(k, P)
     p = k - n * P
-    oh = p // OW
+    oh = _udiv(p, OW)
     h = oh * stride + prep[1]
     w = (p - oh * OW) * stride + prep[2]
     if 0 <= h < geom[1] and 0 <= w < geom[2]:
-        return x[n, prep[0], h, w]
+        return x[uint32(n), uint32(prep[0]), uint32(h), uint32(w)]
     return float32(0.0)
 
 

@@ -19,8 +19,9 @@ use it for the group and the split of a split-K weight gradient. NVVM inlines th
   shared-memory traffic per FMA drops too, and the block's tile (BLOCK_M×BLOCK_N) grows without
   more threads.
 - v4 the tile family (``make_gemm_tiles``, ``TileConfig``): v3's register tiles, double-buffered
-  shared-memory slabs with the next slab's loads in flight during the FMAs, and each thread's row and
-  column index arithmetic (``prep_a`` / ``prep_b``) done once, not per load. Configurations are
+  shared-memory slabs with the next slab's loads in flight during the FMAs, each thread's row and
+  column index arithmetic (``prep_a`` / ``prep_b``) done once, not per load, and fragments read from
+  shared memory four words at a time at uint32 offsets. Configurations are
   parameters, not copies; ``CANDIDATES`` are the ones a GPU times, ``gemm_table.json`` picks one per
   shape (``choose``), benchmarks/gpu_tile_search.py fills it.
 
@@ -49,9 +50,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from numba import config, cuda, float32
+from numba import config, cuda, float32, uint32
+from numba import config as numba_config
 
 from kernels.cuda._launch import launch
+
+U32 = uint32
+"""Shared-memory offsets in the tile loop are uint32: numba indexes with int64 and, for a signed index,
+adds the array's length when it is negative (wraparound); an unsigned index skips both."""
 
 GEOMETRY_LENGTH = 12
 """Length of the ``geom`` tuple every GEMM kernel takes (conv's sizes; zeros for a plain GEMM).
@@ -106,12 +112,12 @@ def _matrix_prep_row(A, i, z, geom):
 
 @cuda.jit(device=True)
 def _matrix_a_at(A, prep, k, z, geom):
-    return A[prep[0], k]
+    return A[U32(prep[0]), U32(k)]  # unsigned: no wraparound test per index (i, k are never negative)
 
 
 @cuda.jit(device=True)
 def _matrix_b_at(B, prep, k, z, geom):
-    return B[k, prep[0]]
+    return B[U32(k), U32(prep[0])]
 
 
 @cuda.jit(device=True)
@@ -288,6 +294,10 @@ def make_gemm_v3_register_blocked(
     return cuda.jit(_named(kernel, f"{operands.name}_v3_register_blocked"), **_jit_options(threads, min_blocks))
 
 
+def _vector(per_thread: int) -> int:
+    return next(v for v in (4, 2, 1) if per_thread % v == 0)
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """One member of the tile family: the block's C tile, its k-slab, each thread's C patch, pipelining.
@@ -299,8 +309,15 @@ class TileConfig:
     ``min_blocks``: the launch bound handed to NVVM (None: unbounded); ptxas must then fit that many
     blocks per SM without a spill (tests/kernels/cuda/test_compile_ptx.py).
 
-    Thread (tx, ty) owns rows ty + a·threads_y and columns tx + b·threads_x of the tile (a warp
-    reads consecutive shared-memory words). Loads: thread t stages ``loads_a`` consecutive k of one
+    Thread (tx, ty) owns groups of ``vector_m`` consecutive rows, ty·vector_m + g·threads_y·vector_m
+    + (0 … vector_m − 1) for g = 0, 1, …, and likewise groups of ``vector_n`` columns (CUTLASS's and
+    llm.c's layout): per k it reads its A and B fragments from shared memory as thread_m / vector_m and
+    thread_n / vector_n loads of 4 words (LDS.128), not thread_m + thread_n scalar loads, and the 8
+    threads of each quarter-warp phase read 128 consecutive bytes of B (no bank conflict; A's are
+    broadcasts). Which thread computes an output changes, not the order of its products: the same bits.
+    Shared-memory offsets in the loop are uint32 (no 64-bit address arithmetic, no wraparound test).
+    SASS per k-slab, sm_90 (``engine kernels --backend cuda --static``, column "loop SASS/FFMA"): plain
+    GEMM 64×64 4×4 5.96 → 2.76 instructions per FFMA, 128×128 8×8 3.28 → 1.69. Loads: thread t stages ``loads_a`` consecutive k of one
     A row (row t // (block_k / loads_a)) and ``loads_b`` k of one B column (column t mod block_n),
     the same row and column for every slab, which is what lets the operands' per-row and per-column
     index arithmetic (``prep_a`` / ``prep_b``) run once per thread instead of once per load.
@@ -327,6 +344,16 @@ class TileConfig:
     def threads(self) -> int:
         x, y = self.threads_xy
         return x * y
+
+    @property
+    def vector_m(self) -> int:
+        """Consecutive tile rows a thread owns (4, or thread_m if smaller): its A fragment is read from
+        shared memory as thread_m / vector_m loads of vector_m words (LDS.128 when 4)."""
+        return _vector(self.thread_m)
+
+    @property
+    def vector_n(self) -> int:
+        return _vector(self.thread_n)
 
     @property
     def loads_a(self) -> int:
@@ -369,12 +396,16 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
     stages = 2 if config.double_buffer else 1
     double = config.double_buffer
     a_floats = stages * bk * bm  # smem[0 : a_floats] is A (k-major), then B; the epilogue reuses smem[0 : ...]
+    vm, vn = config.vector_m, config.vector_n
+    smem_alignment = None if numba_config.ENABLE_CUDASIM else 16  # LDS.128 needs 16 bytes; the simulator takes no alignment
+    a_group = threads_y * vm  # rows between one thread's groups of vm consecutive rows
+    b_group = threads_x * vn
     smem_floats = config.shared_floats
     prep_a, load_a_at, prep_b, load_b_at = operands.prep_a, operands.load_a_at, operands.prep_b, operands.load_b_at
     store_c = operands.store_c
 
     def kernel(A, B, C, M, N, K, k_chunk, geom, accumulate):
-        smem = cuda.shared.array(shape=smem_floats, dtype=float32)
+        smem = cuda.shared.array(shape=smem_floats, dtype=float32, alignment=smem_alignment)
         acc = cuda.local.array(shape=(tm, tn), dtype=float32)
         a_frag = cuda.local.array(shape=tm, dtype=float32)
         b_frag = cuda.local.array(shape=tn, dtype=float32)
@@ -396,6 +427,8 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
         b_k = tid // bn
         b_ok = col0 + b_col < N
         pb = prep_b(B, col0 + b_col if b_ok else 0, z, geom)
+        a_read0 = U32(ty * vm)
+        b_read0 = U32(a_floats + tx * vn)
         for a in range(tm):
             for b in range(tn):
                 acc[a, b] = float32(0.0)
@@ -423,13 +456,15 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
                 for l in range(lb):
                     k = k_next + b_k + l * b_rows_step
                     b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
-            a_base = stage * bk * bm
-            b_base = a_floats + stage * bk * bn
+            # This slab's stage: A's fragment starts at row ty·vm of the stage, B's at column tx·vn (uint32
+            # offsets: no negative-index wraparound, no 64-bit address arithmetic in the loop below).
+            a_read = U32(stage * (bk * bm) + a_read0)
+            b_read = U32(stage * (bk * bn) + b_read0)
             for kk in range(bk):  # past k_end both slabs hold zeros, which add exactly nothing
                 for a in range(tm):
-                    a_frag[a] = smem[a_base + kk * bm + ty + a * threads_y]
+                    a_frag[a] = smem[U32(a_read + (kk * bm + (a // vm) * a_group + a % vm))]
                 for b in range(tn):
-                    b_frag[b] = smem[b_base + kk * bn + tx + b * threads_x]
+                    b_frag[b] = smem[U32(b_read + (kk * bn + (b // vn) * b_group + b % vn))]
                 for a in range(tm):
                     for b in range(tn):
                         acc[a, b] += a_frag[a] * b_frag[b]
@@ -459,18 +494,21 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
         # acc's indices must be constants after unrolling or acc goes to local memory (ptxas: a stack frame of
         # exactly tm·tn·4 bytes). The loop over a holds stores and barriers and stays rolled for large
         # tiles, so it always copies row 0 and then moves rows 1.. up by one (register renames).
+        # Row a of this thread's patch is tile row (a // vm)·a_group + ty·vm + a % vm; column b is
+        # (b // vn)·b_group + tx·vn + b % vn.
         for a in range(tm):
             for b in range(tn):
-                smem[ty * bn + tx + b * threads_x] = acc[0, b]
+                smem[U32(ty * bn + b_read0 - a_floats + ((b // vn) * b_group + b % vn))] = acc[0, b]
             for a2 in range(tm - 1):
                 for b in range(tn):
                     acc[a2, b] = acc[a2 + 1, b]
             cuda.syncthreads()
+            row_a = (a // vm) * a_group + a % vm
             for q in range(tn):
                 e = tid + q * threads
                 r = e // bn
                 c = e - r * bn
-                i = row0 + r + a * threads_y
+                i = row0 + r * vm + row_a
                 if i < M and col0 + c < N:
                     store_c(C, i, col0 + c, z, geom, smem[e], accumulate)
             cuda.syncthreads()

@@ -36,6 +36,10 @@ def test_dry_session_runs_and_reports(tmp_path):
         ("residual block with dropout (simulator, for mobilenetv2)", True)]
     assert all(r["graph_launches"] > 10 and r["graph_host_wait_us_per_step"] is not None for r in report["step"])
     assert report["gemm"] and all(g["config"] for g in report["gemm"])
+    # the plain GEMM beside the conv shapes: the tile loop alone, checked against NumPy, in the report's table
+    assert [(p["size"], p["config"]) for p in report["plain_gemm"]] == [(8, "8x8k8t2x2")]
+    assert report["plain_gemm"][0]["tflops"] > 0 and report["plain_gemm"][0]["max_error"] < 1e-5
+    assert "plain GEMM (tile loop alone)" in reports[0].with_suffix(".md").read_text()
     assert all(goal["met"] is None for goal in report["goals"])  # a simulator decides no goal
     assert report["profile"][0]["step_kernel_ms"] > 0 and report["profile"][0]["kernels"]
     assert "Kernel profile cnn 4x4 b2" in reports[0].with_suffix(".md").read_text()
