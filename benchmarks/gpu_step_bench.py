@@ -2,7 +2,7 @@
 
 Three parts, one JSON:
 
-1. **Eager vs graph** (in this process, ``engine.bench.cuda_graph.StepRunner``): ResNet-18 and MobileNetV2
+1. **Eager vs graph** (in this process, ``engine.cuda_graph.StepRunner``): ResNet-18 and MobileNetV2
    (CIFAR variants, batch 32), SGD with momentum, the same batches; images/s over the timed steps (the
    GPU drained before and after), host µs per step (time spent in ``step()``: with the graph, the
    batch, labels, scalars and dropout masks staged through pinned buffers and one graph launch; the
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = print) -> dict[str, Any]:
     """Part 1 for one model: the same steps eagerly and through a captured graph."""
     from engine.backend import get_backend
-    from engine.bench.cuda_graph import StepRunner, residual_graph
+    from engine.cuda_graph import StepRunner, residual_graph
     from engine.network import Network
     from engine.optim import make_optimizer
     from models import build_model

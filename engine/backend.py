@@ -146,7 +146,7 @@ class Backend:
     _kernel_module: str
     _table: KernelTable | None = field(default=None, repr=False)
     capturing: bool = False
-    """True while a step is being captured as a CUDA graph (engine/bench/cuda_graph.py): nothing may then
+    """True while a step is being captured as a CUDA graph (engine/cuda_graph.py): nothing may then
     read the device or wait for it (a capturing stream cannot be synchronized, a device-to-host copy
     would be captured, not run) or allocate (the graph keeps the addresses it saw). Callers that would
     (the loss head) check this; the methods below refuse, so the simulator shows such a call."""

@@ -1,7 +1,7 @@
 """Per-step host values (a batch, its labels, the step's scalars, dropout masks) to fixed device arrays,
 without the host waiting for the GPU.
 
-A captured training step (``engine/bench/cuda_graph.py``) is one graph launch plus the copies of what
+A captured training step (``engine/cuda_graph.py``) is one graph launch plus the copies of what
 changes every step into the device arrays the graph reads. CuPy's ``ndarray.set(values)`` from pageable
 NumPy memory is a synchronous copy: it returned only when the stream's earlier work (the previous
 replay) had run. On the H200 (2026-11-27, ResNet-18 CIFAR batch 32) that made "host µs per captured

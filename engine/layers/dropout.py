@@ -5,7 +5,7 @@ fixed order, so a run with the same seed drops the same elements on every backen
 for backward as a uint8 FF_CACHE tensor. Inference passes the input through unchanged.
 
 A step captured as a CUDA graph cannot draw on the host inside the step (a replay runs no Python), so
-``engine/bench/cuda_graph.py``'s ``StepRunner`` sets ``mask_fill``: it draws the step's mask with
+``engine/cuda_graph.py``'s ``StepRunner`` sets ``mask_fill``: it draws the step's mask with
 ``draw_mask`` before the step (the same generator, the same calls, in the same forward order: the same
 bits) into a device buffer of its own, and the forward then only launches the copy into the mask's slot.
 Without a runner (the CPU backend, plain eager CUDA) the forward draws as it always has.

@@ -34,7 +34,7 @@ class SoftmaxCrossEntropy:
             raise ValueError(
                 f"SoftmaxCrossEntropy expects int64 labels, got {labels.dtype}: use labels.astype(np.int64)"
             )
-        # A step being captured as a CUDA graph (engine/bench/cuda_graph.py) may not read the device: its
+        # A step being captured as a CUDA graph (engine/cuda_graph.py) may not read the device: its
         # driver checks each batch's labels on the host and reads ``loss_array`` after the replay.
         capturing = bool(getattr(self.backend, "capturing", False))
         if not capturing:

@@ -88,7 +88,7 @@ def copy_kernel(x, out):
 
 def copy(x: Any, out: Any) -> None:
     """out = x as a kernel launch: inside a step captured as a CUDA graph a copy must be a launch (the
-    simulator's stand-in graph replays launches only; engine/bench/cuda_graph.py copies the loss out)."""
+    simulator's stand-in graph replays launches only; engine/cuda_graph.py copies the loss out)."""
     _run(copy_kernel, *_flat(x, out))
 
 

@@ -3,7 +3,7 @@
 The step's numbers come in as float32 kernel arguments. Adam's bias corrections depend only on the
 step, so the host computes them once (in double precision, as PyTorch does) instead of every thread.
 
-A step captured as a CUDA graph (engine/bench/cuda_graph.py) replays its launches with the arguments
+A step captured as a CUDA graph (engine/cuda_graph.py) replays its launches with the arguments
 they were captured with, so the numbers that change every step (the learning rate from the schedule,
 Adam's step size and bias correction) cannot be arguments there: ``sgd_update_from`` and
 ``adam_update_from`` read them from a small device array (``step_scalars`` fills it on the host, outside

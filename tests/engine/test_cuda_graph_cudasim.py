@@ -1,4 +1,4 @@
-"""A training step as a captured graph (engine/bench/cuda_graph.py), in the CUDA simulator.
+"""A training step as a captured graph (engine/cuda_graph.py), in the CUDA simulator.
 
 The simulator's graph records the captured step's launches (nothing runs while capturing, as in stream
 capture) and replays exactly those launches. Same weights, bit for bit, as the eager step with the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.backend import CaptureError, get_backend
-from engine.bench.cuda_graph import StepRunner, memory_epoch, residual_graph
+from engine.cuda_graph import StepRunner, memory_epoch, residual_graph
 from engine.graph import Graph
 from engine.layers import Dense
 from engine.network import Network
