@@ -121,6 +121,7 @@ def memory_epoch(net: Any) -> tuple[int, ...]:
 class _Shape:
     x: Any
     y: Any
+    logits: Any = None  # a copy of the step's logits (keep_logits)
     masks: dict[int, Any] = field(default_factory=dict)  # Dropout node index -> this shape's device mask buffer
     dropouts: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (node, mask shape), forward order
     eager_steps: int = 0
@@ -147,6 +148,7 @@ class StepRunner:
     shapes: dict[tuple[int, ...], _Shape] = field(default_factory=dict)
     host_seconds: float = 0.0  # host time spent inside step(), less the staging ring's waits (its own work)
     depth: int = 2  # the staging ring's buffer sets (engine/host_staging.py: why two)
+    keep_logits: bool = False  # copy each step's logits out (a launch) for last_logits(): engine train's accuracy
 
     def __post_init__(self) -> None:
         from kernels.cuda.optim import SCALARS
@@ -179,6 +181,9 @@ class StepRunner:
             return "capture off"
         if self.net.hooks:
             return f"hooks on the network ({', '.join(type(h).__name__ for h in self.net.hooks)}: offload or listeners)"
+        if self.capture == "record" and any(type(node.layer).__name__ == "Flatten" for node in self.net.graph.nodes):
+            return ("Flatten copies outside a kernel launch, which the simulator's stand-in graph does not replay "
+                    "(a GPU's capture holds the copy)")
         if self.optimizer.in_backward is not None:
             return "the update runs inside backward (a hook)"
         if self.optimizer.name not in ("sgd", "adam"):
@@ -220,8 +225,10 @@ class StepRunner:
     def _new_shape(self, x: np.ndarray, y: np.ndarray) -> _Shape:
         xp = self.backend.xp
         shape = _Shape(xp.empty(x.shape, np.float32), xp.empty(y.shape, np.int64))
+        program = self.net.program(int(x.shape[0]), True)
+        if self.keep_logits:
+            shape.logits = xp.empty(program.buffers[program.output].shape, np.float32)
         if self._dropouts:
-            program = self.net.program(int(x.shape[0]), True)
             for step in program.forward_steps:  # the order the eager forward draws in
                 if step.node in self._dropouts:
                     mask_shape = tuple(program.buffers[step.inputs[0]].shape)
@@ -239,18 +246,20 @@ class StepRunner:
         if opt.name == "sgd":
             buffer = opt.state.views["momentum_buffer"] if opt.state is not None else grads
             sgd_update_from(_array(params), _array(grads), _array(buffer), self.scalars, opt.momentum,
-                            opt.weight_decay, opt.nesterov)
+                            opt.weight_decay, opt.nesterov, guard=self.loss_out)
         else:
             adam_update_from(_array(params), _array(grads), _array(opt.state.views["exp_avg"]),
                              _array(opt.state.views["exp_avg_sq"]), self.scalars, opt.beta1, opt.beta2, opt.eps,
-                             opt.weight_decay)
+                             opt.weight_decay, guard=self.loss_out)
 
     def _body(self, shape: _Shape) -> None:
-        self.net.forward(shape.x, training=True)
+        logits = self.net.forward(shape.x, training=True)
         from kernels.cuda.elementwise import copy
 
+        if shape.logits is not None:  # the logits' slot is reused too: a copy for last_logits()
+            copy(logits.array, shape.logits)
         self.net.loss(shape.y)  # checks the labels on the host when not capturing
-        copy(self.net.loss_head.loss_array, self.loss_out)
+        copy(self.net.loss_head.loss_array, self.loss_out)  # also the update's guard: a non-finite loss skips it
         self.classes = int(self.net.loss_head.saved["probs"].shape[1])
         self.net.backward()
         self._update()
@@ -264,14 +273,18 @@ class StepRunner:
         opt = self.optimizer
         step = opt.steps_taken + 1
         values = step_scalars(opt.lr, getattr(opt, "beta1", 0.9), getattr(opt, "beta2", 0.999), step)
-        items = [(self.scalars, np.asarray(values, np.float32)), (shape.x, np.asarray(x, np.float32)),
-                 (shape.y, np.asarray(y, np.int64))]
+        items = [(self.scalars, np.asarray(values, np.float32)), (shape.y, np.asarray(y, np.int64))]
+        if isinstance(x, np.ndarray):
+            items.append((shape.x, np.asarray(x, np.float32)))
+        else:  # a batch already on the device (engine train's input ring): copied on this stream
+            shape.x[...] = x
         for index, mask_shape in shape.dropouts:
             items.append((shape.masks[index], self.net.graph.nodes[index].layer.draw_mask(mask_shape)))
         self.staging.stage(items)
 
-    def step(self, x: np.ndarray, y: np.ndarray) -> None:
-        """One training step on a host batch; the loss stays on the device (``last_loss()`` reads it)."""
+    def step(self, x: Any, y: np.ndarray) -> None:
+        """One training step on a batch (images on the host or the device, labels on the host); the loss stays
+        on the device (``last_loss()`` reads it). A non-finite loss skips the update on the device."""
         start, waited = time.perf_counter(), self.staging.wait_seconds
         if y.size and (y.min() < 0 or (self.classes is not None and y.max() >= self.classes)):
             raise ValueError(f"labels must lie in [0, {self.classes}), got values from {y.min()} to {y.max()}")
@@ -339,6 +352,14 @@ class StepRunner:
         """The last step's loss (waits for it)."""
         self.synchronize()
         return float(self.backend.to_host(self.loss_out)[0])
+
+    def last_logits(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The logits of the last step on a batch of ``shape`` (waits for them; needs ``keep_logits``)."""
+        logits = self.shapes[tuple(shape)].logits
+        if logits is None:
+            raise RuntimeError("StepRunner(keep_logits=False) keeps no logits")
+        self.synchronize()
+        return self.backend.to_host(logits)
 
 
 def residual_graph(channels: int = 2, image: int = 4, classes: int = 3, dropout: float = 0.0) -> Any:

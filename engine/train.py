@@ -388,6 +388,7 @@ class Trainer:
         stop: Any = None,
         checkpoint_every: int = 0,
         on_checkpoint: Callable[[Trainer], None] | None = None,
+        cuda_graph: str | None = None,
     ):
         self.net, self.optimizer, self.data = net, optimizer, data
         self.backend = net.backend
@@ -445,6 +446,14 @@ class Trainer:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         self.checkpoint_every = checkpoint_every
         self.on_checkpoint = on_checkpoint
+        # --- the step as one CUDA graph (issue 34): "cupy" (a GPU), "record" (the simulator's stand-in) or
+        # None (eager). engine.cuda_graph.StepRunner captures the step after one eager step and replays it;
+        # the same weights as eager, bit for bit. Not with offload, data parallel or the update in backward
+        # (hooks between a step's launches, which a replay skips): the CLI decides, fit() refuses.
+        if cuda_graph not in (None, "cupy", "record"):
+            raise ValueError(f"cuda_graph must be None, 'cupy' or 'record', got {cuda_graph!r}")
+        self.cuda_graph = cuda_graph
+        self.runner: Any = None
 
     @classmethod
     def from_options(cls, options: TrainOptions, net: Network, optimizer: Optimizer, data: Dataset, *,
@@ -460,6 +469,8 @@ class Trainer:
 
     def train_step(self, batch: Batch) -> tuple[float, int]:
         """forward, loss, backward, update; returns the loss and how many predictions were right."""
+        if self.runner is not None:
+            return self._graph_step(batch)
         logits = self.net.forward(batch.x, training=True)
         loss = self.net.loss(batch.y)
         if not math.isfinite(loss):  # before backward and the update: the weights stay those of the last step
@@ -473,6 +484,33 @@ class Trainer:
         self.optimizer.step()
         return loss, correct
 
+    def _graph_step(self, batch: Batch) -> tuple[float, int]:
+        """The step through the CUDA graph runner. Its update is skipped on the device when the loss is not
+        finite (kernels/cuda/optim.py: the guard), so a diverged step leaves the weights of the last good step,
+        as the eager step's check before the update does."""
+        runner = self.runner
+        runner.step(batch.x, batch.y_host)
+        loss = runner.last_loss()  # waits for the step: the loss and accuracy of every step are shown
+        if not math.isfinite(loss):
+            self.optimizer.steps_taken -= 1  # the update did not run
+            raise TrainingDiverged(
+                f"the loss became {loss} at step {batch.step} (learning rate {self.optimizer.lr:g}); "
+                "try a smaller --lr, or --optimizer adam"
+            )
+        predicted = np.argmax(runner.last_logits(tuple(batch.x.shape)), axis=1)
+        correct = int(np.count_nonzero(predicted[: batch.valid_rows] == batch.y_host[: batch.valid_rows]))
+        return loss, correct
+
+    def _start_graph(self) -> None:
+        from engine.cuda_graph import StepRunner
+
+        runner = StepRunner(self.net, self.optimizer, capture=self.cuda_graph, warmup=1, keep_logits=True)
+        if runner.eager_reason is not None:
+            runner.close()
+            raise ValueError(f"the step cannot be captured as a CUDA graph: {runner.eager_reason}; "
+                             "run with --no-cuda-graph")
+        self.runner = runner
+
     # -- the loop -----------------------------------------------------------------------------------
 
     def fit(self, until: int | None = None) -> TrainResult:
@@ -482,7 +520,8 @@ class Trainer:
         for listener in self.listeners:
             listener.on_train_start(self)
         self.monitor.begin_phase("training")  # setup's peak (imports, data, network) ends here
-        rss_hook = self.monitor if hasattr(self.monitor, "sample_rss") else None  # RSS after every layer
+        # RSS after every layer: a hook, which a replayed graph does not call (the RSS is still sampled per step)
+        rss_hook = self.monitor if hasattr(self.monitor, "sample_rss") and self.cuda_graph is None else None
         if rss_hook is not None:
             self.net.hooks.append(rss_hook)
         if self.offload is not None:
@@ -493,6 +532,8 @@ class Trainer:
         stream = BatchStream(self.source, self.backend, self.step, stop, depth=self.prefetch, name="train-input")
         self.input_ring_bytes = stream.workspace.capacity
         try:
+            if self.cuda_graph is not None:  # after the hooks are installed: it refuses a network with hooks
+                self._start_graph()
             last_time = time.perf_counter()
             for batch in stream:
                 if self.stop is not None and self.stop.received is not None:
@@ -522,6 +563,9 @@ class Trainer:
             raise
         finally:
             stream.close()
+            if self.runner is not None:  # the Dropout layers draw their own masks again (evaluation, a next fit)
+                self.runner.close()
+                self.runner = None
             if rss_hook is not None and rss_hook in self.net.hooks:
                 self.net.hooks.remove(rss_hook)
             if self.parallel is not None:

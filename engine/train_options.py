@@ -125,6 +125,7 @@ class TrainOptions:
     gc_every: int = 100
     progress: bool = True
     progress_interval: float = 10.0  # seconds between plain progress lines when the output is not a terminal
+    cuda_graph: bool | None = None  # --cuda-graph/--no-cuda-graph; None: on for --backend cuda where nothing forbids it
     offload: OffloadOptions = field(default_factory=OffloadOptions)
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     outputs: OutputOptions = field(default_factory=OutputOptions)
@@ -138,6 +139,9 @@ class TrainOptions:
         if self.workspace_mode == "none" and self.offload.enabled:
             raise UserError("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode "
                             "enabled")
+        if self.cuda_graph and (self.offload.enabled or self.offload.params):
+            raise UserError("--cuda-graph with offload: the offload scheduler works between a step's launches, which a "
+                            "replayed graph skips; leave out --cuda-graph (offload runs the step eagerly)")
         if self.epochs is None and self.steps is None:
             object.__setattr__(self, "epochs", 1)
         if self.lr is None:

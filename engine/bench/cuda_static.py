@@ -236,8 +236,8 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "softmax_xent_backward_kernel": (f2, t.i64_1, f2),
         "sgd_kernel": (f1, f1, f1, f32, f32, f32, t.boolean),
         "adam_kernel": (f1, f1, f1, f1, f32, f32, f32, f32, f32, f32),
-        "sgd_scalars_kernel": (f1, f1, f1, f1, f32, f32, t.boolean),
-        "adam_scalars_kernel": (f1, f1, f1, f1, f1, f32, f32, f32, f32),
+        "sgd_scalars_kernel": (f1, f1, f1, f1, f1, f32, f32, t.boolean),
+        "adam_scalars_kernel": (f1, f1, f1, f1, f1, f1, f32, f32, f32, f32),
     }
 
 

@@ -9,6 +9,12 @@ Adam's step size and bias correction) cannot be arguments there: ``sgd_update_fr
 ``adam_update_from`` read them from a small device array (``step_scalars`` fills it on the host, outside
 the graph, before each replay) and run the same per-element arithmetic (the device functions below) on
 the same float32 values, so they give the baked-argument launchers' weights bit for bit.
+
+They also take a ``guard``: a one-float device array whose value, when not finite, makes every thread
+return before touching anything. ``engine train`` checks the loss before the update (a diverged step
+leaves the weights, the momentum and Adam's moments those of the last good step, which the run then
+saves); a replayed graph cannot stop between the loss and the update, so the runner passes the step's
+loss as the guard and the device makes the same decision.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ def sgd_kernel(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov):
 
 
 @cuda.jit
-def sgd_scalars_kernel(param, grad, momentum_buf, scalars, momentum, weight_decay, nesterov):
-    """sgd_kernel with the learning rate read from ``scalars[0]`` (device memory) instead of an argument."""
+def sgd_scalars_kernel(param, grad, momentum_buf, scalars, guard, momentum, weight_decay, nesterov):
+    """sgd_kernel with the learning rate read from ``scalars[0]`` (device memory) instead of an argument;
+    nothing is written when ``guard[0]`` (the step's loss) is not finite."""
     i = cuda.grid(1)
-    if i < param.size:
+    if i < param.size and math.isfinite(guard[0]):
         _sgd_element(param, grad, momentum_buf, i, scalars[0], momentum, weight_decay, nesterov)
 
 
@@ -70,10 +77,11 @@ def adam_kernel(param, grad, m, v, beta1, beta2, eps, weight_decay, step_size, b
 
 
 @cuda.jit
-def adam_scalars_kernel(param, grad, m, v, scalars, beta1, beta2, eps, weight_decay):
-    """adam_kernel with step size and bias correction read from ``scalars[1]``, ``scalars[2]``."""
+def adam_scalars_kernel(param, grad, m, v, scalars, guard, beta1, beta2, eps, weight_decay):
+    """adam_kernel with step size and bias correction read from ``scalars[1]``, ``scalars[2]``; nothing is
+    written when ``guard[0]`` is not finite."""
     i = cuda.grid(1)
-    if i < param.size:
+    if i < param.size and math.isfinite(guard[0]):
         _adam_element(param, grad, m, v, i, beta1, beta2, eps, weight_decay, scalars[1], scalars[2])
 
 
@@ -158,9 +166,11 @@ def _check_scalars(scalars: Any) -> None:
 
 
 def sgd_update_from(
-    param: Any, grad: Any, momentum_buf: Any, scalars: Any, momentum: float, weight_decay: float, nesterov: bool
+    param: Any, grad: Any, momentum_buf: Any, scalars: Any, momentum: float, weight_decay: float, nesterov: bool,
+    guard: Any = None,
 ) -> None:
-    """sgd_update with the learning rate read from ``scalars`` on the device (a captured step's update)."""
+    """sgd_update with the learning rate read from ``scalars`` on the device (a captured step's update),
+    skipped on the device when ``guard[0]`` is not finite (None: no guard)."""
     if momentum_buf is None:
         if momentum != 0:
             raise ValueError("sgd_update: momentum != 0 needs a momentum_buf array")
@@ -168,14 +178,26 @@ def sgd_update_from(
     _check_flat(param, grad, momentum_buf)
     _check_scalars(scalars)
     launch(sgd_scalars_kernel, blocks_for(param.size), THREADS_PER_BLOCK, param, grad, momentum_buf, scalars,
-           f32(momentum), f32(weight_decay), bool(nesterov))
+           _guard(guard, scalars), f32(momentum), f32(weight_decay), bool(nesterov))
 
 
 def adam_update_from(
-    param: Any, grad: Any, m: Any, v: Any, scalars: Any, beta1: float, beta2: float, eps: float, weight_decay: float
+    param: Any, grad: Any, m: Any, v: Any, scalars: Any, beta1: float, beta2: float, eps: float, weight_decay: float,
+    guard: Any = None,
 ) -> None:
-    """adam_update with the step's step size and bias correction read from ``scalars`` on the device."""
+    """adam_update with the step's step size and bias correction read from ``scalars`` on the device, skipped
+    on the device when ``guard[0]`` is not finite (None: no guard)."""
     _check_flat(param, grad, m, v)
     _check_scalars(scalars)
-    launch(adam_scalars_kernel, blocks_for(param.size), THREADS_PER_BLOCK, param, grad, m, v, scalars, f32(beta1),
-           f32(beta2), f32(eps), f32(weight_decay))
+    launch(adam_scalars_kernel, blocks_for(param.size), THREADS_PER_BLOCK, param, grad, m, v, scalars,
+           _guard(guard, scalars), f32(beta1), f32(beta2), f32(eps), f32(weight_decay))
+
+
+def _guard(guard: Any, scalars: Any) -> Any:
+    """The guard array; without one, ``scalars`` stands in (its first value, the learning rate, is finite)."""
+    if guard is None:
+        return scalars
+    if guard.size < 1 or guard.dtype != np.float32:
+        raise ValueError(f"optimizer update: guard must be a float32 device array, got {guard.dtype} "
+                         f"{tuple(guard.shape)}")
+    return guard

@@ -106,6 +106,15 @@ def test_update_from_device_scalars_is_the_baked_update_bit_for_bit(optimizer_na
             optim.adam_update_from(*device, scalars, 0.9, 0.999, 1e-8, 1e-4)
     for a, b in zip(baked, device):
         np.testing.assert_array_equal(a, b)
+    before = [a.copy() for a in device]
+    for bad in (np.nan, np.inf):  # a step whose loss is not finite: nothing written (engine train's divergence check)
+        guard = np.array([bad], np.float32)
+        if optimizer_name == "sgd":
+            optim.sgd_update_from(device[0], device[1], device[2], scalars, 0.9, 1e-4, True, guard=guard)
+        else:
+            optim.adam_update_from(*device, scalars, 0.9, 0.999, 1e-8, 1e-4, guard=guard)
+        for a, b in zip(before, device):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_a_host_read_inside_the_capture_is_refused():
@@ -189,3 +198,101 @@ def test_a_network_with_hooks_stays_eager():
         net.hooks.clear()
         net.close()
     assert memory_epoch is not None
+
+
+# -- engine train's step through the graph (Trainer(cuda_graph=...)) ---------------------------------------------
+
+
+def _dataset():
+    from engine.data.datasets import Dataset
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 3, IMAGE, IMAGE)).astype(np.float32)
+    return Dataset("tiny", x, rng.integers(0, 3, 8).astype(np.int64), x[:2].copy(), np.array([0, 1]), 3,
+                   mean=np.zeros(3, np.float32), std=np.ones(3, np.float32))
+
+
+def _train(cuda_graph, data, steps=4, schedule=_schedule):
+    """engine train's set-up: eager runs update inside backward (the CLI's default), the graph the whole block."""
+    from engine.optim import update_in_backward
+    from engine.train import Trainer
+
+    backend = get_backend("cudasim")
+    net = Network(residual_graph(image=IMAGE, dropout=0.5), backend, seed=0)
+    opt = make_optimizer("sgd", net, backend, schedule, momentum=0.9, manager=net.mgr)
+    if cuda_graph is None:
+        update_in_backward(net, opt)
+    losses = []
+
+    class Losses:
+        def on_step_end(self, trainer, record):
+            losses.append((record.loss, record.correct))
+
+        def __getattr__(self, name):
+            return lambda *args: None
+
+    trainer = Trainer(net, opt, data, batch_size=2, steps=steps, shuffle=False, prefetch=0, evaluate_at_end=False,
+                      listeners=[Losses()], cuda_graph=cuda_graph)
+    return net, opt, trainer, losses
+
+
+def test_engine_train_through_the_graph_gives_the_eager_weights_bit_for_bit():
+    """Four steps with dropout, a new learning rate each step: eager (the layer's own mask draws, the update in
+    backward) against one eager step, a capture and three replays; same losses, accuracies and weights."""
+    data = _dataset()
+    results = {}
+    for mode in (None, "record"):
+        net, opt, trainer, losses = _train(mode, data)
+        try:
+            trainer.fit()
+            results[mode] = (net.state_dict(), losses, opt.steps_taken, net.rng.bit_generator.state)
+            assert net.node("drop").layer.mask_fill is None  # the runner is gone after fit
+            assert trainer.runner is None
+        finally:
+            net.close()
+    (eager, eager_losses, eager_steps, eager_rng), (graph, graph_losses, graph_steps, graph_rng) = results.values()
+    assert graph_losses == eager_losses and graph_steps == eager_steps == 4 and graph_rng == eager_rng
+    assert sorted(graph) == sorted(eager)
+    for name, value in eager.items():
+        np.testing.assert_array_equal(graph[name], value, err_msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_a_diverged_replay_keeps_the_last_good_steps_weights():
+    """An infinite learning rate at step 2 makes step 3's loss NaN (a replay): the update is skipped on the device,
+    as eager skips it on the host, so the weights, the momentum and the step count are those after step 2."""
+    from engine.train import TrainingDiverged
+
+    kept = {}
+    for mode in (None, "record"):
+        net, opt, trainer, losses = _train(mode, _dataset(), steps=5, schedule=lambda s: 0.05 if s < 2 else np.inf)
+        try:
+            with pytest.raises(TrainingDiverged, match="at step 3"):
+                trainer.fit()
+            momentum = np.array(opt.state.views["momentum_buffer"]) if opt.state is not None else None
+            kept[mode] = (net.state_dict(), momentum, opt.steps_taken, trainer.step, len(losses))
+        finally:
+            net.close()
+    (eager, eager_m, *eager_rest), (graph, graph_m, *graph_rest) = kept.values()
+    assert graph_rest == eager_rest == [3, 3, 3]
+    for name, value in eager.items():
+        np.testing.assert_array_equal(graph[name], value, err_msg=name)
+    np.testing.assert_array_equal(graph_m, eager_m)
+
+
+def test_a_network_the_stand_in_cannot_replay_is_refused():
+    from engine.layers import Flatten
+    from engine.train import Trainer
+
+    graph = Graph([("flat", Flatten(), ["input"]), ("fc", Dense(3 * IMAGE * IMAGE, 3, bias=False), ["flat"])],
+                  input_shape=(3, IMAGE, IMAGE))
+    backend = get_backend("cudasim")
+    net = Network(graph, backend, seed=0)
+    try:
+        opt = make_optimizer("sgd", net, backend, 0.1, manager=net.mgr)
+        trainer = Trainer(net, opt, _dataset(), batch_size=2, steps=1, prefetch=0, evaluate_at_end=False,
+                          cuda_graph="record")
+        with pytest.raises(ValueError, match="cannot be captured as a CUDA graph: Flatten copies"):
+            trainer.fit()
+    finally:
+        net.close()

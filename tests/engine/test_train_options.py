@@ -62,3 +62,35 @@ def test_memory_plot_without_matplotlib_says_what_to_install_before_the_first_st
                                        "--memory-plot", str(tmp_path / "plot.png")])
     assert result.exit_code == 1 and "pip install -e '.[plot]'" in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("options", "backend", "workers", "mode"), [
+    (TrainOptions("resnet18"), "cuda", 1, "cupy"),  # on by default on a GPU
+    (TrainOptions("resnet18", cuda_graph=False), "cuda", 1, None),
+    (TrainOptions("resnet18"), "cudasim", 1, None),  # the simulator: only when asked for
+    (TrainOptions("resnet18", cuda_graph=True), "cudasim", 1, "record"),
+    (TrainOptions("resnet18"), "cpu", 1, None),
+    (TrainOptions("resnet18", offload=OffloadOptions(n="4")), "cuda", 1, None),  # offload keeps the eager step
+    (TrainOptions("resnet18", offload=OffloadOptions(n="4", params=True)), "cuda", 1, None),
+    (TrainOptions("resnet18"), "cuda", 2, None),  # so does data parallel
+])
+def test_the_cuda_graph_is_on_by_default_on_a_gpu_where_nothing_forbids_it(options, backend, workers, mode):
+    from cli import _cuda_graph_mode
+
+    assert _cuda_graph_mode(options, backend, workers) == mode
+
+
+def test_an_explicit_cuda_graph_where_it_cannot_run_is_one_line():
+    import click
+
+    from cli import _cuda_graph_mode
+
+    with pytest.raises(click.ClickException, match="--cuda-graph: the cpu backend has no CUDA graph"):
+        _cuda_graph_mode(TrainOptions("cnn", cuda_graph=True), "cpu", 1)
+    with pytest.raises(click.ClickException, match="--cuda-graph: data parallel"):
+        _cuda_graph_mode(TrainOptions("cnn", cuda_graph=True), "cuda", 2)
+    with pytest.raises(UserError, match="--cuda-graph with offload"):
+        TrainOptions("cnn", cuda_graph=True, offload=OffloadOptions(n="2"))
+    done = CliRunner().invoke(main, ["train", "--model", "cnn", "--data", "synthetic", "--steps", "1", "--cuda-graph",
+                                     "--offload-n", "2"])
+    assert done.exit_code != 0 and "--cuda-graph with offload" in done.output
