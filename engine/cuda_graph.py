@@ -38,6 +38,11 @@ with one launch of the graph (CuPy stream capture; the Numba kernels go to CuPy'
 - **The loss** lands in an arena slot that later tensors reuse: each step copies it into a runner-owned
   device scalar with a launch (captured too), which ``last_loss()`` reads.
 
+``engine train`` runs its step through this runner on ``--backend cuda`` (``Trainer(cuda_graph=...)``,
+``--no-cuda-graph`` to turn it off), with ``keep_logits`` for its accuracy and the update's guard: the
+update kernels read the step's loss (``loss_out``) and write nothing when it is not finite, so a
+diverged replay keeps the last good step's weights, as the eager step's check before its update does.
+
 ``capture="cupy"`` is the real thing (``cupy.cuda.Stream.begin_capture`` on a non-blocking stream,
 ``Graph.launch``); it needs a GPU and is exercised by ``benchmarks/gpu_session.sh``. ``capture="record"``
 is the simulator's stand-in with the same semantics: under ``count_only`` nothing runs while capturing,
