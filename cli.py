@@ -466,11 +466,16 @@ def train(**params) -> None:
     if not root:  # data parallel: rank 0 alone writes
         return
     result.compile_seconds = warmed.seconds if warmed is not None else None
+    if trainer.cuda_graph_error:
+        console.print(f"[yellow]note:[/yellow] the step could not be captured as a CUDA graph and ran eagerly "
+                      f"({trainer.cuda_graph_error}); --no-cuda-graph skips the attempt", markup=True, highlight=False)
     if outputs.save:
         write_checkpoint(outputs.save, trainer)
     render_training_summary(result, console)
     _write_outputs(options, result, trainer, monitor, console,
-                   {**run, "backend": backend.name, "cuda_graph": graph is not None, "threads": threads,
+                   {**run, "backend": backend.name, "cuda_graph": graph is not None and not trainer.cuda_graph_error,
+                    **({"cuda_graph_error": trainer.cuda_graph_error} if trainer.cuda_graph_error else {}),
+                    "threads": threads,
                     **_parallel_fields(options, parallel, K),
                     **({"memory_needs": needs.as_dict()} if needs is not None else {})})  # issue 30: the prediction
     stop.check("at the end of the run", "the run finished and its results were written")

@@ -151,9 +151,10 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_f(r['graph_images_per_second'])} | {_f(r['eager_host_us_per_step'], 0)} / "
                      f"{_f(r['graph_host_us_per_step'], 0)} | {_f(r.get('graph_host_wait_us_per_step'), 0)} | "
                      f"{r['graph_launches']} | {r['same_weights']} |")
-    lines += ["", "| engine train | exit | steady images/s | final loss |", "|---|---|---|---|"]
+    lines += ["", "| engine train | exit | CUDA graph | steady images/s | final loss |", "|---|---|---|---|---|"]
     for r in report["offload"]["runs"] + report["imagenet"]:
-        lines.append(f"| {r['command'].split('train ', 1)[-1][:110]} | {r['returncode']} | "
+        graph = _f(r.get("cuda_graph")) + (f" ({r['cuda_graph_error'][:80]})" if r.get("cuda_graph_error") else "")
+        lines.append(f"| {r['command'].split('train ', 1)[-1][:110]} | {r['returncode']} | {graph} | "
                      f"{_f(r.get('steady_images_per_second'))} | {_f(r.get('final_loss'), 6)} |")
     lines += ["", "| GEMM | config / splits | TFLOP/s | default | cuBLAS | of cuBLAS |", "|---|---|---|---|---|---|"]
     for g in report["gemm"]:

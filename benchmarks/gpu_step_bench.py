@@ -151,7 +151,7 @@ def train_run(args: list[str], offload: str | None, log: Any = print, timeout: f
             with open(summary, encoding="utf-8") as handle:
                 data = json.load(handle)
             for key in ("steady_images_per_second", "images_per_second", "final_loss", "peak_bytes", "offload",
-                        "cuda_graph"):
+                        "cuda_graph", "cuda_graph_error"):
                 figures[key] = data.get(key)
         else:
             figures["output_tail"] = tail

@@ -154,6 +154,8 @@ class StepRunner:
     host_seconds: float = 0.0  # host time spent inside step(), less the staging ring's waits (its own work)
     depth: int = 2  # the staging ring's buffer sets (engine/host_staging.py: why two)
     keep_logits: bool = False  # copy each step's logits out (a launch) for last_logits(): engine train's accuracy
+    fallback: bool = False  # a capture that fails: run eagerly from then on (capture_error says why) instead of raising
+    capture_error: str | None = None
 
     def __post_init__(self) -> None:
         from kernels.cuda.optim import SCALARS
@@ -319,7 +321,20 @@ class StepRunner:
         self._write_step_values(shape, x, y)
         captured_now = False
         if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
-            shape.graph = self._capture(shape)
+            counters = self._host_counters()
+            try:
+                shape.graph = self._capture(shape)
+            except Exception as exc:
+                if not self.fallback:
+                    raise
+                # the capture ran some of the step's Python: its host counters go back, then the step runs
+                # eagerly, as every later one (the same weights: the eager step is what the graph replays)
+                self._restore_host_counters(counters)
+                self.capture_error = f"{type(exc).__name__}: {exc}"
+                self.eager_reason = f"the capture failed ({self.capture_error})"
+                self._body(shape)
+                shape.eager_steps += 1
+                return
             shape.epoch = memory_epoch(self.net)
             shape.captures += 1
             shape.launches = len(shape.graph)
@@ -332,6 +347,14 @@ class StepRunner:
         else:
             self._body(shape)
             shape.eager_steps += 1
+
+    def _host_counters(self) -> dict[int, int]:
+        return {i: int(node.layer.num_batches_tracked) for i, node in enumerate(self.net.graph.nodes)
+                if hasattr(node.layer, "num_batches_tracked")}
+
+    def _restore_host_counters(self, counters: dict[int, int]) -> None:
+        for i, value in counters.items():
+            self.net.graph.nodes[i].layer.num_batches_tracked = value
 
     def _advance_host_counters(self) -> None:
         """What a step does on the host besides launching kernels, which a replay does not: batch norm's

@@ -454,6 +454,7 @@ class Trainer:
             raise ValueError(f"cuda_graph must be None, 'cupy' or 'record', got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
         self.runner: Any = None
+        self.cuda_graph_error: str | None = None  # why a capture failed (the run went on eagerly)
 
     @classmethod
     def from_options(cls, options: TrainOptions, net: Network, optimizer: Optimizer, data: Dataset, *,
@@ -504,7 +505,10 @@ class Trainer:
     def _start_graph(self) -> None:
         from engine.cuda_graph import StepRunner
 
-        runner = StepRunner(self.net, self.optimizer, capture=self.cuda_graph, warmup=1, keep_logits=True)
+        # a capture that fails on a GPU (a case the simulator could not show) falls back to the eager step with a
+        # note (cuda_graph_error) rather than ending the run: the same weights either way
+        runner = StepRunner(self.net, self.optimizer, capture=self.cuda_graph, warmup=1, keep_logits=True,
+                            fallback=True)
         if runner.eager_reason is not None:
             runner.close()
             raise ValueError(f"the step cannot be captured as a CUDA graph: {runner.eager_reason}; "
@@ -564,6 +568,7 @@ class Trainer:
         finally:
             stream.close()
             if self.runner is not None:  # the Dropout layers draw their own masks again (evaluation, a next fit)
+                self.cuda_graph_error = self.runner.capture_error
                 self.runner.close()
                 self.runner = None
             if rss_hook is not None and rss_hook in self.net.hooks:

@@ -296,3 +296,35 @@ def test_a_network_the_stand_in_cannot_replay_is_refused():
             trainer.fit()
     finally:
         net.close()
+
+
+def test_a_capture_that_fails_in_engine_train_goes_on_eagerly_with_the_same_weights(monkeypatch):
+    """A capture that fails after running the step's Python (as a GPU's end_capture can): the host counters it
+    advanced go back, the step and every later one run eagerly, the weights are eager's, and the reason is kept."""
+    import engine.cuda_graph as cuda_graph
+    from engine.backend import CaptureError
+
+    def failing_capture(body, stream=None):
+        from kernels.cuda import count_only
+
+        with count_only():
+            body()
+        raise CaptureError("stand-in failure at the end of the capture")
+
+    data = _dataset()
+    net, _, trainer, eager_losses = _train(None, data, steps=3)
+    try:
+        trainer.fit()
+        eager, eager_bn = net.state_dict(), net.node("bn1").layer.num_batches_tracked
+    finally:
+        net.close()
+    monkeypatch.setattr(cuda_graph, "record_capture", failing_capture)
+    net, _, trainer, losses = _train("record", data, steps=3)
+    try:
+        trainer.fit()
+        assert trainer.cuda_graph_error == "CaptureError: stand-in failure at the end of the capture"
+        assert losses == eager_losses and net.node("bn1").layer.num_batches_tracked == eager_bn == 3
+        for name, value in eager.items():
+            np.testing.assert_array_equal(net.state_dict()[name], value, err_msg=name)
+    finally:
+        net.close()
