@@ -15,12 +15,14 @@ waits on that event before writing the set again (PyTorch issue #106360 is this 
 reused before its copy ran). Stream order already serializes each copy after the step before it, so
 the device arrays themselves need no second copy.
 
-**Depth 2.** With two sets, staging step k+2 waits for step k's copies, which the stream runs right
-after step k-1's replay: the host is held to at most two steps queued ahead of the GPU (the step
-running and the one staged behind it). That is all a GPU-bound step needs to keep the GPU busy (the
-next step is queued before the current one ends); a deeper ring only queues more steps whose losses
-the host has not seen yet and pins more memory, with no more overlap. Depth 1 would make the host
-wait for the previous step's copy, i.e. the replay before it: no overlap at all.
+**Depth 2.** The stream runs, per step k, the copies C_k then the replay R_k; the event of a set is
+recorded after its copies. With depth d, staging step k+d waits for C_k, which runs right after
+R_{k-1}: the host waits until the GPU has finished step k-1, then queues step k+d. Depth 1 already lets
+the host queue step k+1 while the GPU runs step k (one step ahead: the GPU never idles while the host's
+step is shorter than the GPU's). Depth 2 (double buffering) adds one step of slack, so a host hiccup
+shorter than a GPU step (Python's GC, a slow batch) does not leave the GPU idle; deeper rings only queue
+more steps whose losses the host has not seen and pin more memory for no more overlap. A set is a
+batch, its labels, three floats and the masks: 0.4 MB at ResNet-18 CIFAR batch 32.
 
 Where the host waits is counted apart (``waits``, ``wait_seconds``): a GPU-bound run waits here every
 step once the ring is full, which is the GPU's time, not the host's work.
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 DEPTH = 2
-"""Buffer sets of a ring: the host stays at most two steps ahead of the GPU (module docstring)."""
+"""Buffer sets of a ring: the host queues at most two steps past the one the GPU runs (module docstring)."""
 
 
 class Transport(Protocol):
