@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numba import cuda, float32, int64, uint32
+from numba import cuda, float32, int64, uint32, uint64
 
 from kernels.cuda._launch import (
     MAX_REDUCTION_THREADS,
@@ -67,13 +67,24 @@ from kernels.cuda.reduce import block_sum
 
 
 @cuda.jit(device=True)
-def _udiv(a, b):
-    """a // b for 0 <= a, b < 2**32, as a 32-bit unsigned division.
+def _divider(d):
+    """(m, p) with n // d == (n·m) >> p for every 0 <= n < 2**31, given 1 <= d < 2**31.
 
-    numba divides int64 by int64 (Python's floor rule, a sign fix-up and a 64-bit division: a fast and
-    a slow path of some 100 SASS instructions); the per-k loads below divide every k, inside the GEMM's
-    main loop. Their operands are never negative and fit 32 bits (k < K, a tap or pixel count)."""
-    return int64(uint32(a) // uint32(b))
+    Division by an invariant integer as a multiply and a shift (Granlund & Montgomery 1994, CUTLASS's
+    FastDivmod): l = ceil(log2 d), p = 31 + l, m = ceil(2**p / d) < 2**32. The per-k loads below divide
+    every k by a few sizes fixed for the launch (R·S, S, OH·OW, OW, the stride); numba's int64 floor
+    division was ptxas's 64-bit division subroutine there (40 calls a k-slab in 128×128 backward data),
+    a 32-bit one still ~20 instructions; ``_fdiv`` is a wide multiply and a shift. The prep functions
+    compute the pairs once per thread, outside the k loop."""
+    l = 32 - cuda.clz(uint32(d - 1))
+    p = uint64(31 + l)
+    return uint32(((uint64(1) << p) + uint64(d - 1)) // uint64(d)), p  # m < 2**32: a 32×32-bit wide multiply
+
+
+@cuda.jit(device=True)
+def _fdiv(n, m, p):
+    """n // d for 0 <= n < 2**31, with (m, p) = _divider(d)."""
+    return int64((uint64(uint32(n)) * uint64(m)) >> p)
 
 
 @cuda.jit(device=True)
@@ -93,12 +104,13 @@ def _forward_prep_a(w2, i, z, geom):
 
 @cuda.jit(device=True)
 def _row_at(w2, prep, k, z, geom):
-    return w2[uint32(prep[0]), uint32(k)]
+    return w2[uint32(prep[0]), uint32(k)]  # unsigned indices: no wraparound test (neither is negative)
 
 
 @cuda.jit(device=True)
 def _forward_prep_b(x, j, z, geom):
-    """Column j = n·OH·OW + oh·OW + ow of the im2col matrix: (n, first channel, oh·stride − pad, ow·stride − pad)."""
+    """Column j = n·OH·OW + oh·OW + ow of the im2col matrix: (n, first channel, oh·stride − pad, ow·stride − pad),
+    and the dividers of k by R·S and by S."""
     OH, OW, stride, pad = geom[4], geom[5], geom[8], geom[9]
     group, phase, split = _z_parts(z, geom)
     P = OH * OW
@@ -106,16 +118,18 @@ def _forward_prep_b(x, j, z, geom):
     p = j - n * P
     oh = p // OW
     ow = p - oh * OW
-    return (n, group * geom[0], oh * stride - pad, ow * stride - pad, 0, 0)
+    m_rs, p_rs = _divider(geom[6] * geom[7])
+    m_s, p_s = _divider(geom[7])
+    return (n, group * geom[0], oh * stride - pad, ow * stride - pad, m_rs, p_rs, m_s, p_s)
 
 
 @cuda.jit(device=True)
 def _forward_b_at(x, prep, k, z, geom):
     """Entry (k, column) of the im2col matrix: k = (c·R + r)·S + s; 0 in the padding."""
     R, S = geom[6], geom[7]
-    c = _udiv(k, R * S)
+    c = _fdiv(k, prep[4], prep[5])
     rs = k - c * (R * S)
-    r = _udiv(rs, S)
+    r = _fdiv(rs, prep[6], prep[7])
     h = prep[2] + r
     w = prep[3] + rs - r * S
     if 0 <= h < geom[1] and 0 <= w < geom[2]:  # unsigned indices: no wraparound test (all are >= 0 here)
@@ -157,29 +171,38 @@ def _phase_pixel(j, ph, pw, geom):
 
 
 @cuda.jit(device=True)
-def _phase_tap(k, r0, s0, geom):
+def _phase_taps(geom):
+    """A phase's taps per channel TR·TS and per row TS, with their dividers (once per thread)."""
+    R, S, stride = geom[6], geom[7], geom[8]
+    TS = (S + stride - 1) // stride
+    taps = ((R + stride - 1) // stride) * TS
+    m_taps, p_taps = _divider(taps)
+    m_ts, p_ts = _divider(TS)
+    return taps, TS, m_taps, p_taps, m_ts, p_ts
+
+
+@cuda.jit(device=True)
+def _phase_tap(k, r0, s0, stride, taps, TS, m_taps, p_taps, m_ts, p_ts):
     """(kk, r, s) of backward data's reduction index k = (kk, rr, ss): output channel kk and tap
     r = r0 + stride·rr, s = s0 + stride·ss (r, s may fall past R, S)."""
-    stride = geom[8]
-    TS = _udiv(geom[7] + stride - 1, stride)
-    taps = _udiv(geom[6] + stride - 1, stride) * TS
-    kk = _udiv(k, taps)
+    kk = _fdiv(k, m_taps, p_taps)
     t = k - kk * taps
-    rr = _udiv(t, TS)
+    rr = _fdiv(t, m_ts, p_ts)
     return kk, r0 + stride * rr, s0 + stride * (t - rr * TS)
 
 
 @cuda.jit(device=True)
 def _data_prep_a(w2, i, z, geom):
     group, ph, pw, r0, s0 = _phase_offsets(z, geom)
-    return (i, group * geom[3], r0, s0, 0, 0)
+    taps, TS, m_taps, p_taps, m_ts, p_ts = _phase_taps(geom)
+    return (i, group * geom[3], r0, s0, taps, TS, m_taps, p_taps, m_ts, p_ts)
 
 
 @cuda.jit(device=True)
 def _data_a_at(w2, prep, k, z, geom):
     """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S)."""
     R, S = geom[6], geom[7]
-    kk, r, s = _phase_tap(k, prep[2], prep[3], geom)
+    kk, r, s = _phase_tap(k, prep[2], prep[3], geom[8], prep[4], prep[5], prep[6], prep[7], prep[8], prep[9])
     if r < R and s < S:
         return w2[uint32(prep[1] + kk), uint32((prep[0] * R + r) * S + s)]
     return float32(0.0)
@@ -189,7 +212,9 @@ def _data_a_at(w2, prep, k, z, geom):
 def _data_prep_b(dout, j, z, geom):
     group, ph, pw, r0, s0 = _phase_offsets(z, geom)
     n, h, w = _phase_pixel(j, ph, pw, geom)
-    return (n, h, w, group * geom[3], r0, s0)
+    taps, TS, m_taps, p_taps, m_ts, p_ts = _phase_taps(geom)
+    m_st, p_st = _divider(geom[8])
+    return (n, h, w, group * geom[3], r0, s0, taps, TS, m_taps, p_taps, m_ts, p_ts, m_st, p_st)
 
 
 @cuda.jit(device=True)
@@ -198,13 +223,13 @@ def _data_b_at(dout, prep, k, z, geom):
     (oh, ow) through tap (r, s); 0 where no output reads it."""
     OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
     h, w = prep[1], prep[2]
-    kk, r, s = _phase_tap(k, prep[4], prep[5], geom)
+    kk, r, s = _phase_tap(k, prep[4], prep[5], stride, prep[6], prep[7], prep[8], prep[9], prep[10], prep[11])
     if h < geom[1] and w < geom[2] and r < R and s < S:
         th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
         tw = w + pad - s
         if th >= 0 and tw >= 0:
-            oh = _udiv(th, stride)
-            ow = _udiv(tw, stride)
+            oh = _fdiv(th, prep[12], prep[13])
+            ow = _fdiv(tw, prep[12], prep[13])
             if oh < OH and ow < OW:
                 return dout[uint32(prep[0]), uint32(prep[3] + kk), uint32(oh), uint32(ow)]
     return float32(0.0)
@@ -224,26 +249,29 @@ def _data_store(dx3, i, j, z, geom, value, accumulate):
 @cuda.jit(device=True)
 def _weight_prep_a(dout3, i, z, geom):
     group, phase, split = _z_parts(z, geom)
-    return (group * geom[3] + i, 0, 0, 0, 0, 0)
+    m_p, p_p = _divider(geom[4] * geom[5])
+    return (group * geom[3] + i, m_p, p_p)
 
 
 @cuda.jit(device=True)
 def _weight_a_at(dout3, prep, k, z, geom):
     """A[k_out, (n, p)] = dout[n, group·Kg + k_out, p]."""
-    P = geom[4] * geom[5]
-    n = _udiv(k, P)
-    return dout3[uint32(n), uint32(prep[0]), uint32(k - n * P)]
+    n = _fdiv(k, prep[1], prep[2])
+    return dout3[uint32(n), uint32(prep[0]), uint32(k - n * (geom[4] * geom[5]))]
 
 
 @cuda.jit(device=True)
 def _weight_prep_b(x, j, z, geom):
-    """Column j = (c·R + r)·S + s of dw: (input channel, r − pad, s − pad)."""
+    """Column j = (c·R + r)·S + s of dw: (input channel, r − pad, s − pad), and the dividers of k by OH·OW
+    and by OW."""
     R, S, pad = geom[6], geom[7], geom[9]
     group, phase, split = _z_parts(z, geom)
     c = j // (R * S)
     rs = j - c * (R * S)
     r = rs // S
-    return (group * geom[0] + c, r - pad, rs - r * S - pad, 0, 0, 0)
+    m_p, p_p = _divider(geom[4] * geom[5])
+    m_ow, p_ow = _divider(geom[5])
+    return (group * geom[0] + c, r - pad, rs - r * S - pad, m_p, p_p, m_ow, p_ow)
 
 
 @cuda.jit(device=True)
@@ -251,9 +279,9 @@ def _weight_b_at(x, prep, k, z, geom):
     """B[(n, oh, ow), (c, r, s)] = x[n, c, oh·stride − pad + r, ow·stride − pad + s] or 0."""
     OH, OW, stride = geom[4], geom[5], geom[8]
     P = OH * OW
-    n = _udiv(k, P)
+    n = _fdiv(k, prep[3], prep[4])
     p = k - n * P
-    oh = _udiv(p, OW)
+    oh = _fdiv(p, prep[5], prep[6])
     h = oh * stride + prep[1]
     w = (p - oh * OW) * stride + prep[2]
     if 0 <= h < geom[1] and 0 <= w < geom[2]:

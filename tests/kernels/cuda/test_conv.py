@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from kernels.cuda import conv as cuda_conv
 from kernels.cuda import gemm
@@ -174,3 +175,30 @@ def test_bad_input_is_a_clear_error(monkeypatch):
         cuda_conv.conv2d_forward_workspace_size((1, 3, 5, 5), (4, 1, 3, 3), 1, 1, 2)
     with pytest.raises(ValueError, match="out has shape"):
         cuda_conv.conv2d_forward(x, w, b, out[:, :2], *args, None)
+
+
+def test_division_by_an_invariant_divisor_is_exact():
+    """conv._divider / _fdiv (the per-k loads' multiply-and-shift division) against // at the edges of its
+    range: every divisor kind the operands use (1, powers of two and their neighbours, 3·3, large pixel
+    counts up to 2**31 − 1) and dividends 0, 1, multiples of d and their neighbours, up to 2**31 − 1."""
+    divisors = sorted({1, 2, 3, 4, 5, 7, 9, 49, 255, 256, 257, 1024, 3136, 12544, 65535, 65536, 65537,
+                       (1 << 20) + 1, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, (1 << 31) - 1})
+    pairs = []
+    for d in divisors:
+        for n in {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 7 * d + 3, (1 << 31) - 1, (1 << 31) - 2,
+                  ((1 << 31) - 1) // d * d, ((1 << 31) - 1) // d * d - 1}:
+            if 0 <= n < 1 << 31:
+                pairs.append((n, d))
+    n = np.array([p[0] for p in pairs], np.int64)
+    d = np.array([p[1] for p in pairs], np.int64)
+    got = np.full(len(pairs), -1, np.int64)
+
+    @cuda.jit
+    def divide(n, d, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            m, p = cuda_conv._divider(d[i])
+            out[i] = cuda_conv._fdiv(n[i], m, p)
+
+    divide[(len(pairs) + 31) // 32, 32](n, d, got)
+    np.testing.assert_array_equal(got, n // d)
