@@ -317,7 +317,7 @@ class TileConfig:
     broadcasts). Which thread computes an output changes, not the order of its products: the same bits.
     Shared-memory offsets in the loop are uint32 (no 64-bit address arithmetic, no wraparound test).
     SASS per k-slab, sm_90 (``engine kernels --backend cuda --static``, column "loop SASS/FFMA"): plain
-    GEMM 64×64 4×4 5.96 → 2.20 instructions per FFMA, 128×128 8×8 3.28 → 1.53 (with ``_slab_fma``). Loads: thread t stages ``loads_a`` consecutive k of one
+    GEMM 64×64 4×4 5.96 → 2.05 instructions per FFMA, 128×128 8×8 3.28 → 1.47 (with ``_slab_fma``). Loads: thread t stages ``loads_a`` consecutive k of one
     A row (row t // (block_k / loads_a)) and ``loads_b`` k of one B column (column t mod block_n),
     the same row and column for every slab, which is what lets the operands' per-row and per-column
     index arithmetic (``prep_a`` / ``prep_b``) run once per thread instead of once per load.
@@ -364,10 +364,20 @@ class TileConfig:
         return self.block_k * self.block_n // self.threads
 
     @property
+    def a_stride(self) -> int:
+        """Words between consecutive k rows of A's slab in shared memory: block_m, plus 4 when several threads
+        stage one A row (``block_k / loads_a`` of them, at k offsets ``loads_a`` apart). Unpadded, their
+        stores of one row fall in the same bank (block_m is a multiple of 32 words): a 4-way conflict at
+        64×64 k8 (2-way at 128×128) on every A store. With 4 more words per k row, k offset j shifts
+        the bank by 4·j·loads_a: conflict-free at 64×64 k8 and 128×128, 2-way at 64×64 k16. A multiple of
+        4, so the fragments' LDS.128 stay aligned."""
+        return self.block_m + (4 if self.block_k // max(1, self.loads_a) > 1 else 0)
+
+    @property
     def shared_floats(self) -> int:
         """Both stages of A and B, or the epilogue's threads_y × block_n rows, whichever is larger."""
         stages = 2 if self.double_buffer else 1
-        return max(stages * self.block_k * (self.block_m + self.block_n), self.threads_xy[1] * self.block_n)
+        return max(stages * self.block_k * (self.a_stride + self.block_n), self.threads_xy[1] * self.block_n)
 
     def check(self) -> TileConfig:
         """Raise ValueError unless every thread has a fixed A row and B column (what the loads assume)."""
@@ -384,7 +394,7 @@ class TileConfig:
         return self
 
 
-def _slab_fma(bm: int, bn: int, bk: int, tm: int, tn: int, vm: int, vn: int, a_group: int, b_group: int) -> Any:
+def _slab_fma(a_stride: int, bn: int, bk: int, tm: int, tn: int, vm: int, vn: int, a_group: int, b_group: int) -> Any:
     """The FMAs of one k-slab as a device function whose k loop is spelled out, one call per k.
 
     Written as ``for kk in range(bk)``, NVVM unrolls the fragment loops inside but keeps the k loop rolled
@@ -402,7 +412,7 @@ def _slab_fma(bm: int, bn: int, bk: int, tm: int, tn: int, vm: int, vn: int, a_g
             for b in range(tn):
                 acc[a, b] += a_frag[a] * b_frag[b]
 
-    calls = "".join(f"    k_step(smem, a_read + {kk * bm}, b_read + {kk * bn}, acc, a_frag, b_frag)\n"
+    calls = "".join(f"    k_step(smem, a_read + {kk * a_stride}, b_read + {kk * bn}, acc, a_frag, b_frag)\n"
                     for kk in range(bk))
     namespace = {"k_step": cuda.jit(device=True)(k_step)}
     exec(f"def slab_fma(smem, a_read, b_read, acc, a_frag, b_frag):\n{calls}", namespace)  # noqa: S102
@@ -420,7 +430,8 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
     b_rows_step = threads // bn  # k distance between one thread's B loads
     stages = 2 if config.double_buffer else 1
     double = config.double_buffer
-    a_floats = stages * bk * bm  # smem[0 : a_floats] is A (k-major), then B; the epilogue reuses smem[0 : ...]
+    a_stride = config.a_stride  # words between A's k rows in shared memory (block_m, padded)
+    a_floats = stages * bk * a_stride  # smem[0 : a_floats] is A (k-major), then B; the epilogue reuses smem[0 : ...]
     vm, vn = config.vector_m, config.vector_n
     smem_alignment = None if numba_config.ENABLE_CUDASIM else 16  # LDS.128 needs 16 bytes; the simulator takes no alignment
     a_group = threads_y * vm  # rows between one thread's groups of vm consecutive rows
@@ -429,7 +440,7 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
     prep_a, load_a_at, prep_b, load_b_at = operands.prep_a, operands.load_a_at, operands.prep_b, operands.load_b_at
     store_c = operands.store_c
 
-    slab_fma = _slab_fma(bm, bn, bk, tm, tn, vm, vn, a_group, b_group)
+    slab_fma = _slab_fma(a_stride, bn, bk, tm, tn, vm, vn, a_group, b_group)
 
     def kernel(A, B, C, M, N, K, k_chunk, geom, accumulate):
         smem = cuda.shared.array(shape=smem_floats, dtype=float32, alignment=smem_alignment)
@@ -455,6 +466,8 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
         b_ok = col0 + b_col < N
         pb = prep_b(B, col0 + b_col if b_ok else 0, z, geom)
         a_read0 = U32(ty * vm)
+        a_store = U32(a_k * a_stride + a_row)  # this thread's A and B words of stage 0 (uint32 offsets, as the reads)
+        b_store = U32(a_floats + b_k * bn + b_col)
         b_read0 = U32(a_floats + tx * vn)
         for a in range(tm):
             for b in range(tn):
@@ -468,9 +481,9 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
             k = k_begin + b_k + l * b_rows_step
             b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
         for l in range(la):
-            smem[(a_k + l) * bm + a_row] = a_next[l]
+            smem[U32(a_store + l * a_stride)] = a_next[l]
         for l in range(lb):
-            smem[a_floats + (b_k + l * b_rows_step) * bn + b_col] = b_next[l]
+            smem[U32(b_store + l * b_rows_step * bn)] = b_next[l]
         cuda.syncthreads()
         for t in range(slabs):
             stage = t % stages
@@ -485,27 +498,27 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
                     b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
             # This slab's stage: A's fragment starts at row ty·vm of the stage, B's at column tx·vn (uint32
             # offsets: no negative-index wraparound, no 64-bit address arithmetic in the loop below).
-            a_read = U32(stage * (bk * bm) + a_read0)
+            a_read = U32(stage * (bk * a_stride) + a_read0)
             b_read = U32(stage * (bk * bn) + b_read0)
             slab_fma(smem, a_read, b_read, acc, a_frag, b_frag)  # past k_end both slabs hold zeros: they add 0
             if double:
                 if more:  # the other stage was last read before the previous barrier: free to fill
                     other = 1 - stage
                     for l in range(la):
-                        smem[(other * bk + a_k + l) * bm + a_row] = a_next[l]
+                        smem[U32(a_store + other * (bk * a_stride) + l * a_stride)] = a_next[l]
                     for l in range(lb):
-                        smem[a_floats + (other * bk + b_k + l * b_rows_step) * bn + b_col] = b_next[l]
+                        smem[U32(b_store + other * (bk * bn) + l * b_rows_step * bn)] = b_next[l]
                 cuda.syncthreads()
             else:
                 cuda.syncthreads()
                 if more:
                     for l in range(la):
                         k = k_next + a_k + l
-                        smem[(a_k + l) * bm + a_row] = (
+                        smem[U32(a_store + l * a_stride)] = (
                             load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0))
                     for l in range(lb):
                         k = k_next + b_k + l * b_rows_step
-                        smem[a_floats + (b_k + l * b_rows_step) * bn + b_col] = (
+                        smem[U32(b_store + l * b_rows_step * bn)] = (
                             load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0))
                     cuda.syncthreads()
         # Epilogue through shared memory, threads_y rows of the tile at a time: the copy out of acc has
@@ -518,7 +531,7 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
         # (b // vn)·b_group + tx·vn + b % vn.
         for a in range(tm):
             for b in range(tn):
-                smem[U32(ty * bn + b_read0 - a_floats + ((b // vn) * b_group + b % vn))] = acc[0, b]
+                smem[U32(ty * bn + tx * vn + ((b // vn) * b_group + b % vn))] = acc[0, b]
             for a2 in range(tm - 1):
                 for b in range(tn):
                     acc[a2, b] = acc[a2 + 1, b]
@@ -530,7 +543,7 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
                 c = e - r * bn
                 i = row0 + r * vm + row_a
                 if i < M and col0 + c < N:
-                    store_c(C, i, col0 + c, z, geom, smem[e], accumulate)
+                    store_c(C, i, col0 + c, z, geom, smem[U32(e)], accumulate)
             cuda.syncthreads()
 
     name = f"{operands.name}_tiles_{config.name.replace('-', '_')}"
