@@ -601,7 +601,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
     if offload is not None and root:
         scheduler = offload.scheduler
         summary = offload_summary(scheduler.plan_for(options.batch_size), offload.no_offload_bytes,
-                                  scheduler.storage.capacity_bytes)  # the swap file as allocated
+                                  scheduler.storage.capacity_bytes, scheduler.storage.kind)  # as allocated
         click.echo(f"offload: {summary}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
     return offload, resolved.needs

@@ -133,6 +133,9 @@ def offload_table(offload: dict[str, Any]) -> Table:
     table.add_row("window N", window)
     table.add_row("stall per step", format_seconds(offload["stall_ms_per_step"] / 1e3))
     table.add_row("IO threads' CPU per step", format_seconds(offload["io_cpu_ms_per_step"] / 1e3))
+    tier = offload.get("swap_tier")
+    if tier and tier != "swap file":  # a GPU run whose swapped bytes fit the host budget: no disk at all
+        table.add_row("swapped to", tier)
     table.add_row("written per step", format_bytes(offload["written_bytes_per_step"]))
     table.add_row("read per step", format_bytes(offload["read_bytes_per_step"]))
     resident = format_bytes(offload["resident_peak_bytes"])

@@ -444,6 +444,10 @@ class _Unit:
     # GPU the host runs ahead of the stream, so a load into these bytes must wait for the kernels that
     # were queued to read them (None on the cpu backend, and for bytes a save vacated: its copy synced)
     vacated_event: list[Any] = field(default_factory=lambda: [None, None])
+    # per occupation: the copies (device -> host, of saves that vacated earlier occupants' bytes) the
+    # executor's stream must wait for before it writes these bytes (creating or rebuilding the unit)
+    copy_waits: list[list[Any]] = field(default_factory=lambda: [[], []])
+    copied: Any = None  # device event of this unit's save copy (a load from pinned memory waits for it)
     created: int = 0  # tensors created so far this step
     # per occupation: earlier occupants of its bytes not yet vacated (0: it may move in; ``_room_free``)
     blocked: list[int] = field(default_factory=lambda: [0, 0])
@@ -536,6 +540,7 @@ class OffloadScheduler:
         executor_checks: bool = True,
         io_cpus: str | Iterable[int] | None = "auto",
         history: int = 1024,
+        host_swap_bytes: int | str | None = "auto",
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -563,6 +568,11 @@ class OffloadScheduler:
         if not (io_cpus is None or io_cpus == "auto"):
             io_cpus = frozenset(int(cpu) for cpu in io_cpus)
         self.requested_io_cpus = io_cpus
+        # a device run's swap tier: pinned host memory up to this many bytes, the disk past it (None or 0:
+        # always the disk; "auto": half the host memory the run may use, ``host_swap_limit``)
+        self.host_swap_bytes = host_swap_bytes
+        self._inline = False  # the executor queues the copies itself (pinned tier: staging.DeviceStaging.inline)
+        self._issue_cursor = 0  # inline: the next unit of the load order whose copy is not queued yet
         self.io_cpus: frozenset[int] | None = None  # the CPUs the IO threads were restricted to, if any
         self._recompute: dict[tuple[int, str], Recompute] = {}
         self._layers: list[Any] = []
@@ -764,9 +774,9 @@ class OffloadScheduler:
             self._ensure_arena(min(self.budget_bytes, plan.total_bytes))
         else:
             self._ensure_arena(self.plan_for(batch_size, self.max_window if self.adaptive else self.window).arena_bytes)
-        self._ensure_file(self.plan_for(batch_size).file_bytes_used)  # what the starting window writes
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
+        self._ensure_file(self.plan_for(batch_size).file_bytes_used)  # what the starting window writes
         log.info("offload plan: batch %d, window %s (max %d), arena %s (no offload: %s), swap file %s",
                  batch_size, "auto" if self.adaptive else self.window, self.max_window,
                  format_bytes(self.plan_for(batch_size).arena_bytes), format_bytes(plan.total_bytes),
@@ -929,9 +939,31 @@ class OffloadScheduler:
             self.storage.close()
             self.storage = None
         if self.storage is None:
-            self.storage = SwapStorage(nbytes, self.directory, delay=self.delay, verify=self.verify)
+            self.storage = self._transfer.make_storage(nbytes, self.directory, self.delay, self.verify,
+                                                       self.host_swap_limit())
             self._written0 = self._read0 = 0  # this step's IO counts from the new file's zero
-            self._place_io_threads()
+            if self.storage.file_path is not None:
+                self._place_io_threads()
+        self._inline = self._transfer.inline(self.storage)
+
+    def host_swap_limit(self) -> int:
+        """The most pinned host memory a device run swaps into before it uses the disk.
+
+        ``"auto"``: half of what the run may use of the host (``engine.memory.limits.memory_limit``:
+        available RAM, the cgroup's limit, ``ulimit -v``), read when the swap tier is made. On a GPU
+        the memory that is short is the device's; the host's RAM is usually many times larger and a
+        PCIe copy of the step's swapped bytes takes a few ms where the disk took tens (the H200's
+        ResNet-18 batch 32: 86 MB each way per step). Half, not all: the data pipeline, the
+        checkpoint and other processes need the rest, and pinned pages cannot be swapped out.
+        """
+        wanted = self.host_swap_bytes
+        if not wanted or getattr(self.backend, "name", None) not in ("cuda", "cudasim"):
+            return 0
+        if wanted == "auto":
+            from engine.memory.limits import memory_limit
+
+            return memory_limit().bytes // 2
+        return int(wanted)
 
     def _begin_planned_step(self, first_shape: tuple[int, ...]) -> None:
         batch_size = int(first_shape[0]) if first_shape else 1
@@ -942,6 +974,10 @@ class OffloadScheduler:
         self._needs_plan = False
         self._current.window = self.window
         self._current.bound_bytes = self._plan.arena_bytes
+        self._transfer.begin_step()
+        if self._inline:  # the executor queues the loads itself, as their time and room come (_issue_loads)
+            self._issue_cursor = 0
+            return
         with self._cond:
             self._load_jobs_pending += 1
         self._load_queue.put((self._generation, list(self._load_order)))
@@ -953,6 +989,8 @@ class OffloadScheduler:
             self._current.room_wait_s += waited
             self._set_state(unit, LayerState.READY_FOR_EXEC)
             unit.region.open(self._generation)
+        if unit.copy_waits[0]:  # a save vacated these bytes: its copy runs before the forward overwrites them
+            self._transfer.wait_copies(unit.copy_waits[0])
 
     # -- hooks (the executor) --------------------------------------------------------------------
 
@@ -989,6 +1027,9 @@ class OffloadScheduler:
                 continue
             if unit.plan.offloaded:
                 unit.event = self._transfer.ready_event()
+                if self._inline:
+                    self._save_inline(unit)
+                    continue
                 with self._cond:
                     self._set_state(unit, LayerState.WAIT_FOR_OFF)
                     self._saves_pending += 1
@@ -1001,11 +1042,15 @@ class OffloadScheduler:
         self._advance(step)
         if self._needs_plan:
             return
-        if self._t == self._steps // 2 and self.sample_page_cache and self.storage is not None:
+        if (self._t == self._steps // 2 and self.sample_page_cache and self.storage is not None
+                and self.storage.file_path is not None):
             self._current.page_cache_bytes = self.storage.page_cache_bytes()
         order = self._load_order
         while self._load_cursor < len(order) and order[self._load_cursor].plan.load_at <= step:
             unit = order[self._load_cursor]
+            if self._inline and unit.state is not LayerState.READY_FOR_EXEC:
+                raise OffloadError(f"layer {unit.spec.label}: its load is due at timeline step {step} but its "
+                                   f"bytes in the arena are still held: the offload plan is inconsistent")
             with self._cond:
                 waited = self._wait_for(lambda u=unit: u.state is LayerState.READY_FOR_EXEC)
             self._current.load_wait_s += waited
@@ -1030,6 +1075,8 @@ class OffloadScheduler:
             self._current.room_wait_s += waited
             self._set_state(unit, LayerState.READY_FOR_EXEC)
             unit.region.open(self._generation)
+        if unit.copy_waits[1]:  # a save vacated these bytes: its copy runs before the rebuild overwrites them
+            self._transfer.wait_copies(unit.copy_waits[1])
         started = time.perf_counter()
         check = self._fused.get(unit.spec.key)
         if check is not None:
@@ -1086,6 +1133,7 @@ class OffloadScheduler:
         for unit in self._units.values():
             if unit.state is not LayerState.RELEASED:
                 self._release(unit, len(unit.plan.occupations) - 1, self._transfer.ready_event())
+        self._transfer.join()
         self._in_iteration = False
         stats = self._current
         stats.forward_backward_s = time.perf_counter() - self._step_started
@@ -1210,6 +1258,8 @@ class OffloadScheduler:
         with self._cond:
             self._t = step
             self._wake()
+        if self._inline and not self._needs_plan:
+            self._issue_loads()
 
     def _release(self, unit: _Unit, occupation: int, event: Any = None) -> None:
         with self._cond:
@@ -1219,14 +1269,50 @@ class OffloadScheduler:
             self._vacate(unit, occupation)
             self._wake()
 
-    def _vacate(self, unit: _Unit, occupation: int) -> None:
-        """The unit left these bytes (caller holds the condition): the later occupants wait on one fewer."""
+    def _vacate(self, unit: _Unit, occupation: int, copied: Any = None) -> None:
+        """The unit left these bytes (caller holds the condition): the later occupants wait on one fewer.
+
+        ``copied``: the event of the save's copy that vacated them (device backends); the executor's stream
+        waits for it before it writes the bytes (``copy_waits``), a load's copy stream through ``after``.
+        """
         if unit.vacated[occupation]:
             return
         unit.vacated[occupation] = True
         units = self._units
         for key, index in self._successors.get((unit.spec.key, occupation), ()):
-            units[key].blocked[index] -= 1
+            later = units[key]
+            later.blocked[index] -= 1
+            if copied is not None:
+                later.copy_waits[index].append(copied)
+
+    def _saved(self, unit: _Unit, copied: Any, swapped: bool) -> None:
+        """A save left the unit's bytes (caller holds the condition); ``swapped``: loadable now."""
+        unit.region.close()
+        unit.copied = copied
+        unit.vacated_event[0] = copied
+        if swapped:
+            self._set_state(unit, LayerState.SWAPPED)
+        self._vacate(unit, 0, copied)
+
+    def _save_inline(self, unit: _Unit) -> None:
+        """The pinned tier: the executor queues the unit's copy to the host and moves on (no disk, no thread)."""
+        records, span, file_offset = self._records(unit)
+        copied = self._transfer.save(self.storage, records, span, file_offset, unit.event, self._generation)
+        with self._cond:  # no IO thread's time: the few µs of queuing are the executor's, inside the step
+            self._set_state(unit, LayerState.WAIT_FOR_OFF)
+            self._saved(unit, copied, True)
+
+    def _issue_loads(self) -> None:
+        """The pinned tier: queue the copies back of every unit, in load order, whose lookahead has come
+        and whose bytes are free (the loader thread's conditions, checked by the executor at each step)."""
+        order = self._load_order
+        while self._issue_cursor < len(order):
+            unit = order[self._issue_cursor]
+            lookahead_from = unit.plan.load_at - max(self._plan.window, self._lead.get(unit.spec.key, 0))
+            if not (self._t >= lookahead_from and unit.state is LayerState.SWAPPED and self._room_free(unit, 1)):
+                return
+            self._load_unit(unit, self._generation)
+            self._issue_cursor += 1
 
     def _room_free(self, unit: _Unit, occupation: int) -> bool:
         """Every earlier occupant of the unit's bytes for this occupation has left them."""
@@ -1236,6 +1322,9 @@ class OffloadScheduler:
         """Wait (holding the condition) until ``predicate``; returns the seconds waited."""
         if predicate():
             return 0.0
+        if self._inline:  # no IO thread works for this step: nobody else would ever make it true
+            raise OffloadError("the offload schedule waits for arena bytes that no save or load will free "
+                               "(the plan is inconsistent with the step)")
         started = time.perf_counter()
         self._executor_waiting = True
         try:
@@ -1332,14 +1421,19 @@ class OffloadScheduler:
                 if generation == self._generation and self._error is None:
                     records, span, file_offset = self._records(unit)
                     started, cpu_started = time.perf_counter(), time.thread_time()
-                    self._transfer.save(self.storage, records, span, file_offset, unit.event, generation)
+                    storage = self.storage
+                    copied = self._transfer.save(storage, records, span, file_offset, unit.event, generation)
+                    swapped = self._transfer.swapped_when_saved(storage)
+                    with self._cond:
+                        if generation == self._generation:  # the bytes are free: the copy is queued (device)
+                            self._saved(unit, copied, swapped)
+                    if not swapped:  # the disk tier: this thread waits for the copy, then writes
+                        self._transfer.finish_save(storage, records, span.nbytes, file_offset, copied, generation)
                     with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
-                        if generation == self._generation:
-                            unit.region.close()
+                        if not swapped and generation == self._generation:
                             self._set_state(unit, LayerState.SWAPPED)
-                            self._vacate(unit, 0)
             except BaseException as exc:  # handed to the executor at its next wait
                 with self._cond:
                     self._error = exc
@@ -1374,19 +1468,7 @@ class OffloadScheduler:
                                 self._loader_ready = None
                         if generation != self._generation or self._error is not None or self._closed:
                             break
-                        self._set_state(unit, LayerState.WAIT_FOR_EXEC)
-                        vacated = [self._units[key].vacated_event[index]
-                                   for key, index in self._plan.predecessors[(unit.spec.key, 1)]]
-                    records, span, file_offset = self._records(unit)
-                    started, cpu_started = time.perf_counter(), time.thread_time()
-                    event = self._transfer.load(self.storage, records, span, file_offset, generation,
-                                                after=[e for e in vacated if e is not None])
-                    with self._cond:
-                        self._io_busy["loader"] += time.perf_counter() - started
-                        self._io_busy["loader_cpu"] += time.thread_time() - cpu_started
-                        unit.event = event
-                        unit.region.open(generation)
-                        self._set_state(unit, LayerState.READY_FOR_EXEC)
+                    self._load_unit(unit, generation)
             except BaseException as exc:
                 with self._cond:
                     self._error = exc
@@ -1396,13 +1478,37 @@ class OffloadScheduler:
                     self._load_jobs_pending -= 1
                     self._cond.notify_all()
 
+    def _load_unit(self, unit: _Unit, generation: int) -> None:
+        """Bring the unit back into its bytes (its time and room have come): the loader thread, or the
+        executor with the pinned tier. The copy waits for the kernels that last read the bytes and for
+        the unit's own save copy (device events; None on the cpu backend)."""
+        with self._cond:
+            self._set_state(unit, LayerState.WAIT_FOR_EXEC)
+            vacated = [self._units[key].vacated_event[index]
+                       for key, index in self._plan.predecessors[(unit.spec.key, 1)]]
+        if unit.copied is not None:
+            vacated.append(unit.copied)
+        records, span, file_offset = self._records(unit)
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        event = self._transfer.load(self.storage, records, span, file_offset, generation,
+                                    after=[e for e in vacated if e is not None])
+        with self._cond:
+            if not self._inline:  # the loader thread's time (inline: the executor's, inside the step)
+                self._io_busy["loader"] += time.perf_counter() - started
+                self._io_busy["loader_cpu"] += time.thread_time() - cpu_started
+            unit.event = event
+            unit.region.open(generation)
+            self._set_state(unit, LayerState.READY_FOR_EXEC)
 
-def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None, file_bytes: int | None = None) -> str:
+
+def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None, file_bytes: int | None = None,
+                    swap_kind: str = "swap file") -> str:
     """One line for logs and the CLI: the planned resident peak with offload against the one without.
 
     ``no_offload_bytes``: what training without offload holds of the same tensors (the planned arena,
     ``engine.offload.session.offloadable_resident_bytes``); without it, all of them kept at once.
-    ``file_bytes``: the swap file allocated (default: the part of it the plan writes).
+    ``file_bytes``: the swap file allocated (default: the part of it the plan writes); ``swap_kind``: the
+    storage's ``kind`` (a GPU run whose swapped bytes fit the host budget swaps to pinned host memory).
     The arena is what the plan reserves: each unit's span starts where its load may begin, so the bytes
     actually resident at once (the summary's measured peak) can be smaller. ``lower_bound_bytes`` is a
     bound on the arena (the most the reserved spans overlap), not on the resident bytes: it is named so.
@@ -1413,7 +1519,7 @@ def offload_summary(plan: OffloadPlan, no_offload_bytes: int | None = None, file
             f"without offload {format_bytes(baseline)}; "
             f"{len(plan.offloaded)} of {len(plan.units)} units written"
             + (f" ({len(plan.kept)} kept by the budget, {format_bytes(plan.kept_bytes)})" if plan.kept else "")
-            + f", swap file {format_bytes(plan.file_bytes_used if file_bytes is None else file_bytes)}")
+            + f", {swap_kind} {format_bytes(plan.file_bytes_used if file_bytes is None else file_bytes)}")
 
 
 __all__ = ["LayerState", "OffloadError", "OffloadScheduler", "StepStats", "cpu_per_mib", "offload_summary"]

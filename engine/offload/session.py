@@ -123,6 +123,7 @@ class OffloadSession:
         steady = scheduler.steady_totals if scheduler.steady_totals.steps else totals  # one step: that step
         return {
             "requested": str(self.config.window) if self.config.window is not None else "budget",
+            "swap_tier": scheduler.storage.kind if scheduler.storage is not None else None,
             "window": scheduler.stats[-1].window,
             "max_window": scheduler.max_window,  # the largest window the budget (or the run) allows
             "window_history": [{"step": step, "window": window} for step, window in totals.changes()],

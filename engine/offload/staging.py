@@ -1,44 +1,80 @@
-"""How bytes travel between the arena and the swap file, per backend.
+"""How bytes travel between the arena and the swap tier, per backend.
 
 On the cpu backend the arena is host memory: the storage writes and reads the arena's own bytes.
-On a GPU the arena is device memory, so bytes go device -> pinned host buffer -> disk and back, on a
-copy stream of their own, ordered with events:
+On a GPU the arena is device memory and the memory that is short is the device's, so the swap tier is
+page-locked (pinned) host memory when the step's swapped bytes fit the host budget
+(``PinnedStorage``, ``host_swap_bytes``), and the swap file on disk past it. Bytes move on copy streams
+of their own, ordered with events, and no thread waits for a copy unless it needs its bytes:
 
-* a save waits (on the copy stream) for an event the executor recorded after the forward that
-  produced the data, copies into the saver's pinned buffer, waits for that copy, then writes;
-* a load reads into the loader's pinned buffer, copies it to the device on the copy stream and
-  returns an event; the executor's stream waits for it before the backward that reads the data;
-* a pinned buffer is reused only after the copy that read it has finished (PyTorch issue #106360),
-  and both buffers are allocated once, up front (allocating pinned memory on the fly syncs the GPU).
+* a save makes the copy stream wait for the event the executor recorded after the forward that
+  produced the data, then queues the device -> pinned copy and returns that copy's event; the unit's
+  device bytes are free for the next occupant at once, because every later occupant waits (on the
+  device) for that event: a load's copy stream through ``after``, the executor's stream before it
+  creates or rebuilds a unit there (``wait_copies``). With the disk tier, the saver thread then
+  waits for the copy (``finish_save``: it needs the bytes to write them), and only then writes;
+* a load (from pinned memory, or read from disk into the loader's pinned buffer) waits on the copy
+  stream for the events of the kernels that last read its bytes (``after``) and, from pinned memory,
+  for the save's copy; it returns the event of its host -> device copy, which the executor's stream
+  waits for before the backward that reads the data (``wait_loaded``);
+* a staging buffer (disk tier) is reused only after the copy that read it has finished (PyTorch issue
+  #106360), and every pinned buffer is allocated between steps (allocating pinned memory syncs the GPU).
 
-Under the CUDA simulator (``cudasim``) arrays are NumPy arrays and streams are synchronous: the same
-path runs with NumPy "pinned" buffers and plain copies, which is what the simulator tests exercise.
+Measured on an H200 (benchmarks/results/gpu-2026-11-27.md): with the save's copy synchronous in the
+saver and every unit going through the disk, ResNet-18 CIFAR batch 32 trained at 198 images/s with
+``--offload-n 4`` against 622 without (stall 53.9 ms per step of ~51): the executor waited for room
+that the saver could free only after the GPU had caught up with the host and the disk had written it.
+
+Under the CUDA simulator (``cudasim``) arrays are NumPy arrays and kernels run as they are launched.
+The copy streams are simulated (``_SimStream``): a queued copy runs at the latest moment a GPU could
+run it, when something waits for its event (or a later one of its stream), never at once. So a
+missing wait shows in the simulator as wrong bits: a save whose device bytes were overwritten before
+its copy was waited for copies the new occupant's values; a load the executor did not wait for leaves
+the backward reading stale bytes.
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from engine.offload.storage import SwapRecord, SwapStorage
+from engine.offload.storage import PAGE, DelayHook, OffloadStorageError, SwapRecord, SwapStorage, page_align
 
 
 class HostTransfer:
-    """cpu: no staging; the storage moves the arena's bytes directly."""
+    """cpu: no staging; the storage moves the arena's bytes directly, in the IO threads."""
 
     staged_bytes = 0
+
+    def make_storage(self, nbytes: int, directory: str | None, delay: DelayHook | None, verify: str,
+                     host_swap_bytes: int = 0) -> SwapStorage:
+        return SwapStorage(nbytes, directory, delay=delay, verify=verify)
+
+    def inline(self, storage: Any) -> bool:
+        """Whether the executor moves the bytes itself (nothing for an IO thread to wait for)."""
+        return False
 
     def ready_event(self) -> Any:
         return None
 
-    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
-             ready: Any, step: int = 0) -> None:
+    def save(self, storage: Any, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             ready: Any, step: int = 0) -> Any:
+        """Start a save; returns the event after which the span may be overwritten (None: now)."""
         storage.write(records, span, file_offset, step)
+        return None
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+    def swapped_when_saved(self, storage: Any) -> bool:
+        """Whether a unit is loadable once ``save`` returned (else after ``finish_save``)."""
+        return True
+
+    def finish_save(self, storage: Any, records: Sequence[SwapRecord], nbytes: int, file_offset: int,
+                    copied: Any, step: int = 0) -> None:
+        pass
+
+    def load(self, storage: Any, records: Sequence[SwapRecord], span: Any, file_offset: int,
              step: int = 0, after: Sequence[Any] = ()) -> Any:
         storage.read(records, span, file_offset, step)
         return None
@@ -46,9 +82,126 @@ class HostTransfer:
     def wait_loaded(self, event: Any) -> None:
         pass
 
+    def wait_copies(self, events: Sequence[Any]) -> None:
+        pass
+
+    def begin_step(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+class PinnedStorage:
+    """The host tier of device offload: the swap file's layout (the plan's file offsets) in pinned memory.
+
+    No disk and no checksum: the bytes stay in the host's RAM like every other host array of the run
+    (a checksum guards against a disk). What it keeps of ``SwapStorage``'s checks is the schedule's:
+    a record read back must have been written in this step, by this unit and tensor, with this length.
+    """
+
+    kind = "pinned host memory"
+    file_path = None
+    path = None
+    verify = "header"
+    direct_bytes = 0
+    bytes_hashed = 0
+
+    def __init__(self, capacity_bytes: int, allocate: Callable[[int], Any]):
+        self.capacity_bytes = page_align(max(int(capacity_bytes), PAGE))
+        self.buffer = allocate(self.capacity_bytes)
+        self._headers: dict[int, tuple[int, int, str, str]] = {}
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.checked_elsewhere: frozenset[int] = frozenset()
+
+    @property
+    def closed(self) -> bool:
+        return self.buffer is None
+
+    def view(self, file_offset: int, nbytes: int) -> Any:
+        if file_offset < 0 or file_offset + nbytes > self.capacity_bytes:
+            raise ValueError(f"swap IO of {nbytes} bytes at {file_offset} runs past the end of the pinned swap "
+                             f"({self.capacity_bytes} bytes)")
+        return self.buffer[file_offset:file_offset + nbytes]
+
+    def note_written(self, records: Sequence[SwapRecord], step: int) -> None:
+        for record in records:
+            self._headers[record.file_offset] = (record.nbytes, step, record.layer, record.tensor)
+        self.bytes_written += sum(r.nbytes for r in records)
+
+    def check_read(self, records: Sequence[SwapRecord], step: int) -> None:
+        for record in records:
+            header = self._headers.get(record.file_offset)
+            if header != (record.nbytes, step, record.layer, record.tensor):
+                held = "nothing" if header is None else f"layer {header[2]!r}, tensor {header[3]!r} ({header[0]} " \
+                                                         f"bytes, step {header[1]})"
+                raise OffloadStorageError(
+                    f"layer {record.layer!r}, tensor {record.tensor!r} ({record.nbytes} bytes, step {step}): the "
+                    f"pinned swap holds {held} at offset {record.file_offset}: the offload schedule read a record "
+                    f"it did not write"
+                )
+        self.bytes_read += sum(r.nbytes for r in records)
+
+    def check_elsewhere(self, file_offsets: frozenset[int]) -> None:
+        self.checked_elsewhere = frozenset(file_offsets)
+
+    def page_cache_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.buffer = None
+        self._headers = {}
+
+
+class _SimEvent:
+    """cudasim: the event recorded after a queued copy; waiting for it runs the copy (and earlier ones)."""
+
+    def __init__(self, stream: _SimStream, work: Callable[[], None], after: Sequence[Any]):
+        self.stream = stream
+        self.work: Callable[[], None] | None = work
+        self.after = [e for e in after if e is not None]
+
+    def done(self) -> bool:
+        return self.work is None
+
+    def synchronize(self) -> None:
+        if self.work is not None:
+            self.stream.run_until(self)
+
+
+class _SimStream:
+    """cudasim: a copy stream. Copies run in the order queued, each after the events it waits for, and
+    only when an event at or after it is waited for: the latest moment a GPU could run them."""
+
+    def __init__(self) -> None:
+        self._pending: list[_SimEvent] = []
+        self._lock = threading.RLock()
+
+    def enqueue(self, work: Callable[[], None], after: Sequence[Any] = ()) -> _SimEvent:
+        event = _SimEvent(self, work, after)
+        with self._lock:
+            self._pending.append(event)
+        return event
+
+    def run_until(self, event: _SimEvent | None = None) -> None:
+        with self._lock:
+            while self._pending and (event is None or not event.done()):
+                first = self._pending.pop(0)
+                for before in first.after:
+                    before.synchronize()
+                work, first.work = first.work, None
+                work()
+
+
+def _sim_buffer(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
+    """cudasim's "pinned" memory: a page-aligned anonymous mapping."""
+    mapping = mmap.mmap(-1, max(int(nbytes), 1))
+    return mapping, np.frombuffer(mapping, dtype=np.uint8)
+
 
 class DeviceStaging:
-    """cuda / cudasim: device arena <-> preallocated pinned host buffers <-> disk, on copy streams.
+    """cuda / cudasim: device arena <-> pinned host memory (<-> disk past the host budget), on copy streams.
 
     A unit's whole span (page aligned) moves in one copy each way, so the disk IO can bypass the page
     cache (pinned buffers are page aligned).
@@ -57,24 +210,56 @@ class DeviceStaging:
     def __init__(self, backend: Any, max_unit_bytes: int):
         self.backend = backend
         self.on_gpu = backend.name == "cuda"
-        self.staged_bytes = 0
-        size = max(int(max_unit_bytes), 1)
+        self.staged_bytes = 0  # bytes copied device -> host and host -> device
+        self.unit_bytes = max(int(max_unit_bytes), 1)
+        self.save_buffer: Any = None  # the disk tier's staging buffers, allocated with its storage
+        self.load_buffer: Any = None
+        self._maps: list[mmap.mmap] = []
         if self.on_gpu:
             import cupy
-            import cupyx
 
             self._cupy = cupy
-            self.save_buffer = cupyx.empty_pinned((size,), dtype=np.uint8)
-            self.load_buffer = cupyx.empty_pinned((size,), dtype=np.uint8)
             self.save_stream = cupy.cuda.Stream(non_blocking=True)
             self.load_stream = cupy.cuda.Stream(non_blocking=True)
             self.compute_stream = cupy.cuda.get_current_stream()  # the executor's stream
-        else:  # the simulator: "pinned" buffers are page-aligned NumPy arrays, streams are synchronous
+        else:  # the simulator: "pinned" buffers are page-aligned NumPy arrays, copy streams are simulated
             self._cupy = None
-            self._maps = [mmap.mmap(-1, size), mmap.mmap(-1, size)]
-            self.save_buffer = np.frombuffer(self._maps[0], dtype=np.uint8)
-            self.load_buffer = np.frombuffer(self._maps[1], dtype=np.uint8)
+            self.save_stream = _SimStream()
+            self.load_stream = _SimStream()
         self._previous_load: Any = None  # the event of the last host->device copy out of load_buffer
+
+    # -- tiers -------------------------------------------------------------------------------------
+
+    def _pinned(self, nbytes: int) -> Any:
+        """Page-locked host memory (allocated between steps: allocating it syncs the GPU)."""
+        if self.on_gpu:
+            import cupyx
+
+            return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
+        mapping, array = _sim_buffer(nbytes)
+        self._maps.append(mapping)
+        return array
+
+    def make_storage(self, nbytes: int, directory: str | None, delay: DelayHook | None, verify: str,
+                     host_swap_bytes: int = 0) -> PinnedStorage | SwapStorage:
+        """The pinned host tier when ``nbytes`` fit ``host_swap_bytes``, else the swap file (and staging buffers)."""
+        if page_align(max(int(nbytes), PAGE)) <= host_swap_bytes:
+            return PinnedStorage(nbytes, self._pinned)
+        storage = SwapStorage(nbytes, directory, delay=delay, verify=verify)
+        if self.save_buffer is None:
+            self.save_buffer = self._pinned(self.unit_bytes)
+            self.load_buffer = self._pinned(self.unit_bytes)
+        return storage
+
+    def inline(self, storage: Any) -> bool:
+        """With the pinned tier nothing waits for a disk: the executor queues the copies itself (a few µs
+        each) instead of handing them to IO threads that would wait for the GIL the executor holds."""
+        return isinstance(storage, PinnedStorage)
+
+    def swapped_when_saved(self, storage: Any) -> bool:
+        return isinstance(storage, PinnedStorage)
+
+    # -- streams -----------------------------------------------------------------------------------
 
     def _event(self, stream: Any) -> Any:
         event = self._cupy.cuda.Event(block=False, disable_timing=True)
@@ -82,50 +267,119 @@ class DeviceStaging:
         return event
 
     def ready_event(self) -> Any:
-        """Called by the executor after a forward: marks when the data to save is complete on the device."""
+        """Called by the executor after a forward: marks when the data to save is complete on the device
+        (None under the simulator: its kernels have run when they return)."""
         return self._event(self.compute_stream) if self.on_gpu else None
 
-    def save(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
-             ready: Any, step: int = 0) -> None:
-        host = self.save_buffer[:span.nbytes]
+    def _to_host(self, span: Any, host: Any, after: Sequence[Any]) -> Any:
+        """Queue span -> host on the save stream after ``after``; the copy's event."""
         if self.on_gpu:
             stream = self.save_stream
-            stream.wait_event(ready)
+            for event in after:
+                if event is not None:
+                    stream.wait_event(event)
             span.get(stream=stream, out=host, blocking=False)
-            self._event(stream).synchronize()  # the pinned copy is complete before the disk write reads it
-        else:
-            np.copyto(host, span)
-        self.staged_bytes += span.nbytes
-        storage.write(records, host, file_offset, step)
+            return self._event(stream)
+        return self.save_stream.enqueue(lambda: np.copyto(host, span), after)
 
-    def load(self, storage: SwapStorage, records: Sequence[SwapRecord], span: Any, file_offset: int,
+    def _to_device(self, host: Any, span: Any, after: Sequence[Any]) -> Any:
+        """Queue host -> span on the load stream after ``after``; the copy's event."""
+        if self.on_gpu:
+            stream = self.load_stream
+            for event in after:
+                if event is not None:
+                    stream.wait_event(event)
+            span.set(host, stream=stream)
+            return self._event(stream)
+        return self.load_stream.enqueue(lambda: np.copyto(span, host), after)
+
+    def _wait_host(self, event: Any) -> None:
+        """This thread waits for a copy (it needs the bytes)."""
+        if event is not None:
+            event.synchronize()
+
+    def _compute_waits(self, event: Any) -> None:
+        """The executor's stream waits for ``event`` (the simulator: the copy runs now, before the kernels
+        the executor launches next)."""
+        if event is None:
+            return
+        if self.on_gpu:
+            self.compute_stream.wait_event(event)
+        else:
+            event.synchronize()
+
+    # -- saves -------------------------------------------------------------------------------------
+
+    def save(self, storage: Any, records: Sequence[SwapRecord], span: Any, file_offset: int,
+             ready: Any, step: int = 0) -> Any:
+        """Queue the unit's copy off the device; returns its event (the span is free once it has run)."""
+        if isinstance(storage, PinnedStorage):
+            host = storage.view(file_offset, span.nbytes)
+            storage.note_written(records, step)
+        else:  # the saver's one staging buffer: its previous write has returned (the saver is one thread)
+            host = self.save_buffer[:span.nbytes]
+        self.staged_bytes += span.nbytes
+        return self._to_host(span, host, (ready,))
+
+    def finish_save(self, storage: Any, records: Sequence[SwapRecord], nbytes: int, file_offset: int,
+                    copied: Any, step: int = 0) -> None:
+        """The disk tier: wait for the copy (the write reads its bytes), then write."""
+        if isinstance(storage, PinnedStorage):
+            return
+        self._wait_host(copied)
+        storage.write(records, self.save_buffer[:nbytes], file_offset, step)
+
+    # -- loads -------------------------------------------------------------------------------------
+
+    def load(self, storage: Any, records: Sequence[SwapRecord], span: Any, file_offset: int,
              step: int = 0, after: Sequence[Any] = ()) -> Any:
-        """Read a unit into its span; ``after``: events of the kernels that last read those bytes.
+        """Queue a unit's copy back into its span; ``after``: events of the kernels that last read those
+        bytes and, from pinned memory, of the save's copy. Returns the copy's event.
 
         The host marks bytes free when it has *queued* the last kernel that reads them; on a GPU that
         kernel may not have run yet, so the copy stream waits for those events before overwriting the
         bytes. Found on the first real GPU (H100): without the wait, ResNet-18 with --offload-n 4 ended
-        30 steps with a different loss than without offload; the simulator's streams are synchronous.
+        30 steps with a different loss than without offload.
         """
+        if isinstance(storage, PinnedStorage):
+            storage.check_read(records, step)
+            host = storage.view(file_offset, span.nbytes)
+            self.staged_bytes += span.nbytes
+            return self._to_device(host, span, after)
         if self._previous_load is not None:
-            self._previous_load.synchronize()  # the last copy out of load_buffer finished: safe to refill
+            self._wait_host(self._previous_load)  # the last copy out of load_buffer ran: safe to refill
             self._previous_load = None
         host = self.load_buffer[:span.nbytes]
         storage.read(records, host, file_offset, step)
         self.staged_bytes += span.nbytes
-        if self.on_gpu:
-            for event in after:
-                self.load_stream.wait_event(event)
-            span.set(host, stream=self.load_stream)
-            self._previous_load = self._event(self.load_stream)
-            return self._previous_load
-        np.copyto(span, host)
-        return None
+        self._previous_load = self._to_device(host, span, after)
+        return self._previous_load
 
     def wait_loaded(self, event: Any) -> None:
         """Called by the executor before a backward: its stream waits for the unit's copy to the device."""
-        if self.on_gpu and event is not None:
-            self.compute_stream.wait_event(event)
+        self._compute_waits(event)
+
+    def wait_copies(self, events: Sequence[Any]) -> None:
+        """Called by the executor before it writes bytes a save vacated: its stream waits for those copies."""
+        for event in events:
+            self._compute_waits(event)
+
+    def begin_step(self) -> None:
+        """The copy streams wait for everything the executor queued before this step (the previous step's
+        kernels may still read bytes this step's copies overwrite: no event of that step is kept)."""
+        if self.on_gpu:
+            ready = self._event(self.compute_stream)
+            self.save_stream.wait_event(ready)
+            self.load_stream.wait_event(ready)
+
+    def join(self) -> None:
+        """End of a step: the executor's stream waits for every copy queued in it."""
+        if self.on_gpu:
+            self.compute_stream.wait_event(self._event(self.save_stream))
+            self.compute_stream.wait_event(self._event(self.load_stream))
+        else:
+            self.save_stream.run_until()
+            self.load_stream.run_until()
 
 
 def transfer_for(backend: Any, max_unit_bytes: int) -> HostTransfer | DeviceStaging:

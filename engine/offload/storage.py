@@ -148,6 +148,8 @@ class SwapStorage:
     or "off" (module docstring).
     """
 
+    kind = "swap file"  # the swap tier, as the run's summary names it (staging.PinnedStorage: pinned host memory)
+
     def __init__(self, capacity_bytes: int, directory: str | None = None, delay: DelayHook | None = None,
                  direct: bool = True, verify: str = "full"):
         if verify not in VERIFY_MODES:
