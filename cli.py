@@ -326,6 +326,9 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-verify", "offload_verify", default="full", show_default=True,
               type=click.Choice(["full", "header", "off"]),
               help="Check swapped records when read back: XXH3 of every byte, length/step/unit + a sample, or nothing.")
+@click.option("--offload-host-memory", "offload_host_memory", default="auto", show_default=True,
+              help="GPU runs: swap to pinned host memory while the swapped bytes fit this many (e.g. 8GB; 'auto': "
+                   "half of what the run may use of the host's RAM; 0: always the swap file on disk).")
 # --- end of offload options ---
 # --- data parallel options (issue 12) ---
 @click.option("--workers", type=int, default=None,
@@ -595,7 +598,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
         click.echo(describe_needs(resolved.needs))
     try:
         offload = session_from_options(net, options.batch_size, chosen.n, resolved.budget_bytes, chosen.directory,
-                                       chosen.params, chosen.verify)
+                                       chosen.params, chosen.verify, chosen.host_memory_bytes)
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None and root:

@@ -9,9 +9,10 @@ Three parts, one JSON:
    host's waits for a staging buffer, i.e. for the GPU, apart as host_wait_us_per_step), and whether
    both runs end with the same weights, bit for bit.
 2. **engine train** (ResNet-18 CIFAR, batch 32): the default (the step as one CUDA graph), ``--no-cuda-graph``
-   (eager) and ``--offload-n 4`` (eager: offload's hooks): steady images/s and the final loss from
-   ``--summary-json`` (the three losses must agree). In this process (the click group),
-   so no part compiles the kernels again.
+   (eager), ``--offload-n 4`` (eager: offload's hooks; its swapped bytes in pinned host memory) and
+   ``--offload-n 4 --offload-host-memory 0`` (through the swap file): steady images/s, the final loss from
+   ``--summary-json`` (the four losses must agree) and each offload run's summary (swap tier, stall per
+   step, bytes moved). In this process (the click group), so no part compiles the kernels again.
 3. **224×224** (ResNet-18 and MobileNetV2, torchvision's ImageNet variants, batch 8): ``engine train``
    with and without offload.
 
@@ -38,6 +39,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# the offload part's third run: the swap file on disk although pinned host memory would hold the bytes (the
+# second run's tier on a GPU), so the session measures both tiers (engine.offload.staging)
+DISK_TIER = ("--offload-host-memory", "0")
 
 
 def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = print) -> dict[str, Any]:
@@ -117,15 +121,16 @@ def eager_vs_graph(model: str, batch: int, steps: int, dry: bool, log: Any = pri
 
 
 def train_run(args: list[str], offload: str | None, log: Any = print, timeout: float = 240,
-              in_process: bool = True) -> dict[str, Any]:
+              in_process: bool = True, offload_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """``engine train`` with ``args``; its summary's figures. ``in_process``: through the click group in
     this process, so the kernels compiled by an earlier part (tens of seconds a process on a GPU host)
-    are not compiled again; else a child process (``timeout`` applies there)."""
+    are not compiled again; else a child process (``timeout`` applies there). ``offload_args``: more offload
+    options (``--offload-host-memory 0``: the swap file even where pinned host memory would hold it)."""
     with tempfile.TemporaryDirectory(prefix="gpu-step-bench-") as tmp:
         summary = os.path.join(tmp, "summary.json")
         argv = ["train", *args, "--no-progress", "--prefetch", "0", "--summary-json", summary, "--seed", "0"]
         if offload is not None:
-            argv += ["--offload-n", offload, "--offload-dir", tmp]
+            argv += ["--offload-n", offload, "--offload-dir", tmp, *offload_args]
         start = time.perf_counter()
         tail = ""
         if in_process:
@@ -146,7 +151,8 @@ def train_run(args: list[str], offload: str | None, log: Any = print, timeout: f
             except subprocess.TimeoutExpired as exc:
                 returncode, tail = 124, f"timed out after {timeout} s: {str(exc.stdout or '')[-400:]}"
         figures: dict[str, Any] = {"command": "engine " + " ".join(argv), "returncode": returncode,
-                                   "seconds": time.perf_counter() - start, "offload_n": offload}
+                                   "seconds": time.perf_counter() - start, "offload_n": offload,
+                                   "offload_args": list(offload_args)}
         if returncode == 0 and os.path.exists(summary):
             with open(summary, encoding="utf-8") as handle:
                 data = json.load(handle)
@@ -155,8 +161,12 @@ def train_run(args: list[str], offload: str | None, log: Any = print, timeout: f
                 figures[key] = data.get(key)
         else:
             figures["output_tail"] = tail
-    log(f"engine train {' '.join(args)}{' --offload-n ' + offload if offload else ''}: exit {returncode}, "
-        f"{figures.get('steady_images_per_second')} images/s, loss {figures.get('final_loss')}")
+    summary = figures.get("offload") or {}
+    where = (f", offload to {summary.get('swap_tier')}: stall {summary.get('stall_ms_per_step', 0):.1f} ms/step"
+             if summary else "")
+    named = f" --offload-n {offload} {' '.join(offload_args)}".rstrip() if offload else ""
+    log(f"engine train {' '.join(args)}{named}: exit {returncode}, "
+        f"{figures.get('steady_images_per_second')} images/s, loss {figures.get('final_loss')}{where}")
     return figures
 
 
@@ -204,16 +214,16 @@ def main(argv: list[str] | None = None) -> int:
                 rng = np.random.default_rng(0)
                 np.savez(data, x=rng.standard_normal((6, 3, 4, 4)).astype(np.float32), y=rng.integers(0, 3, 6),
                          x_test=rng.standard_normal((2, 3, 4, 4)).astype(np.float32), y_test=rng.integers(0, 3, 2))
-                common = ["--model", "cnn", "--data", f"npz:{data}", "--batch-size", "2", "--steps", "1",
+                common = ["--model", "cnn", "--data", f"npz:{data}", "--batch-size", "2", "--steps", "3",
                           "--backend", backend]
                 report["offload"] = [train_run(common + ["--cuda-graph"], None), train_run(common, None),
-                                     train_run(common, "1")]
+                                     train_run(common, "1"), train_run(common, "1", offload_args=DISK_TIER)]
         else:
             common = ["--model", "resnet18", "--data", "synthetic", "--batch-size", "32", "--steps", "30",
                       "--backend", backend]
             # engine train's default on a GPU is the step as one CUDA graph; --no-cuda-graph is the eager step
             report["offload"] = [train_run(common, None), train_run(common + ["--no-cuda-graph"], None),
-                                 train_run(common, "4")]
+                                 train_run(common, "4"), train_run(common, "4", offload_args=DISK_TIER)]
         _write(options.output, report)
     if "imagenet" in options.parts and not options.dry:
         for model in options.imagenet_models:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import UserError
+from engine.errors import OptionError, UserError
 from engine.validate import check_output_path, parse_window
 
 DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
@@ -28,18 +28,33 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what matplotlib writes for --memory-
 
 @dataclass(frozen=True)
 class OffloadOptions:
-    """``--offload-n``, ``--offload-budget``, ``--offload-dir``, ``--offload-params``, ``--offload-verify``
-    as typed (the budget stays text: 'auto' and shares like 0.3x are resolved against the network,
-    ``engine.offload.budget.resolve_budget``)."""
+    """``--offload-n``, ``--offload-budget``, ``--offload-dir``, ``--offload-params``, ``--offload-verify``,
+    ``--offload-host-memory`` as typed (the budget stays text: 'auto' and shares like 0.3x are resolved against
+    the network, ``engine.offload.budget.resolve_budget``)."""
 
     n: str | None = None
     budget: str | None = None
     directory: str | None = None
     params: bool = False
     verify: str = "full"
+    host_memory: str = "auto"  # --offload-host-memory: a GPU run's pinned host swap tier, bytes or 'auto'
 
     def __post_init__(self) -> None:
         parse_window(self.n)
+        _ = self.host_memory_bytes  # a malformed size is an OptionError now, not at the first step
+
+    @property
+    def host_memory_bytes(self) -> int | str:
+        """``--offload-host-memory`` as the scheduler takes it (``host_swap_bytes``): bytes, or "auto"."""
+        text = str(self.host_memory).strip().lower()
+        if text == "auto":
+            return "auto"
+        from engine.offload.storage import parse_bytes
+
+        try:
+            return parse_bytes(text)
+        except ValueError as exc:
+            raise OptionError(f"--offload-host-memory: {exc}, or 'auto'") from None
 
     @property
     def enabled(self) -> bool:
@@ -152,7 +167,7 @@ class TrainOptions:
         """From click's keyword arguments (the option names of ``cli.train``)."""
         p = dict(params)
         offload = OffloadOptions(p.pop("offload_n"), p.pop("offload_budget"), p.pop("offload_dir"),
-                                 p.pop("offload_params"), p.pop("offload_verify"))
+                                 p.pop("offload_params"), p.pop("offload_verify"), p.pop("offload_host_memory"))
         parallel = ParallelOptions(p.pop("workers"), p.pop("averaging"), p.pop("averaging_frequency"))
         outputs = OutputOptions(p.pop("save"), p.pop("checkpoint_every"), p.pop("summary_json"),
                                 p.pop("memory_log"), p.pop("memory_plot"))

@@ -28,10 +28,11 @@ class OffloadConfig:
     directory: str | None = None
     params: bool = False  # the optimizer state goes to disk between updates (engine.offload.params)
     verify: str = "full"  # what is checked when a record comes back from the swap file
+    host_swap: int | str = "auto"  # a device run's pinned host tier (scheduler ``host_swap_bytes``)
 
     @classmethod
     def from_options(cls, n: str | None, budget_bytes: int | None, directory: str | None,
-                     params: bool = False, verify: str = "full") -> OffloadConfig | None:
+                     params: bool = False, verify: str = "full", host_swap: int | str = "auto") -> OffloadConfig | None:
         """The config for the command-line options, None when offload is off; ValueError on bad values.
         ``budget_bytes``: ``--offload-budget`` as ``budget.resolve_budget`` (or ``Budget.bytes_for``) made it."""
         if verify not in VERIFY_MODES:
@@ -44,11 +45,11 @@ class OffloadConfig:
         if budget_bytes is not None and not budget_bytes > 0:
             raise ValueError(f"--offload-budget must be positive, got {budget_bytes!r}")
         budget_bytes = int(budget_bytes) if budget_bytes is not None else None
-        return cls(window, budget_bytes, directory, params, verify)
+        return cls(window, budget_bytes, directory, params, verify, host_swap)
 
     def scheduler(self, backend: Any, delay: DelayHook | None = None, **options: Any) -> OffloadScheduler:
         return OffloadScheduler(backend, self.window, budget_bytes=self.budget_bytes, directory=self.directory,
-                                delay=delay, verify=self.verify, **options)
+                                delay=delay, verify=self.verify, host_swap_bytes=self.host_swap, **options)
 
 
 class OffloadHost(Protocol):
@@ -153,13 +154,14 @@ class OffloadSession:
 
 
 def session_from_options(net: OffloadTarget, batch_size: int, n: str | None, budget_bytes: int | None,
-                         directory: str | None, params: bool = False, verify: str = "full") -> OffloadSession | None:
+                         directory: str | None, params: bool = False, verify: str = "full",
+                         host_swap: int | str = "auto") -> OffloadSession | None:
     """For ``engine train``: None without offload options; else a session already planned and attached.
 
     Planning before the Trainer starts turns a bad option, an unwritable directory or a full disk into
     an error before the first step. Raises ValueError, OffloadError or OffloadStorageError.
     """
-    config = OffloadConfig.from_options(n, budget_bytes, directory, params, verify)
+    config = OffloadConfig.from_options(n, budget_bytes, directory, params, verify, host_swap)
     if config is None:
         return None
     if params and net.backend.is_device:

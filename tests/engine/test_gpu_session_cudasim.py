@@ -45,3 +45,31 @@ def test_dry_session_runs_and_reports(tmp_path):
     assert "Kernel profile cnn 4x4 b2" in reports[0].with_suffix(".md").read_text()
     table = json.loads((tmp_path / "gemm_table.json").read_text())
     assert set(table["entries"]) == {g["key"] for g in report["gemm"]}
+
+
+def test_dry_offload_part_reports_both_tiers_the_stall_and_one_loss(tmp_path):
+    """The offload part the GPU session runs (``gpu_step_bench.py --parts offload``), at tiny sizes: engine
+    train without offload (captured, eager), with it (pinned host memory: the bytes fit), and with it
+    through the swap file (``--offload-host-memory 0``); the report gives each run's images/s, swap tier,
+    stall per step and bytes moved, the ratio the issue's goal asks for, and whether all ended with one loss."""
+    output = tmp_path / "step_offload.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_step_bench.py", "--dry", "--parts", "offload",
+                           "--output", str(output)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    runs = json.loads(output.read_text())["offload"]
+    assert [r["returncode"] for r in runs] == [0, 0, 0, 0]  # captured step, eager step, offload twice
+    assert runs[0]["offload"] is None and runs[1]["offload"] is None
+    assert [r["offload"]["swap_tier"] for r in runs[2:]] == ["pinned host memory", "swap file"]
+    assert all(r["offload"]["stall_ms_per_step"] >= 0 and r["offload"]["written_bytes_per_step"] > 0 for r in runs[2:])
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_report
+    finally:
+        sys.path.pop(0)
+    report = gpu_report.build(str(tmp_path), "dry")
+    assert report["offload"]["same_loss"] is True
+    ratio = next(g for g in report["goals"] if g["goal"].startswith("with --offload-n"))
+    assert ratio["figure"] > 0 and ratio["met"] is None  # a simulator decides no goal
+    text = gpu_report.markdown(report)
+    assert "pinned host memory, stall" in text and "swap file, stall" in text and "x the images/s without" in text
