@@ -171,8 +171,15 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_f(r.get('steady_images_per_second'))} | {_f(r.get('final_loss'), 6)} | "
                      f"{offload_cell(r.get('offload'))} |")
     ratio = next((g["figure"] for g in report["goals"] if g["goal"].startswith("with --offload-n")), None)
-    lines += ["", f"Offload (ResNet-18 CIFAR b32): {_f(ratio, 2)}x the images/s without, same final loss: "
-                  f"{_f(report['offload'].get('same_loss'))}"]
+    eager = next((r.get("steady_images_per_second") for r in report["offload"]["runs"]
+                  if r.get("offload_n") is None and "--no-cuda-graph" in r.get("command", "")), None)
+    rates = {(r.get("offload_n"), bool(r.get("offload_args"))): r.get("steady_images_per_second")
+             for r in report["offload"]["runs"] if r.get("offload_n") is not None}
+    against_eager = ", ".join(f"{'swap file' if disk else 'default tier'} {_f(rate / eager, 2)}x"
+                              for (_, disk), rate in rates.items() if rate and eager)
+    lines += ["", f"Offload (ResNet-18 CIFAR b32): {_f(ratio, 2)}x the images/s without (engine train's default "
+                  f"step); against the eager step without offload (--no-cuda-graph): {against_eager or '–'}; "
+                  f"same final loss: {_f(report['offload'].get('same_loss'))}"]
     lines += ["", "| GEMM | config / splits | TFLOP/s | default | cuBLAS | of cuBLAS |", "|---|---|---|---|---|---|"]
     for g in report["gemm"]:
         lines.append(f"| {g['key']} | {g['config']} / {g['splits']} | {_f(g['tflops'], 2)} | "
