@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 rng = np.random.default_rng(0)
                 np.savez(data, x=rng.standard_normal((6, 3, 4, 4)).astype(np.float32), y=rng.integers(0, 3, 6),
                          x_test=rng.standard_normal((2, 3, 4, 4)).astype(np.float32), y_test=rng.integers(0, 3, 2))
-                common = ["--model", "cnn", "--data", f"npz:{data}", "--batch-size", "2", "--steps", "3",
+                common = ["--model", "cnn", "--data", f"npz:{data}", "--batch-size", "2", "--steps", "1",
                           "--backend", backend]
                 report["offload"] = [train_run(common + ["--cuda-graph"], None), train_run(common, None),
                                      train_run(common, "1"), train_run(common, "1", offload_args=DISK_TIER)]
