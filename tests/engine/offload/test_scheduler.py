@@ -514,3 +514,28 @@ def test_a_flipped_byte_in_a_tensor_the_executor_checks_stops_training_naming_it
     assert flipped
     assert swap_dirs(tmp_path) == []
     net.close()
+
+
+@pytest.mark.parametrize("model, options, shape, budget", [
+    ("resnet18", RESNET, (3, 8, 8), 200_000), ("mobilenetv2", dict(image_size=16), (3, 16, 16), 2_000_000)])
+def test_the_inline_schedule_keeps_the_bits_with_any_window(cpu, tmp_path, monkeypatch, model, options, shape, budget):
+    """With the pinned host tier of a GPU run the executor queues every save and load itself, at the step the
+    loader thread would have (``_issue_loads``), and nothing may wait (an inline wait raises). The same
+    schedule here through the cpu storage: real models, rebuilds, budgets and auto keep the bits, and the
+    IO threads get no work."""
+    import engine.offload.scheduler as scheduler_module
+    from engine.offload.staging import HostTransfer
+
+    class InlineTransfer(HostTransfer):
+        def inline(self, storage):
+            return True
+
+    monkeypatch.setattr(scheduler_module, "transfer_for", lambda backend, size: InlineTransfer())
+    reference, _, _ = train_once(cpu, model, None, 2, 2, options, tmp_path, shape)
+    for window, extra in ((1, {}), (2, {}), (4, {}), ("auto", {}), (1, {"budget_bytes": budget})):
+        weights, stats, scheduler = train(cpu, model, window, 2, 2, options, tmp_path, shape, **extra)
+        for key in reference:
+            assert np.array_equal(reference[key], weights[key]), f"window {window} {extra}: {key} differs"
+        assert scheduler._inline and all(s.stall_s == 0 and s.bytes_read == s.bytes_written for s in stats)
+        assert all(s.offload_s == s.onload_s == 0 for s in stats)  # the IO threads did nothing
+        assert_bounded(stats)
