@@ -132,7 +132,8 @@ def _forward_b_at(x, prep, k, z, geom):
     r = _fdiv(rs, prep[6], prep[7])
     h = prep[2] + r
     w = prep[3] + rs - r * S
-    if 0 <= h < geom[1] and 0 <= w < geom[2]:  # unsigned indices: no wraparound test (all are >= 0 here)
+    if uint32(h) < uint32(geom[1]) and uint32(w) < uint32(geom[2]):  # 0 <= h < H: a negative h wraps past H
+        # unsigned indices: no wraparound test (all are >= 0 here)
         return x[uint32(prep[0]), uint32(prep[1] + c), uint32(h), uint32(w)]
     return float32(0.0)
 
@@ -203,7 +204,7 @@ def _data_a_at(w2, prep, k, z, geom):
     """A[c, (k, rr, ss)] = w[group·Kg + k, c, r, s] with r = r0 + stride·rr, s = s0 + stride·ss (0 past R, S)."""
     R, S = geom[6], geom[7]
     kk, r, s = _phase_tap(k, prep[2], prep[3], geom[8], prep[4], prep[5], prep[6], prep[7], prep[8], prep[9])
-    if r < R and s < S:
+    if uint32(r) < uint32(R) and uint32(s) < uint32(S):  # never negative: one 32-bit test each
         return w2[uint32(prep[1] + kk), uint32((prep[0] * R + r) * S + s)]
     return float32(0.0)
 
@@ -224,14 +225,14 @@ def _data_b_at(dout, prep, k, z, geom):
     OH, OW, R, S, stride, pad = geom[4], geom[5], geom[6], geom[7], geom[8], geom[9]
     h, w = prep[1], prep[2]
     kk, r, s = _phase_tap(k, prep[4], prep[5], stride, prep[6], prep[7], prep[8], prep[9], prep[10], prep[11])
-    if h < geom[1] and w < geom[2] and r < R and s < S:
+    # 32-bit unsigned tests (h, w, r, s are never negative); 0 <= th and th // stride < OH is th < OH·stride.
+    if uint32(h) < uint32(geom[1]) and uint32(w) < uint32(geom[2]) and uint32(r) < uint32(R) and uint32(s) < uint32(S):
         th = h + pad - r  # a multiple of stride: r ≡ h + pad (mod stride) by the choice of r0
         tw = w + pad - s
-        if th >= 0 and tw >= 0:
+        if uint32(th) < uint32(OH * stride) and uint32(tw) < uint32(OW * stride):
             oh = _fdiv(th, prep[12], prep[13])
             ow = _fdiv(tw, prep[12], prep[13])
-            if oh < OH and ow < OW:
-                return dout[uint32(prep[0]), uint32(prep[3] + kk), uint32(oh), uint32(ow)]
+            return dout[uint32(prep[0]), uint32(prep[3] + kk), uint32(oh), uint32(ow)]
     return float32(0.0)
 
 
@@ -284,7 +285,7 @@ def _weight_b_at(x, prep, k, z, geom):
     oh = _fdiv(p, prep[5], prep[6])
     h = oh * stride + prep[1]
     w = (p - oh * OW) * stride + prep[2]
-    if 0 <= h < geom[1] and 0 <= w < geom[2]:
+    if uint32(h) < uint32(geom[1]) and uint32(w) < uint32(geom[2]):  # 0 <= h < H in one unsigned test
         return x[uint32(n), uint32(prep[0]), uint32(h), uint32(w)]
     return float32(0.0)
 

@@ -318,7 +318,7 @@ class TileConfig:
     Shared-memory offsets in the loop are uint32 bases (no 64-bit address arithmetic, no wraparound test;
     a fragment's index is such a base plus a literal, which LLVM proves non-negative).
     SASS per k-slab, sm_90 (``engine kernels --backend cuda --static``, column "loop SASS/FFMA"): plain
-    GEMM 64×64 4×4 5.96 → 1.82 instructions per FFMA, 128×128 8×8 3.28 → 1.35 (with ``_slab_fma``). Loads: thread t stages ``loads_a`` consecutive k of one
+    GEMM 64×64 4×4 5.96 → 1.76 instructions per FFMA, 128×128 8×8 3.28 → 1.31 (with ``_slab_fma``). Loads: thread t stages ``loads_a`` consecutive k of one
     A row (row t // (block_k / loads_a)) and ``loads_b`` k of one B column (column t mod block_n),
     the same row and column for every slab, which is what lets the operands' per-row and per-column
     index arithmetic (``prep_a`` / ``prep_b``) run once per thread instead of once per load.
@@ -477,10 +477,10 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
         # Prologue: slab 0 into registers, then into stage 0.
         for l in range(la):
             k = k_begin + a_k + l
-            a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0)
+            a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and U32(k) < U32(k_end) else float32(0.0)
         for l in range(lb):
             k = k_begin + b_k + l * b_rows_step
-            b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
+            b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and U32(k) < U32(k_end) else float32(0.0)
         for l in range(la):
             smem[U32(a_store + l * a_stride)] = a_next[l]
         for l in range(lb):
@@ -493,10 +493,10 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
             if double and more:  # issue the next slab's global loads before this slab's FMAs
                 for l in range(la):
                     k = k_next + a_k + l
-                    a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0)
+                    a_next[l] = load_a_at(A, pa, k, z, geom) if a_ok and U32(k) < U32(k_end) else float32(0.0)
                 for l in range(lb):
                     k = k_next + b_k + l * b_rows_step
-                    b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0)
+                    b_next[l] = load_b_at(B, pb, k, z, geom) if b_ok and U32(k) < U32(k_end) else float32(0.0)
             # This slab's stage: A's fragment starts at row ty·vm of the stage, B's at column tx·vn (uint32
             # offsets: no negative-index wraparound, no 64-bit address arithmetic in the loop below).
             a_read = U32(stage * (bk * a_stride) + a_read0)
@@ -516,11 +516,11 @@ def make_gemm_tiles(config: TileConfig, operands: Operands = MATRIX) -> Any:
                     for l in range(la):
                         k = k_next + a_k + l
                         smem[U32(a_store + l * a_stride)] = (
-                            load_a_at(A, pa, k, z, geom) if a_ok and k < k_end else float32(0.0))
+                            load_a_at(A, pa, k, z, geom) if a_ok and U32(k) < U32(k_end) else float32(0.0))
                     for l in range(lb):
                         k = k_next + b_k + l * b_rows_step
                         smem[U32(b_store + l * b_rows_step * bn)] = (
-                            load_b_at(B, pb, k, z, geom) if b_ok and k < k_end else float32(0.0))
+                            load_b_at(B, pb, k, z, geom) if b_ok and U32(k) < U32(k_end) else float32(0.0))
                     cuda.syncthreads()
         # Epilogue through shared memory, threads_y rows of the tile at a time: the copy out of acc has
         # constant indices once unrolled (acc stays in registers), and consecutive threads store
