@@ -237,6 +237,7 @@ the source's check moving to a pass that reads it anyway; not built (every conv 
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import logging
@@ -1412,11 +1413,31 @@ class OffloadScheduler:
         return records, span, plan.file_offset
 
     def _saver_loop(self) -> None:
+        """Saves in order. On the cpu backend a save is its write (the arena's bytes go to disk). On a
+        GPU with the swap file, a save queues its copy to one of the staging ring's pinned buffers and
+        frees the unit's device bytes at once; the writes follow in order. The oldest is written when
+        the ring is full, or when its copy has run and no save is queued: until its copy has run (the
+        GPU runs behind the host, up to a step) the saver keeps taking new saves, polling the copy
+        every millisecond, so the executor's room waits do not queue behind the GPU or the disk."""
+        staged: collections.deque = collections.deque()  # saves copied (or copying) off the device, not written
         while True:
-            item = self._save_queue.get()
+            if staged:
+                copied = self._transfer.copy_done(staged[0][-1])
+                if len(staged) >= self._transfer.save_ring or (copied and self._save_queue.empty()):
+                    self._finish_save(*staged.popleft())
+                    continue
+                try:
+                    item = self._save_queue.get(timeout=None if copied else 0.001)
+                except queue.Empty:
+                    continue
+            else:
+                item = self._save_queue.get()
             if item is None:
+                while staged:
+                    self._finish_save(*staged.popleft())
                 return
             generation, unit = item
+            written = True
             try:
                 if generation == self._generation and self._error is None:
                     records, span, file_offset = self._records(unit)
@@ -1425,22 +1446,40 @@ class OffloadScheduler:
                     copied = self._transfer.save(storage, records, span, file_offset, unit.event, generation)
                     swapped = self._transfer.swapped_when_saved(storage)
                     with self._cond:
-                        if generation == self._generation:  # the bytes are free: the copy is queued (device)
-                            self._saved(unit, copied, swapped)
-                    if not swapped:  # the disk tier: this thread waits for the copy, then writes
-                        self._transfer.finish_save(storage, records, span.nbytes, file_offset, copied, generation)
-                    with self._cond:
                         self._io_busy["saver"] += time.perf_counter() - started
                         self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
-                        if not swapped and generation == self._generation:
-                            self._set_state(unit, LayerState.SWAPPED)
+                        if generation == self._generation:  # the bytes are free: the copy is queued (device)
+                            self._saved(unit, copied, swapped)
+                    if not swapped:  # the disk tier: written later, by _finish_save
+                        staged.append((generation, unit, storage, records, span.nbytes, file_offset, copied))
+                        written = False
             except BaseException as exc:  # handed to the executor at its next wait
                 with self._cond:
                     self._error = exc
             finally:
-                with self._cond:
-                    self._saves_pending -= 1
-                    self._cond.notify_all()
+                if written:
+                    with self._cond:
+                        self._saves_pending -= 1
+                        self._cond.notify_all()
+
+    def _finish_save(self, generation: int, unit: _Unit, storage: Any, records: list[SwapRecord], nbytes: int,
+                     file_offset: int, copied: Any) -> None:
+        """The disk tier: wait for the unit's copy off the device (the write reads its bytes), write it."""
+        try:
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            self._transfer.finish_save(storage, records, nbytes, file_offset, copied, generation)
+            with self._cond:
+                self._io_busy["saver"] += time.perf_counter() - started
+                self._io_busy["saver_cpu"] += time.thread_time() - cpu_started
+                if generation == self._generation:
+                    self._set_state(unit, LayerState.SWAPPED)
+        except BaseException as exc:
+            with self._cond:
+                self._error = exc
+        finally:
+            with self._cond:
+                self._saves_pending -= 1
+                self._cond.notify_all()
 
     def _loader_loop(self) -> None:
         while True:

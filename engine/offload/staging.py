@@ -16,8 +16,11 @@ of their own, ordered with events, and no thread waits for a copy unless it need
   stream for the events of the kernels that last read its bytes (``after``) and, from pinned memory,
   for the save's copy; it returns the event of its host -> device copy, which the executor's stream
   waits for before the backward that reads the data (``wait_loaded``);
-* a staging buffer (disk tier) is reused only after the copy that read it has finished (PyTorch issue
-  #106360), and every pinned buffer is allocated between steps (allocating pinned memory syncs the GPU).
+* the disk tier stages through rings of ``STAGING_RING`` pinned buffers each way: the saver queues up
+  to that many copies (freeing their device bytes) before it must write the oldest, and the loader
+  reads the next unit from disk while earlier copies to the device wait for the kernels they follow.
+  A staging buffer is reused only after the copy that used it has finished (PyTorch issue #106360),
+  and every pinned buffer is allocated between steps (allocating pinned memory syncs the GPU).
 
 Measured on an H200 (benchmarks/results/gpu-2026-11-27.md): with the save's copy synchronous in the
 saver and every unit going through the disk, ResNet-18 CIFAR batch 32 trained at 198 images/s with
@@ -34,6 +37,7 @@ the backward reading stale bytes.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import threading
 from collections.abc import Callable, Sequence
@@ -43,11 +47,16 @@ import numpy as np
 
 from engine.offload.storage import PAGE, DelayHook, OffloadStorageError, SwapRecord, SwapStorage, page_align
 
+# pinned staging buffers each way for the disk tier (each as large as the largest unit: ResNet-18 batch 32's
+# is 8 MiB); not measured on a GPU yet: four lets a window of N=4 leave the device without waiting for a write
+STAGING_RING = 4
+
 
 class HostTransfer:
     """cpu: no staging; the storage moves the arena's bytes directly, in the IO threads."""
 
     staged_bytes = 0
+    save_ring = 1  # saves the saver may have copied off the arena but not written yet
 
     def make_storage(self, nbytes: int, directory: str | None, delay: DelayHook | None, verify: str,
                      host_swap_bytes: int = 0) -> SwapStorage:
@@ -73,6 +82,9 @@ class HostTransfer:
     def finish_save(self, storage: Any, records: Sequence[SwapRecord], nbytes: int, file_offset: int,
                     copied: Any, step: int = 0) -> None:
         pass
+
+    def copy_done(self, copied: Any) -> bool:
+        return True
 
     def load(self, storage: Any, records: Sequence[SwapRecord], span: Any, file_offset: int,
              step: int = 0, after: Sequence[Any] = ()) -> Any:
@@ -212,8 +224,14 @@ class DeviceStaging:
         self.on_gpu = backend.name == "cuda"
         self.staged_bytes = 0  # bytes copied device -> host and host -> device
         self.unit_bytes = max(int(max_unit_bytes), 1)
-        self.save_buffer: Any = None  # the disk tier's staging buffers, allocated with its storage
-        self.load_buffer: Any = None
+        self.save_ring = STAGING_RING
+        # the disk tier's staging rings, allocated with its storage: saves in order (the saver writes the
+        # oldest first), loads each with the event of its last copy to the device
+        self.save_buffers: list[Any] = []
+        self.load_buffers: list[Any] = []
+        self._load_events: list[Any] = []
+        self._saves_staged: collections.deque = collections.deque()  # (copied event, buffer) not written yet
+        self._next_save = self._next_load = 0
         self._maps: list[mmap.mmap] = []
         if self.on_gpu:
             import cupy
@@ -226,7 +244,6 @@ class DeviceStaging:
             self._cupy = None
             self.save_stream = _SimStream()
             self.load_stream = _SimStream()
-        self._previous_load: Any = None  # the event of the last host->device copy out of load_buffer
 
     # -- tiers -------------------------------------------------------------------------------------
 
@@ -246,9 +263,10 @@ class DeviceStaging:
         if page_align(max(int(nbytes), PAGE)) <= host_swap_bytes:
             return PinnedStorage(nbytes, self._pinned)
         storage = SwapStorage(nbytes, directory, delay=delay, verify=verify)
-        if self.save_buffer is None:
-            self.save_buffer = self._pinned(self.unit_bytes)
-            self.load_buffer = self._pinned(self.unit_bytes)
+        if not self.save_buffers:
+            self.save_buffers = [self._pinned(self.unit_bytes) for _ in range(STAGING_RING)]
+            self.load_buffers = [self._pinned(self.unit_bytes) for _ in range(STAGING_RING)]
+            self._load_events = [None] * STAGING_RING
         return storage
 
     def inline(self, storage: Any) -> bool:
@@ -316,18 +334,33 @@ class DeviceStaging:
         if isinstance(storage, PinnedStorage):
             host = storage.view(file_offset, span.nbytes)
             storage.note_written(records, step)
-        else:  # the saver's one staging buffer: its previous write has returned (the saver is one thread)
-            host = self.save_buffer[:span.nbytes]
+            self.staged_bytes += span.nbytes
+            return self._to_host(span, host, (ready,))
+        if len(self._saves_staged) >= STAGING_RING:
+            raise RuntimeError("offload staging: every save buffer holds a copy not yet written (the saver "
+                               "must finish_save the oldest first)")
+        # the next buffer of the ring: the save that used it last was written (finish_save, in order)
+        host = self.save_buffers[self._next_save % STAGING_RING][:span.nbytes]
+        self._next_save += 1
         self.staged_bytes += span.nbytes
-        return self._to_host(span, host, (ready,))
+        copied = self._to_host(span, host, (ready,))
+        self._saves_staged.append((copied, host))
+        return copied
+
+    def copy_done(self, copied: Any) -> bool:
+        """Whether a save's copy has run (the simulator runs a copy when it is waited for: always "done")."""
+        return copied is None or not self.on_gpu or bool(copied.done)
 
     def finish_save(self, storage: Any, records: Sequence[SwapRecord], nbytes: int, file_offset: int,
                     copied: Any, step: int = 0) -> None:
         """The disk tier: wait for the copy (the write reads its bytes), then write."""
         if isinstance(storage, PinnedStorage):
             return
+        oldest, host = self._saves_staged.popleft()
+        if oldest is not copied:
+            raise RuntimeError("offload staging: saves must be written in the order they were copied")
         self._wait_host(copied)
-        storage.write(records, self.save_buffer[:nbytes], file_offset, step)
+        storage.write(records, host[:nbytes], file_offset, step)
 
     # -- loads -------------------------------------------------------------------------------------
 
@@ -346,14 +379,14 @@ class DeviceStaging:
             host = storage.view(file_offset, span.nbytes)
             self.staged_bytes += span.nbytes
             return self._to_device(host, span, after)
-        if self._previous_load is not None:
-            self._wait_host(self._previous_load)  # the last copy out of load_buffer ran: safe to refill
-            self._previous_load = None
-        host = self.load_buffer[:span.nbytes]
+        index = self._next_load % STAGING_RING
+        self._next_load += 1
+        self._wait_host(self._load_events[index])  # the last copy out of this buffer ran: safe to refill
+        host = self.load_buffers[index][:span.nbytes]
         storage.read(records, host, file_offset, step)
         self.staged_bytes += span.nbytes
-        self._previous_load = self._to_device(host, span, after)
-        return self._previous_load
+        self._load_events[index] = self._to_device(host, span, after)
+        return self._load_events[index]
 
     def wait_loaded(self, event: Any) -> None:
         """Called by the executor before a backward: its stream waits for the unit's copy to the device."""

@@ -7,6 +7,7 @@ overwritten before its copy was waited for, or a load nobody waited for, changes
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -195,3 +196,48 @@ def test_the_saver_frees_device_bytes_before_it_waits_for_the_disk(tmp_path):
     assert held == [True]
     assert_same(reference(tmp_path, 1), weights)
     assert all(unit.state is LayerState.RELEASED for unit in scheduler._units.values())
+
+
+def test_the_saver_stages_several_saves_while_the_gpu_is_behind(tmp_path, monkeypatch):
+    """The disk tier's staging ring: while the oldest save's copy has not run (a GPU runs behind the host),
+    the saver keeps queuing the next saves' copies and freeing their device bytes instead of waiting, and
+    the writes still go out in order from the right buffers. Here no copy counts as run until the
+    executor has created units in the bytes of two different saves; with one staging buffer (the saver
+    waiting for each copy before the next) that never happens and the copies are let go after 30 s."""
+    deadline, let_go = [], []
+    both = threading.Event()
+
+    def copy_done(self, copied):
+        if not deadline:
+            deadline.append(time.monotonic() + 30)
+        if both.is_set():
+            return True
+        if time.monotonic() > deadline[0]:
+            let_go.append(True)
+            return True
+        return False
+
+    def watch(scheduler):
+        move_in = scheduler._move_in_for_forward
+        freed_by: set[int] = set()
+
+        def watched_move_in(unit):
+            move_in(unit)
+            freed_by.update(id(event) for event in unit.copy_waits[0])
+            if len(freed_by) >= 2:
+                both.set()
+
+        scheduler._move_in_for_forward = watched_move_in
+
+    original_finish = DeviceStaging.finish_save
+
+    def finish_when_run(self, *args, **kwargs):  # a GPU's event.synchronize(): blocks until the copy has run
+        while not copy_done(self, None):
+            time.sleep(0.001)
+        original_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceStaging, "copy_done", copy_done)
+    monkeypatch.setattr(DeviceStaging, "finish_save", finish_when_run)
+    weights, scheduler = train(1, tmp_path, 2, DISK, on_attach=watch)
+    assert both.is_set() and not let_go
+    assert_same(reference(tmp_path, 2), weights)
