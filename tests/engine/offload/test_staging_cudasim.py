@@ -78,9 +78,9 @@ def test_cudasim_offload_stages_through_pinned_buffers_and_keeps_the_bits(tmp_pa
 @pytest.mark.parametrize("window", [1, 2])
 @pytest.mark.parametrize("tier", [PINNED, DISK], ids=["pinned", "disk"])
 def test_both_tiers_keep_the_bits_over_steps(tmp_path, tier, window):
-    """Offload on or off, any N, either swap tier: the same weights after 3 steps (momentum carries them)."""
-    weights, scheduler = train(window, tmp_path, 3, tier)
-    assert_same(reference(tmp_path, 3), weights)
+    """Offload on or off, any N, either swap tier: the same weights after 2 steps (momentum carries them)."""
+    weights, scheduler = train(window, tmp_path, 2, tier)
+    assert_same(reference(tmp_path, 2), weights)
     stats = list(scheduler.stats)
     assert all(s.bytes_written == s.bytes_read > 0 for s in stats)
     assert isinstance(scheduler.storage, PinnedStorage if tier == PINNED else SwapStorage)
