@@ -239,7 +239,6 @@ class DeviceStaging:
             self._cupy = cupy
             self.save_stream = cupy.cuda.Stream(non_blocking=True)
             self.load_stream = cupy.cuda.Stream(non_blocking=True)
-            self.compute_stream = cupy.cuda.get_current_stream()  # the executor's stream
         else:  # the simulator: "pinned" buffers are page-aligned NumPy arrays, copy streams are simulated
             self._cupy = None
             self.save_stream = _SimStream()
@@ -278,6 +277,12 @@ class DeviceStaging:
         return isinstance(storage, PinnedStorage)
 
     # -- streams -----------------------------------------------------------------------------------
+
+    @property
+    def compute_stream(self) -> Any:
+        """The executor's stream: CuPy's current stream where the executor calls (its kernels run there,
+        kernels.cuda._launch), read at each call rather than kept from whichever thread made this object."""
+        return self._cupy.cuda.get_current_stream()
 
     def _event(self, stream: Any) -> Any:
         event = self._cupy.cuda.Event(block=False, disable_timing=True)
