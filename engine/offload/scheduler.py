@@ -1023,11 +1023,15 @@ class OffloadScheduler:
     def after_forward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
+        ready: list[Any] = []  # one device event for every unit this forward ends (a GPU: ~5 µs each)
         for unit in self._by_forward_end.get(step, ()):
             if unit.state is not LayerState.READY_FOR_EXEC:
                 continue
+            leaves = unit.plan.offloaded or unit.spec.backward_start is None or unit.plan.recompute is not None
+            if leaves and not ready:
+                ready.append(self._transfer.ready_event())
             if unit.plan.offloaded:
-                unit.event = self._transfer.ready_event()
+                unit.event = ready[0]
                 if self._inline:
                     self._save_inline(unit)
                     continue
@@ -1037,7 +1041,7 @@ class OffloadScheduler:
                 self._save_queue.put((self._generation, unit))
             elif unit.spec.backward_start is None or unit.plan.recompute is not None:
                 # transient: nothing reads it again; recomputed: rebuilt before its backward
-                self._release(unit, 0, self._transfer.ready_event())
+                self._release(unit, 0, ready[0])
 
     def before_backward(self, step: int, node: Any = None) -> None:
         self._advance(step)
@@ -1120,9 +1124,12 @@ class OffloadScheduler:
     def after_backward(self, step: int, node: Any = None) -> None:
         if self._needs_plan:
             return
+        ready: list[Any] = []  # one device event for every unit this backward ends
         for unit in self._by_backward_end.get(step, ()):
             if unit.state is LayerState.READY_FOR_EXEC:
-                self._release(unit, len(unit.plan.occupations) - 1, self._transfer.ready_event())
+                if not ready:
+                    ready.append(self._transfer.ready_event())
+                self._release(unit, len(unit.plan.occupations) - 1, ready[0])
 
     def on_iteration_end(self, net: Any = None) -> None:
         if self._needs_plan:  # nothing was created through us (no training forward ran)
