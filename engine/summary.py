@@ -150,7 +150,10 @@ def offload_table(offload: dict[str, Any]) -> Table:
         resident += f" ({'; '.join(notes)})"
     table.add_row("saved for backward, resident peak", resident)
     cache = offload.get("page_cache_bytes")
-    table.add_row("swap file in the page cache", format_bytes(cache) if cache is not None else "n/a (not sampled)")
+    if tier and tier != "swap file":
+        table.add_row("swap file in the page cache", "n/a (no swap file)")
+    else:
+        table.add_row("swap file in the page cache", format_bytes(cache) if cache is not None else "n/a (not sampled)")
     return table
 
 

@@ -70,6 +70,19 @@ def test_offload_is_measured_in_the_summary(offloaded):
     # the offload arena's types are not shown as a meaningless few bytes in the training column
     phase_rows = {row[0]: row for row in summary_tables(result)[1].rows}
     assert phase_rows["ACTIVATIONS"][2] == "(in the offload arena)"
+    assert offload["swap_tier"] == "swap file" and "swapped to" not in text  # the cpu backend: the disk
+
+
+def test_a_gpu_run_swapping_to_pinned_host_memory_says_so(offloaded):
+    """A GPU run whose swapped bytes fit the host budget has no swap file (engine.offload.staging): the
+    table says where the bytes went and does not call the page-cache figure 'not sampled'."""
+    import dataclasses
+
+    result = dataclasses.replace(offloaded[0], offload=dict(offloaded[0].offload, swap_tier="pinned host memory",
+                                                            page_cache_bytes=None))
+    rows = {row[0]: row[1] for row in summary_tables(result)[-1].rows}
+    assert rows["swapped to"] == "pinned host memory"
+    assert rows["swap file in the page cache"] == "n/a (no swap file)"
 
 
 def test_a_short_run_says_n_a_instead_of_zero(tmp_path):
