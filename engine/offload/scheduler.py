@@ -963,7 +963,11 @@ class OffloadScheduler:
         if wanted == "auto":
             from engine.memory.limits import memory_limit
 
-            return memory_limit().bytes // 2
+            try:
+                return memory_limit().bytes // 2
+            except ImportError:  # psutil missing: nothing says how much the host has, so the disk
+                log.warning("offload: cannot read the host's memory (psutil missing): swapping to disk")
+                return 0
         return int(wanted)
 
     def _begin_planned_step(self, first_shape: tuple[int, ...]) -> None:
