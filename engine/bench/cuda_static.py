@@ -196,6 +196,7 @@ def _types() -> SimpleNamespace:
         f2_any=array(f32, 2, "A"),
         u8_1=array(types.uint8, 1),
         u8_2=array(types.uint8, 2),
+        u8_4=array(types.uint8, 4),
         i32_2=array(types.int32, 2),
         i32_4=array(types.int32, 4),
         i64_1=array(i64, 1),
@@ -223,8 +224,8 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "copy_kernel": (f1, f1),
         "dropout_kernel": (f1, t.u8_1, f32, f1),
         "maxpool_forward_kernel": (f4, f4, t.i32_4, i64, i64, i64, t.boolean),  # local=True with a uint8 argmax
-        "maxpool_backward_kernel": (f2, t.i32_2, f2),
-        "maxpool_backward_local_kernel": (f2, t.u8_2, f2, i64, i64, i64, i64, i64),
+        "maxpool_backward_kernel": (f4, t.i32_4, f4, i64, i64, i64),
+        "maxpool_backward_local_kernel": (f4, t.u8_4, f4, i64, i64, i64),
         "avgpool_forward_kernel": (f4, f4, i64, i64, i64),
         "avgpool_backward_kernel": (f4, f4, i64, i64, i64),
         "global_avgpool_forward_kernel": (f2, f1),

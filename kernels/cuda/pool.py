@@ -1,9 +1,9 @@
 """Pooling on the GPU: max (with argmax), average (count_include_pad) and global average.
 
-Forward kernels run one thread per output. Backward kernels must not race where windows overlap:
-average-pool backward gathers (one thread per dx element sums the outputs whose windows cover it),
-and max-pool backward scatters one (n, c) plane per thread in output order. Neither uses atomics,
-so gradients are the same bits on every run. A uint8 argmax holds the winner's place in its window
+Forward kernels run one thread per output. Backward kernels must not race where windows overlap, so
+both gather: one thread per dx element sums the outputs whose windows cover it (average pool), or
+those whose winner it is (max pool), in ascending output order. No atomics: gradients are the same
+bits on every run. A uint8 argmax holds the winner's place in its window
 (r * kernel + s; kernels/cpu/pool.py says why), decoded by ``maxpool_backward_local_kernel``.
 """
 
@@ -48,34 +48,66 @@ def maxpool_forward_kernel(x, out, argmax, kernel, stride, pad, local):
 
 
 @cuda.jit
-def maxpool_backward_kernel(dout, argmax, dx):
-    """One thread per (n, c) plane: zero dx's plane, then add each output's gradient to its winner.
+def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad):
+    """dx[h, w] = Σ dout over the windows covering (h, w) whose winner (argmax = h·W + w) is this pixel.
 
-    Views: dout and argmax are [planes, OH·OW], dx is [planes, H·W].
+    A gather, one thread per dx element: it visits the at most ceil(kernel/stride)² windows that can
+    hold the pixel in ascending output order and adds from 0, which is the order (and so the bits) of
+    the scatter it replaced (dx zeroed, then ``dx[argmax[o]] += dout[o]`` for o ascending: one thread
+    per (n, c) plane, 5.44 ms for ResNet-18's 224×224 stem pool at batch 8 on an H200, 512 threads in
+    all; the roofline is 0.010 ms). No atomics: the same bits on every run.
     """
-    plane = cuda.grid(1)
-    if plane < dx.shape[0]:
-        for i in range(dx.shape[1]):
-            dx[plane, i] = float32(0.0)
-        for o in range(dout.shape[1]):
-            dx[plane, argmax[plane, o]] += dout[plane, o]
+    e = cuda.grid(1)
+    N, C, H, W = dx.shape
+    OH = dout.shape[2]
+    OW = dout.shape[3]
+    if e < N * C * H * W:
+        plane = e // (H * W)
+        hw = e - plane * (H * W)
+        n = plane // C
+        c = plane - n * C
+        h = hw // W
+        w = hw - h * W
+        # Windows oh cover h when oh·stride − pad <= h < oh·stride − pad + kernel.
+        oh_lo = max(0, (h + pad - kernel + stride) // stride)
+        oh_hi = min(OH - 1, (h + pad) // stride)
+        ow_lo = max(0, (w + pad - kernel + stride) // stride)
+        ow_hi = min(OW - 1, (w + pad) // stride)
+        acc = float32(0.0)
+        for oh in range(oh_lo, oh_hi + 1):
+            for ow in range(ow_lo, ow_hi + 1):
+                if argmax[n, c, oh, ow] == hw:
+                    acc += dout[n, c, oh, ow]
+        dx[n, c, h, w] = acc
 
 
 @cuda.jit
-def maxpool_backward_local_kernel(dout, argmax, dx, OW, W, kernel, stride, pad):
-    """As maxpool_backward_kernel, the winner decoded from its place in the window (uint8 argmax)."""
-    plane = cuda.grid(1)
-    if plane < dx.shape[0]:
-        for i in range(dx.shape[1]):
-            dx[plane, i] = float32(0.0)
-        for o in range(dout.shape[1]):
-            oh = o // OW
-            ow = o - oh * OW
-            place = int64(argmax[plane, o])  # uint8 arithmetic would wrap (and overflows under the simulator)
-            r = place // kernel
-            h = oh * stride - pad + r
-            w = ow * stride - pad + (place - r * kernel)
-            dx[plane, h * W + w] += dout[plane, o]
+def maxpool_backward_local_kernel(dout, argmax, dx, kernel, stride, pad):
+    """As maxpool_backward_kernel, the winner held as its place r·kernel + s in the window (uint8 argmax):
+    window (oh, ow) picked this pixel when its place is (h − oh·stride + pad)·kernel + (w − ow·stride + pad)."""
+    e = cuda.grid(1)
+    N, C, H, W = dx.shape
+    OH = dout.shape[2]
+    OW = dout.shape[3]
+    if e < N * C * H * W:
+        plane = e // (H * W)
+        hw = e - plane * (H * W)
+        n = plane // C
+        c = plane - n * C
+        h = hw // W
+        w = hw - h * W
+        oh_lo = max(0, (h + pad - kernel + stride) // stride)
+        oh_hi = min(OH - 1, (h + pad) // stride)
+        ow_lo = max(0, (w + pad - kernel + stride) // stride)
+        ow_hi = min(OW - 1, (w + pad) // stride)
+        acc = float32(0.0)
+        for oh in range(oh_lo, oh_hi + 1):
+            row = (h - oh * stride + pad) * kernel + w + pad
+            for ow in range(ow_lo, ow_hi + 1):
+                # int64 compare: uint8 arithmetic would wrap (and overflows under the simulator)
+                if int64(argmax[n, c, oh, ow]) == row - ow * stride:
+                    acc += dout[n, c, oh, ow]
+        dx[n, c, h, w] = acc
 
 
 @cuda.jit
@@ -173,24 +205,14 @@ def maxpool2d_forward(x: Any, out: Any, argmax: Any, kernel: Any, stride: Any, p
 
 
 def maxpool2d_backward(dout: Any, argmax: Any, dx: Any, kernel: int = 0, stride: int = 0, pad: int = 0) -> None:
-    N, C, H, W = dx.shape
-    planes = N * C
-    if str(argmax.dtype) == "uint8":
-        if kernel < 1 or stride < 1 or pad < 0:
-            raise ValueError(f"maxpool2d_backward: a uint8 argmax needs kernel, stride and pad, got {kernel}, "
-                             f"{stride}, {pad}")
-        launch(maxpool_backward_local_kernel, blocks_for(planes), THREADS_PER_BLOCK, dout.reshape(planes, -1),
-               argmax.reshape(planes, -1), dx.reshape(planes, H * W), dout.shape[3], W, int(kernel), int(stride),
-               int(pad))
-        return
-    launch(
-        maxpool_backward_kernel,
-        blocks_for(planes),
-        THREADS_PER_BLOCK,
-        dout.reshape(planes, -1),
-        argmax.reshape(planes, -1),
-        dx.reshape(planes, H * W),
-    )
+    """Both argmax encodings need the geometry here (the table's defaults of 0 serve the CPU, whose
+    int32 backward scatters): the gather visits the windows that cover each dx element."""
+    if kernel < 1 or stride < 1 or pad < 0:
+        raise ValueError(f"maxpool2d_backward: the CUDA backward needs the pool's kernel, stride and pad, got "
+                         f"{kernel}, {stride}, {pad}")
+    kernel, stride, pad = _pool_args(dx, dout, kernel, stride, pad)
+    gather = maxpool_backward_local_kernel if str(argmax.dtype) == "uint8" else maxpool_backward_kernel
+    launch(gather, blocks_for(dx.size), THREADS_PER_BLOCK, dout, argmax, dx, kernel, stride, pad)
 
 
 def avgpool2d_forward(x: Any, out: Any, kernel: Any, stride: Any, pad: Any) -> None:
