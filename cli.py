@@ -472,12 +472,19 @@ def train(**params) -> None:
     if trainer.cuda_graph_error:
         console.print(f"[yellow]note:[/yellow] the step could not be captured as a CUDA graph and ran eagerly "
                       f"({trainer.cuda_graph_error}); --no-cuda-graph skips the attempt", markup=True, highlight=False)
+    elif graph and trainer.cuda_graph_eager_reason:  # decided at capture time (offload on the disk tier)
+        console.print(f"[yellow]note:[/yellow] the step ran eagerly, not as a CUDA graph: "
+                      f"{trainer.cuda_graph_eager_reason}", markup=True, highlight=False)
     if outputs.save:
         write_checkpoint(outputs.save, trainer)
     render_training_summary(result, console)
     _write_outputs(options, result, trainer, monitor, console,
-                   {**run, "backend": backend.name, "cuda_graph": graph is not None and not trainer.cuda_graph_error,
+                   {**run, "backend": backend.name,
+                    "cuda_graph": graph is not None and not trainer.cuda_graph_error
+                    and not trainer.cuda_graph_eager_reason,
                     **({"cuda_graph_error": trainer.cuda_graph_error} if trainer.cuda_graph_error else {}),
+                    **({"cuda_graph_eager_reason": trainer.cuda_graph_eager_reason}
+                       if graph and trainer.cuda_graph_eager_reason else {}),
                     "threads": threads,
                     **_parallel_fields(options, parallel, K),
                     **({"memory_needs": needs.as_dict()} if needs is not None else {})})  # issue 30: the prediction
@@ -522,15 +529,18 @@ def _read_initial_weights(options, net, data, run: dict, hyper: dict):
 def _cuda_graph_mode(options, backend: str, workers: int) -> str | None:
     """How the step runs: "cupy" (one CUDA graph on the GPU), "record" (the simulator's stand-in) or None (eager).
     On by default for --backend cuda (the H200, 2026-11-27: ResNet-18 CIFAR b32 1,136 images/s captured against
-    622 eager in engine train); offload and data parallel work between a step's launches (hooks), which a
-    replayed graph skips, so they keep the eager step; an explicit --cuda-graph there is refused."""
+    622 eager in engine train); --offload-params and data parallel work between a step's launches (hooks), which
+    a replayed graph skips, so they keep the eager step; an explicit --cuda-graph there is refused. Offload of
+    activations (--offload-n/--offload-budget) is captured too when its swap tier is pinned host memory: the
+    runner decides at capture time, after the first step chose the tier, and names why not otherwise (the disk
+    tier, --offload-n auto): ``cuda_graph_eager_reason`` in the summary JSON."""
     if options.cuda_graph is False:
         return None
     reason = None
     if backend not in ("cuda", "cudasim"):
         reason = f"the {backend} backend has no CUDA graph (--backend cuda)"
-    elif options.offload.enabled or options.offload.params:
-        reason = "offload works between the step's launches"
+    elif options.offload.params:
+        reason = "--offload-params moves the optimizer state between the step's launches"
     elif workers > 1:
         reason = "data parallel's gradient exchange works between the step's launches"
     if options.cuda_graph is None:

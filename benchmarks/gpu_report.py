@@ -166,17 +166,18 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "| engine train | exit | CUDA graph | steady images/s | final loss | offload: swap tier, stall per "
                   "step, moved per step |", "|---|---|---|---|---|---|"]
     for r in report["offload"]["runs"] + report["imagenet"]:
-        graph = _f(r.get("cuda_graph")) + (f" ({r['cuda_graph_error'][:80]})" if r.get("cuda_graph_error") else "")
+        why = r.get("cuda_graph_error") or r.get("cuda_graph_eager_reason")
+        graph = _f(r.get("cuda_graph")) + (f" ({why[:80]})" if why else "")
         lines.append(f"| {r['command'].split('train ', 1)[-1][:110]} | {r['returncode']} | {graph} | "
                      f"{_f(r.get('steady_images_per_second'))} | {_f(r.get('final_loss'), 6)} | "
                      f"{offload_cell(r.get('offload'))} |")
     ratio = next((g["figure"] for g in report["goals"] if g["goal"].startswith("with --offload-n")), None)
     eager = next((r.get("steady_images_per_second") for r in report["offload"]["runs"]
                   if r.get("offload_n") is None and "--no-cuda-graph" in r.get("command", "")), None)
-    rates = {(r.get("offload_n"), bool(r.get("offload_args"))): r.get("steady_images_per_second")
+    rates = {(bool(r.get("offload_args")), "--no-cuda-graph" in r.get("command", "")): r.get("steady_images_per_second")
              for r in report["offload"]["runs"] if r.get("offload_n") is not None}
-    against_eager = ", ".join(f"{'swap file' if disk else 'default tier'} {_f(rate / eager, 2)}x"
-                              for (_, disk), rate in rates.items() if rate and eager)
+    against_eager = ", ".join(f"{'swap file' if disk else 'default tier'}{' eager' if eager_run else ''} "
+                              f"{_f(rate / eager, 2)}x" for (disk, eager_run), rate in rates.items() if rate and eager)
     lines += ["", f"Offload (ResNet-18 CIFAR b32): {_f(ratio, 2)}x the images/s without (engine train's default "
                   f"step); against the eager step without offload (--no-cuda-graph): {against_eager or '–'}; "
                   f"same final loss: {_f(report['offload'].get('same_loss'))}"]

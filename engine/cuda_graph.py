@@ -20,8 +20,15 @@ with one launch of the graph (CuPy stream capture; the Numba kernels go to CuPy'
   captured or would break the capture; the simulator shows them the same way).
 - **Bookkeeping.** A shape is captured after ``warmup`` eager steps (the first cycle sizes every
   workspace and plans the arena); a graph is dropped when memory moved since its capture (a block
-  reallocated: ``memory_epoch``); batch norm's host counter advances on replays; networks with hooks
-  (offload, listeners) or the update in backward run eagerly, with the reason in ``eager_reason``.
+  reallocated: ``memory_epoch``, offload's arena and pinned swap buffer included); batch norm's host counter
+  advances on replays; networks with hooks (listeners, ``--offload-params``) or the update in backward run
+  eagerly, with the reason in ``eager_reason``.
+- **Offload on the pinned tier** is captured with the step: its scheduler is a hook that says itself whether
+  it can be (``capture_blocker``, asked at capture time once the first step chose the swap tier; the disk
+  tier and ``--offload-n auto`` cannot), its saves, loads and event waits are queued on copy streams that
+  join the capture (``engine/offload/staging.py``), and each replay adds the captured step's figures to its
+  per-step stats (``OffloadScheduler.replayed``: the same bytes written and read, no host stall). On the
+  H200 (2026-11-27) offload N=4 ran eagerly for want of this: 385 images/s against 1,659 captured.
 - **Dropout's mask** is a per-step value from the network's host generator; it cannot be written into
   its arena slot before a replay (that slot holds other tensors earlier in the step). So the runner owns
   a device mask buffer per Dropout node and batch shape, fills it before every step from the very draw
@@ -67,18 +74,28 @@ class RecordedGraph:
     launches: list[tuple[str, Any, Any, Any, tuple[Any, ...]]]
 
     def launch(self, stream: Any = None) -> None:
+        replay: dict[Any, Any] = {}  # the offload copies this replay queued, by the captured copy
         for _name, kernel, blocks, threads, args in self.launches:
-            kernel[blocks, threads](*args)
+            if blocks is None:  # not a launch: an offload copy, wait or join (kernels.cuda._launch.record_operations)
+                kernel(replay)
+            else:
+                kernel[blocks, threads](*args)
+
+    @property
+    def operations(self) -> int:
+        """Recorded work that is not a kernel launch (the simulator's offload copies, waits and joins)."""
+        return sum(1 for entry in self.launches if entry[2] is None)
 
     def __len__(self) -> int:
-        return len(self.launches)
+        return len(self.launches) - self.operations
 
 
 def record_capture(body: Any, stream: Any = None) -> RecordedGraph:
     """Capture ``body()`` by recording its launches; like stream capture, nothing runs meanwhile."""
     from kernels.cuda import count_only, record_launches
+    from kernels.cuda._launch import record_operations
 
-    with count_only(), record_launches() as calls:
+    with count_only(), record_launches() as calls, record_operations(calls):
         body()
     return RecordedGraph(list(calls))
 
@@ -119,6 +136,10 @@ def memory_epoch(net: Any) -> tuple[int, ...]:
     counts = [net.arena.block_allocations if net.arena is not None else 0]
     for workspace in net.mgr.workspaces.values():
         counts.append(int(workspace.statistics().block_allocations))
+    for hook in net.hooks:  # offload's own arena, pinned swap buffer and plan
+        epoch = getattr(hook, "graph_epoch", None)
+        if epoch is not None:
+            counts.extend(epoch())
     return tuple(counts)
 
 
@@ -186,8 +207,9 @@ class StepRunner:
     def _eager_reason(self) -> str | None:
         if self.capture is False:
             return "capture off"
-        if self.net.hooks:
-            return f"hooks on the network ({', '.join(type(h).__name__ for h in self.net.hooks)}: offload or listeners)"
+        others = [h for h in self.net.hooks if not hasattr(h, "capture_blocker")]
+        if others:  # offload's scheduler says itself whether its step can be captured (_hooks_reason)
+            return f"hooks on the network ({', '.join(type(h).__name__ for h in others)}: offload or listeners)"
         if self.capture == "record" and any(type(node.layer).__name__ == "Flatten" for node in self.net.graph.nodes):
             return ("Flatten copies outside a kernel launch, which the simulator's stand-in graph does not replay "
                     "(a GPU's capture holds the copy)")
@@ -196,6 +218,22 @@ class StepRunner:
         if self.optimizer.name not in ("sgd", "adam"):
             return f"no device-scalar update for optimizer {self.optimizer.name!r}"
         return None
+
+    def _hooks_reason(self) -> str | None:
+        """Why the hooks that can take part in a capture (offload's scheduler on the pinned tier) cannot now:
+        asked at capture time, after the warm-up steps chose the swap tier."""
+        for hook in self.net.hooks:
+            blocker = getattr(hook, "capture_blocker", None)
+            reason = blocker() if blocker is not None else None
+            if reason is not None:
+                return reason
+        return None
+
+    def _hooks(self, method: str) -> None:
+        for hook in self.net.hooks:
+            call = getattr(hook, method, None)
+            if call is not None:
+                call()
 
     # -- dropout masks ------------------------------------------------------------------------------
 
@@ -321,6 +359,8 @@ class StepRunner:
         self._write_step_values(shape, x, y)
         captured_now = False
         if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
+            self.eager_reason = self._hooks_reason()
+        if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
             counters = self._host_counters()
             try:
                 shape.graph = self._capture(shape)
@@ -339,11 +379,13 @@ class StepRunner:
             shape.captures += 1
             shape.launches = len(shape.graph)
             captured_now = True  # the capture ran the step's Python (its host counters) once
+            self._hooks("captured")
         if shape.graph is not None:
             shape.graph.launch(self.stream)
             shape.replays += 1
             if not captured_now:
                 self._advance_host_counters()
+                self._hooks("replayed")  # offload's per-step figures (OffloadScheduler.replayed)
         else:
             self._body(shape)
             shape.eager_steps += 1

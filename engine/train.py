@@ -448,13 +448,17 @@ class Trainer:
         self.on_checkpoint = on_checkpoint
         # --- the step as one CUDA graph (issue 34): "cupy" (a GPU), "record" (the simulator's stand-in) or
         # None (eager). engine.cuda_graph.StepRunner captures the step after one eager step and replays it;
-        # the same weights as eager, bit for bit. Not with offload, data parallel or the update in backward
-        # (hooks between a step's launches, which a replay skips): the CLI decides, fit() refuses.
+        # the same weights as eager, bit for bit. Not with --offload-params, data parallel or the update in
+        # backward (hooks between a step's launches, which a replay skips): the CLI decides, fit() refuses.
+        # Offload of activations on the pinned tier is captured with the step (its copies are in the graph);
+        # on the disk tier the runner keeps the step eager (cuda_graph_eager_reason).
         if cuda_graph not in (None, "cupy", "record"):
             raise ValueError(f"cuda_graph must be None, 'cupy' or 'record', got {cuda_graph!r}")
         self.cuda_graph = cuda_graph
         self.runner: Any = None
         self.cuda_graph_error: str | None = None  # why a capture failed (the run went on eagerly)
+        # why the runner kept the step eager, decided at capture time (offload's swap tier), or a failed capture
+        self.cuda_graph_eager_reason: str | None = None
 
     @classmethod
     def from_options(cls, options: TrainOptions, net: Network, optimizer: Optimizer, data: Dataset, *,
@@ -569,6 +573,7 @@ class Trainer:
             stream.close()
             if self.runner is not None:  # the Dropout layers draw their own masks again (evaluation, a next fit)
                 self.cuda_graph_error = self.runner.capture_error
+                self.cuda_graph_eager_reason = self.runner.eager_reason
                 self.runner.close()
                 self.runner = None
             if rss_hook is not None and rss_hook in self.net.hooks:

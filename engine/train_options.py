@@ -154,9 +154,9 @@ class TrainOptions:
         if self.workspace_mode == "none" and self.offload.enabled:
             raise UserError("offload swaps workspace tensors: --offload-n/--offload-budget need --workspace-mode "
                             "enabled")
-        if self.cuda_graph and (self.offload.enabled or self.offload.params):
-            raise UserError("--cuda-graph with offload: the offload scheduler works between a step's launches, which a "
-                            "replayed graph skips; leave out --cuda-graph (offload runs the step eagerly)")
+        if self.cuda_graph and self.offload.params:
+            raise UserError("--cuda-graph with --offload-params: the optimizer state moves between a step's launches, "
+                            "which a replayed graph skips; leave out --cuda-graph (the step then runs eagerly)")
         if self.epochs is None and self.steps is None:
             object.__setattr__(self, "epochs", 1)
         if self.lr is None:

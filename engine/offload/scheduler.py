@@ -621,6 +621,8 @@ class OffloadScheduler:
         self._arena_capacity = 0
         self._arena_touched = 0
         self._transfer: Any = None
+        self._staged0 = self._step_staged = self._replay_staged = 0  # staged bytes: a step's, the captured step's
+        self._replay_stats: StepStats | None = None  # the captured step's figures, which each replay repeats
 
         self._generation = 0
         self._in_iteration = False
@@ -1019,6 +1021,7 @@ class OffloadScheduler:
         self._written0 = self.storage.bytes_written if self.storage else 0
         self._read0 = self.storage.bytes_read if self.storage else 0
         self._current = StepStats(step=len(self.stats), window=self.window)
+        self._staged0 = self._transfer.staged_bytes if self._transfer is not None else 0
         self._step_started = time.perf_counter()
 
     def before_forward(self, step: int, node: Any = None) -> None:
@@ -1161,6 +1164,7 @@ class OffloadScheduler:
         stats.read_bandwidth_bps = stats.bytes_read / stats.onload_s if stats.onload_s > 0 else 0.0
         stats.offload_cpu_us_per_mib = cpu_per_mib(stats.offload_cpu_s, stats.bytes_written)
         stats.onload_cpu_us_per_mib = cpu_per_mib(stats.onload_cpu_s, stats.bytes_read)
+        self._step_staged = (self._transfer.staged_bytes if self._transfer is not None else 0) - self._staged0
         self.stats.append(stats)
         self.totals.add(stats)
         if stats.step > 0:
@@ -1173,6 +1177,68 @@ class OffloadScheduler:
             self._adapt(stats)
         if self.predict_leads:
             self._predict_leads(stats)
+
+    # -- a step captured as a CUDA graph (engine/cuda_graph.py) ----------------------------------------
+
+    def capture_blocker(self) -> str | None:
+        """Why a step of this scheduler cannot be one captured CUDA graph now (None: it can).
+
+        It can when the swap tier is pinned host memory (``_inline``): every save, load and event wait is then
+        queued by the executor on streams a stream capture follows, and nothing waits on the host. The disk
+        tier needs the IO threads and the host's waits for copies; "auto" changes its window between steps
+        from measured waits, which a replay neither has nor could follow."""
+        if self.storage is None or self._transfer is None:
+            return "offload has not run a step yet"
+        if not self._inline:
+            return f"offload swaps to the {self.storage.kind}, which needs the IO threads (pinned host memory only)"
+        if self.adaptive:
+            return "--offload-n auto changes the window between steps"
+        if self.predict_leads:
+            return "offload predicts its load leads from each step's timings"
+        return None
+
+    def graph_epoch(self) -> tuple[int, ...]:
+        """What a captured graph holds addresses of: the arena, the pinned swap buffer, the plan (a new one
+        moves units)."""
+        buffer = getattr(self.storage, "buffer", None)
+        return (id(self._arena), id(buffer), id(self._plan), self._arena_capacity)
+
+    def captured(self) -> None:
+        """The step just run was captured: its Python ran once (and was counted); replays repeat its copies."""
+        self._replay_stats = self.stats[-1] if self.stats else None
+        self._replay_staged = self._step_staged
+
+    def replayed(self) -> None:
+        """A replay of the captured step ran on the device: the host-side figures a step keeps.
+
+        The replay moves exactly the captured step's bytes (the graph holds its copies and their order), so
+        the step's figures are the captured step's bytes and peaks: written and read bytes, the resident,
+        in-flight and swapped peaks (the plan's, the same every replay), the window. The host waits nothing
+        (``stall_s`` 0: a load's wait is an event inside the graph) and no IO thread works (CPU 0); its
+        time is the step's on the device, not the executor's: ``forward_backward_s`` is 0. The record
+        checks (``PinnedStorage.check_read``: a record read back was written this step) ran when the step
+        was captured; a replay repeats that schedule exactly, so they hold again. ``_generation`` advances
+        as an eager step's would."""
+        captured = self._replay_stats
+        if captured is None:
+            raise OffloadError("an offload step replayed without a captured one")
+        self._generation += 1
+        stats = StepStats(step=len(self.stats), window=captured.window, bound_bytes=captured.bound_bytes,
+                          peak_resident_bytes=captured.peak_resident_bytes,
+                          peak_resident_units=captured.peak_resident_units,
+                          peak_in_flight_bytes=captured.peak_in_flight_bytes,
+                          peak_swapped_bytes=captured.peak_swapped_bytes, bytes_written=captured.bytes_written,
+                          bytes_read=captured.bytes_read, lead_steps=captured.lead_steps,
+                          recomputed_bytes=captured.recomputed_bytes)
+        if self.storage is not None:
+            self.storage.bytes_written += captured.bytes_written
+            self.storage.bytes_read += captured.bytes_read
+        if self._transfer is not None:
+            self._transfer.staged_bytes += self._replay_staged
+        self.stats.append(stats)
+        self.totals.add(stats)
+        if stats.step > 0:
+            self.steady_totals.add(stats)
 
     def _predict_leads(self, stats: StepStats) -> None:
         """Per offloaded unit of the next step: how many timeline steps ahead its load must start.

@@ -27,6 +27,18 @@ saver and every unit going through the disk, ResNet-18 CIFAR batch 32 trained at
 ``--offload-n 4`` against 622 without (stall 53.9 ms per step of ~51): the executor waited for room
 that the saver could free only after the GPU had caught up with the host and the disk had written it.
 
+**Inside a captured step** (engine/cuda_graph.py, the pinned tier only): every copy and wait above is
+queued by the executor on streams, so a CUDA stream capture of the executor's stream holds them all. The
+copy streams join the capture through ``begin_step``'s event (recorded on the captured stream) and leave it
+through ``join``'s (the executor's stream waits for both before ``end_capture``); every event a copy or the
+executor waits for is recorded inside the same capture (the units and their events are new each step),
+and the pinned buffers' addresses are fixed (``PinnedStorage`` is allocated before, ``graph_epoch``). The
+disk tier waits on the host (``finish_save``, the loader's ring) and stays eager. Under the simulator the
+stand-in graph records each copy, wait and join in order with the launches (``_CapturedCopy`` and friends);
+a replay queues the copies again on the simulated streams, so a replay that skipped a save, a load or a
+wait changes the bits as an eager step would; an event from outside the capture is refused, as a GPU's
+capture refuses it.
+
 Under the CUDA simulator (``cudasim``) arrays are NumPy arrays and kernels run as they are launched.
 The copy streams are simulated (``_SimStream``): a queued copy runs at the latest moment a GPU could
 run it, when something waits for its event (or a later one of its stream), never at once. So a
@@ -206,6 +218,56 @@ class _SimStream:
                 work()
 
 
+def _sim_recorder() -> list[Any] | None:
+    """cudasim: the stand-in graph's list while a step is captured (``kernels.cuda._launch.record_operations``)."""
+    from kernels.cuda._launch import operation_recorder
+
+    return operation_recorder()
+
+
+class _CapturedCopy:
+    """cudasim, inside a capture: a copy the stand-in graph holds. A replay queues it again on its copy stream
+    after the replay's own copies it followed, and it runs, as any simulated copy, only when waited for."""
+
+    def __init__(self, calls: list[Any], stream: _SimStream, work: Callable[[], None], after: Sequence[Any]):
+        self.calls, self.stream, self.work = calls, stream, work
+        self.after = [_captured(calls, e, "a copy") for e in after if e is not None]
+
+    def __call__(self, replay: dict[Any, Any]) -> None:
+        replay[self] = self.stream.enqueue(self.work, [replay[e] for e in self.after])
+
+
+class _CapturedWait:
+    """cudasim, inside a capture: the executor's stream waits for a copy (a replay runs it there)."""
+
+    def __init__(self, copy: _CapturedCopy):
+        self.copy = copy
+
+    def __call__(self, replay: dict[Any, Any]) -> None:
+        replay[self.copy].synchronize()
+
+
+class _CapturedJoin:
+    """cudasim, inside a capture: the end of the step, where the copy streams rejoin the executor's."""
+
+    def __init__(self, streams: Sequence[_SimStream]):
+        self.streams = list(streams)
+
+    def __call__(self, replay: dict[Any, Any]) -> None:
+        for stream in self.streams:
+            stream.run_until()
+
+
+def _captured(calls: list[Any], event: Any, what: str) -> _CapturedCopy:
+    """An event a captured operation depends on must come from the same capture: a CUDA stream capture refuses
+    a wait for an event recorded outside it (cudaErrorStreamCaptureIsolation), so the simulator refuses it too."""
+    if not isinstance(event, _CapturedCopy) or event.calls is not calls:
+        from engine.backend import CaptureError
+
+        raise CaptureError(f"offload: {what} inside a captured step waits for an event recorded outside the capture")
+    return event
+
+
 def _sim_buffer(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
     """cudasim's "pinned" memory: a page-aligned anonymous mapping."""
     mapping = mmap.mmap(-1, max(int(nbytes), 1))
@@ -303,7 +365,7 @@ class DeviceStaging:
                     stream.wait_event(event)
             span.get(stream=stream, out=host, blocking=False)
             return self._event(stream)
-        return self.save_stream.enqueue(lambda: np.copyto(host, span), after)
+        return self._sim_copy(self.save_stream, lambda: np.copyto(host, span), after)
 
     def _to_device(self, host: Any, span: Any, after: Sequence[Any]) -> Any:
         """Queue host -> span on the load stream after ``after``; the copy's event."""
@@ -314,10 +376,23 @@ class DeviceStaging:
                     stream.wait_event(event)
             span.set(host, stream=stream)
             return self._event(stream)
-        return self.load_stream.enqueue(lambda: np.copyto(span, host), after)
+        return self._sim_copy(self.load_stream, lambda: np.copyto(span, host), after)
+
+    def _sim_copy(self, stream: _SimStream, work: Callable[[], None], after: Sequence[Any]) -> Any:
+        """cudasim: queue the copy, or inside a capture record it for the stand-in graph (nothing runs then)."""
+        calls = _sim_recorder()
+        if calls is None:
+            return stream.enqueue(work, after)
+        copy = _CapturedCopy(calls, stream, work, after)
+        calls.append(("offload-copy", copy, None, None, ()))
+        return copy
 
     def _wait_host(self, event: Any) -> None:
         """This thread waits for a copy (it needs the bytes)."""
+        if not self.on_gpu and event is not None and _sim_recorder() is not None:
+            from engine.backend import CaptureError
+
+            raise CaptureError("offload: the host waits for a copy inside a captured step (the disk tier)")
         if event is not None:
             event.synchronize()
 
@@ -328,8 +403,13 @@ class DeviceStaging:
             return
         if self.on_gpu:
             self.compute_stream.wait_event(event)
-        else:
+            return
+        calls = _sim_recorder()
+        if calls is None:
             event.synchronize()
+        else:
+            calls.append(("offload-wait", _CapturedWait(_captured(calls, event, "the executor's stream")), None, None,
+                          ()))
 
     # -- saves -------------------------------------------------------------------------------------
 
@@ -415,6 +495,8 @@ class DeviceStaging:
         if self.on_gpu:
             self.compute_stream.wait_event(self._event(self.save_stream))
             self.compute_stream.wait_event(self._event(self.load_stream))
+        elif (calls := _sim_recorder()) is not None:
+            calls.append(("offload-join", _CapturedJoin((self.save_stream, self.load_stream)), None, None, ()))
         else:
             self.save_stream.run_until()
             self.load_stream.run_until()

@@ -165,6 +165,27 @@ def _is_cupy(array: Any) -> bool:
     return type(array).__module__.split(".")[0] == "cupy"
 
 
+_op_recorders: list[list[Any]] = []
+
+
+@contextmanager
+def record_operations(calls: list[Any]) -> Iterator[list[Any]]:
+    """Inside the block, work that is not a kernel launch but that a captured graph holds (the simulator's
+    offload copies and event waits, ``engine/offload/staging.py``) is recorded into ``calls`` too, in order
+    with the launches, as ``(name, op, None, None, ())``: a replay calls ``op(state)`` with one dict per replay.
+    Separate from ``record_launches`` so that its other readers (the roofline) see kernel launches only."""
+    _op_recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _op_recorders.remove(calls)
+
+
+def operation_recorder() -> list[Any] | None:
+    """The list a non-launch operation is recorded into (``record_operations``), or None when not recording."""
+    return _op_recorders[-1] if _op_recorders else None
+
+
 def launch(kernel: Any, blocks: Any, threads: Any, *args: Any) -> None:
     """Run ``kernel[blocks, threads](*args)`` on CuPy's current stream when the arrays are CuPy's; count it."""
     name = kernel_name(kernel)
