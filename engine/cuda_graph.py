@@ -362,6 +362,8 @@ class StepRunner:
             self.eager_reason = self._hooks_reason()
         if shape.graph is None and self.eager_reason is None and shape.eager_steps >= self.warmup:
             counters = self._host_counters()
+            hook_states = [(hook, hook.capture_checkpoint()) for hook in self.net.hooks
+                           if hasattr(hook, "capture_checkpoint")]  # offload's per-step figures
             try:
                 shape.graph = self._capture(shape)
             except Exception as exc:
@@ -370,6 +372,8 @@ class StepRunner:
                 # the capture ran some of the step's Python: its host counters go back, then the step runs
                 # eagerly, as every later one (the same weights: the eager step is what the graph replays)
                 self._restore_host_counters(counters)
+                for hook, state in hook_states:
+                    hook.capture_restore(state)
                 self.capture_error = f"{type(exc).__name__}: {exc}"
                 self.eager_reason = f"the capture failed ({self.capture_error})"
                 self._body(shape)

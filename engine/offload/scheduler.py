@@ -238,6 +238,7 @@ the source's check moving to a pass that reads it anyway; not built (every conv 
 from __future__ import annotations
 
 import collections
+import copy
 import enum
 import functools
 import logging
@@ -1202,6 +1203,21 @@ class OffloadScheduler:
         moves units)."""
         buffer = getattr(self.storage, "buffer", None)
         return (id(self._arena), id(buffer), id(self._plan), self._arena_capacity)
+
+    def capture_checkpoint(self) -> tuple[Any, ...]:
+        """The per-step figures before a capture: a capture that fails after running the step's Python (a GPU's
+        end_capture can) gives them back (``capture_restore``), and the step runs eagerly and counts once."""
+        return (copy.deepcopy(self.stats), copy.deepcopy(self.totals), copy.deepcopy(self.steady_totals),
+                self.storage.bytes_written if self.storage is not None else 0,
+                self.storage.bytes_read if self.storage is not None else 0,
+                self._transfer.staged_bytes if self._transfer is not None else 0)
+
+    def capture_restore(self, state: tuple[Any, ...]) -> None:
+        self.stats, self.totals, self.steady_totals, written, read, staged = state
+        if self.storage is not None:
+            self.storage.bytes_written, self.storage.bytes_read = written, read
+        if self._transfer is not None:
+            self._transfer.staged_bytes = staged
 
     def captured(self) -> None:
         """The step just run was captured: its Python ran once (and was counted); replays repeat its copies."""

@@ -162,3 +162,34 @@ def test_engine_train_captures_offload_on_the_pinned_tier_and_names_why_not_on_t
             assert trainer.cuda_graph_eager_reason is None and summary["swap_tier"] == "pinned host memory"
         else:
             assert "needs the IO threads" in trainer.cuda_graph_eager_reason
+
+
+def test_a_capture_that_fails_goes_on_eagerly_and_counts_each_step_once(tmp_path, monkeypatch):
+    """A capture that fails after running the step's Python (as a GPU's end_capture can): offload's per-step
+    figures it added go back, the step and every later one run eagerly, the weights are eager's."""
+    import engine.cuda_graph as cuda_graph
+    from engine.backend import CaptureError
+
+    real = cuda_graph.record_capture
+
+    def failing_capture(body, stream=None):
+        real(body, stream)
+        raise CaptureError("stand-in failure at the end of the capture")
+
+    monkeypatch.setattr(cuda_graph, "record_capture", failing_capture)
+    backend = get_backend("cudasim")
+    net = Network(residual_graph(image=IMAGE), backend, seed=0)
+    opt = make_optimizer("sgd", net, backend, lambda step: 0.05 / (1 + step), manager=net.mgr, momentum=0.9)
+    scheduler = OffloadScheduler(backend, 2, directory=str(tmp_path), host_swap_bytes="auto").attach(net)
+    runner = StepRunner(net, opt, capture="record", warmup=1, fallback=True)
+    try:
+        for x, y in _batches():
+            runner.step(x, y)
+        np.testing.assert_array_equal(np.array(net.parameters.flat), _reference(tmp_path))
+        assert runner.capture_error == "CaptureError: stand-in failure at the end of the capture"
+        assert len(scheduler.stats) == scheduler.totals.steps == len(SIZES)
+        assert [s.step for s in scheduler.stats] == list(range(len(SIZES)))
+    finally:
+        runner.close()
+        scheduler.close()
+        net.close()
