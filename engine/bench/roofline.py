@@ -71,6 +71,11 @@ also NVIDIA/numba-cuda #578. Not measured here (no GPU): the acceptance run meas
 ELEMENT_FLOPS = {
     "batchnorm_train_kernel": 8,  # sum, squared deviation, normalize (sub, mul, fma)
     "batchnorm_backward_from_output_kernel": 10,
+    # a channel split over several blocks (kernels/cuda/batchnorm.py): statistics, then normalize
+    "batchnorm_partial_stats_kernel": 4,  # sum, squared deviation (sub, fma)
+    "batchnorm_normalize_kernel": 3,
+    "batchnorm_backward_partials_kernel": 5,  # Σ dout, Σ dout·x̂ (sub, mul, add, fma)
+    "batchnorm_backward_apply_kernel": 5,
     "batchnorm_infer_kernel": 3,
     "adam_kernel": 12,
     "sgd_kernel": 5,

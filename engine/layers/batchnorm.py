@@ -57,7 +57,12 @@ class BatchNorm2d(Layer):
         return [SavedSpec("save_invstd", (self.num_features,))]
 
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
-        return self.num_features  # the batch mean: the kernel writes it, backward no longer reads it
+        # the batch mean (the kernel writes it, backward no longer reads it), then on the GPU the partial
+        # statistics of a channel split over several blocks (kernels/cuda/batchnorm.py)
+        return int(self.backend.kernels.batchnorm_forward_train_workspace_size(tuple(input_shapes[0])))
+
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
+        return int(self.backend.kernels.batchnorm_backward_from_output_workspace_size(tuple(input_shapes[0])))
 
     def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
         return []  # inference normalizes with the running statistics: no batch mean
@@ -67,7 +72,7 @@ class BatchNorm2d(Layer):
         out = self.output(self.output_shape([tuple(x.shape)]))
         p, b = self.params, self.buffers
         if training:
-            save_mean = self.scratch(ArrayType.FF_WORKING_MEM, self.num_features)
+            save_mean = self.scratch(ArrayType.FF_WORKING_MEM, self.forward_scratch([tuple(x.shape)]))
             save_invstd = self.keep("save_invstd", (self.num_features,))
             self.backend.kernels.batchnorm_forward_train(
                 x, p["weight"], p["bias"], b["running_mean"], b["running_var"], out, save_mean, save_invstd,
@@ -84,8 +89,9 @@ class BatchNorm2d(Layer):
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
         s = self.saved
         dx = self.input_grad(s["out"].shape)  # the kernel always writes dx
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self.backward_scratch([tuple(s["out"].shape)]))
         self.backend.kernels.batchnorm_backward_from_output(
             s["out"], dout, self.params["weight"], self.params["bias"], s["save_invstd"], dx,
-            self.grads["weight"], self.grads["bias"],
+            self.grads["weight"], self.grads["bias"], scratch,
         )  # fmt: skip
         return [dx if need_input_grads[0] else None]

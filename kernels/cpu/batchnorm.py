@@ -226,8 +226,10 @@ def batchnorm_backward_from_output(
     dx: np.ndarray,
     dgamma: np.ndarray,
     dbeta: np.ndarray,
+    scratch: np.ndarray | None = None,
 ) -> None:
-    """Gradients of the training forward from its output: x̂ = (out − β) / γ (module docstring)."""
+    """Gradients of the training forward from its output: x̂ = (out − β) / γ (module docstring). ``scratch``
+    is for the GPU's partial sums; the CPU needs none (``batchnorm_backward_from_output_workspace_size``: 0)."""
     op = "batchnorm_backward_from_output"
     N, C, area = _channels(op, out)
     check_array(op, "dout", dout, out.shape)
@@ -240,3 +242,13 @@ def batchnorm_backward_from_output(
         _backward_from_output, y3, y3, dout.reshape(N, C, area), gamma, beta, save_invstd, dx.reshape(N, C, area),
         dgamma, dbeta,
     )  # fmt: skip
+
+
+def batchnorm_forward_train_workspace_size(x_shape: tuple[int, ...]) -> int:
+    """float32 elements of ``save_mean``: the C batch means (the CUDA kernels keep partial statistics after them)."""
+    return int(x_shape[1])
+
+
+def batchnorm_backward_from_output_workspace_size(x_shape: tuple[int, ...]) -> int:
+    """float32 elements of backward's scratch: none on the CPU (the CUDA kernels keep partial sums in it)."""
+    return 0

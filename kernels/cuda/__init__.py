@@ -44,6 +44,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "batchnorm_forward_train": batchnorm.batchnorm_forward_train,
     "batchnorm_forward_infer": batchnorm.batchnorm_forward_infer,
     "batchnorm_backward_from_output": batchnorm.batchnorm_backward_from_output,
+    "batchnorm_forward_train_workspace_size": batchnorm.batchnorm_forward_train_workspace_size,
+    "batchnorm_backward_from_output_workspace_size": batchnorm.batchnorm_backward_from_output_workspace_size,
     "softmax_xent_forward": loss.softmax_xent_forward,
     "softmax_xent_backward": loss.softmax_xent_backward,
     "sgd_update": optim.sgd_update,

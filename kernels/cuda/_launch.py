@@ -223,7 +223,7 @@ def check_scratch(scratch: Any, needed: int, op: str) -> Any:
     if scratch is None or scratch.size < needed:
         have = 0 if scratch is None else scratch.size
         raise ValueError(
-            f"{op}: scratch holds {have} float32 elements but this convolution needs {needed}; "
+            f"{op}: scratch holds {have} float32 elements but this call needs {needed}; "
             f"size it with {op}_workspace_size(...)"
         )
     if scratch.dtype != np.float32 or scratch.ndim != 1:

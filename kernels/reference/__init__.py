@@ -43,7 +43,8 @@ FAMILY_NAMES: dict[str, tuple[str, ...]] = {
     ),
     # batchnorm_backward (from the input) stays in the reference module only, as what the from-output
     # backward is tested against; no layer calls it since BatchNorm2d keeps its output (In-Place ABN)
-    "batchnorm": ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward_from_output"),
+    "batchnorm": ("batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward_from_output",
+                  "batchnorm_forward_train_workspace_size", "batchnorm_backward_from_output_workspace_size"),
     "loss": ("softmax_xent_forward", "softmax_xent_backward"),
     "optim": ("sgd_update", "adam_update"),
 }

@@ -42,7 +42,7 @@ def batchnorm_forward_train(
     invstd = 1.0 / np.sqrt(var + eps)
     xhat = (x64 - mean[None, :, None, None]) * invstd[None, :, None, None]
     out[...] = safe_gamma(gamma)[None, :, None, None] * xhat + beta[None, :, None, None]
-    save_mean[...] = mean
+    save_mean[:C] = mean  # a GPU's save_mean is longer: its partial statistics follow (workspace_size below)
     save_invstd[...] = invstd
     unbiased_var = var * count / (count - 1)
     running_mean[...] = (1 - momentum) * running_mean + momentum * mean
@@ -109,8 +109,10 @@ def batchnorm_backward_from_output(
     dx: np.ndarray,
     dgamma: np.ndarray,
     dbeta: np.ndarray,
+    scratch: np.ndarray | None = None,
 ) -> None:
-    """``batchnorm_backward`` with x̂ rebuilt from the output: x̂ = (out − β) / γ (In-Place ABN)."""
+    """``batchnorm_backward`` with x̂ rebuilt from the output: x̂ = (out − β) / γ (In-Place ABN).
+    ``scratch`` is the GPU's partial sums (``batchnorm_backward_from_output_workspace_size``); none here."""
     g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
     xhat = (out.astype(np.float64) - beta.astype(np.float64)[None, :, None, None]) / g
     count = out.shape[0] * out.shape[2] * out.shape[3]
@@ -122,3 +124,13 @@ def batchnorm_backward_from_output(
     dgamma[...] = sum_dout_xhat
     dx[...] = g * invstd / count * (count * dout64 - sum_dout[None, :, None, None]
                                     - xhat * sum_dout_xhat[None, :, None, None])
+
+
+def batchnorm_forward_train_workspace_size(x_shape: tuple[int, ...]) -> int:
+    """float32 elements of ``save_mean``: the C batch means (the CUDA kernels keep partial statistics after them)."""
+    return int(x_shape[1])
+
+
+def batchnorm_backward_from_output_workspace_size(x_shape: tuple[int, ...]) -> int:
+    """float32 elements of backward's scratch: none here (the CUDA kernels keep partial sums in it)."""
+    return 0

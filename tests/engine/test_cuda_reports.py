@@ -24,9 +24,16 @@ def test_conv_launches_do_not_grow_with_the_batch(model, before):
     launches a step at batch 32. Batched, conv is one launch per direction (+ a split-K sum)."""
     small = count_step_launches(model, 4, counting_backend())
     large = count_step_launches(model, 32, counting_backend())
-    conv = [k for k in large.by_kernel if k.startswith(("conv_", "direct_conv_"))]
-    assert conv and all(large.by_kernel[k] == small.by_kernel[k] for k in conv)
-    assert large.total * 9 < before  # ResNet-18: 174, MobileNetV2: 388
+    # by direction: the GEMM table picks a tile per shape, so one direction's launches spread over several names
+    directions = ("conv_forward", "conv_backward_data", "conv_backward_weight", "direct_conv_")
+
+    def per_direction(launches):
+        return [sum(n for k, n in launches.by_kernel.items() if k.startswith(d)) for d in directions]
+
+    assert sum(per_direction(large)) and per_direction(large) == per_direction(small)
+    # ResNet-18: 196, MobileNetV2: 412 (batch norm takes two launches each way on its channels of over 4,096
+    # values, kernels/cuda/batchnorm.py: 20 and 38 more at batch 32 than at 4)
+    assert large.total * 8 < before
     assert "im2col" not in large.by_kernel and "col2im" not in large.by_kernel
 
 

@@ -44,7 +44,24 @@ def one_step(backend_name: str, x: np.ndarray, y: np.ndarray):
     return loss, gradients, state
 
 
-def test_one_step_on_cudasim_matches_cpu():
+@pytest.mark.parametrize("split", [None, (4, 2)], ids=["one-block", "split-bn"])
+def test_one_step_on_cudasim_matches_cpu(split):
+    """``split-bn``: batch norm's 32 values a channel over 4 blocks of 8, so the layer's declared working
+    memory (the partial statistics after save_mean, backward's partial sums) is what the kernels get."""
+    from kernels.cuda import LAUNCHES, batchnorm, reset_launches
+
+    previous = batchnorm.use_split(batchnorm.Split(*split)) if split else None
+    try:
+        reset_launches()
+        _one_step_on_cudasim_matches_cpu()
+        split_kernels = ("batchnorm_partial_stats_kernel", "batchnorm_backward_apply_kernel")
+        assert all(LAUNCHES[k] == (1 if split else 0) for k in split_kernels), LAUNCHES
+    finally:
+        if previous is not None:
+            batchnorm.use_split(previous)
+
+
+def _one_step_on_cudasim_matches_cpu():
     rng = np.random.default_rng(0)
     x = (3 * rng.standard_normal((2, 3, 4, 4))).astype(np.float32)  # reaches ReLU6's upper kink too
     y = np.array([0, 2], np.int64)
