@@ -108,18 +108,34 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     threads = cuda.blockDim.x
     P = x.shape[2]
     count = x.shape[0] * P
+    q = threads // P  # (n, p) steps by (q, r) per value: no division in the loops (batchnorm_partial_stats_kernel)
+    r = threads - q * P
+    first_n = tid // P
+    first_p = tid - first_n * P
 
     acc = float32(0.0)
-    for e in range(tid, count, threads):
-        n = e // P
-        acc += x[n, c, e - n * P]
+    n = first_n
+    p = first_p
+    for _ in range(tid, count, threads):
+        acc += x[n, c, p]
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
     mean = block_sum(partial, acc) / float32(count)
 
     acc = float32(0.0)
-    for e in range(tid, count, threads):
-        n = e // P
-        d = x[n, c, e - n * P] - mean
+    n = first_n
+    p = first_p
+    for _ in range(tid, count, threads):
+        d = x[n, c, p] - mean
         acc += d * d
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
     var = block_sum(partial, acc) / float32(count)
     invstd = float32(1.0) / math.sqrt(var + eps)
 
@@ -135,10 +151,15 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
         g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
     scale = g * invstd
     shift = beta[c]
-    for e in range(tid, count, threads):
-        n = e // P
-        p = e - n * P
+    n = first_n
+    p = first_p
+    for _ in range(tid, count, threads):
         out[n, c, p] = (x[n, c, p] - mean) * scale + shift
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
 
 
 @cuda.jit
@@ -176,14 +197,23 @@ def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx,
     b = beta[c]
     invstd = save_invstd[c]
 
+    q = threads // P  # (n, p) steps by (q, r) per value: no division in the loops
+    r = threads - q * P
+    first_n = tid // P
+    first_p = tid - first_n * P
     acc_dout = float32(0.0)
     acc_dout_xhat = float32(0.0)
-    for e in range(tid, count, threads):
-        n = e // P
-        p = e - n * P
+    n = first_n
+    p = first_p
+    for _ in range(tid, count, threads):
         d = dout[n, c, p]
         acc_dout += d
         acc_dout_xhat += d * ((y[n, c, p] - b) * inv_g)
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
     total_dout = block_sum(partial, acc_dout)
     total_dout_xhat = block_sum(partial, acc_dout_xhat)
     if tid == 0:
@@ -193,11 +223,16 @@ def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx,
     scale = g * invstd
     mean_dout = total_dout / float32(count)
     mean_dout_xhat = total_dout_xhat / float32(count)
-    for e in range(tid, count, threads):
-        n = e // P
-        p = e - n * P
+    n = first_n
+    p = first_p
+    for _ in range(tid, count, threads):
         xhat = (y[n, c, p] - b) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
 
 
 @cuda.jit(device=True)
