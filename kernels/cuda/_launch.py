@@ -86,6 +86,35 @@ if config.ENABLE_CUDASIM:
     _lock_simulator_shared_arrays()
     sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
+# The integer casts the GEMM and conv kernels index with (``from kernels.cuda._launch import uint32``). On a
+# GPU they are numba's types. In the simulator each would make a NumPy scalar, and every later operation on it
+# is NumPy's scalar arithmetic: the rewritten tile loop (uint32 offsets, multiply-and-shift divisions) made a
+# simulated conv forward 3.6× slower than v4's first form (0.25 → 0.90 s at 2×8×4×4), which took the
+# simulator stage of the suite from 2 to 5 minutes. Here they are Python ints reduced to the type's range
+# (two's complement for int64): the same values as the casts for every input, and Python's exact arithmetic
+# after them, as numba's typing (uint32 with int64 → int64) has for the ranges the kernels use
+# (``tests/kernels/cuda/test_casts.py``). 0.97 → 0.27 s on that conv.
+def _wrap_unsigned(bits: int) -> Any:
+    mask = (1 << bits) - 1
+
+    def cast(value: Any) -> int:
+        return int(value) & mask
+
+    return cast
+
+
+def _wrap_int64(value: Any) -> int:
+    value = int(value) & 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value >> 63 else value
+
+
+if config.ENABLE_CUDASIM:
+    uint32, uint64, int64 = _wrap_unsigned(32), _wrap_unsigned(64), _wrap_int64
+else:
+    from numba import int64, uint32, uint64  # noqa: F401  (re-exported: the kernels' integer casts)
+
+
+
 THREADS_PER_BLOCK = 256
 """Threads of a 1-D element-wise launch: a multiple of the 32-thread warp, enough to hide latency."""
 

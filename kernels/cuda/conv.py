@@ -44,16 +44,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numba import cuda, float32, int64, uint32, uint64
+from numba import cuda, float32
 
-from kernels.cuda._launch import (
+from kernels.cuda._launch import (  # the integer casts: numba's on a GPU, exact Python ints in the simulator
     MAX_REDUCTION_THREADS,
     THREADS_PER_BLOCK,
     blocks_for,
     check_scratch,
+    int64,
     launch,
     pair_shape,
     reduction_threads,
+    uint32,
+    uint64,
 )
 from kernels.cuda.channels import add_bias, sum_channels
 from kernels.cuda.gemm import choose, compose_operands

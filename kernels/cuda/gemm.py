@@ -50,10 +50,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from numba import config, cuda, float32, uint32
+from numba import config, cuda, float32
 from numba import config as numba_config
 
-from kernels.cuda._launch import launch
+from kernels.cuda._launch import launch, uint32  # numba's uint32 on a GPU, an exact Python int in the simulator
 
 U32 = uint32
 """Shared-memory offsets in the tile loop are uint32: numba indexes with int64 and, for a signed index,
