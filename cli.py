@@ -310,8 +310,9 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="Seconds between progress lines when the output is not a terminal (a pipe, a log file).")
 @click.option("--cuda-graph/--no-cuda-graph", "cuda_graph", default=None,
               help="Capture the training step as one CUDA graph and replay it (same weights as eager). Default: on "
-                   "with --backend cuda unless offload or --workers is used; --backend cudasim: the simulator's "
-                   "stand-in, off unless asked for.")
+                   "with --backend cuda, offload included while it swaps to pinned host memory (the disk tier and "
+                   "--offload-n auto run eagerly; the summary says why); off with --offload-params or --workers; "
+                   "--backend cudasim: the simulator's stand-in, off unless asked for.")
 # --- offload options (offload issue): --offload-n, --offload-budget, --offload-dir, --offload-params go here ---
 @click.option("--offload-n", "offload_n", default=None,
               help="Swap saved tensors to disk, keeping a window of N layers in memory; 'auto' adapts N.")
