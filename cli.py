@@ -530,8 +530,9 @@ def _read_initial_weights(options, net, data, run: dict, hyper: dict):
 def _cuda_graph_mode(options, backend: str, workers: int) -> str | None:
     """How the step runs: "cupy" (one CUDA graph on the GPU), "record" (the simulator's stand-in) or None (eager).
     On by default for --backend cuda (an H200, 2026-11-27: engine train ResNet-18 CIFAR b32 1,659 images/s
-    captured against 340 with --no-cuda-graph; benchmarks/results/gpu-2026-11-27.md); --offload-params and data parallel work between a step's launches (hooks), which
-    a replayed graph skips, so they keep the eager step; an explicit --cuda-graph there is refused. Offload of
+    captured against 340 with --no-cuda-graph; benchmarks/results/gpu-2026-11-27.md); --offload-params and data
+    parallel work between a step's launches (hooks), which a replayed graph skips, so they keep the eager step;
+    an explicit --cuda-graph there is refused. Offload of
     activations (--offload-n/--offload-budget) is captured too when its swap tier is pinned host memory: the
     runner decides at capture time, after the first step chose the tier, and names why not otherwise (the disk
     tier, --offload-n auto): ``cuda_graph_eager_reason`` in the summary JSON."""
