@@ -27,6 +27,14 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 [ -n "$DRY" ] && export NUMBA_ENABLE_CUDASIM=1
+# The lent machines' `python` may not be the Python that holds their packages (2026-11-27, an H200: it was
+# not; python3 was /opt/torch/.venv/bin/python3). A symbolic link loses the venv, so a wrapper execs python3.
+if ! python -c "import numba" >/dev/null 2>&1 && python3 -c "import numba" >/dev/null 2>&1; then
+    PYBIN=$(mktemp -d)
+    printf '#!/bin/sh\nexec "%s" "$@"\n' "$(command -v python3)" >"$PYBIN/python"
+    chmod +x "$PYBIN/python"
+    export PATH="$PYBIN:$PATH"
+fi
 BUDGET=${GPU_SESSION_BUDGET_S:-470}
 START=$SECONDS
 STEPS_JSON="$OUT/steps.json"
