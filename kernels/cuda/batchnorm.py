@@ -96,6 +96,33 @@ def blocks_per_channel(count: int) -> tuple[int, int]:
 
 # The floor is written out in each kernel: a device function makes compile_ptx start the driver.
 
+@cuda.jit(device=True)
+def _cursor(first, threads, P):
+    """Where a thread's walk over a channel's N·P values starts, value ``first`` as (n, p), and the step
+    (q, r) it moves (n, p) by for every ``threads`` values: the loops then need no division per value."""
+    q = threads // P
+    n = first // P
+    return q, threads - q * P, n, first - n * P
+
+
+@cuda.jit(device=True)
+def _floored_gamma(g):
+    """γ with the floor every kernel here divides by (module docstring): |γ| >= GAMMA_MIN, its sign kept."""
+    if abs(g) < float32(GAMMA_MIN):
+        return float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    return g
+
+
+@cuda.jit(device=True)
+def _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean, invstd, var, count, momentum):
+    """Channel c's saved mean and 1/std, and the running statistics moved (the unbiased variance, as torch)."""
+    save_mean[c] = mean
+    save_invstd[c] = invstd
+    unbiased = var * float32(count) / float32(count - 1)
+    running_mean[c] = (float32(1.0) - momentum) * running_mean[c] + momentum * mean
+    running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
+
+
 @cuda.jit
 def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
     """Block c: batch mean and biased variance of channel c, running-stat update, normalized output.
@@ -108,10 +135,7 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     threads = cuda.blockDim.x
     P = x.shape[2]
     count = x.shape[0] * P
-    q = threads // P  # (n, p) steps by (q, r) per value: no division in the loops (batchnorm_partial_stats_kernel)
-    r = threads - q * P
-    first_n = tid // P
-    first_p = tid - first_n * P
+    q, r, first_n, first_p = _cursor(tid, threads, P)
 
     acc = float32(0.0)
     n = first_n
@@ -140,15 +164,9 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     invstd = float32(1.0) / math.sqrt(var + eps)
 
     if tid == 0:
-        save_mean[c] = mean
-        save_invstd[c] = invstd
-        unbiased = var * float32(count) / float32(count - 1)
-        running_mean[c] = (float32(1.0) - momentum) * running_mean[c] + momentum * mean
-        running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
+        _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean, invstd, var, count, momentum)
 
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    g = _floored_gamma(gamma[c])
     scale = g * invstd
     shift = beta[c]
     n = first_n
@@ -173,9 +191,7 @@ def batchnorm_infer_kernel(x, gamma, beta, running_mean, running_var, out, eps):
         rest = e - n * (C * P)
         c = rest // P
         p = rest - c * P
-        g = gamma[c]
-        if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-            g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+        g = _floored_gamma(gamma[c])
         scale = g / math.sqrt(running_var[c] + eps)
         out[n, c, p] = (x[n, c, p] - running_mean[c]) * scale + beta[c]
 
@@ -190,17 +206,12 @@ def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx,
     threads = cuda.blockDim.x
     P = y.shape[2]
     count = y.shape[0] * P
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    g = _floored_gamma(gamma[c])
     inv_g = float32(1.0) / g
     b = beta[c]
     invstd = save_invstd[c]
 
-    q = threads // P  # (n, p) steps by (q, r) per value: no division in the loops
-    r = threads - q * P
-    first_n = tid // P
-    first_p = tid - first_n * P
+    q, r, first_n, first_p = _cursor(tid, threads, P)
     acc_dout = float32(0.0)
     acc_dout_xhat = float32(0.0)
     n = first_n
@@ -296,10 +307,7 @@ def batchnorm_partial_stats_kernel(x, part_mean, part_m2, chunk):
     P = x.shape[2]
     start = b * chunk
     end = min(start + chunk, x.shape[0] * P)
-    q = threads // P
-    r = threads - q * P
-    first_n = (start + tid) // P
-    first_p = start + tid - first_n * P
+    q, r, first_n, first_p = _cursor(start + tid, threads, P)
 
     acc = float32(0.0)
     n = first_n
@@ -348,23 +356,14 @@ def batchnorm_normalize_kernel(x, gamma, beta, running_mean, running_var, out, s
     var = m2 / float32(count)
     invstd = float32(1.0) / math.sqrt(var + eps)
     if b == 0 and tid == 0:
-        save_mean[c] = mean
-        save_invstd[c] = invstd
-        unbiased = var * float32(count) / float32(count - 1)
-        running_mean[c] = (float32(1.0) - momentum) * running_mean[c] + momentum * mean
-        running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
+        _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean, invstd, var, count, momentum)
 
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    g = _floored_gamma(gamma[c])
     scale = g * invstd
     shift = beta[c]
     start = b * chunk
     end = min(start + chunk, count)
-    q = threads // P
-    r = threads - q * P
-    n = (start + tid) // P
-    p = start + tid - n * P
+    q, r, n, p = _cursor(start + tid, threads, P)
     for _ in range(start + tid, end, threads):
         out[n, c, p] = (x[n, c, p] - mean) * scale + shift
         n += q
@@ -384,17 +383,12 @@ def batchnorm_backward_partials_kernel(y, dout, gamma, beta, part_dout, part_dou
     tid = cuda.threadIdx.x
     threads = cuda.blockDim.x
     P = y.shape[2]
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    g = _floored_gamma(gamma[c])
     inv_g = float32(1.0) / g
     bias = beta[c]
     start = b * chunk
     end = min(start + chunk, y.shape[0] * P)
-    q = threads // P
-    r = threads - q * P
-    n = (start + tid) // P
-    p = start + tid - n * P
+    q, r, n, p = _cursor(start + tid, threads, P)
     acc_dout = float32(0.0)
     acc_dout_xhat = float32(0.0)
     for _ in range(start + tid, end, threads):
@@ -436,9 +430,7 @@ def batchnorm_backward_apply_kernel(y, dout, gamma, beta, save_invstd, dx, dgamm
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat
 
-    g = gamma[c]
-    if abs(g) < float32(GAMMA_MIN):  # the γ floor (module docstring)
-        g = float32(-GAMMA_MIN) if g < float32(0.0) else float32(GAMMA_MIN)
+    g = _floored_gamma(gamma[c])
     inv_g = float32(1.0) / g
     bias = beta[c]
     scale = g * save_invstd[c]
@@ -446,10 +438,7 @@ def batchnorm_backward_apply_kernel(y, dout, gamma, beta, save_invstd, dx, dgamm
     mean_dout_xhat = total_dout_xhat / float32(count)
     start = b * chunk
     end = min(start + chunk, count)
-    q = threads // P
-    r = threads - q * P
-    n = (start + tid) // P
-    p = start + tid - n * P
+    q, r, n, p = _cursor(start + tid, threads, P)
     for _ in range(start + tid, end, threads):
         xhat = (y[n, c, p] - bias) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)

@@ -47,6 +47,25 @@ def maxpool_forward_kernel(x, out, argmax, kernel, stride, pad, local):
         argmax[n, c, oh, ow] = best_index
 
 
+@cuda.jit(device=True)
+def _covering_windows(e, dx, dout, kernel, stride, pad):
+    """Element e of dx as (n, c, h, w), and the output windows covering it: rows oh_lo..oh_hi, columns
+    ow_lo..ow_hi (window oh covers h when oh·stride − pad <= h < oh·stride − pad + kernel). What every
+    pooling backward gathers over."""
+    C, H, W = dx.shape[1], dx.shape[2], dx.shape[3]
+    plane = e // (H * W)
+    hw = e - plane * (H * W)
+    n = plane // C
+    c = plane - n * C
+    h = hw // W
+    w = hw - h * W
+    oh_lo = max(0, (h + pad - kernel + stride) // stride)
+    oh_hi = min(dout.shape[2] - 1, (h + pad) // stride)
+    ow_lo = max(0, (w + pad - kernel + stride) // stride)
+    ow_hi = min(dout.shape[3] - 1, (w + pad) // stride)
+    return n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi
+
+
 @cuda.jit
 def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad):
     """dx[h, w] = Σ dout over the windows covering (h, w) whose winner (argmax = h·W + w) is this pixel.
@@ -59,24 +78,12 @@ def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad):
     """
     e = cuda.grid(1)
     N, C, H, W = dx.shape
-    OH = dout.shape[2]
-    OW = dout.shape[3]
     if e < N * C * H * W:
-        plane = e // (H * W)
-        hw = e - plane * (H * W)
-        n = plane // C
-        c = plane - n * C
-        h = hw // W
-        w = hw - h * W
-        # Windows oh cover h when oh·stride − pad <= h < oh·stride − pad + kernel.
-        oh_lo = max(0, (h + pad - kernel + stride) // stride)
-        oh_hi = min(OH - 1, (h + pad) // stride)
-        ow_lo = max(0, (w + pad - kernel + stride) // stride)
-        ow_hi = min(OW - 1, (w + pad) // stride)
+        n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi = _covering_windows(e, dx, dout, kernel, stride, pad)
         acc = float32(0.0)
         for oh in range(oh_lo, oh_hi + 1):
             for ow in range(ow_lo, ow_hi + 1):
-                if argmax[n, c, oh, ow] == hw:
+                if argmax[n, c, oh, ow] == h * W + w:
                     acc += dout[n, c, oh, ow]
         dx[n, c, h, w] = acc
 
@@ -87,19 +94,8 @@ def maxpool_backward_local_kernel(dout, argmax, dx, kernel, stride, pad):
     window (oh, ow) picked this pixel when its place is (h − oh·stride + pad)·kernel + (w − ow·stride + pad)."""
     e = cuda.grid(1)
     N, C, H, W = dx.shape
-    OH = dout.shape[2]
-    OW = dout.shape[3]
     if e < N * C * H * W:
-        plane = e // (H * W)
-        hw = e - plane * (H * W)
-        n = plane // C
-        c = plane - n * C
-        h = hw // W
-        w = hw - h * W
-        oh_lo = max(0, (h + pad - kernel + stride) // stride)
-        oh_hi = min(OH - 1, (h + pad) // stride)
-        ow_lo = max(0, (w + pad - kernel + stride) // stride)
-        ow_hi = min(OW - 1, (w + pad) // stride)
+        n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi = _covering_windows(e, dx, dout, kernel, stride, pad)
         acc = float32(0.0)
         for oh in range(oh_lo, oh_hi + 1):
             row = (h - oh * stride + pad) * kernel + w + pad
@@ -140,20 +136,8 @@ def avgpool_backward_kernel(dout, dx, kernel, stride, pad):
     """dx[h, w] = Σ over the windows covering (h, w) of dout / kernel²: a gather, one thread per dx element."""
     e = cuda.grid(1)
     N, C, H, W = dx.shape
-    OH = dout.shape[2]
-    OW = dout.shape[3]
     if e < N * C * H * W:
-        plane = e // (H * W)
-        hw = e - plane * (H * W)
-        n = plane // C
-        c = plane - n * C
-        h = hw // W
-        w = hw - h * W
-        # Windows oh cover h when oh·stride − pad <= h < oh·stride − pad + kernel.
-        oh_lo = max(0, (h + pad - kernel + stride) // stride)
-        oh_hi = min(OH - 1, (h + pad) // stride)
-        ow_lo = max(0, (w + pad - kernel + stride) // stride)
-        ow_hi = min(OW - 1, (w + pad) // stride)
+        n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi = _covering_windows(e, dx, dout, kernel, stride, pad)
         acc = float32(0.0)
         for oh in range(oh_lo, oh_hi + 1):
             for ow in range(ow_lo, ow_hi + 1):
