@@ -27,8 +27,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -75,38 +73,32 @@ def graph_timer(backend: Any, copies: int) -> Any:
 
 def profile_step(model: str, options: dict[str, Any], image: int, batch: int, backend: Any, copies: int,
                  repeat: int) -> dict[str, Any]:
-    from engine.backend import counting_backend
-    from engine.bench.cuda_launches import counted_step
-    from engine.bench.cuda_timing import _launch_key, _materialize
-    from engine.bench.roofline import DEVICES, launch_cost
-    from kernels.cuda._launch import launch as run_launch
+    """``engine.bench.cuda_timing.time_step_kernels`` with the graph timer, summed by kernel."""
+    from engine.bench.cuda_timing import time_step_kernels
+    from engine.bench.roofline import DEVICES
 
-    _, launches = counted_step(model, batch, counting_backend(), image, **options)
-    distinct: dict[tuple[Any, ...], list[Any]] = {}
-    for launch in launches:
-        distinct.setdefault(_launch_key(launch), [launch, 0])[1] += 1
     timed = graph_timer(backend, copies)
-    rng = np.random.default_rng(0)
-    roof = DEVICES[1]  # H100 SXM5: the roofline table's GPU (the H200 has the same fp32 peak)
+    roof = DEVICES[1].name  # H100 SXM5: the roofline table's GPU (the H200 has the same fp32 peak)
+    rows = time_step_kernels(model, batch, backend, image_size=image, measure=lambda call: timed(call, repeat),
+                             **options)
     by_kernel: dict[str, dict[str, float]] = defaultdict(lambda: {"launches": 0, "ms": 0.0, "roofline_ms": 0.0})
-    for launch, count in distinct.values():
-        args = [_materialize(a, backend.xp, rng) for a in launch.args]
-        ms = timed(lambda launch=launch, args=args: run_launch(launch.function, launch.blocks, launch.threads,
-                                                                  *args), repeat)
-        row = by_kernel[launch.kernel]
-        row["launches"] += count
-        row["ms"] += ms * count
-        row["roofline_ms"] += launch_cost(launch).seconds(roof) * 1e3 * count
-    rows = sorted(({"kernel": k, **v} for k, v in by_kernel.items()), key=lambda r: -r["ms"])
-    return {"model": model, "options": options, "image_size": image, "batch": batch, "launches": len(launches),
-            "distinct_launches": len(distinct), "step_kernel_ms": sum(r["ms"] for r in rows),
-            "step_roofline_ms": sum(r["roofline_ms"] for r in rows), "roofline_device": roof.name, "kernels": rows}
+    for row in rows:
+        total = by_kernel[row.kernel]
+        total["launches"] += row.per_step
+        total["ms"] += row.ms * row.per_step
+        total["roofline_ms"] += row.roofline_ms[roof] * row.per_step
+    kernels = sorted(({"kernel": k, **v} for k, v in by_kernel.items()), key=lambda r: -r["ms"])
+    return {"model": model, "options": options, "image_size": image, "batch": batch,
+            "launches": sum(r.per_step for r in rows), "distinct_launches": len(rows),
+            "step_kernel_ms": sum(r["ms"] for r in kernels), "step_roofline_ms": sum(r["roofline_ms"] for r in kernels),
+            "roofline_device": roof, "kernels": kernels}
 
 
-def render(result: dict[str, Any], top: int) -> str:
+def render(result: dict[str, Any], top: int, dry: bool = False) -> str:
+    timing = "simulator wall time" if dry else "graph-timed"
     lines = [f"{result['model']} {result['options'] or ''} {result['image_size']}x{result['image_size']} "
              f"batch {result['batch']}: {result['launches']} launches ({result['distinct_launches']} distinct), "
-             f"kernels {result['step_kernel_ms']:.2f} ms a step (graph-timed), roofline "
+             f"kernels {result['step_kernel_ms']:.2f} ms a step ({timing}), roofline "
              f"{result['step_roofline_ms']:.2f} ms ({result['roofline_device']})",
              "| kernel | launches | ms a step | share | roofline ms |", "|---|---|---|---|---|"]
     total = result["step_kernel_ms"] or 1.0
@@ -139,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                       "error": f"{type(error).__name__}: {error}"}
             print(f"{model} {image}: failed: {result['error']}", flush=True)
         else:
-            print(render(result, options.top), flush=True)
+            print(render(result, options.top, options.dry), flush=True)
         result["seconds"] = time.perf_counter() - start
         results.append(result)
     if options.output:

@@ -200,7 +200,8 @@ def markdown(report: dict[str, Any]) -> str:
         if p.get("error"):
             lines += ["", f"Kernel profile {name}: failed ({p['error']})"]
             continue
-        lines += ["", f"Kernel profile {name} (benchmarks/gpu_kernel_profile.py, graph-timed): {p['launches']} "
+        lines += ["", f"Kernel profile {name} (benchmarks/gpu_kernel_profile.py, "
+                      f"{'simulator wall time' if report['dry'] else 'graph-timed'}): {p['launches']} "
                       f"launches, {_f(p['step_kernel_ms'], 2)} ms of kernels a step, roofline "
                       f"{_f(p['step_roofline_ms'], 2)} ms", "", "| kernel | launches | ms a step | roofline ms |",
                   "|---|---|---|---|"]

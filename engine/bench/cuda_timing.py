@@ -100,9 +100,13 @@ def time_step_kernels(
     repeat: int = 5,
     image_size: int = 32,
     progress: Any = None,
+    measure: Any = None,
     **model_options: Any,
 ) -> list[KernelTiming]:
-    """Replay every distinct launch of one training step of ``model`` on ``backend`` and time it."""
+    """Replay every distinct launch of one training step of ``model`` on ``backend`` and time it.
+
+    ``measure(call)``, when given, returns the launch's ms itself (``benchmarks/gpu_kernel_profile.py``
+    times launches inside a CUDA graph); by default one evented launch, the best of ``repeat``."""
     from engine.backend import counting_backend
     from kernels.cuda._launch import launch as run_launch
 
@@ -121,9 +125,12 @@ def time_step_kernels(
         def call(launch: Launch = launch, args: list[Any] = args) -> None:
             run_launch(launch.function, launch.blocks, launch.threads, *args)
 
-        if backend.name == "cuda":
-            timed(call)  # compiles on the first launch (the simulator compiles nothing)
-        ms = min(timed(call) for _ in range(max(1, repeat)))
+        if measure is not None:
+            ms = measure(call)
+        else:
+            if backend.name == "cuda":
+                timed(call)  # compiles on the first launch (the simulator compiles nothing)
+            ms = min(timed(call) for _ in range(max(1, repeat)))
         cost = launch_cost(launch)
         rows.append(KernelTiming(model, batch, launch.kernel, cost.shape, count, ms,
                                  {d.name: cost.seconds(d) * 1e3 for d in DEVICES}))
