@@ -407,7 +407,7 @@ def _expected_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for node in graph.nodes:
         for spec in (*node.layer.parameter_specs(), *node.layer.buffer_specs()):
-            shapes[f"{node.name}.{spec.name}"] = tuple(spec.shape)
+            shapes[node.layer.tensor_key(node.name, spec.name)] = tuple(spec.shape)
     return shapes
 
 
@@ -480,7 +480,7 @@ def classifier_keys(net: Any) -> list[str]:
     for node in reversed(net.graph.nodes):
         specs = node.layer.parameter_specs()
         if specs:
-            return [f"{node.name}.{spec.name}" for spec in specs]
+            return [node.layer.tensor_key(node.name, spec.name) for spec in specs]
     return []
 
 

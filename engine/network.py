@@ -60,6 +60,7 @@ import numpy as np
 
 from engine.backend import ComputeBackend
 from engine.graph import Graph, Node
+from engine.layers.chunked import ChunkedConvBN, fuse_chunkable
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
@@ -180,10 +181,15 @@ class Network:
         seed: int = 0,
         name: str = "network",
         workspace_mode: str = "enabled",
+        chunkable: bool = True,
     ) -> None:
-        """``workspace_mode`` "enabled" uses workspaces; "none" gives every tensor its own allocation."""
+        """``workspace_mode`` "enabled" uses workspaces; "none" gives every tensor its own allocation.
+        ``chunkable``: the graph's conv → batch norm → activation → max-pool chains on large planes run as one
+        layer over chunks of images (``engine.layers.chunked``), where the backend has its kernels."""
         if workspace_mode not in ("enabled", "none"):
             raise ValueError(f"workspace_mode must be 'enabled' or 'none', got {workspace_mode!r}")
+        if chunkable and "batchnorm_chunk_apply" in backend.kernels:
+            graph = fuse_chunkable(graph)
         self.graph = graph
         self.backend = backend
         self.name = name
@@ -214,8 +220,9 @@ class Network:
 
         parameter_specs, buffer_specs = [], []
         for node in graph.nodes:
-            parameter_specs += [(f"{node.name}.{p.name}", tuple(p.shape)) for p in node.layer.parameter_specs()]
-            buffer_specs += [(f"{node.name}.{b.name}", tuple(b.shape)) for b in node.layer.buffer_specs()]
+            key = node.layer.tensor_key
+            parameter_specs += [(key(node.name, p.name), tuple(p.shape)) for p in node.layer.parameter_specs()]
+            buffer_specs += [(key(node.name, b.name), tuple(b.shape)) for b in node.layer.buffer_specs()]
         # Tracked by the manager, so memory dumps and the monitor count them.
         self.parameters = ContiguousBlock(backend, ArrayType.PARAMETERS, parameter_specs, manager=self.mgr)
         self.gradients = ContiguousBlock(backend, ArrayType.GRADIENTS, parameter_specs, manager=self.mgr)
@@ -227,8 +234,8 @@ class Network:
         self.rng = np.random.default_rng([seed, 1])  # dropout masks; checkpoint rng.bit_generator.state
         for node in graph.nodes:
             layer = node.layer
-            own = {p.name: f"{node.name}.{p.name}" for p in layer.parameter_specs()}
-            own_buffers = {b.name: f"{node.name}.{b.name}" for b in layer.buffer_specs()}
+            own = {p.name: node.layer.tensor_key(node.name, p.name) for p in layer.parameter_specs()}
+            own_buffers = {b.name: node.layer.tensor_key(node.name, b.name) for b in layer.buffer_specs()}
             layer.bind(
                 backend,
                 self.mgr,
@@ -263,7 +270,7 @@ class Network:
         offsets = self.parameters.offsets
         slices = {}
         for node in self.graph.nodes:
-            keys = [f"{node.name}.{p.name}" for p in node.layer.parameter_specs()]
+            keys = [node.layer.tensor_key(node.name, p.name) for p in node.layer.parameter_specs()]
             if keys:
                 slices[node.index] = (offsets[keys[0]][0], offsets[keys[-1]][1])
         return slices
@@ -286,18 +293,40 @@ class Network:
             raise RuntimeError(f"{self.name}: the gradient storage changes between iterations only")
         if storage == self.gradient_storage:
             return
-        specs = [(f"{node.name}.{p.name}", tuple(p.shape)) for node in self.graph.nodes
+        specs = [(node.layer.tensor_key(node.name, p.name), tuple(p.shape)) for node in self.graph.nodes
                  for p in node.layer.parameter_specs()]
         block = ContiguousBlock(self.backend, ArrayType.GRADIENTS, specs if storage == "whole" else [],
                                 manager=self.mgr)
         self.mgr.untrack_block(self.gradients)
         self.gradients = block
         for node in self.graph.nodes:  # per layer: bound to the moment's buffer by each backward (_execute)
-            node.layer.grads = {p.name: block.views[f"{node.name}.{p.name}"]
+            node.layer.grads = {p.name: block.views[node.layer.tensor_key(node.name, p.name)]
                                 for p in node.layer.parameter_specs()} if storage == "whole" else {}
         self.gradient_storage = storage
         if self.arena is not None:
             self.arena.forget_plans()
+
+    @property
+    def chunked(self) -> list[Node]:
+        """The nodes that run their batch in chunks (``ChunkedConvBN``), in graph order."""
+        return [node for node in self.graph.nodes if isinstance(node.layer, ChunkedConvBN)]
+
+    def set_recomputed(self, names: Iterable[str]) -> None:
+        """Chunked nodes of ``names`` recompute their chunks in backward; the others keep their batch norm's
+        output (``ChunkedConvBN.mode``). The same bits either way; the programs are compiled again."""
+        if self._scope is not None:
+            raise RuntimeError(f"{self.name}: what the chunked layers keep changes between iterations only")
+        names = set(names)
+        unknown = names - {node.name for node in self.chunked}
+        if unknown:
+            raise ValueError(f"{self.name}: no chunked layer named {', '.join(sorted(unknown))}")
+        for node in self.chunked:
+            node.layer.mode = "recompute" if node.name in names else "keep"
+        self._programs.clear()
+        if self.arena is not None:
+            self.arena.forget_plans()
+        if self.inference_arena is not None:
+            self.inference_arena.forget_plans()
 
     def _parameter_gradients(self, step: Step, mgr: WorkspaceManager) -> Any:
         """The 1-D gradients of the node a backward step runs (None: it has no parameters). Per layer: the
@@ -312,7 +341,7 @@ class Network:
         node = self.graph.nodes[step.node]
         views = {}
         for p in node.layer.parameter_specs():
-            lo, hi = self.parameters.offsets[f"{node.name}.{p.name}"]
+            lo, hi = self.parameters.offsets[node.layer.tensor_key(node.name, p.name)]
             views[p.name] = flat[lo - span[0]:hi - span[0]].reshape(tuple(p.shape))
         node.layer.grads = views
         return flat
@@ -507,13 +536,14 @@ class Network:
         for node in self.graph.nodes:
             layer = node.layer
             for spec in layer.parameter_specs():
-                key = f"{node.name}.{spec.name}"
+                key = node.layer.tensor_key(node.name, spec.name)
                 state[key] = np.array(self.backend.to_host(self.parameters.views[key]), dtype=np.float32)
             for spec in layer.buffer_specs():
-                key = f"{node.name}.{spec.name}"
+                key = node.layer.tensor_key(node.name, spec.name)
                 state[key] = np.array(self.backend.to_host(self.buffers.views[key]), dtype=np.float32)
             if hasattr(layer, "num_batches_tracked"):
-                state[f"{node.name}.num_batches_tracked"] = np.array(layer.num_batches_tracked, dtype=np.int64)
+                key = layer.tensor_key(node.name, "num_batches_tracked")
+                state[key] = np.array(layer.num_batches_tracked, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> LoadResult:
@@ -525,13 +555,13 @@ class Network:
         for node in self.graph.nodes:
             layer = node.layer
             for spec in layer.parameter_specs():
-                key = f"{node.name}.{spec.name}"
+                key = node.layer.tensor_key(node.name, spec.name)
                 targets[key] = self.parameters.views[key]
             for spec in layer.buffer_specs():
-                key = f"{node.name}.{spec.name}"
+                key = node.layer.tensor_key(node.name, spec.name)
                 targets[key] = self.buffers.views[key]
             if hasattr(layer, "num_batches_tracked"):
-                counters[f"{node.name}.num_batches_tracked"] = layer
+                counters[node.layer.tensor_key(node.name, "num_batches_tracked")] = layer
         missing = [k for k in targets if k not in state]
         unexpected = [k for k in state if k not in targets and k not in counters]
         mismatched = []

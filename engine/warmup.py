@@ -93,6 +93,9 @@ LAYER_OPS: dict[str, tuple[str, ...]] = {
     "AvgPool2d": ("avgpool2d_forward", "avgpool2d_backward"),
     "GlobalAvgPool": ("global_avgpool_forward", "global_avgpool_backward"),
     "Flatten": (),
+    # its conv, activation and pool are listed as theirs (model_jobs walks a layer's parts)
+    "ChunkedConvBN": ("batchnorm_chunk_statistics", "batchnorm_chunk_finish", "batchnorm_chunk_apply",
+                      "batchnorm_chunk_gradient_sums", "batchnorm_chunk_dx", "batchnorm_forward_infer"),
 }
 """Table ops each layer type calls (conv is listed per shape by ``conv_jobs``). A layer type not
 listed here makes ``model_jobs`` warm every non-conv op: slower, never wrong."""
@@ -151,9 +154,10 @@ def model_jobs(graph: Any, optimizer: str = "sgd") -> list[Job]:
         ops.append(OPTIMIZER_OPS[optimizer])
     else:
         ops += list(OPTIMIZER_OPS.values())
-    for node in graph.nodes:
-        layer = node.layer
+    for node, layer in ((n, part) for n in graph.nodes for part in (n.layer, *getattr(n.layer, "parts", ()))):
         kind = type(layer).__name__
+        if kind == "BatchNorm2d" and layer is not node.layer:
+            continue  # a part of a ChunkedConvBN: its batch norm runs the chunk kernels, listed as the node's
         if kind == "Conv2d":
             k, r = layer.out_channels, layer.kernel_size
             w_shape = (k, layer.in_channels // layer.groups, r, r)
@@ -274,6 +278,17 @@ TINY_ARGS: dict[str, Callable[[], tuple]] = {
         np.empty(_C, np.float32),
         np.empty(_C, np.float32),
     ),
+    "batchnorm_chunk_statistics": lambda: (_f32(*_X), np.zeros((_C, 3)), True),
+    "batchnorm_chunk_finish": lambda: (
+        np.ones((_C, 3)), 32, np.ones(_C, np.float32), np.zeros(_C, np.float32), np.zeros(_C, np.float32),
+        np.ones(_C, np.float32), np.empty((_C, 2)), np.empty(_C, np.float32), 0.1, 1e-5,
+    ),
+    "batchnorm_chunk_apply": lambda: (_f32(*_X), np.ones((_C, 2)), "relu", np.empty(_X, np.float32),
+                                      np.empty(_X, np.float32)),
+    "batchnorm_chunk_gradient_sums": lambda: (_f32(*_X), _f32(*_X), np.ones(_C, np.float32),
+                                              np.zeros(_C, np.float32), np.zeros((_C, 2)), True),
+    "batchnorm_chunk_dx": lambda: (_f32(*_X), _f32(*_X), np.ones(_C, np.float32), np.zeros(_C, np.float32),
+                                   np.ones(_C, np.float32), np.zeros((_C, 2)), 32, np.empty(_X, np.float32)),
     "softmax_xent_forward": lambda: (
         np.zeros((2, 3), np.float32),
         np.zeros(2, np.int64),

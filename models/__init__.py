@@ -111,7 +111,7 @@ def tensor_names() -> dict[str, set[str]]:
     names: dict[str, set[str]] = {}
     for model, graph_fn in GRAPHS.items():
         graph = graph_fn(num_classes=10)
-        names[model] = {f"{node.name}.{spec.name}" for node in graph.nodes
+        names[model] = {node.layer.tensor_key(node.name, spec.name) for node in graph.nodes
                         for spec in (*node.layer.parameter_specs(), *node.layer.buffer_specs())}
     return names
 

@@ -127,6 +127,13 @@ class Layer:
 
     # ---- wiring ----------------------------------------------------------------------------------
 
+    def tensor_key(self, node_name: str, name: str) -> str:
+        """The full name (state dicts, the parameter blocks) of this layer's tensor ``name`` in node ``node_name``.
+
+        A layer that stands for several (``engine.layers.chunked.ChunkedConvBN``) declares full names and
+        answers them as they are, so checkpoints keep torchvision's names whichever layers run them."""
+        return f"{node_name}.{name}"
+
     def bind(self, backend: ComputeBackend, mgr: WorkspaceManager, params: dict[str, Any], grads: dict[str, Any],
              buffers: dict[str, Any]) -> None:
         """Attach the backend, the workspace manager and this layer's views into the network's blocks."""

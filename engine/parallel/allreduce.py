@@ -40,7 +40,7 @@ def node_ranges(net: Any) -> list[tuple[int, int, int]]:
     ranges = []
     offsets = net.gradients.offsets
     for node in net.graph.nodes:
-        mine = [offsets[f"{node.name}.{spec.name}"] for spec in node.layer.parameter_specs()]
+        mine = [offsets[node.layer.tensor_key(node.name, spec.name)] for spec in node.layer.parameter_specs()]
         if mine:
             ranges.append((node.index, min(lo for lo, _ in mine), max(hi for _, hi in mine)))
     return ranges

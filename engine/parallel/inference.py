@@ -80,8 +80,10 @@ def share_parameters(master: Any, replica: Any) -> None:
         raise ValueError("net_factory must build the same network every time (the parameter shapes differ)")
     for node in replica.graph.nodes:
         layer = node.layer
-        params = {spec.name: master.parameters.views[f"{node.name}.{spec.name}"] for spec in layer.parameter_specs()}
-        buffers = {spec.name: master.buffers.views[f"{node.name}.{spec.name}"] for spec in layer.buffer_specs()}
+        params = {spec.name: master.parameters.views[layer.tensor_key(node.name, spec.name)]
+                  for spec in layer.parameter_specs()}
+        buffers = {spec.name: master.buffers.views[layer.tensor_key(node.name, spec.name)]
+                   for spec in layer.buffer_specs()}
         layer.bind(replica.backend, replica.inference_mgr, params, layer.grads, buffers)
     replica.parameters, replica.buffers = master.parameters, master.buffers
 

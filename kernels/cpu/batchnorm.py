@@ -252,3 +252,205 @@ def batchnorm_forward_train_workspace_size(x_shape: tuple[int, ...]) -> int:
 def batchnorm_backward_from_output_workspace_size(x_shape: tuple[int, ...]) -> int:
     """float32 elements of backward's scratch: none on the CPU (the CUDA kernels keep partial sums in it)."""
     return 0
+
+
+# ---- batch norm in chunks of images (engine/layers/chunked.py) ------------------------------------
+#
+# A layer that runs its batch a few images at a time (``ChunkedConvBN``) cannot see the whole batch at
+# once, so its statistics are sums carried from one call to the next: each call continues the sums of
+# the previous one, over its images in order. The carried value is what a single call over the whole
+# batch would hold at that image boundary (each image's plane is summed into the running scalar; the
+# lanes ``reassoc`` allows stay inside a plane), so any split of the batch into calls gives the same bits
+# (``tests/kernels/test_batchnorm_chunks.py``). The statistics take one pass: sums of x − K and
+# (x − K)² in float64, K a value of the channel (its first), so that the mean is known only after every
+# chunk and no second pass over the values is needed (a chunked layer recomputes its chunks to pass over
+# them again: a second pass would cost a second recomputation). With K inside the channel's range,
+# float64 sums of float32 values lose nothing a float32 result can show: the error of the variance is
+# about 1e-16 · (1 + (mean − K)² / var) relative.
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _shifted_sums(x, c, shift, s1, s2):
+    """(s1 + Σ (x − shift), s2 + Σ (x − shift)²) over x[:, c, :], continuing the given sums."""
+    for n in range(x.shape[0]):
+        row = x[n, c]
+        for i in range(x.shape[2]):
+            d = row[i] - shift
+            s1 += d
+            s2 += d * d
+    return s1, s2
+
+
+@njit(cache=True, nogil=True)
+def _chunk_statistics(x, sums, first, lo, hi):
+    for c in range(lo, hi):
+        if first:
+            sums[c, 0] = x[0, c, 0]  # K: a value of the channel
+            sums[c, 1] = 0.0
+            sums[c, 2] = 0.0
+        ch = np.int64(c)
+        s1, s2 = _shifted_sums(x, ch, sums[c, 0], sums[c, 1], sums[c, 2])
+        sums[c, 1] = s1
+        sums[c, 2] = s2
+
+
+@njit(cache=True, nogil=True)
+def _chunk_finish(sums, count, gamma, beta, running_mean, running_var, scale_shift, save_invstd, momentum, eps):
+    for c in range(sums.shape[0]):
+        s1 = sums[c, 1]
+        mean_shifted = s1 / count
+        mean = sums[c, 0] + mean_shifted
+        squares = max(sums[c, 2] - s1 * mean_shifted, 0.0)
+        var = squares / count
+        invstd = 1.0 / math.sqrt(var + eps)
+        scale = _safe_gamma(gamma[c]) * invstd
+        scale_shift[c, 0] = scale
+        scale_shift[c, 1] = beta[c] - mean * scale
+        save_invstd[c] = invstd
+        running_mean[c] = (1.0 - momentum) * running_mean[c] + momentum * mean
+        running_var[c] = (1.0 - momentum) * running_var[c] + momentum * (squares / (count - 1))
+
+
+@njit(cache=True, nogil=True)
+def _chunk_apply(z, scale_shift, act, y, out, lo, hi):
+    """y = z·scale + shift (when y has images), out = act(that); act 0 none, 1 ReLU, 2 ReLU6."""
+    N, C, area = z.shape
+    keep = y.shape[0] > 0
+    for c in range(lo, hi):
+        scale = scale_shift[c, 0]
+        shift = scale_shift[c, 1]
+        for n in range(N):
+            for i in range(area):
+                v = np.float32(z[n, c, i] * scale + shift)
+                if keep:
+                    y[n, c, i] = v
+                if act == 1:
+                    v = max(v, np.float32(0.0))
+                elif act == 2:
+                    v = min(max(v, np.float32(0.0)), np.float32(6.0))
+                out[n, c, i] = v
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _gradient_sums_from(y, dy, c, b, inv_g, s1, s2):
+    """``_channel_gradient_sums`` continuing the given sums."""
+    for n in range(y.shape[0]):
+        g = dy[n, c]
+        v = y[n, c]
+        for i in range(y.shape[2]):
+            d = np.float64(g[i])
+            s1 += d
+            s2 += d * ((v[i] - b) * inv_g)
+    return s1, s2
+
+
+@njit(cache=True, nogil=True)
+def _chunk_gradient_sums(y, dy, gamma, beta, sums, first, lo, hi):
+    for c in range(lo, hi):
+        if first:
+            sums[c, 0] = 0.0
+            sums[c, 1] = 0.0
+        ch = np.int64(c)
+        g = np.float64(_safe_gamma(gamma[c]))
+        s1, s2 = _gradient_sums_from(y, dy, ch, np.float64(beta[c]), 1.0 / g, sums[c, 0], sums[c, 1])
+        sums[c, 0] = s1
+        sums[c, 1] = s2
+
+
+@njit(cache=True, nogil=True)
+def _chunk_dx(y, dy, gamma, beta, save_invstd, sums, count, dx, lo, hi):
+    N, C, area = y.shape
+    for c in range(lo, hi):
+        g = np.float64(_safe_gamma(gamma[c]))
+        inv_g = 1.0 / g
+        b = np.float64(beta[c])
+        k = g * np.float64(save_invstd[c])
+        mean_dy = sums[c, 0] / count
+        mean_dy_xhat = sums[c, 1] / count
+        for n in range(N):
+            for i in range(area):
+                xhat = (y[n, c, i] - b) * inv_g
+                dx[n, c, i] = k * (dy[n, c, i] - mean_dy - xhat * mean_dy_xhat)
+
+
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
+
+
+def _sums_array(op: str, sums: np.ndarray, C: int, width: int) -> None:
+    if not isinstance(sums, np.ndarray) or sums.dtype != np.float64 or sums.shape != (C, width) \
+            or not sums.flags.c_contiguous:
+        raise ValueError(f"{op}: sums must be a C-contiguous float64 array of shape ({C}, {width})")
+
+
+def batchnorm_chunk_statistics(x: np.ndarray, sums: np.ndarray, first: bool) -> None:
+    """Carry the batch statistics over the images of ``x``: ``sums[c] = (K, Σ (x − K), Σ (x − K)²)`` in
+    float64, K the channel's first value (set, with the sums reset, when ``first``). Calls over the
+    batch's images in order give the bits of one call over the whole batch."""
+    op = "batchnorm_chunk_statistics"
+    N, C, area = _channels(op, x)
+    _sums_array(op, sums, C, 3)
+    x3 = x.reshape(N, C, area)
+    _over_channels(_chunk_statistics, x3, x3, sums, bool(first))
+
+
+def batchnorm_chunk_finish(sums: np.ndarray, count: int, gamma: np.ndarray, beta: np.ndarray,
+                           running_mean: np.ndarray, running_var: np.ndarray, scale_shift: np.ndarray,
+                           save_invstd: np.ndarray, momentum: float, eps: float) -> None:
+    """From the carried sums of ``count`` values per channel: ``scale_shift[c] = (γ/σ, β − μγ/σ)`` (float64),
+    1/σ into ``save_invstd``, the running statistics moved (unbiased variance), as ``batchnorm_forward_train``."""
+    op = "batchnorm_chunk_finish"
+    C = gamma.shape[0]
+    _sums_array(op, sums, C, 3)
+    _sums_array(op, scale_shift, C, 2)
+    if int(count) < 2:
+        raise ValueError(f"{op}: training needs more than one value per channel, got {count}")
+    for name, array in [("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var),
+                        ("save_invstd", save_invstd)]:  # fmt: skip
+        check_array(op, name, array, (C,))
+    _chunk_finish(sums, int(count), gamma, beta, running_mean, running_var, scale_shift, save_invstd,
+                  float(momentum), float(eps))
+
+
+def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: str | None, y: np.ndarray | None,
+                          out: np.ndarray) -> None:
+    """y = z·scale + shift per channel (float64 arithmetic, as ``batchnorm_forward_train``), written to ``y``
+    unless None, and ``out`` = activation(y) (None, "relu" or "relu6"); ``y`` and ``out`` may be ``z``."""
+    op = "batchnorm_chunk_apply"
+    N, C, area = _channels(op, z)
+    _sums_array(op, scale_shift, C, 2)
+    check_array(op, "out", out, z.shape)
+    if y is not None:
+        check_array(op, "y", y, z.shape)
+    z3 = z.reshape(N, C, area)
+    y3 = np.empty((0, C, area), np.float32) if y is None else y.reshape(N, C, area)
+    _over_channels(_chunk_apply, z3, z3, scale_shift, _ACTIVATIONS[activation], y3, out.reshape(N, C, area))
+
+
+def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                                  sums: np.ndarray, first: bool) -> None:
+    """Carry (Σ dy, Σ dy·x̂) over the images of ``y`` (the forward's output, x̂ = (y − β)/γ) into ``sums``
+    (C × 2 float64; reset when ``first``): calls in image order give the bits of one call."""
+    op = "batchnorm_chunk_gradient_sums"
+    N, C, area = _channels(op, y)
+    check_array(op, "dy", dy, y.shape)
+    _sums_array(op, sums, C, 2)
+    for name, array in [("gamma", gamma), ("beta", beta)]:
+        check_array(op, name, array, (C,))
+    y3 = y.reshape(N, C, area)
+    _over_channels(_chunk_gradient_sums, y3, y3, dy.reshape(N, C, area), gamma, beta, sums, bool(first))
+
+
+def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray, save_invstd: np.ndarray,
+                       sums: np.ndarray, count: int, dx: np.ndarray) -> None:
+    """dx of the images of ``y`` from the finished gradient sums over ``count`` values per channel, with
+    ``batchnorm_backward_from_output``'s arithmetic; ``dx`` may be ``dy``."""
+    op = "batchnorm_chunk_dx"
+    N, C, area = _channels(op, y)
+    check_array(op, "dy", dy, y.shape)
+    check_array(op, "dx", dx, y.shape)
+    _sums_array(op, sums, C, 2)
+    for name, array in [("gamma", gamma), ("beta", beta), ("save_invstd", save_invstd)]:
+        check_array(op, name, array, (C,))
+    y3 = y.reshape(N, C, area)
+    _over_channels(_chunk_dx, y3, y3, dy.reshape(N, C, area), gamma, beta, save_invstd, sums, int(count),
+                   dx.reshape(N, C, area))

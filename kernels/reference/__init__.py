@@ -49,6 +49,13 @@ FAMILY_NAMES: dict[str, tuple[str, ...]] = {
     "optim": ("sgd_update", "adam_update"),
 }
 
+OPTIONAL_NAMES: dict[str, tuple[str, ...]] = {
+    # batch norm over chunks of images (engine/layers/chunked.py): the CPU and the reference have them; a
+    # backend without them runs the separate layers (engine.layers.chunked.fuse_chunkable asks the table)
+    "batchnorm": ("batchnorm_chunk_statistics", "batchnorm_chunk_finish", "batchnorm_chunk_apply",
+                  "batchnorm_chunk_gradient_sums", "batchnorm_chunk_dx"),
+}
+
 
 def build_table(package: str) -> dict[str, Callable[..., Any]]:
     """Collect the table's functions from ``<package>.<family>``, and conv's once ``<package>.conv`` exists.
@@ -60,6 +67,7 @@ def build_table(package: str) -> dict[str, Callable[..., Any]]:
     for family, names in FAMILY_NAMES.items():
         module = importlib.import_module(f"{package}.{family}")
         table.update({name: getattr(module, name) for name in names})
+        table.update({name: getattr(module, name) for name in OPTIONAL_NAMES.get(family, ()) if hasattr(module, name)})
     try:
         conv = importlib.import_module(f"{package}.conv")
     except ModuleNotFoundError as exc:

@@ -134,3 +134,61 @@ def batchnorm_forward_train_workspace_size(x_shape: tuple[int, ...]) -> int:
 def batchnorm_backward_from_output_workspace_size(x_shape: tuple[int, ...]) -> int:
     """float32 elements of backward's scratch: none here (the CUDA kernels keep partial sums in it)."""
     return 0
+
+
+# ---- batch norm over chunks of images (kernels/cpu/batchnorm.py says what the sums are) ------------
+
+
+def batchnorm_chunk_statistics(x: np.ndarray, sums: np.ndarray, first: bool) -> None:
+    if first:
+        sums[:, 0] = x[0, :, 0, 0]
+        sums[:, 1:] = 0.0
+    d = x.astype(np.float64) - sums[None, :, 0, None, None]
+    sums[:, 1] += d.sum(axis=(0, 2, 3))
+    sums[:, 2] += (d * d).sum(axis=(0, 2, 3))
+
+
+def batchnorm_chunk_finish(sums: np.ndarray, count: int, gamma: np.ndarray, beta: np.ndarray,
+                           running_mean: np.ndarray, running_var: np.ndarray, scale_shift: np.ndarray,
+                           save_invstd: np.ndarray, momentum: float, eps: float) -> None:
+    shifted_mean = sums[:, 1] / count
+    mean = sums[:, 0] + shifted_mean
+    squares = np.maximum(sums[:, 2] - sums[:, 1] * shifted_mean, 0.0)
+    invstd = 1.0 / np.sqrt(squares / count + eps)
+    scale = safe_gamma(gamma).astype(np.float64) * invstd
+    scale_shift[:, 0] = scale
+    scale_shift[:, 1] = beta - mean * scale
+    save_invstd[...] = invstd
+    running_mean[...] = (1 - momentum) * running_mean + momentum * mean
+    running_var[...] = (1 - momentum) * running_var + momentum * squares / (count - 1)
+
+
+def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: str | None, y: np.ndarray | None,
+                          out: np.ndarray) -> None:
+    v = (z * scale_shift[None, :, 0, None, None] + scale_shift[None, :, 1, None, None]).astype(np.float32)
+    if y is not None:
+        y[...] = v
+    if activation == "relu":
+        v = np.maximum(v, np.float32(0))
+    elif activation == "relu6":
+        v = np.minimum(np.maximum(v, np.float32(0)), np.float32(6))
+    out[...] = v
+
+
+def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                                  sums: np.ndarray, first: bool) -> None:
+    if first:
+        sums[...] = 0.0
+    g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
+    xhat = (y.astype(np.float64) - beta.astype(np.float64)[None, :, None, None]) / g
+    d = dy.astype(np.float64)
+    sums[:, 0] += d.sum(axis=(0, 2, 3))
+    sums[:, 1] += (d * xhat).sum(axis=(0, 2, 3))
+
+
+def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray, save_invstd: np.ndarray,
+                       sums: np.ndarray, count: int, dx: np.ndarray) -> None:
+    g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
+    xhat = (y.astype(np.float64) - beta.astype(np.float64)[None, :, None, None]) / g
+    k = g * save_invstd.astype(np.float64)[None, :, None, None]
+    dx[...] = k * (dy - sums[None, :, 0, None, None] / count - xhat * sums[None, :, 1, None, None] / count)

@@ -1,0 +1,451 @@
+"""A convolution, its batch norm, its activation and a max-pool run a few images at a time (issue 30).
+
+Why: at ImageNet size the first layers make the largest tensors of a step. ResNet-18's stem at
+224×224, batch 32, makes three of 98 MiB (the conv's output, the batch norm's, the ReLU's) and keeps
+two for backward; MobileNetV2's second block makes 147 MiB ones. Offload moves what is *kept*, but
+the tensors of the moment itself stay, and they grow with the batch. Every op here but batch norm is
+per image, so a chunk of images is an ordinary call on fewer images; batch norm couples the batch
+and is the barrier: its statistics need every image before the first is normalized, and its
+backward needs Σdy and Σdy·x̂ over every image before the first dx.
+
+``ChunkedConvBN`` is one node of the graph that stands for conv → batch norm → [ReLU | ReLU6] →
+[MaxPool2d] (``fuse_chunkable`` rewrites a graph's eligible chains into it). Its batch is walked in
+chunks of ``CHUNK_IMAGES`` images, in order:
+
+* forward: pass 1 runs the conv on each chunk and carries the statistics' sums
+  (``batchnorm_chunk_statistics``: one pass, shifted float64 sums); the barrier finishes them; pass 2
+  normalizes, activates and pools each chunk into the output;
+* backward: pass 1 rebuilds each chunk's batch-norm output y and dy (the pool's and the activation's
+  backward) and carries (Σdy, Σdy·x̂); the barrier finishes them (β's and γ's gradients); pass 2
+  rebuilds y and dy again, takes batch norm's dx and runs the conv's backward on the chunk.
+
+Two modes, chosen by the plan (``mode``), **the same bits** in both:
+
+* ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the
+  separate layers kept their batch norm's output; backward rebuilds only the cheap parts
+  (activation, pool) from it. What is alive is what the separate layers had, less the activation's
+  output and the conv's output beside y;
+* ``"recompute"``: nothing but the input (the conv keeps it anyway) and 3·C statistics is kept; each
+  pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
+  (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards.
+
+**Exact for any mode, any offload, any batch split.** The weight gradient is the sum over chunks in
+order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₀; dw += W₁; …``);
+the statistics and the gradient sums are carried across calls at image boundaries; the conv's
+forward and backward-data are called on the same chunks in both modes. So recomputing a chunk
+gives the bits it had, and keep, recompute, offload on or off give the same weights
+(``tests/engine/test_chunked.py``). The chunk size is fixed (not chosen per run) because it is part
+of the arithmetic: a weight gradient summed over other chunks rounds differently.
+
+Why recompute rather than swap the waiting tensors (the issue's first sketch: the conv's output
+chunks wait at the barrier in the swap file): on this machine the disk reads 1.0–1.4 GiB/s
+(docs/offload.md), so ResNet-18's stem at batch 32 would move 98 MiB out and 3 × 98 MiB back per
+step (~0.3 s of disk), while the stem's conv forward on 8-image chunks takes ~87 ms: three of them
+cost about as much, with no IO threads competing for the two cores and nothing written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from engine.graph import INPUT_NAME, Graph, Node
+from engine.layers.activation import ReLU, ReLU6
+from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
+from engine.layers.batchnorm import BatchNorm2d
+from engine.layers.conv import Conv2d
+from engine.layers.pool import MaxPool2d
+from engine.memory import ArrayType, Tensor
+
+CHUNK_IMAGES = 8
+"""Images per chunk: part of the arithmetic (module docstring), so one value for every run. 8 keeps the
+conv calls large at the sizes that are chunked (8 × 64 × 112 × 112 outputs for ResNet-18's stem: the
+stem's forward 74.5 ms for 32 images in one call, 87.2 ms as four calls of 8; weight gradient 62.1 →
+68.0 ms; 64→64 3×3 @56: 28.9 → 30.0 ms), while a chunk's tensors are a quarter of batch 32's."""
+
+CHUNK_MIN_PIXELS = 56 * 56
+"""A chain is made chunkable when its conv's output plane has at least this many pixels: ImageNet's
+112×112 and 56×56 stages (where the large tensors are); never a CIFAR-size layer."""
+
+
+def _as_array(t: Any) -> np.ndarray:
+    return t.array if isinstance(t, Tensor) else t
+
+
+def _chunks(n: int) -> Iterator[tuple[int, int]]:
+    for a in range(0, n, CHUNK_IMAGES):
+        yield a, min(a + CHUNK_IMAGES, n)
+
+
+class _Carver:
+    """Views of one float32 scratch buffer, handed out in order (float64 first, for alignment)."""
+
+    def __init__(self, flat: np.ndarray | None) -> None:
+        self.flat = flat
+        self.used = 0  # float32 elements
+
+    @staticmethod
+    def elements(shape: Shape, dtype: Any) -> int:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return -(-nbytes // 16) * 4  # whole 16-byte units, so the next view stays aligned
+
+    def take(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        size = self.elements(shape, dtype)
+        assert self.flat is not None
+        view = self.flat[self.used:self.used + size].view(np.uint8)[:int(np.prod(shape)) * np.dtype(dtype).itemsize]
+        self.used += size
+        return view.view(dtype).reshape(shape)
+
+
+class ChunkedConvBN(Layer):
+    """conv → batch norm → [activation] → [max-pool] over chunks of images (module docstring)."""
+
+    keeps_input = True
+    input_gradients = InputGradients.NEW
+    qualified_names = True  # parameters keep the separate layers' names (conv1.weight, bn1.bias, ...)
+
+    def __init__(self, conv: Conv2d, bn: BatchNorm2d, act: ReLU | None = None, pool: MaxPool2d | None = None,
+                 mode: str = "keep") -> None:
+        super().__init__()
+        self.conv, self.bn, self.act, self.pool = conv, bn, act, pool
+        self.parts = [p for p in (conv, bn, act, pool) if p is not None]
+        self.activation = None if act is None else ("relu6" if isinstance(act, ReLU6) else "relu")
+        self.mode = mode
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        if mode not in ("keep", "recompute"):
+            raise ValueError(f"{self.describe()}: mode must be 'keep' or 'recompute', got {mode!r}")
+        self._mode = mode
+
+    # ---- declarations ------------------------------------------------------------------------------
+
+    def _qualified(self, layer: Layer, specs: list) -> list:
+        return [type(s)(f"{layer.name}.{s.name}", *[getattr(s, f) for f in s.__dataclass_fields__ if f != "name"])
+                for s in specs]
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        conv, bn = self.conv, self.bn
+        return self._qualified(conv, conv.parameter_specs()) + self._qualified(bn, bn.parameter_specs())
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        return self._qualified(self.bn, self.bn.buffer_specs())
+
+    def init_parameters(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        values = {f"{self.conv.name}.{k}": v for k, v in self.conv.init_parameters(rng).items()}
+        values.update({f"{self.bn.name}.{k}": v for k, v in self.bn.init_parameters(rng).items()})
+        return values
+
+    @property
+    def num_batches_tracked(self) -> int:
+        return self.bn.num_batches_tracked
+
+    @num_batches_tracked.setter
+    def num_batches_tracked(self, value: int) -> None:
+        self.bn.num_batches_tracked = value
+
+    def _shapes(self, x_shape: Shape) -> tuple[Shape, Shape]:
+        """(the conv's output shape, the layer's output shape)."""
+        z = self.conv.output_shape([tuple(x_shape)])
+        self.bn.output_shape([z])
+        return z, (self.pool.output_shape([z]) if self.pool is not None else z)
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        return self._shapes(input_shapes[0])[1]
+
+    def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        z, _ = self._shapes(input_shapes[0])
+        C = z[1]
+        specs = [SavedSpec("scale_shift", (C, 2), np.float64), SavedSpec("save_invstd", (C,))]
+        if self.mode == "keep":
+            specs.insert(0, SavedSpec("y", z))
+        return specs
+
+    def _chunk_shape(self, shape: Shape, n: int) -> Shape:
+        return (min(n, CHUNK_IMAGES), *shape[1:])
+
+    def _scratch_layout(self, x_shape: Shape, phase: str) -> list[tuple[str, Shape, Any]]:
+        """The views the scratch buffer is carved into, in order; ``phase`` "forward", "backward", "infer"."""
+        n = x_shape[0]
+        z, out = self._shapes(x_shape)
+        zc = self._chunk_shape(z, n)
+        C = z[1]
+        kernels = self.backend.kernels
+        geometry = [(self._chunk_shape(x_shape, m), self.conv.weight_shape, self.conv.stride, self.conv.padding,
+                     self.conv.groups) for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES}]
+        layout: list[tuple[str, Shape, Any]] = []
+        pooled = [("pooled", self._chunk_shape(out, n), np.float32),
+                  ("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype)] if self.pool is not None else []
+        if phase in ("forward", "infer"):
+            if phase == "forward":
+                layout.append(("sums", (C, 3), np.float64))
+            conv = max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry)
+            layout.append(("conv", (conv,), np.float32))
+            if phase == "infer" or self.mode == "recompute":
+                layout.append(("z", zc, np.float32))
+            if self.pool is not None:
+                if phase == "forward" and self.mode == "keep":
+                    layout.append(("a", zc, np.float32))
+                layout.append(("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype))
+        else:
+            layout.append(("sums", (C, 2), np.float64))
+            data = max(int(kernels.conv2d_backward_data_workspace_size(*g)) for g in geometry)
+            weight = max(int(kernels.conv2d_backward_weight_workspace_size(*g)) for g in geometry)
+            layout.append(("conv", (max(data, weight),), np.float32))
+            layout.append(("partial", (int(np.prod(self.conv.weight_shape)) + (z[1] if self.conv.has_bias else 0),),
+                           np.float32))
+            if self.mode == "recompute":
+                layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
+                               np.float32))
+                layout.append(("y", zc, np.float32))
+            layout.append(("d", zc, np.float32))
+            layout += pooled
+        return layout
+
+    def _scratch_elements(self, x_shape: Shape, phase: str) -> int:
+        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase))
+
+    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str) -> dict[str, np.ndarray]:
+        carver = _Carver(None if scratch is None else _as_array(scratch))
+        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase)}
+
+    def forward_scratch(self, input_shapes: list[Shape]) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "forward")
+
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
+
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "backward")
+
+    # ---- wiring ------------------------------------------------------------------------------------
+
+    def tensor_key(self, node_name: str, name: str) -> str:
+        return f"{self.bn.name}.{name}" if name == "num_batches_tracked" else name
+
+    def _share(self, kind: str, tensors: dict[str, Any]) -> None:
+        """Hand each part its own tensors of ``tensors`` (keyed by full name) under its short names."""
+        for part in getattr(self, "parts", ()):
+            prefix = f"{part.name}."
+            setattr(part, kind, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+
+    # params, grads and buffers are set by the network (bind, the gradient storage, each backward's
+    # per-layer gradients): the parts follow every assignment
+    params = property(lambda self: self._params,
+                      lambda self, v: (setattr(self, "_params", v), self._share("params", v)))
+    grads = property(lambda self: self._grads,
+                     lambda self, v: (setattr(self, "_grads", v), self._share("grads", v)))
+    buffers = property(lambda self: self._buffers,
+                       lambda self, v: (setattr(self, "_buffers", v), self._share("buffers", v)))
+
+    def bind(self, backend: Any, mgr: Any, params: dict[str, Any], grads: dict[str, Any],
+             buffers: dict[str, Any]) -> None:
+        for part in self.parts:
+            part.backend, part.mgr = backend, mgr
+        super().bind(backend, mgr, params, grads, buffers)
+
+    def use_manager(self, mgr: Any) -> None:
+        super().use_manager(mgr)
+        for part in self.parts:
+            part.use_manager(mgr)
+
+    # ---- compute -----------------------------------------------------------------------------------
+
+    def _conv_forward(self, x: np.ndarray, z: np.ndarray, scratch: np.ndarray) -> None:
+        c = self.conv
+        self.backend.kernels.conv2d_forward(x, c.params["weight"], c.params.get("bias"), z, c.stride, c.padding,
+                                            c.groups, scratch)
+
+    def _pool_forward(self, a: np.ndarray, out: np.ndarray, argmax: np.ndarray) -> None:
+        p = self.pool
+        self.backend.kernels.maxpool2d_forward(a, out, argmax, p.kernel_size, p.stride, p.padding)
+
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
+        x = inputs[0]
+        x_shape = tuple(x.shape)
+        z_shape, out_shape = self._shapes(x_shape)
+        out = self.output(out_shape)
+        k = self.backend.kernels
+        xa, oa = _as_array(x), _as_array(out)
+        if not training:
+            scratch = self.mgr.create(ArrayType.FF_WORKING_MEM, (self._scratch_elements(x_shape, "infer"),))
+            s = self._carve(scratch, x_shape, "infer")
+            bn, buffers = self.bn, self.bn.buffers
+            for a, b in _chunks(x_shape[0]):
+                z = s["z"][:b - a]
+                self._conv_forward(xa[a:b], z, s["conv"])
+                k.batchnorm_forward_infer(z, bn.params["weight"], bn.params["bias"], buffers["running_mean"],
+                                          buffers["running_var"], z, bn.eps)
+                if self.activation is not None:
+                    getattr(k, f"{self.activation}_forward")(z, z)
+                if self.pool is not None:
+                    self._pool_forward(z, oa[a:b], s["argmax"][:b - a])
+                else:
+                    oa[a:b] = z
+            return out
+        keep = self.mode == "keep"
+        y = self.keep("y", z_shape) if keep else None
+        scale_shift = self.keep("scale_shift", (z_shape[1], 2), np.float64)
+        save_invstd = self.keep("save_invstd", (z_shape[1],))
+        scratch = self.scratch(ArrayType.FF_WORKING_MEM, self._scratch_elements(x_shape, "forward"))
+        s = self._carve(scratch, x_shape, "forward")
+        ya, ss = (_as_array(y) if keep else None), _as_array(scale_shift)
+
+        def conv_chunk(a: int, b: int) -> np.ndarray:
+            z = ya[a:b] if keep else s["z"][:b - a]
+            self._conv_forward(xa[a:b], z, s["conv"])
+            return z
+
+        for a, b in _chunks(x_shape[0]):  # pass 1: the statistics' sums, carried chunk after chunk
+            k.batchnorm_chunk_statistics(conv_chunk(a, b), s["sums"], a == 0)
+        bn = self.bn
+        k.batchnorm_chunk_finish(s["sums"], x_shape[0] * z_shape[2] * z_shape[3], bn.params["weight"],
+                                 bn.params["bias"], bn.buffers["running_mean"], bn.buffers["running_var"], ss,
+                                 _as_array(save_invstd), bn.momentum, bn.eps)
+        bn.num_batches_tracked += 1
+        for a, b in _chunks(x_shape[0]):  # pass 2: normalize, activate, pool
+            z = ya[a:b] if keep else conv_chunk(a, b)
+            if self.pool is None:
+                k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, oa[a:b])
+            else:
+                act = s["a"][:b - a] if keep else z
+                k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, act)
+                self._pool_forward(act, oa[a:b], s["argmax"][:b - a])
+        self.saved = {"x": x, "y": y, "scale_shift": scale_shift, "save_invstd": save_invstd}
+        return out
+
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
+        saved = self.saved
+        x = saved["x"]
+        x_shape = tuple(x.shape)
+        z_shape, _ = self._shapes(x_shape)
+        k = self.backend.kernels
+        conv, bn = self.conv, self.bn
+        dx = self.input_grad(x_shape) if need_input_grads[0] else None
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward"))
+        s = self._carve(scratch, x_shape, "backward")
+        xa, da = _as_array(x), _as_array(dout)
+        ya = None if saved["y"] is None else _as_array(saved["y"])
+        ss = _as_array(saved["scale_shift"])
+        gamma, beta = bn.params["weight"], bn.params["bias"]
+
+        def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+            """The chunk's batch-norm output (kept or rebuilt) and its gradient, in ``s["d"]``."""
+            if ya is not None:
+                y = ya[a:b]
+            else:
+                y = s["y"][:b - a]
+                self._conv_forward(xa[a:b], y, s["conv_forward"])
+                k.batchnorm_chunk_apply(y, ss, None, None, y)
+            d = s["d"][:b - a]
+            if self.pool is not None:
+                act = d  # the activation's output (the pool's argmax), then over it the pool's input gradient
+                k.batchnorm_chunk_apply(y, _identity(len(ss)), self.activation, None, act)
+                self._pool_forward(act, s["pooled"][:b - a], s["argmax"][:b - a])
+                p = self.pool
+                k.maxpool2d_backward(da[a:b], s["argmax"][:b - a], d, p.kernel_size, p.stride, p.padding)
+                if self.activation is not None:
+                    getattr(k, f"{self.activation}_backward")(y, d, d)
+            elif self.activation is not None:
+                getattr(k, f"{self.activation}_backward")(y, da[a:b], d)
+            else:
+                d[...] = da[a:b]
+            return y, d
+
+        for a, b in _chunks(x_shape[0]):  # pass 1: Σdy and Σdy·x̂, carried
+            y, d = y_and_dy(a, b)
+            k.batchnorm_chunk_gradient_sums(y, d, gamma, beta, s["sums"], a == 0)
+        bn.grads["bias"][...] = s["sums"][:, 0]
+        bn.grads["weight"][...] = s["sums"][:, 1]
+        count = x_shape[0] * z_shape[2] * z_shape[3]
+        dw, dbias = conv.grads["weight"], conv.grads.get("bias")
+        partial_w = s["partial"][:dw.size].reshape(dw.shape)
+        partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
+        for a, b in _chunks(x_shape[0]):  # pass 2: batch norm's dx, then the conv's backward on the chunk
+            y, d = y_and_dy(a, b)
+            k.batchnorm_chunk_dx(y, d, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d)
+            if dx is not None:
+                k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
+                                       conv.groups, s["conv"])
+            first = a == 0
+            k.conv2d_backward_weight(xa[a:b], d, dw if first else partial_w, dbias if first else partial_b,
+                                     conv.stride, conv.padding, conv.groups, s["conv"])
+            if not first:  # the chunks' sums in order: dw = W0; dw += W1; ...
+                np.add(dw, partial_w, out=dw)
+                if dbias is not None:
+                    np.add(dbias, partial_b, out=dbias)
+        return [dx]
+
+
+_IDENTITIES: dict[int, np.ndarray] = {}
+
+
+def _identity(channels: int) -> np.ndarray:
+    """Scale 1, shift 0 per channel: ``batchnorm_chunk_apply`` then only activates; y·1 + 0 is y (a −0 becomes
+    +0, which compares equal, so the pool picks the same argmax as the forward did)."""
+    table = _IDENTITIES.get(channels)
+    if table is None:
+        table = _IDENTITIES[channels] = np.stack([np.ones(channels), np.zeros(channels)], 1)
+    return table
+
+
+def chunkable_chains(graph: Graph) -> list[list[Node]]:
+    """The conv → batch norm → [ReLU | ReLU6] → [MaxPool2d] chains of ``graph`` that ``ChunkedConvBN`` can run:
+    each link the only reader of the one before, the conv's output plane at least ``CHUNK_MIN_PIXELS``."""
+    shapes = graph.shapes(1)
+    nodes = graph.nodes
+
+    def only_reader(node: Node, kinds: tuple[type, ...]) -> Node | None:
+        if len(node.consumers) != 1:
+            return None
+        reader = nodes[node.consumers[0]]
+        return reader if type(reader.layer) in kinds else None
+
+    chains = []
+    for node in nodes:
+        if type(node.layer) is not Conv2d or int(np.prod(shapes[node.index][2:])) < CHUNK_MIN_PIXELS:
+            continue
+        bn = only_reader(node, (BatchNorm2d,))
+        if bn is None:
+            continue
+        chain = [node, bn]
+        act = only_reader(bn, (ReLU, ReLU6))
+        if act is not None:
+            chain.append(act)
+            pool = only_reader(act, (MaxPool2d,))
+            if pool is not None:
+                chain.append(pool)
+        chains.append(chain)
+    return chains
+
+
+def fuse_chunkable(graph: Graph) -> Graph:
+    """``graph`` with each of its ``chunkable_chains`` one ``ChunkedConvBN`` node named by its layers
+    ("conv1+bn1+relu+maxpool"); the same graph when it has none. The layers are shared, not copied."""
+    chains = chunkable_chains(graph)
+    if not chains:
+        return graph
+    head = {chain[0].index: chain for chain in chains}
+    member = {node.index: chain for chain in chains for node in chain}
+    name_of = {-1: INPUT_NAME}
+    for node in graph.nodes:
+        chain = member.get(node.index)
+        name_of[node.index] = "+".join(n.name for n in chain) if chain else node.name
+    declarations = []
+    for node in graph.nodes:
+        inputs = [name_of[i] for i in node.inputs]
+        if node.index in head:
+            conv, bn, *rest = (n.layer for n in head[node.index])
+            act = rest[0] if rest else None
+            pool = rest[1] if len(rest) > 1 else None
+            declarations.append((name_of[node.index], ChunkedConvBN(conv, bn, act, pool), inputs))
+        elif node.index not in member:
+            declarations.append((node.name, node.layer, inputs))
+    return Graph(declarations, graph.input_shape)
