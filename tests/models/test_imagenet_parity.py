@@ -19,6 +19,7 @@ from test_model_parity import assert_close
 
 from engine.backend import get_backend
 from engine.checkpoint import load_weights
+from engine.layers.chunked import ChunkedConvBN
 from models import build_model
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
@@ -83,6 +84,7 @@ def test_imagenet_variant_matches_torchvision(name, torchvision, tmp_path, one_t
     options = {"dropout": 0.0} if name == "mobilenetv2" else {}
     net = build_model(name, CLASSES, backend, seed=3, image_size=SIZE, **options)
     assert net.variant == "imagenet"  # chosen from the image size
+    assert net.chunked  # the large early layers run in chunks (engine/layers/chunked.py)
     load_weights(path, net)  # strict: every key, every shape
 
     rng = np.random.default_rng(1)
@@ -92,8 +94,13 @@ def test_imagenet_variant_matches_torchvision(name, torchvision, tmp_path, one_t
 
     class Recorder:
         def after_forward(self, step, node):
-            if type(node.layer).__name__ in ("ReLU", "ReLU6"):
-                recorded.append(np.array(backend.to_host(node.layer.saved["out"].array)))
+            layer = node.layer
+            if type(layer).__name__ in ("ReLU", "ReLU6"):
+                recorded.append(np.array(backend.to_host(layer.saved["out"].array)))
+            elif isinstance(layer, ChunkedConvBN) and layer.activation is not None:
+                # the chunked stem and 112/56-pixel layers: their activation of the batch-norm output they keep
+                y = np.array(backend.to_host(layer.saved["y"].array))
+                recorded.append(np.clip(y, 0, 6 if layer.activation == "relu6" else None))
 
     net.hooks.append(Recorder())
     logits = backend.to_host(net.forward(x, training=True).array).copy()

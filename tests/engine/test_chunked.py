@@ -1,0 +1,138 @@
+"""ChunkedConvBN (engine/layers/chunked.py): which chains are fused, the same numbers as the separate layers,
+and the same bits in both modes, with offload on or off, at any batch size."""
+
+import numpy as np
+import pytest
+
+from engine.backend import get_backend
+from engine.data.datasets import synthetic
+from engine.graph import Graph
+from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU, ReLU6
+from engine.layers.chunked import CHUNK_IMAGES, ChunkedConvBN, chunkable_chains, fuse_chunkable
+from engine.network import Network
+from engine.offload import OffloadConfig, OffloadSession
+from engine.optim import make_optimizer
+from engine.train import Trainer
+
+SIZE = 56  # the smallest plane that is chunked (CHUNK_MIN_PIXELS)
+
+
+def graph(size: int = SIZE) -> Graph:
+    """Three chains: on the input (no input gradient) ending in a ReLU read twice, one ending in its batch norm
+    (read by an Add), one with ReLU6 and a max-pool; then layers on a plane too small to chunk."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU(), ["b0"]),
+        ("c1", Conv2d(8, 8, 3, 1, 1, bias=False), ["r0"]),
+        ("b1", BatchNorm2d(8), ["c1"]),
+        ("add", Add(), ["r0", "b1"]),
+        ("r1", ReLU(), ["add"]),
+        ("c2", Conv2d(8, 6, 1, bias=True), ["r1"]),
+        ("b2", BatchNorm2d(6), ["c2"]),
+        ("r2", ReLU6(), ["b2"]),
+        ("p2", MaxPool2d(3, 2, 1), ["r2"]),
+        ("c3", Conv2d(6, 6, 3, 1, 1, bias=False), ["p2"]),
+        ("b3", BatchNorm2d(6), ["c3"]),
+        ("r3", ReLU(), ["b3"]),
+        ("gap", GlobalAvgPool(), ["r3"]),
+        ("fc", Dense(6, 4), ["gap"]),
+    ], (3, size, size))
+
+
+def test_the_chains_on_large_planes_are_fused_and_keep_their_names():
+    chains = [[n.name for n in chain] for chain in chunkable_chains(graph())]
+    assert chains == [["c0", "b0", "r0"], ["c1", "b1"], ["c2", "b2", "r2", "p2"]]  # c3 is on 28×28
+    fused = fuse_chunkable(graph())
+    assert [n.name for n in fused.nodes][:4] == ["c0+b0+r0", "c1+b1", "add", "r1"]
+    assert fuse_chunkable(g := graph(SIZE // 2)) is g  # a CIFAR-size plane: nothing fused
+    net = Network(graph(), get_backend("cpu"), seed=1)
+    assert [n.name for n in net.chunked] == ["c0+b0+r0", "c1+b1", "c2+b2+r2+p2"]
+    plain = Network(graph(), get_backend("cpu"), seed=1, chunkable=False)
+    assert not plain.chunked
+    assert set(net.state_dict()) == set(plain.state_dict())  # torchvision's names either way
+    for key, value in plain.state_dict().items():
+        assert np.array_equal(net.state_dict()[key], value), key  # the same initial values too
+
+
+def one_step(net, x, labels):
+    net.forward(x)
+    loss = net.loss(labels)
+    net.backward()
+    net.end_iteration()
+    return loss
+
+
+@pytest.mark.parametrize("batch", [5, 13])
+def test_fused_layers_compute_what_the_separate_ones_do(batch):
+    """Another batch-norm arithmetic (one pass, shifted sums) and the weight gradient summed per chunk: the
+    difference is float32 rounding, not a different function."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 3, SIZE, SIZE), dtype=np.float32) * 2 + 1
+    labels = np.arange(batch) % 4
+    fused = Network(graph(), get_backend("cpu"), seed=1)
+    plain = Network(graph(), get_backend("cpu"), seed=1, chunkable=False)
+    assert one_step(fused, x, labels) == pytest.approx(one_step(plain, x, labels), rel=1e-6)
+    g_fused, g_plain = fused.gradients.flat, plain.gradients.flat
+    assert np.abs(g_fused - g_plain).max() <= 1e-5 * np.abs(g_plain).max()
+    for key, value in plain.state_dict().items():  # running statistics, num_batches_tracked
+        np.testing.assert_allclose(fused.state_dict()[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(fused.predict(x), plain.predict(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [3, CHUNK_IMAGES, 13])
+def test_keep_and_recompute_give_the_same_bits(batch):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 3, SIZE, SIZE), dtype=np.float32)
+    labels = np.arange(batch) % 4
+    keep = Network(graph(), get_backend("cpu"), seed=2)
+    recompute = Network(graph(), get_backend("cpu"), seed=2)
+    recompute.set_recomputed([n.name for n in recompute.chunked])
+    assert all(isinstance(n.layer, ChunkedConvBN) and n.layer.mode == "recompute" for n in recompute.chunked)
+    for _ in range(2):
+        assert one_step(keep, x, labels) == one_step(recompute, x, labels)
+        assert np.array_equal(keep.gradients.flat, recompute.gradients.flat)
+    assert np.array_equal(keep.predict(x), recompute.predict(x))
+    # what each keeps: the batch norm's output in keep mode only
+    saved = {b.name for b in keep.program(batch).buffers if b.name.startswith("c0+b0+r0:")}
+    assert "c0+b0+r0:y" in saved
+    assert "c0+b0+r0:y" not in {b.name for b in recompute.program(batch).buffers}
+    with pytest.raises(ValueError, match="no chunked layer named c3"):
+        keep.set_recomputed(["c3"])
+
+
+def fit(tmp_path, recompute, offload, steps=3):
+    data = synthetic(num_classes=4, seed=0, train=26, test=4, shape=(3, SIZE, SIZE))
+    backend = get_backend("cpu")
+    net = Network(graph(), backend, seed=3)
+    if recompute:
+        net.set_recomputed(recompute)
+    optimizer = make_optimizer("sgd", net, backend, 0.1, momentum=0.9, manager=net.mgr)
+    session = OffloadSession(OffloadConfig(window=1, directory=str(tmp_path))) if offload else None
+    Trainer(net, optimizer, data, batch_size=13, steps=steps, seed=4, prefetch=1, evaluate_at_end=False,
+            offload=session).fit()
+    return net.state_dict()
+
+
+def test_any_mode_with_offload_on_or_off_trains_the_same_weights(tmp_path):
+    reference = fit(tmp_path, [], offload=False)
+    for recompute, offload in [(["c0+b0+r0", "c2+b2+r2+p2"], False), ([], True),
+                               (["c0+b0+r0", "c1+b1", "c2+b2+r2+p2"], True)]:
+        weights = fit(tmp_path, recompute, offload)
+        for key, value in reference.items():
+            assert np.array_equal(weights[key], value), (recompute, offload, key)
+
+
+def test_recompute_holds_less_at_its_worst_moment():
+    keep = Network(graph(), get_backend("cpu"), seed=2)
+    recompute = Network(graph(), get_backend("cpu"), seed=2)
+    recompute.set_recomputed([n.name for n in recompute.chunked])
+    batch = 32
+    kept = {b.name: b.nbytes for b in keep.program(batch).buffers if b.owner == 0}
+    assert kept["c0+b0+r0:y"] == batch * 8 * SIZE * SIZE * 4  # the whole batch's batch-norm output
+    # recompute: the layer's own working memory is one chunk's, whatever the batch
+    step_keep = keep.program(batch).steps[0].scratch_bytes
+    step_recompute = recompute.program(batch).steps[0].scratch_bytes
+    assert step_recompute == recompute.program(64).steps[0].scratch_bytes
+    assert step_recompute < kept["c0+b0+r0:y"]
+    assert step_keep < step_recompute  # keep mode's forward writes the conv's output into y itself
