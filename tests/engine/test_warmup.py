@@ -344,6 +344,7 @@ def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
     # directions where im2col measured faster (conv.STEM_STRIDED_MIN_KERNEL): forward and weight gradient only, never
     # backward-data
     from engine.graph import GRAPH_INPUT
+    from engine.layers.chunked import CHUNK_IMAGES
     from kernels.cpu import conv as cpu_conv
     from models import build_model
 
@@ -351,16 +352,19 @@ def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
     shapes = net.graph.shapes(32)
     routed = set()
     for node in net.graph.nodes:
-        layer = node.layer
+        # a chunked layer's conv (engine/layers/chunked.py) runs on chunks of CHUNK_IMAGES images
+        layer = getattr(node.layer, "conv", node.layer)
         if type(layer).__name__ != "Conv2d":
             continue
         r = layer.kernel_size
         w_shape = (layer.out_channels, layer.in_channels // layer.groups, r, r)
+        x_shape = tuple(shapes[node.inputs[0]])
+        if layer is not node.layer:
+            x_shape = (CHUNK_IMAGES, *x_shape[1:])
         for direction in warmup.CONV_OPS:
             if direction == "data" and node.inputs[0] == GRAPH_INPUT:
                 continue  # the network's input has no gradient
-            kind = cpu_conv.path(tuple(shapes[node.inputs[0]]), w_shape, layer.stride, layer.padding, layer.groups,
-                                 direction)
+            kind = cpu_conv.path(x_shape, w_shape, layer.stride, layer.padding, layer.groups, direction)
             routed.add((kind, direction))
     direction_of = {op: direction for direction, op in warmup.CONV_OPS.items()}
     jobs = [job for job in warmup.model_jobs(net.graph, "sgd") if job.conv is not None]
