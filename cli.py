@@ -330,6 +330,12 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--offload-host-memory", "offload_host_memory", default="auto", show_default=True,
               help="GPU runs: swap to pinned host memory while the swapped bytes fit this many (e.g. 8GB; 'auto': "
                    "half of what the run may use of the host's RAM; 0: always the swap file on disk).")
+@click.option("--chunks", "chunks", default="auto", show_default=True,
+              type=click.Choice(["auto", "keep", "recompute"]),
+              help="The conv + batch norm chains on 112- and 56-pixel planes run 8 images at a time: 'keep' their "
+                   "batch norm's output for backward, 'recompute' their chunks in backward instead (less memory, "
+                   "three more conv passes each), 'auto': recompute the fewest, largest first, that let the run fit "
+                   "its memory limit. The same weights either way.")
 # --- end of offload options ---
 # --- data parallel options (issue 12) ---
 @click.option("--workers", type=int, default=None,
@@ -599,7 +605,8 @@ def _offload_session(options, net, opt, root: bool, world=None):
         resolved = resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
                                   ring_bytes(batch, options.prefetch + 1), ring_bytes(batch, 2), chosen.n,
                                   parse_budget(chosen.budget),
-                                  memory_limit(ranks_on_host=ranks) if ranks > 1 else None)  # None: this process's
+                                  memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
+                                  chunks=chosen.chunks)
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
@@ -608,6 +615,11 @@ def _offload_session(options, net, opt, root: bool, world=None):
         fail(refusal)
     if resolved.from_limit:  # the budget is the machine's: say where it came from
         click.echo(describe_needs(resolved.needs))
+    needs = resolved.needs
+    if needs is not None and needs.recomputed and root:
+        click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
+                   f"backward ({', '.join(needs.recomputed)})"
+                   + (" to fit the limit" if chosen.chunks == "auto" else ""))
     try:
         offload = session_from_options(net, options.batch_size, chosen.n, resolved.budget_bytes, chosen.directory,
                                        chosen.params, chosen.verify, chosen.host_memory_bytes)

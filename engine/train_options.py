@@ -38,6 +38,7 @@ class OffloadOptions:
     params: bool = False
     verify: str = "full"
     host_memory: str = "auto"  # --offload-host-memory: a GPU run's pinned host swap tier, bytes or 'auto'
+    chunks: str = "auto"  # --chunks: what the chunked layers keep (engine.offload.budget.resolve_budget)
 
     def __post_init__(self) -> None:
         parse_window(self.n)
@@ -167,7 +168,8 @@ class TrainOptions:
         """From click's keyword arguments (the option names of ``cli.train``)."""
         p = dict(params)
         offload = OffloadOptions(p.pop("offload_n"), p.pop("offload_budget"), p.pop("offload_dir"),
-                                 p.pop("offload_params"), p.pop("offload_verify"), p.pop("offload_host_memory"))
+                                 p.pop("offload_params"), p.pop("offload_verify"), p.pop("offload_host_memory"),
+                                 p.pop("chunks"))
         parallel = ParallelOptions(p.pop("workers"), p.pop("averaging"), p.pop("averaging_frequency"))
         outputs = OutputOptions(p.pop("save"), p.pop("checkpoint_every"), p.pop("summary_json"),
                                 p.pop("memory_log"), p.pop("memory_plot"))

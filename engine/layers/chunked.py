@@ -150,7 +150,7 @@ class ChunkedConvBN(Layer):
     def num_batches_tracked(self, value: int) -> None:
         self.bn.num_batches_tracked = value
 
-    def _shapes(self, x_shape: Shape) -> tuple[Shape, Shape]:
+    def shapes(self, x_shape: Shape) -> tuple[Shape, Shape]:
         """(the conv's output shape, the layer's output shape)."""
         z = self.conv.output_shape([tuple(x_shape)])
         self.bn.output_shape([z])
@@ -158,10 +158,10 @@ class ChunkedConvBN(Layer):
 
     def output_shape(self, input_shapes: list[Shape]) -> Shape:
         self.check_num_inputs(input_shapes)
-        return self._shapes(input_shapes[0])[1]
+        return self.shapes(input_shapes[0])[1]
 
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
-        z, _ = self._shapes(input_shapes[0])
+        z, _ = self.shapes(input_shapes[0])
         C = z[1]
         specs = [SavedSpec("scale_shift", (C, 2), np.float64), SavedSpec("save_invstd", (C,))]
         if self.mode == "keep":
@@ -174,7 +174,7 @@ class ChunkedConvBN(Layer):
     def _scratch_layout(self, x_shape: Shape, phase: str) -> list[tuple[str, Shape, Any]]:
         """The views the scratch buffer is carved into, in order; ``phase`` "forward", "backward", "infer"."""
         n = x_shape[0]
-        z, out = self._shapes(x_shape)
+        z, out = self.shapes(x_shape)
         zc = self._chunk_shape(z, n)
         C = z[1]
         kernels = self.backend.kernels
@@ -270,7 +270,7 @@ class ChunkedConvBN(Layer):
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         x = inputs[0]
         x_shape = tuple(x.shape)
-        z_shape, out_shape = self._shapes(x_shape)
+        z_shape, out_shape = self.shapes(x_shape)
         out = self.output(out_shape)
         k = self.backend.kernels
         xa, oa = _as_array(x), _as_array(out)
@@ -325,7 +325,7 @@ class ChunkedConvBN(Layer):
         saved = self.saved
         x = saved["x"]
         x_shape = tuple(x.shape)
-        z_shape, _ = self._shapes(x_shape)
+        z_shape, _ = self.shapes(x_shape)
         k = self.backend.kernels
         conv, bn = self.conv, self.bn
         dx = self.input_grad(x_shape) if need_input_grads[0] else None

@@ -188,6 +188,8 @@ class RunNeeds:
     evaluation_ring_bytes: int = 0  # the evaluation's INPUT ring (in evaluation_bytes)
     runtime_bytes: int = RUNTIME_BYTES
     arenas: dict[str, int] = field(default_factory=dict)  # arena bytes of the configurations checked
+    chunked: tuple[str, ...] = ()  # the layers that run in chunks (engine/layers/chunked.py)
+    recomputed: tuple[str, ...] = ()  # those of them that recompute their chunks in backward
 
     @property
     def fixed_bytes(self) -> int:
@@ -240,6 +242,8 @@ class RunNeeds:
             "needed_no_offload_bytes": self.needed_no_offload,
             "needed_min_offload_bytes": self.needed_min_offload,
             "arena_budget_bytes": self.arena_budget,
+            "chunked_layers": list(self.chunked),
+            "recomputed_layers": list(self.recomputed),
         }
 
 
@@ -263,6 +267,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
         setup = Setup.measure(blocks)
     peaks = planned_peaks(net, batch_size, 1)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    chunked = getattr(net, "chunked", [])
     return RunNeeds(
         limit=limit,
         setup=setup,
@@ -274,7 +279,42 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
         evaluation_bytes=inference_peak_bytes(net.graph, batch_size) + evaluation_ring_bytes,
         min_arena_bytes=peaks["offload_arena_bytes"],
         evaluation_ring_bytes=evaluation_ring_bytes,
+        chunked=tuple(node.name for node in chunked),
+        recomputed=tuple(node.name for node in chunked if node.layer.mode == "recompute"),
     )
+
+
+CHUNK_CHOICES = ("auto", "keep", "recompute")
+"""``--chunks``: what the chunked layers keep for backward (``engine.layers.chunked.ChunkedConvBN.mode``)."""
+
+
+def recompute_order(net: Any) -> list[str]:
+    """The chunked layers in the order ``auto`` makes them recompute: the largest batch-norm output first (what
+    each stops keeping), ties in graph order."""
+    sizes = {node.name: _kept_bytes(node, net.graph) for node in getattr(net, "chunked", [])}
+    return sorted(sizes, key=lambda name: -sizes[name])
+
+
+def _kept_bytes(node: Any, graph: Any) -> int:
+    from engine.memory.sizes import nbytes
+
+    shape = graph.shapes(1)[node.inputs[0]] if node.inputs[0] >= 0 else (1, *graph.input_shape)
+    z_shape, _ = node.layer.shapes(tuple(shape))
+    return int(nbytes(z_shape, "float32"))
+
+
+def fit_by_recompute(net: Any, needs: RunNeeds, fits: Callable[[RunNeeds], bool],
+                     measure: Callable[[], RunNeeds]) -> RunNeeds:
+    """``--chunks auto``: the fewest chunked layers recompute (``recompute_order``) for the run to ``fit``; when
+    none fits, all of them (the smallest the run can need: what a refusal names). ``measure()``: the needs of
+    the network as it is set now."""
+    order = recompute_order(net)
+    for count in range(1, len(order) + 1):
+        if fits(needs):
+            return needs
+        net.set_recomputed(order[:count])
+        needs = measure()
+    return needs
 
 
 class DoesNotFit(ValueError):
@@ -329,7 +369,7 @@ class Resolved:
 
 def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
                    evaluation_ring_bytes: int, offload_n: str | None, budget: Budget | None,
-                   limit: MemoryLimit | None = None) -> Resolved:
+                   limit: MemoryLimit | None = None, chunks: str = "auto") -> Resolved:
     """The byte budget for ``engine train``'s scheduler, with the run checked against its memory limit.
 
     ``budget`` auto, or ``--offload-n auto`` without a budget: the window's bytes under the limit. A share
@@ -337,7 +377,17 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     N, a byte budget, auto): DoesNotFit before the first step when it cannot fit, unless
     ``ENGINE_MEMORY_CHECK=off``. On device backends nothing is checked (host limits do not bound device
     memory) and "auto" is refused.
+
+    ``chunks`` (``--chunks``): "keep" or "recompute" sets every chunked layer (engine/layers/chunked.py);
+    "auto" keeps them all unless the run would not fit, and then makes the fewest recompute, largest first
+    (``fit_by_recompute``): recomputing costs three conv forwards per layer, so it is spent only where the
+    limit needs it. The same weights either way.
     """
+    chunked = [node.name for node in getattr(net, "chunked", [])]
+    if chunks not in CHUNK_CHOICES:
+        raise ValueError(f"--chunks must be one of {', '.join(CHUNK_CHOICES)}, got {chunks!r}")
+    if chunked:
+        net.set_recomputed(chunked if chunks == "recompute" else [])
     n_text = None if offload_n is None else str(offload_n).strip().lower()
     auto = (budget is not None and budget.auto) or (budget is None and n_text == "auto")
     if net.backend.is_device:
@@ -347,17 +397,36 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
         return Resolved(budget.bytes_for(net, batch_size) if budget is not None else None, None)
     budget_bytes = budget.bytes_for(net, batch_size) if budget is not None and not budget.auto else None
     needs = run_needs(net, batch_size, optimizer_state, input_ring_bytes, evaluation_ring_bytes, limit)
+    setup = needs.setup  # measured once: the other plans are the same process
+
+    def measure() -> RunNeeds:
+        return run_needs(net, batch_size, optimizer_state, input_ring_bytes, evaluation_ring_bytes, needs.limit, setup)
+
+    adapt = chunks == "auto" and bool(chunked)
     check = checks_enabled()
     if auto:
+        if adapt:
+            needs = fit_by_recompute(net, needs, lambda n: n.needed_min_offload <= n.limit.bytes, measure)
         if check:
             check_offload(needs, needs.min_arena_bytes, "--offload-n auto")
         return Resolved(max(needs.arena_budget, needs.min_arena_bytes), needs, from_limit=True)
     if offload_n is None and budget is None:
+        if adapt:
+            needs = fit_by_recompute(net, needs, lambda n: n.fits_without_offload, measure)
         if check:
             check_no_offload(needs)
         return Resolved(None, needs)
-    arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
-    needs.arenas[option] = arena
+
+    def with_arena() -> RunNeeds:
+        found = measure()
+        found.arenas.update(dict([reversed(offload_arena(net, batch_size, n_text, budget_bytes))]))
+        return found
+
+    needs = with_arena()
+    if adapt:
+        needs = fit_by_recompute(net, needs, lambda n: n.needed(next(iter(n.arenas.values()))) <= n.limit.bytes,
+                                 with_arena)
+    option, arena = next(iter(needs.arenas.items()))
     if check:
         check_offload(needs, arena, option)
     return Resolved(budget_bytes, needs)
