@@ -487,17 +487,38 @@ def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[
     state_bytes = int(net.parameters.flat.nbytes)  # momentum: one value per parameter, not yet written
     setup = Setup.measure([net.parameters.flat, net.gradients.flat, net.buffers.flat])
     limit = memory_limit()
+    chunked = [node.name for node in getattr(net, "chunked", [])]
+    before = [node.name for node in getattr(net, "chunked", []) if node.layer.mode == "recompute"]
     found = []
-    for batch in batch_sizes:
-        shape = (batch, *net.graph.input_shape)
-        needs = run_needs(net, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit, setup)
-        needs.arenas["--offload-n 1"] = needs.min_arena_bytes
-        if offload_n is not None and (offload_n != 1 or budget is not None):
-            budget_bytes = budget.bytes_for(net, batch) if budget is not None else None
-            arena, option = offload_arena(net, batch, str(offload_n), budget_bytes)
-            needs.arenas[option] = arena
-        found.append((batch, needs))
+    try:
+        for batch in batch_sizes:
+            # with chunked layers: each plan as --chunks keep and as --chunks recompute (the smallest)
+            for recomputed in ([[], chunked] if chunked else [[]]):
+                if chunked:
+                    net.set_recomputed(recomputed)
+                shape = (batch, *net.graph.input_shape)
+                needs = run_needs(net, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit, setup)
+                needs.arenas["--offload-n 1"] = needs.min_arena_bytes
+                if offload_n is not None and (offload_n != 1 or budget is not None):
+                    budget_bytes = budget.bytes_for(net, batch) if budget is not None else None
+                    arena, option = offload_arena(net, batch, str(offload_n), budget_bytes)
+                    needs.arenas[option] = arena
+                found.append((batch, needs))
+    finally:
+        if chunked:
+            net.set_recomputed(before)
     return found
+
+
+def chunks_label(needs: RunNeeds) -> str:
+    """How a plan's chunked layers run: "-" (none), "keep", "recompute" (all) or "recompute k/n"."""
+    if not needs.chunked:
+        return "-"
+    if not needs.recomputed:
+        return "keep"
+    if len(needs.recomputed) == len(needs.chunked):
+        return f"recompute ({len(needs.chunked)})"
+    return f"recompute {len(needs.recomputed)}/{len(needs.chunked)}"
 
 
 def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
@@ -505,14 +526,18 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
     from engine.report import Table
 
     table = Table("smallest memory limit per plan (predicted, engine train with sgd momentum and prefetch 2)",
-                  ["batch", "plan", "step tensors", "smallest limit", "fits the limit here"], right={0, 2, 3})
+                  ["batch", "plan", "--chunks", "step tensors", "smallest limit", "fits the limit here"],
+                  right={0, 3, 4})
+    rows = []
     for batch, needs in found:
-        rows = [("no offload", needs.input_ring_bytes + needs.no_offload_step_bytes, needs.needed_no_offload)]
-        rows += [(option, needs.input_ring_bytes + needs.offload_step_bytes + arena, needs.needed(arena))
+        rows.append((batch, "no offload", needs, needs.input_ring_bytes + needs.no_offload_step_bytes,
+                     needs.needed_no_offload))
+        rows += [(batch, option, needs, needs.input_ring_bytes + needs.offload_step_bytes + arena, needs.needed(arena))
                  for option, arena in needs.arenas.items()]
-        for plan, step, needed in rows:
-            table.add_row(batch, plan, format_bytes(step), format_bytes(round_up_mib(needed)),
-                          "yes" if needed <= needs.limit.bytes else "no")
+    order = {plan: i for i, plan in enumerate(dict.fromkeys(row[1] for row in rows))}
+    for batch, plan, needs, step, needed in sorted(rows, key=lambda r: (r[0], order[r[1]])):  # plans side by side
+        table.add_row(batch, plan, chunks_label(needs), format_bytes(step), format_bytes(round_up_mib(needed)),
+                      "yes" if needed <= needs.limit.bytes else "no")
     if found:
         needs = found[0][1]
         table.notes.append(
@@ -522,8 +547,16 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
             "the step's tensors with the INPUT ring (with offload: or the evaluation pass, whichever is larger; "
             f"without: the evaluation's ring, {format_bytes(needs.evaluation_ring_bytes)}, on top)")
         table.notes.append(f"the limit here: {needs.limit.describe()}")
-        table.notes.append("no chunking yet: every plan holds whole-batch tensors, so the smallest limit grows with "
-                           "the batch size")
+        if needs.chunked:
+            table.notes.append(f"--chunks: {len(needs.chunked)} conv + batch norm chains on planes of 56×56 and more "
+                               "run 8 images at a time (engine/layers/chunked.py); 'keep' keeps their batch norm's "
+                               "output for backward, 'recompute' only their input and statistics (three more conv "
+                               "passes each); engine train's auto recomputes the fewest that fit, largest first")
+            table.notes.append("what still grows with the batch: the tensors between layers, and every layer on "
+                               "smaller planes")
+        else:
+            table.notes.append("no layer runs in chunks here (they do on planes of 56×56 and more): every plan holds "
+                               "whole-batch tensors, so the smallest limit grows with the batch size")
     return table
 
 
@@ -545,6 +578,7 @@ def limits_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple
         render_table(limits_table(found))
 
 
-__all__ = ["Budget", "DoesNotFit", "Resolved", "RunNeeds", "Setup", "check_no_offload", "check_offload",
-           "describe_needs", "inference_peak_bytes", "limits_for_cli", "limits_table", "needs_for_cli", "offload_arena",
-           "parse_budget", "resolve_budget", "run_needs"]
+__all__ = ["CHUNK_CHOICES", "Budget", "DoesNotFit", "Resolved", "RunNeeds", "Setup", "check_no_offload",
+           "check_offload", "chunks_label", "describe_needs", "fit_by_recompute", "inference_peak_bytes",
+           "limits_for_cli", "limits_table", "needs_for_cli", "offload_arena", "parse_budget", "recompute_order",
+           "resolve_budget", "run_needs"]

@@ -136,3 +136,28 @@ def test_recompute_holds_less_at_its_worst_moment():
     assert step_recompute == recompute.program(64).steps[0].scratch_bytes
     assert step_recompute < kept["c0+b0+r0:y"]
     assert step_keep < step_recompute  # keep mode's forward writes the conv's output into y itself
+
+
+def test_engine_train_says_which_chunked_layers_recompute(tmp_path):
+    """``--chunks recompute`` on the cnn at 224 (its two conv + batch norm + ReLU + pool chains are chunked): the
+    summary line and the JSON name them; ``keep`` names none; the same final loss either way."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    losses = {}
+    for chunks in ("recompute", "keep"):
+        summary = tmp_path / f"{chunks}.json"
+        result = CliRunner().invoke(main, ["train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
+                                           "--batch-size", "10", "--steps", "2", "--no-progress", "--threads", "1",
+                                           "--chunks", chunks, "--summary-json", str(summary)])
+        assert result.exit_code == 0, result.output
+        needs = json.loads(summary.read_text())["memory_needs"]
+        assert needs["chunked_layers"] == ["conv1+bn1+relu1+pool1", "conv2+bn2+relu2+pool2"]
+        assert needs["recomputed_layers"] == (needs["chunked_layers"] if chunks == "recompute" else [])
+        said = "chunked layers: 2 of 2 recompute their chunks in backward" in result.output
+        assert said == (chunks == "recompute")
+        losses[chunks] = json.loads(summary.read_text())["final_loss"]
+    assert losses["recompute"] == losses["keep"]

@@ -110,6 +110,49 @@ def test_budget_and_refusal_follow_the_limit(resnet_224):
         check_no_offload(tight)
 
 
+def test_auto_recomputes_the_fewest_chunked_layers_that_fit(resnet_224):
+    """``--chunks auto``: the largest batch-norm outputs stop being kept first, and only as many as the limit
+    needs; below what all of them give, all recompute (the smallest limit a refusal names)."""
+    from engine.offload.budget import fit_by_recompute, recompute_order
+
+    net = resnet_224
+    order = recompute_order(net)
+    assert order[0] == "conv1+bn1+relu+maxpool" and len(order) == 5  # the stem's 98 MiB first, then layer1's
+    keep = needs_at(net, 64 << 30)
+    net.set_recomputed(order)
+    smallest = needs_at(net, 64 << 30)
+    assert smallest.recomputed == tuple(n.name for n in net.chunked)
+    assert smallest.needed_no_offload < keep.needed_no_offload
+    assert smallest.needed_min_offload < keep.needed_min_offload
+
+    def fit(limit):
+        net.set_recomputed([])
+        return fit_by_recompute(net, needs_at(net, limit), lambda n: n.fits_without_offload,
+                                lambda: needs_at(net, limit))
+
+    assert fit(keep.needed_no_offload).recomputed == ()  # it fits: nothing recomputed
+    between = fit(keep.needed_no_offload - 1)
+    count = len(between.recomputed)
+    assert between.fits_without_offload and set(between.recomputed) == set(order[:count]) and 0 < count < 5
+    net.set_recomputed(order[:count - 1])
+    assert not needs_at(net, keep.needed_no_offload - 1).fits_without_offload  # one fewer would not fit
+    tight = fit(smallest.needed_no_offload - 1)
+    assert not tight.fits_without_offload and len(tight.recomputed) == 5
+    net.set_recomputed([])
+
+
+def test_chunks_option_sets_every_chunked_layer(resnet_224):
+    from engine.offload.budget import resolve_budget
+
+    roomy = MemoryLimit(64 << 30, "test")
+    for chunks, recomputed in [("recompute", 5), ("keep", 0), ("auto", 0)]:
+        resolved = resolve_budget(resnet_224, 32, 45 << 20, 55 << 20, 37 << 20, None, None, roomy, chunks=chunks)
+        assert len(resolved.needs.recomputed) == recomputed, chunks
+        assert [n.layer.mode for n in resnet_224.chunked].count("recompute") == recomputed
+    with pytest.raises(ValueError, match="--chunks must be one of auto, keep, recompute"):
+        resolve_budget(resnet_224, 32, 0, 0, 0, None, None, roomy, chunks="some")
+
+
 def test_the_prediction_adds_its_parts(resnet_224):
     """The smallest limit is the measured setup plus the planned blocks plus the step (or the evaluation)."""
     from engine.offload.budget import RUNTIME_BYTES, Setup, run_needs
@@ -204,13 +247,13 @@ def test_engine_memory_prints_the_smallest_limit_per_plan_and_batch_size():
     arguments = ["memory", "--model", "cnn", "--image-size", "16", "--batch-size", "2,8", "--offload-n", "2"]
     text = CliRunner().invoke(main, arguments)
     assert text.exit_code == 0, text.output
-    assert "no chunking yet" in text.output and "smallest limit" in text.output
+    assert "no layer runs in chunks here" in text.output and "smallest limit" in text.output
     result = CliRunner().invoke(main, [*arguments, "--json"])
     limits = json.loads(result.output)["limits"]
     assert [entry["batch_size"] for entry in limits] == [2, 8]
     assert set(limits[0]["needed_bytes"]) == {"--offload-n 1", "--offload-n 2"}
     for small, large in zip(limits[0]["needed_bytes"].values(), limits[1]["needed_bytes"].values()):
-        assert small < large  # no chunking: the limit grows with the batch
+        assert small < large  # no chunked layer at 16 pixels: the limit grows with the batch
     assert limits[0]["needed_no_offload_bytes"] < limits[1]["needed_no_offload_bytes"]
     refused = CliRunner().invoke(main, ["memory", "--model", "cnn", "--batch-size", "2,x"])
     assert refused.exit_code == 1 and "comma-separated" in refused.output
