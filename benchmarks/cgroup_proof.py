@@ -7,12 +7,14 @@
 
 ``--bisect`` (issue 30): for each model (ImageNet variant, 224×224), batch size and plan (``n1``:
 ``--offload-n 1``, the smallest window; ``none``: no offload), on synthetic data:
+``n1-recompute`` and ``none-recompute`` add ``--chunks recompute`` (every chunked layer recomputes its chunks in
+backward: the smallest limit each plan can have; ``auto`` under it must then recompute enough of them itself).
 1. ``engine train`` without a limit (in a cgroup of 1 TiB, for its peak) writes ``--summary-json``, whose
    ``memory_needs`` is the prediction the training process made before its first step;
 2. the true smallest limit is bisected (to ``--resolution``), each trial a fresh child cgroup with
    ``ENGINE_MEMORY_CHECK=off`` so the engine does not refuse below its own prediction; a trial works when
    it exits 0 without an OOM kill within ``--timeout``;
-3. with plan ``n1``, ``engine train --offload-n auto`` runs under the predicted limit (rounded up to
+3. with plan ``n1`` or ``n1-recompute``, ``engine train --offload-n auto`` runs under the predicted limit (rounded up to
    16 MiB, as the refusals name it): it must train; its step time and cgroup peak are the README's
    cells, beside PyTorch (``--torch``) under the same limit and without one.
 Prints the table predicted against bisected (Markdown) and writes JSON with every trial.
@@ -204,8 +206,11 @@ def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 <
     return high, trials
 
 
-PLANS = {"n1": ["--offload-n", "1"], "none": []}
-PLAN_NEEDS = {"n1": "needed_min_offload_bytes", "none": "needed_no_offload_bytes"}
+PLANS = {"n1": ["--offload-n", "1"], "none": [],
+         # every chunked layer recomputing (engine/layers/chunked.py): the smallest each plan can need
+         "n1-recompute": ["--offload-n", "1", "--chunks", "recompute"], "none-recompute": ["--chunks", "recompute"]}
+PLAN_NEEDS = {"n1": "needed_min_offload_bytes", "none": "needed_no_offload_bytes",
+              "n1-recompute": "needed_min_offload_bytes", "none-recompute": "needed_no_offload_bytes"}
 UNLIMITED = 1 << 40
 
 
@@ -240,7 +245,7 @@ def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scr
     command = train_command(model, batch, args.steps, args.image_size) + PLANS[plan]
     swap = os.path.join(scratch, f"swap-{name}")
     os.makedirs(swap, exist_ok=True)
-    command += ["--offload-dir", swap] if PLANS[plan] else []
+    command += ["--offload-dir", swap] if "--offload-n" in PLANS[plan] else []
     summary_path = os.path.join(scratch, f"{name}.json")
     progress(f"{name}: unlimited run for the prediction")
     free = run_in_cgroup(command + ["--summary-json", summary_path], UNLIMITED, f"engine-{name}-free",
@@ -269,7 +274,7 @@ def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scr
     row.update(bisected_bytes=best, trials=trials)
     if best is not None:
         row["error"] = (predicted - best) / best
-    if plan == "n1" and not args.no_auto_check:
+    if plan.startswith("n1") and not args.no_auto_check:
         limit = -(-predicted // (16 << 20)) * (16 << 20)  # as the refusal names it
         auto_summary = os.path.join(scratch, f"{name}-auto.json")
         progress(f"{name}: --offload-n auto under the predicted {gib(limit)}")
@@ -281,6 +286,8 @@ def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scr
                        "cgroup_peak_bytes": auto.get("cgroup_peak_bytes"),
                        "step_s": step_seconds(done) if done else None,
                        "window": (done.get("offload") or {}).get("window") if done else None,
+                       "recomputed": (len((done.get("memory_needs") or {}).get("recomputed_layers", []))
+                                      if done else None),
                        "swap_left": os.listdir(swap),
                        "tail": "" if done else (auto["stdout"] + auto["stderr"])[-500:]}
         if args.torch:
@@ -320,13 +327,16 @@ def print_bisect_table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|")
     for r in autos:
         a = r["auto"]
-        engine = (f"{a['step_s']:.2f} s, {mib(a['cgroup_peak_bytes'])} (N={a['window']})" if a["step_s"] is not None
+        chunks = f", {a['recomputed']} chunked layers recomputed" if a.get("recomputed") else ""
+        engine = (f"{a['step_s']:.2f} s, {mib(a['cgroup_peak_bytes'])} (N={a['window']}{chunks})"
+                  if a["step_s"] is not None
                   else ("OOM-killed" if a["oom_kills"] else f"exit {a['returncode']}"))
         print(f"| {r['model']} | {r['batch_size']} | {mib(a['limit_bytes'])} | {engine} | "
               f"{torch_cell(r.get('torch_limited'))} | {torch_cell(r.get('torch_unlimited'))} |")
 
 
-PLAN_WORDS = {"n1": "`--offload-n 1`", "none": "no offload"}
+PLAN_WORDS = {"n1": "`--offload-n 1`", "none": "no offload", "n1-recompute": "`--offload-n 1 --chunks recompute`",
+              "none-recompute": "`--chunks recompute`"}
 
 
 def mib(n: float | None) -> str:
@@ -428,7 +438,9 @@ def main() -> int:
     parser.add_argument("--bisect", action="store_true", help="Predicted against bisected smallest limits (docstring).")
     parser.add_argument("--models", default="resnet18,mobilenetv2", help="--bisect: models, comma-separated.")
     parser.add_argument("--batch-sizes", default="32", help="--bisect: batch sizes, comma-separated (e.g. 32,128).")
-    parser.add_argument("--plans", default="n1", help="--bisect: n1 (--offload-n 1) and/or none (no offload).")
+    parser.add_argument("--plans", default="n1-recompute",
+                        help="--bisect: n1 (--offload-n 1), none (no offload), n1-recompute, none-recompute (the same "
+                             "with --chunks recompute: the smallest each can need), comma-separated.")
     parser.add_argument("--resolution", type=parse_size, default=8 << 20, help="--bisect: stop at this gap.")
     parser.add_argument("--timeout", type=float, default=900, help="--bisect: a trial past it fails (thrashing).")
     parser.add_argument("--torch", action="store_true", help="--bisect: PyTorch under the same limit and without.")

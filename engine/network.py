@@ -59,8 +59,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from engine.backend import ComputeBackend
+from engine.chunking import fuse_chunkable
 from engine.graph import Graph, Node
-from engine.layers.chunked import ChunkedConvBN, fuse_chunkable
+from engine.layers.chunked import ChunkedConvBN
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager

@@ -9,7 +9,7 @@ and is the barrier: its statistics need every image before the first is normaliz
 backward needs Σdy and Σdy·x̂ over every image before the first dx.
 
 ``ChunkedConvBN`` is one node of the graph that stands for conv → batch norm → [ReLU | ReLU6] →
-[MaxPool2d] (``fuse_chunkable`` rewrites a graph's eligible chains into it). Its batch is walked in
+[MaxPool2d] (``engine.chunking.fuse_chunkable`` rewrites a graph's eligible chains into it). Its batch is walked in
 chunks of ``CHUNK_IMAGES`` images, in order:
 
 * forward: pass 1 runs the conv on each chunk and carries the statistics' sums
@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.graph import INPUT_NAME, Graph, Node
 from engine.layers.activation import ReLU, ReLU6
 from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
 from engine.layers.batchnorm import BatchNorm2d
@@ -394,58 +393,3 @@ def _identity(channels: int) -> np.ndarray:
     if table is None:
         table = _IDENTITIES[channels] = np.stack([np.ones(channels), np.zeros(channels)], 1)
     return table
-
-
-def chunkable_chains(graph: Graph) -> list[list[Node]]:
-    """The conv → batch norm → [ReLU | ReLU6] → [MaxPool2d] chains of ``graph`` that ``ChunkedConvBN`` can run:
-    each link the only reader of the one before, the conv's output plane at least ``CHUNK_MIN_PIXELS``."""
-    shapes = graph.shapes(1)
-    nodes = graph.nodes
-
-    def only_reader(node: Node, kinds: tuple[type, ...]) -> Node | None:
-        if len(node.consumers) != 1:
-            return None
-        reader = nodes[node.consumers[0]]
-        return reader if type(reader.layer) in kinds else None
-
-    chains = []
-    for node in nodes:
-        if type(node.layer) is not Conv2d or int(np.prod(shapes[node.index][2:])) < CHUNK_MIN_PIXELS:
-            continue
-        bn = only_reader(node, (BatchNorm2d,))
-        if bn is None:
-            continue
-        chain = [node, bn]
-        act = only_reader(bn, (ReLU, ReLU6))
-        if act is not None:
-            chain.append(act)
-            pool = only_reader(act, (MaxPool2d,))
-            if pool is not None:
-                chain.append(pool)
-        chains.append(chain)
-    return chains
-
-
-def fuse_chunkable(graph: Graph) -> Graph:
-    """``graph`` with each of its ``chunkable_chains`` one ``ChunkedConvBN`` node named by its layers
-    ("conv1+bn1+relu+maxpool"); the same graph when it has none. The layers are shared, not copied."""
-    chains = chunkable_chains(graph)
-    if not chains:
-        return graph
-    head = {chain[0].index: chain for chain in chains}
-    member = {node.index: chain for chain in chains for node in chain}
-    name_of = {-1: INPUT_NAME}
-    for node in graph.nodes:
-        chain = member.get(node.index)
-        name_of[node.index] = "+".join(n.name for n in chain) if chain else node.name
-    declarations = []
-    for node in graph.nodes:
-        inputs = [name_of[i] for i in node.inputs]
-        if node.index in head:
-            conv, bn, *rest = (n.layer for n in head[node.index])
-            act = rest[0] if rest else None
-            pool = rest[1] if len(rest) > 1 else None
-            declarations.append((name_of[node.index], ChunkedConvBN(conv, bn, act, pool), inputs))
-        elif node.index not in member:
-            declarations.append((node.name, node.layer, inputs))
-    return Graph(declarations, graph.input_shape)

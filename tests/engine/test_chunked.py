@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from engine.backend import get_backend
+from engine.chunking import chunkable_chains, fuse_chunkable
 from engine.data.datasets import synthetic
 from engine.graph import Graph
 from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU, ReLU6
-from engine.layers.chunked import CHUNK_IMAGES, ChunkedConvBN, chunkable_chains, fuse_chunkable
+from engine.layers.chunked import CHUNK_IMAGES, ChunkedConvBN
 from engine.network import Network
 from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer

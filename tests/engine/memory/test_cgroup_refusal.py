@@ -64,7 +64,8 @@ def test_a_too_large_batch_under_ulimit_v_is_a_refusal_not_a_traceback(tmp_path)
         resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, resource.RLIM_INFINITY))
 
     command = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
-               "--batch-size", "192", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(tmp_path)]
+               "--batch-size", "192", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(tmp_path),
+               "--chunks", "keep"]  # recomputing, the chunked layers would fit it
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, preexec_fn=limit_address_space,
                             timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -74,9 +75,9 @@ def test_a_too_large_batch_under_ulimit_v_is_a_refusal_not_a_traceback(tmp_path)
 
 
 def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(proof, tmp_path):
-    """``--workers 2`` starts both ranks in this cgroup: each gets half of it. Batch 32 of the cnn at 224 needs
-    ~0.46 GiB in one process (``engine memory``), so 800 MiB would hold one run but not two. Both ranks
-    refuse together (``refuse_together``): one line, exit 1, no MPI_Abort."""
+    """``--workers 2`` starts both ranks in this cgroup: each gets half of it. Batch 56 of the cnn at 224 needs
+    ~0.45 GiB in one process with every chunked layer recomputing (``engine memory``), so 800 MiB would hold
+    one run but not two. Both ranks refuse together (``refuse_together``): one line, exit 1, no MPI_Abort."""
     pytest.importorskip("mpi4py")
     from engine.parallel.comm import mpiexec_path
 
@@ -85,7 +86,7 @@ def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(p
     swap = tmp_path / "swap"
     swap.mkdir()
     command = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
-               "--batch-size", "32", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap),
+               "--batch-size", "56", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap),
                "--workers", "2"]
     env = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "PMI_RANK", "ENGINE_WORKERS_LAUNCHED")}
     result = proof.run_in_cgroup(command, 800 << 20, f"engine-test-{os.getpid()}-ranks", timeout=300, env=env)
