@@ -27,10 +27,13 @@ Two modes, chosen by the plan (``mode``), **the same bits** in both:
   output and the conv's output beside y;
 * ``"recompute"``: nothing but the input (the conv keeps it anyway) and 3·C statistics is kept; each
   pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
-  (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards.
+  (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards, less
+  two chunks: each second pass runs last chunk first and starts with what the first pass left in the
+  scratch (the conv's output forward, y and dy backward).
 
 **Exact for any mode, any offload, any batch split.** The weight gradient is the sum over chunks in
-order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₀; dw += W₁; …``);
+a fixed order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₃; dw += W₂; …``:
+pass 2 runs last chunk first, so that it starts with the chunk pass 1 ended with, still in the scratch);
 the statistics and the gradient sums are carried across calls at image boundaries; the conv's
 forward and backward-data are called on the same chunks in both modes. So recomputing a chunk
 gives the bits it had, and keep, recompute, offload on or off give the same weights
@@ -309,8 +312,9 @@ class ChunkedConvBN(Layer):
                                  bn.params["bias"], bn.buffers["running_mean"], bn.buffers["running_var"], ss,
                                  _as_array(save_invstd), bn.momentum, bn.eps)
         bn.num_batches_tracked += 1
-        for a, b in _chunks(x_shape[0]):  # pass 2: normalize, activate, pool
-            z = ya[a:b] if keep else conv_chunk(a, b)
+        for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: normalize, activate, pool
+            # last chunk first: in recompute mode its conv output is still in the scratch from pass 1
+            z = ya[a:b] if keep else (s["z"][:b - a] if i == 0 else conv_chunk(a, b))
             if self.pool is None:
                 k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, oa[a:b])
             else:
@@ -361,22 +365,23 @@ class ChunkedConvBN(Layer):
         for a, b in _chunks(x_shape[0]):  # pass 1: Σdy and Σdy·x̂, carried
             y, d = y_and_dy(a, b)
             k.batchnorm_chunk_gradient_sums(y, d, gamma, beta, s["sums"], a == 0)
+        last = (y, d)  # the last chunk's y and dy: pass 2 starts with it
         bn.grads["bias"][...] = s["sums"][:, 0]
         bn.grads["weight"][...] = s["sums"][:, 1]
         count = x_shape[0] * z_shape[2] * z_shape[3]
         dw, dbias = conv.grads["weight"], conv.grads.get("bias")
         partial_w = s["partial"][:dw.size].reshape(dw.shape)
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
-        for a, b in _chunks(x_shape[0]):  # pass 2: batch norm's dx, then the conv's backward on the chunk
-            y, d = y_and_dy(a, b)
+        for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
+            y, d = last if i == 0 else y_and_dy(a, b)
             k.batchnorm_chunk_dx(y, d, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d)
             if dx is not None:
                 k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
                                        conv.groups, s["conv"])
-            first = a == 0
+            first = i == 0
             k.conv2d_backward_weight(xa[a:b], d, dw if first else partial_w, dbias if first else partial_b,
                                      conv.stride, conv.padding, conv.groups, s["conv"])
-            if not first:  # the chunks' sums in order: dw = W0; dw += W1; ...
+            if not first:  # the chunks' sums, last chunk first: dw = W₃; dw += W₂; ... (the same in both modes)
                 np.add(dw, partial_w, out=dw)
                 if dbias is not None:
                     np.add(dbias, partial_b, out=dbias)
