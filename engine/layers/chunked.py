@@ -22,10 +22,13 @@ chunks of ``CHUNK_IMAGES`` images, in order:
 Two modes, chosen by the plan (``mode``), **the same bits** in both:
 
 * ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the
-  separate layers kept their batch norm's output; backward rebuilds only the cheap parts
-  (activation, pool) from it. What is alive is what the separate layers had, less the activation's
-  output and the conv's output beside y;
-* ``"recompute"``: nothing but the input (the conv keeps it anyway) and 3·C statistics is kept; each
+  separate layers kept their batch norm's output, and backward's pass 1 writes dy for the whole batch
+  into its scratch (where the separate layers had their dx), so pass 2 rebuilds nothing. Measured
+  (ResNet-18's stem at 224, batch 32, median of 3 steps): rebuilding the activation, the pool's argmax
+  and dy per chunk in both passes took its backward from 97 ms (separate layers) to 238 ms;
+  the argmax is now kept by both modes (a byte per pooled output) and keep mode makes dy once;
+* ``"recompute"``: nothing but the input (the conv keeps it anyway), 3·C statistics and the pool's argmax
+  is kept; each
   pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
   (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards, less
   two chunks: each second pass runs last chunk first and starts with what the first pass left in the
@@ -168,6 +171,8 @@ class ChunkedConvBN(Layer):
         specs = [SavedSpec("scale_shift", (C, 2), np.float64), SavedSpec("save_invstd", (C,))]
         if self.mode == "keep":
             specs.insert(0, SavedSpec("y", z))
+        if self.pool is not None:  # a byte per output (ResNet-18's stem at batch 32: 6.1 MiB against y's 98)
+            specs.append(SavedSpec("argmax", self.shapes(input_shapes[0])[1], self.pool.argmax_dtype))
         return specs
 
     def _chunk_shape(self, shape: Shape, n: int) -> Shape:
@@ -183,8 +188,6 @@ class ChunkedConvBN(Layer):
         geometry = [(self._chunk_shape(x_shape, m), self.conv.weight_shape, self.conv.stride, self.conv.padding,
                      self.conv.groups) for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES}]
         layout: list[tuple[str, Shape, Any]] = []
-        pooled = [("pooled", self._chunk_shape(out, n), np.float32),
-                  ("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype)] if self.pool is not None else []
         if phase in ("forward", "infer"):
             if phase == "forward":
                 layout.append(("sums", (C, 3), np.float64))
@@ -195,7 +198,8 @@ class ChunkedConvBN(Layer):
             if self.pool is not None:
                 if phase == "forward" and self.mode == "keep":
                     layout.append(("a", zc, np.float32))
-                layout.append(("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype))
+                if phase == "infer":  # training keeps the argmax for backward (saved_specs)
+                    layout.append(("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype))
         else:
             layout.append(("sums", (C, 2), np.float64))
             data = max(int(kernels.conv2d_backward_data_workspace_size(*g)) for g in geometry)
@@ -207,8 +211,9 @@ class ChunkedConvBN(Layer):
                 layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
                                np.float32))
                 layout.append(("y", zc, np.float32))
-            layout.append(("d", zc, np.float32))
-            layout += pooled
+            # keep mode: dy of the whole batch, so that pass 2 reads what pass 1 made (the batch norm's output is
+            # kept whole anyway: this is the memory of the separate layers' dx, which it replaces)
+            layout.append(("d", z if self.mode == "keep" else zc, np.float32))
         return layout
 
     def _scratch_elements(self, x_shape: Shape, phase: str) -> int:
@@ -296,6 +301,7 @@ class ChunkedConvBN(Layer):
         y = self.keep("y", z_shape) if keep else None
         scale_shift = self.keep("scale_shift", (z_shape[1], 2), np.float64)
         save_invstd = self.keep("save_invstd", (z_shape[1],))
+        argmax = None if self.pool is None else _as_array(self.keep("argmax", out_shape, self.pool.argmax_dtype))
         scratch = self.scratch(ArrayType.FF_WORKING_MEM, self._scratch_elements(x_shape, "forward"))
         s = self._carve(scratch, x_shape, "forward")
         ya, ss = (_as_array(y) if keep else None), _as_array(scale_shift)
@@ -320,8 +326,8 @@ class ChunkedConvBN(Layer):
             else:
                 act = s["a"][:b - a] if keep else z
                 k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, act)
-                self._pool_forward(act, oa[a:b], s["argmax"][:b - a])
-        self.saved = {"x": x, "y": y, "scale_shift": scale_shift, "save_invstd": save_invstd}
+                self._pool_forward(act, oa[a:b], argmax[a:b])
+        self.saved = {"x": x, "y": y, "scale_shift": scale_shift, "save_invstd": save_invstd, "argmax": argmax}
         return out
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
@@ -339,21 +345,21 @@ class ChunkedConvBN(Layer):
         ss = _as_array(saved["scale_shift"])
         gamma, beta = bn.params["weight"], bn.params["bias"]
 
+        argmax = saved["argmax"]
+        whole = ya is not None  # keep mode: dy of the whole batch in the scratch, made once by pass 1
+
         def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-            """The chunk's batch-norm output (kept or rebuilt) and its gradient, in ``s["d"]``."""
+            """The chunk's batch-norm output (kept or rebuilt) and its gradient dy, in ``s["d"]``."""
             if ya is not None:
                 y = ya[a:b]
             else:
                 y = s["y"][:b - a]
                 self._conv_forward(xa[a:b], y, s["conv_forward"])
                 k.batchnorm_chunk_apply(y, ss, None, None, y)
-            d = s["d"][:b - a]
-            if self.pool is not None:
-                act = d  # the activation's output (the pool's argmax), then over it the pool's input gradient
-                k.batchnorm_chunk_apply(y, _identity(len(ss)), self.activation, None, act)
-                self._pool_forward(act, s["pooled"][:b - a], s["argmax"][:b - a])
+            d = s["d"][a:b] if whole else s["d"][:b - a]
+            if self.pool is not None:  # the pool's input gradient, then the activation's mask over it
                 p = self.pool
-                k.maxpool2d_backward(da[a:b], s["argmax"][:b - a], d, p.kernel_size, p.stride, p.padding)
+                k.maxpool2d_backward(da[a:b], argmax[a:b], d, p.kernel_size, p.stride, p.padding)
                 if self.activation is not None:
                     getattr(k, f"{self.activation}_backward")(y, d, d)
             elif self.activation is not None:
@@ -373,7 +379,12 @@ class ChunkedConvBN(Layer):
         partial_w = s["partial"][:dw.size].reshape(dw.shape)
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
-            y, d = last if i == 0 else y_and_dy(a, b)
+            if i == 0:
+                y, d = last
+            elif whole:
+                y, d = ya[a:b], s["d"][a:b]
+            else:
+                y, d = y_and_dy(a, b)
             k.batchnorm_chunk_dx(y, d, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d)
             if dx is not None:
                 k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
@@ -386,15 +397,3 @@ class ChunkedConvBN(Layer):
                 if dbias is not None:
                     np.add(dbias, partial_b, out=dbias)
         return [dx]
-
-
-_IDENTITIES: dict[int, np.ndarray] = {}
-
-
-def _identity(channels: int) -> np.ndarray:
-    """Scale 1, shift 0 per channel: ``batchnorm_chunk_apply`` then only activates; y·1 + 0 is y (a −0 becomes
-    +0, which compares equal, so the pool picks the same argmax as the forward did)."""
-    table = _IDENTITIES.get(channels)
-    if table is None:
-        table = _IDENTITIES[channels] = np.stack([np.ones(channels), np.zeros(channels)], 1)
-    return table
