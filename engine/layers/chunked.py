@@ -22,11 +22,12 @@ chunks of ``CHUNK_IMAGES`` images, in order:
 Two modes, chosen by the plan (``mode``), **the same bits** in both:
 
 * ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the
-  separate layers kept their batch norm's output, and backward's pass 1 writes dy for the whole batch
-  into its scratch (where the separate layers had their dx), so pass 2 rebuilds nothing. Measured
-  (ResNet-18's stem at 224, batch 32, median of 3 steps): rebuilding the activation, the pool's argmax
-  and dy per chunk in both passes took its backward from 97 ms (separate layers) to 238 ms;
-  the argmax is now kept by both modes (a byte per pooled output) and keep mode makes dy once;
+  separate layers kept their batch norm's output; backward rebuilds dy per chunk from it in each pass
+  (the pool's backward from the kept argmax, the activation's mask from y). Measured on ResNet-18's stem
+  at 224, batch 32 (median of 3 steps, per-node hooks): rebuilding the activation and the pool's argmax
+  too took its backward from 97 ms (the separate layers) to 238 ms, so both modes keep the argmax (a
+  byte per pooled output): 125 ms. Tried and dropped: dy of the whole batch in keep mode's scratch, made
+  once by pass 1: 114 ms, for 98 MiB more at the stem and 147 MiB at MobileNetV2's 112-pixel expand;
 * ``"recompute"``: nothing but the input (the conv keeps it anyway), 3·C statistics and the pool's argmax
   is kept; each
   pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
@@ -211,9 +212,7 @@ class ChunkedConvBN(Layer):
                 layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
                                np.float32))
                 layout.append(("y", zc, np.float32))
-            # keep mode: dy of the whole batch, so that pass 2 reads what pass 1 made (the batch norm's output is
-            # kept whole anyway: this is the memory of the separate layers' dx, which it replaces)
-            layout.append(("d", z if self.mode == "keep" else zc, np.float32))
+            layout.append(("d", zc, np.float32))
         return layout
 
     def _scratch_elements(self, x_shape: Shape, phase: str) -> int:
@@ -346,7 +345,6 @@ class ChunkedConvBN(Layer):
         gamma, beta = bn.params["weight"], bn.params["bias"]
 
         argmax = saved["argmax"]
-        whole = ya is not None  # keep mode: dy of the whole batch in the scratch, made once by pass 1
 
         def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
             """The chunk's batch-norm output (kept or rebuilt) and its gradient dy, in ``s["d"]``."""
@@ -356,7 +354,7 @@ class ChunkedConvBN(Layer):
                 y = s["y"][:b - a]
                 self._conv_forward(xa[a:b], y, s["conv_forward"])
                 k.batchnorm_chunk_apply(y, ss, None, None, y)
-            d = s["d"][a:b] if whole else s["d"][:b - a]
+            d = s["d"][:b - a]
             if self.pool is not None:  # the pool's input gradient, then the activation's mask over it
                 p = self.pool
                 k.maxpool2d_backward(da[a:b], argmax[a:b], d, p.kernel_size, p.stride, p.padding)
@@ -379,12 +377,7 @@ class ChunkedConvBN(Layer):
         partial_w = s["partial"][:dw.size].reshape(dw.shape)
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
-            if i == 0:
-                y, d = last
-            elif whole:
-                y, d = ya[a:b], s["d"][a:b]
-            else:
-                y, d = y_and_dy(a, b)
+            y, d = last if i == 0 else y_and_dy(a, b)
             k.batchnorm_chunk_dx(y, d, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d)
             if dx is not None:
                 k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
