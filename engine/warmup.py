@@ -286,9 +286,9 @@ TINY_ARGS: dict[str, Callable[[], tuple]] = {
     "batchnorm_chunk_apply": lambda: (_f32(*_X), np.ones((_C, 2)), "relu", np.empty(_X, np.float32),
                                       np.empty(_X, np.float32)),
     "batchnorm_chunk_gradient_sums": lambda: (_f32(*_X), _f32(*_X), np.ones(_C, np.float32),
-                                              np.zeros(_C, np.float32), np.zeros((_C, 2)), True),
+                                              np.zeros(_C, np.float32), np.zeros((_C, 2)), True, "relu"),
     "batchnorm_chunk_dx": lambda: (_f32(*_X), _f32(*_X), np.ones(_C, np.float32), np.zeros(_C, np.float32),
-                                   np.ones(_C, np.float32), np.zeros((_C, 2)), 32, np.empty(_X, np.float32)),
+                                   np.ones(_C, np.float32), np.zeros((_C, 2)), 32, np.empty(_X, np.float32), "relu"),
     "softmax_xent_forward": lambda: (
         np.zeros((2, 3), np.float32),
         np.zeros(2, np.int64),

@@ -347,29 +347,27 @@ class ChunkedConvBN(Layer):
         argmax = saved["argmax"]
 
         def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-            """The chunk's batch-norm output (kept or rebuilt) and its gradient dy, in ``s["d"]``."""
+            """The chunk's batch-norm output (kept or rebuilt) and the gradient of its activation's output: the
+            layer's dout, or the pool's backward of it in ``s["d"]`` (the chunk kernels apply the activation's
+            mask from y on the fly: one pass over y and the gradient, nothing written for it)."""
             if ya is not None:
                 y = ya[a:b]
             else:
                 y = s["y"][:b - a]
                 self._conv_forward(xa[a:b], y, s["conv_forward"])
                 k.batchnorm_chunk_apply(y, ss, None, None, y)
+            if self.pool is None:
+                return y, da[a:b]
             d = s["d"][:b - a]
-            if self.pool is not None:  # the pool's input gradient, then the activation's mask over it
-                p = self.pool
-                k.maxpool2d_backward(da[a:b], argmax[a:b], d, p.kernel_size, p.stride, p.padding)
-                if self.activation is not None:
-                    getattr(k, f"{self.activation}_backward")(y, d, d)
-            elif self.activation is not None:
-                getattr(k, f"{self.activation}_backward")(y, da[a:b], d)
-            else:
-                d[...] = da[a:b]
+            p = self.pool
+            k.maxpool2d_backward(da[a:b], argmax[a:b], d, p.kernel_size, p.stride, p.padding)
             return y, d
 
+        act = self.activation
         for a, b in _chunks(x_shape[0]):  # pass 1: Σdy and Σdy·x̂, carried
-            y, d = y_and_dy(a, b)
-            k.batchnorm_chunk_gradient_sums(y, d, gamma, beta, s["sums"], a == 0)
-        last = (y, d)  # the last chunk's y and dy: pass 2 starts with it
+            y, g = y_and_dy(a, b)
+            k.batchnorm_chunk_gradient_sums(y, g, gamma, beta, s["sums"], a == 0, act)
+        last = (y, g)  # the last chunk's y and gradient: pass 2 starts with it
         bn.grads["bias"][...] = s["sums"][:, 0]
         bn.grads["weight"][...] = s["sums"][:, 1]
         count = x_shape[0] * z_shape[2] * z_shape[3]
@@ -377,8 +375,9 @@ class ChunkedConvBN(Layer):
         partial_w = s["partial"][:dw.size].reshape(dw.shape)
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
-            y, d = last if i == 0 else y_and_dy(a, b)
-            k.batchnorm_chunk_dx(y, d, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d)
+            y, g = last if i == 0 else y_and_dy(a, b)
+            d = s["d"][:b - a]  # dz: over the pool's gradient when there is one (the kernel allows it)
+            k.batchnorm_chunk_dx(y, g, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d, act)
             if dx is not None:
                 k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
                                        conv.groups, s["conv"])

@@ -331,34 +331,45 @@ def _chunk_apply(z, scale_shift, act, y, out, lo, hi):
                 out[n, c, i] = v
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _masked(d, v, act):
+    """The activation's backward on the fly: ``d`` where the forward output's mask passes (from the batch norm
+    output ``v``: ReLU v > 0, ReLU6 0 < v < 6, as relu_backward and relu6_backward), else 0."""
+    if act == 1:
+        return d if v > 0 else np.float32(0.0)
+    if act == 2:
+        return d if (v > 0 and v < 6) else np.float32(0.0)
+    return d
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _gradient_sums_from(y, dy, c, b, inv_g, s1, s2):
-    """``_channel_gradient_sums`` continuing the given sums."""
+def _gradient_sums_from(y, dout, c, b, inv_g, s1, s2, act):
+    """``_channel_gradient_sums`` of dy = the activation's backward of ``dout``, continuing the given sums."""
     for n in range(y.shape[0]):
-        g = dy[n, c]
+        g = dout[n, c]
         v = y[n, c]
         for i in range(y.shape[2]):
-            d = np.float64(g[i])
+            d = np.float64(_masked(g[i], v[i], act))
             s1 += d
             s2 += d * ((v[i] - b) * inv_g)
     return s1, s2
 
 
 @njit(cache=True, nogil=True)
-def _chunk_gradient_sums(y, dy, gamma, beta, sums, first, lo, hi):
+def _chunk_gradient_sums(y, dout, gamma, beta, sums, first, act, lo, hi):
     for c in range(lo, hi):
         if first:
             sums[c, 0] = 0.0
             sums[c, 1] = 0.0
         ch = np.int64(c)
         g = np.float64(_safe_gamma(gamma[c]))
-        s1, s2 = _gradient_sums_from(y, dy, ch, np.float64(beta[c]), 1.0 / g, sums[c, 0], sums[c, 1])
+        s1, s2 = _gradient_sums_from(y, dout, ch, np.float64(beta[c]), 1.0 / g, sums[c, 0], sums[c, 1], act)
         sums[c, 0] = s1
         sums[c, 1] = s2
 
 
 @njit(cache=True, nogil=True)
-def _chunk_dx(y, dy, gamma, beta, save_invstd, sums, count, dx, lo, hi):
+def _chunk_dx(y, dout, gamma, beta, save_invstd, sums, count, act, dx, lo, hi):
     N, C, area = y.shape
     for c in range(lo, hi):
         g = np.float64(_safe_gamma(gamma[c]))
@@ -369,8 +380,9 @@ def _chunk_dx(y, dy, gamma, beta, save_invstd, sums, count, dx, lo, hi):
         mean_dy_xhat = sums[c, 1] / count
         for n in range(N):
             for i in range(area):
-                xhat = (y[n, c, i] - b) * inv_g
-                dx[n, c, i] = k * (dy[n, c, i] - mean_dy - xhat * mean_dy_xhat)
+                v = y[n, c, i]
+                xhat = (v - b) * inv_g
+                dx[n, c, i] = k * (_masked(dout[n, c, i], v, act) - mean_dy - xhat * mean_dy_xhat)
 
 
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -427,9 +439,11 @@ def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: st
 
 
 def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
-                                  sums: np.ndarray, first: bool) -> None:
+                                  sums: np.ndarray, first: bool, activation: str | None = None) -> None:
     """Carry (Σ dy, Σ dy·x̂) over the images of ``y`` (the forward's output, x̂ = (y − β)/γ) into ``sums``
-    (C × 2 float64; reset when ``first``): calls in image order give the bits of one call."""
+    (C × 2 float64; reset when ``first``): calls in image order give the bits of one call. With ``activation``
+    ("relu", "relu6"), ``dy`` is the gradient of the activation's output and its mask (from y) is applied on the
+    fly: the bits of relu_backward / relu6_backward first, without writing their result."""
     op = "batchnorm_chunk_gradient_sums"
     N, C, area = _channels(op, y)
     check_array(op, "dy", dy, y.shape)
@@ -437,13 +451,15 @@ def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarr
     for name, array in [("gamma", gamma), ("beta", beta)]:
         check_array(op, name, array, (C,))
     y3 = y.reshape(N, C, area)
-    _over_channels(_chunk_gradient_sums, y3, y3, dy.reshape(N, C, area), gamma, beta, sums, bool(first))
+    _over_channels(_chunk_gradient_sums, y3, y3, dy.reshape(N, C, area), gamma, beta, sums, bool(first),
+                   _ACTIVATIONS[activation])
 
 
 def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray, save_invstd: np.ndarray,
-                       sums: np.ndarray, count: int, dx: np.ndarray) -> None:
+                       sums: np.ndarray, count: int, dx: np.ndarray, activation: str | None = None) -> None:
     """dx of the images of ``y`` from the finished gradient sums over ``count`` values per channel, with
-    ``batchnorm_backward_from_output``'s arithmetic; ``dx`` may be ``dy``."""
+    ``batchnorm_backward_from_output``'s arithmetic; ``dx`` may be ``dy``; ``activation`` as in
+    ``batchnorm_chunk_gradient_sums`` (one pass over y and dy instead of the activation's and then this one)."""
     op = "batchnorm_chunk_dx"
     N, C, area = _channels(op, y)
     check_array(op, "dy", dy, y.shape)
@@ -453,4 +469,4 @@ def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: n
         check_array(op, name, array, (C,))
     y3 = y.reshape(N, C, area)
     _over_channels(_chunk_dx, y3, y3, dy.reshape(N, C, area), gamma, beta, save_invstd, sums, int(count),
-                   dx.reshape(N, C, area))
+                   _ACTIVATIONS[activation], dx.reshape(N, C, area))

@@ -175,8 +175,17 @@ def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: st
     out[...] = v
 
 
+def _masked(y: np.ndarray, dy: np.ndarray, activation: str | None) -> np.ndarray:
+    if activation == "relu":
+        return np.where(y > 0, dy, np.float32(0))
+    if activation == "relu6":
+        return np.where((y > 0) & (y < 6), dy, np.float32(0))
+    return dy
+
+
 def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
-                                  sums: np.ndarray, first: bool) -> None:
+                                  sums: np.ndarray, first: bool, activation: str | None = None) -> None:
+    dy = _masked(y, dy, activation)
     if first:
         sums[...] = 0.0
     g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
@@ -187,7 +196,8 @@ def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarr
 
 
 def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray, save_invstd: np.ndarray,
-                       sums: np.ndarray, count: int, dx: np.ndarray) -> None:
+                       sums: np.ndarray, count: int, dx: np.ndarray, activation: str | None = None) -> None:
+    dy = _masked(y, dy, activation)
     g = safe_gamma(gamma).astype(np.float64)[None, :, None, None]
     xhat = (y.astype(np.float64) - beta.astype(np.float64)[None, :, None, None]) / g
     k = g * save_invstd.astype(np.float64)[None, :, None, None]

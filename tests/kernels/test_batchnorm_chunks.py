@@ -110,3 +110,32 @@ def test_bad_sums_are_named():
     x, _ = data()
     with pytest.raises(ValueError, match="sums must be a C-contiguous float64 array of shape"):
         CPU["batchnorm_chunk_statistics"](x, np.zeros((5, 2)), True)
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+def test_the_activation_mask_on_the_fly_gives_the_bits_of_its_backward_first(activation):
+    """With ``activation`` the kernels take the gradient of the activation's output: the same bits as
+    relu_backward / relu6_backward written out first, then the kernel without it."""
+    rng = np.random.default_rng(3)
+    y = (rng.standard_normal((5, 4, 6, 6)) * 4).astype(np.float32)  # both sides of 0 and of 6
+    y[0, 0, 0, :3] = [0.0, 6.0, -0.0]  # the kinks themselves
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    C = y.shape[1]
+    gamma, beta = (rng.standard_normal(C) + 2).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    invstd = rng.uniform(0.5, 2, C).astype(np.float32)
+    dy = np.empty_like(g)
+    CPU[f"{activation}_backward"](y, g, dy)
+    plain, fused = np.zeros((C, 2)), np.zeros((C, 2))
+    CPU["batchnorm_chunk_gradient_sums"](y, dy, gamma, beta, plain, True)
+    CPU["batchnorm_chunk_gradient_sums"](y, g, gamma, beta, fused, True, activation)
+    assert np.array_equal(plain, fused)
+    ref = np.zeros((C, 2))
+    REF["batchnorm_chunk_gradient_sums"](y, g, gamma, beta, ref, True, activation)
+    np.testing.assert_allclose(fused, ref, rtol=1e-10, atol=1e-9)
+    dx_plain, dx_fused = np.empty_like(y), np.empty_like(y)
+    CPU["batchnorm_chunk_dx"](y, dy, gamma, beta, invstd, plain, 180, dx_plain)
+    CPU["batchnorm_chunk_dx"](y, g, gamma, beta, invstd, plain, 180, dx_fused, activation)
+    assert np.array_equal(dx_plain, dx_fused)
+    in_place = g.copy()
+    CPU["batchnorm_chunk_dx"](y, in_place, gamma, beta, invstd, plain, 180, in_place, activation)
+    assert np.array_equal(in_place, dx_fused)
