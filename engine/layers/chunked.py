@@ -22,18 +22,19 @@ chunks of ``CHUNK_IMAGES`` images, in order:
 Two modes, chosen by the plan (``mode``), **the same bits** in both:
 
 * ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the
-  separate layers kept their batch norm's output; backward rebuilds dy per chunk from it in each pass
-  (the pool's backward from the kept argmax, the activation's mask from y). Measured on ResNet-18's stem
+  separate layers kept their batch norm's output; backward rebuilds the gradient per chunk in each pass
+  (the pool's backward from the kept argmax; the activation's mask from y is applied inside the batch-norm
+  kernels, ``activation=``, so no pass writes dy: MobileNetV2's chunked layers 425–436 → 388–406 ms a
+  step). Measured on ResNet-18's stem
   at 224, batch 32 (median of 3 steps, per-node hooks): rebuilding the activation and the pool's argmax
   too took its backward from 97 ms (the separate layers) to 238 ms, so both modes keep the argmax (a
   byte per pooled output): 125 ms. Tried and dropped: dy of the whole batch in keep mode's scratch, made
   once by pass 1: 114 ms, for 98 MiB more at the stem and 147 MiB at MobileNetV2's 112-pixel expand;
 * ``"recompute"``: nothing but the input (the conv keeps it anyway), 3·C statistics and the pool's argmax
-  is kept; each
-  pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
+  is kept; each pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
   (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards, less
   two chunks: each second pass runs last chunk first and starts with what the first pass left in the
-  scratch (the conv's output forward, y and dy backward).
+  scratch (the conv's output forward, y and the pool's gradient backward).
 
 **Exact for any mode, any offload, any batch split.** The weight gradient is the sum over chunks in
 a fixed order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₃; dw += W₂; …``:
@@ -47,8 +48,8 @@ of the arithmetic: a weight gradient summed over other chunks rounds differently
 Why recompute rather than swap the waiting tensors (the issue's first sketch: the conv's output
 chunks wait at the barrier in the swap file): on this machine the disk reads 1.0–1.4 GiB/s
 (docs/offload.md), so ResNet-18's stem at batch 32 would move 98 MiB out and 3 × 98 MiB back per
-step (~0.3 s of disk), while the stem's conv forward on 8-image chunks takes ~87 ms: three of them
-cost about as much, with no IO threads competing for the two cores and nothing written.
+step (~0.3 s of disk), while the stem's conv forward on 8-image chunks takes ~75 ms: three of them
+cost less, with no IO threads competing for the two cores and nothing written.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ from engine.memory import ArrayType, Tensor
 CHUNK_IMAGES = 8
 """Images per chunk: part of the arithmetic (module docstring), so one value for every run. 8 keeps the
 conv calls large at the sizes that are chunked (8 × 64 × 112 × 112 outputs for ResNet-18's stem: the
-stem's forward 74.5 ms for 32 images in one call, 87.2 ms as four calls of 8; weight gradient 62.1 →
-68.0 ms; 64→64 3×3 @56: 28.9 → 30.0 ms), while a chunk's tensors are a quarter of batch 32's."""
+stem's forward 74–77 ms for 32 images in one call, 75 ms as four calls of 8 since ``conv_stem`` cuts at
+least two images per thread chunk (83–89 ms before); weight gradient 62.1 → 68.0 ms; 64→64 3×3 @56:
+28.9 → 30.0 ms), while a chunk's tensors are a quarter of batch 32's."""
 
 CHUNK_MIN_PIXELS = 56 * 56
 """A chain is made chunkable when its conv's output plane has at least this many pixels: ImageNet's
