@@ -214,7 +214,8 @@ class ChunkedConvBN(Layer):
                 layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
                                np.float32))
                 layout.append(("y", zc, np.float32))
-            layout.append(("d", zc, np.float32))
+            if self.pool is not None or self.mode == "keep":  # recompute without a pool: dz goes over its y
+                layout.append(("d", zc, np.float32))
         return layout
 
     def _scratch_elements(self, x_shape: Shape, phase: str) -> int:
@@ -378,7 +379,10 @@ class ChunkedConvBN(Layer):
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
             y, g = last if i == 0 else y_and_dy(a, b)
-            d = s["d"][:b - a]  # dz: over the pool's gradient when there is one (the kernel allows it)
+            # dz: over the pool's gradient when there is one, else over the rebuilt y, used for the last time
+            # here (the kernel reads each value before writing it): recompute mode then needs one chunk tensor
+            # less (MobileNetV2's 112-pixel expand: 36.75 MiB); keep mode keeps y, so dz has its own
+            d = s["d"][:b - a] if "d" in s else y
             k.batchnorm_chunk_dx(y, g, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d, act)
             if dx is not None:
                 k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
