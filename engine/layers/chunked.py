@@ -169,13 +169,13 @@ class ChunkedConvBN(Layer):
         return self.shapes(input_shapes[0])[1]
 
     def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
-        z, _ = self.shapes(input_shapes[0])
+        z, out = self.shapes(input_shapes[0])
         C = z[1]
         specs = [SavedSpec("scale_shift", (C, 2), np.float64), SavedSpec("save_invstd", (C,))]
         if self.mode == "keep":
             specs.insert(0, SavedSpec("y", z))
         if self.pool is not None:  # a byte per output (ResNet-18's stem at batch 32: 6.1 MiB against y's 98)
-            specs.append(SavedSpec("argmax", self.shapes(input_shapes[0])[1], self.pool.argmax_dtype))
+            specs.append(SavedSpec("argmax", out, self.pool.argmax_dtype))
         return specs
 
     def _chunk_shape(self, shape: Shape, n: int) -> Shape:
