@@ -43,9 +43,9 @@ at 848 MiB (peak 828, N=2). At batch 128, N=1 (3 steps, RUNTIME_BYTES 32 MiB the
 2,187 MiB, bisected 2,115; MobileNetV2 3,049 and 3,001; ``auto`` under the prediction trained (peaks
 2,116 MiB at N=1 and 3,027 at N=2).
 With chunked layers recomputing (``--chunks recompute``, engine/layers/chunked.py; ``cgroup_proof.py --bisect
---plans n1-recompute``, 3 steps, 2026-11-28), predicted against bisected, in MiB: ResNet-18 batch 32 513 / 479
-(+7.1%), batch 128 1,340 / 1,254 (+6.9%); MobileNetV2 663 / 645 (+2.9%), 2,060 / 1,992 (+3.4%); ``auto`` under
-each prediction trained (cgroup peaks 491, 1,261, 658, 2,001 MiB). The allowance was left as it is: every
+--plans n1-recompute``, 3 steps, 2026-11-28), predicted against bisected, in MiB: ResNet-18 batch 32 507 / 479
+(+5.9%), batch 128 1,334 / 1,248 (+6.9%); MobileNetV2 627 / 609 (+2.9%), 2,048 / 1,980 (+3.4%); ``auto`` under
+each prediction trained (cgroup peaks 482, 1,244, 623, 1,983 MiB). The allowance was left as it is: every
 prediction stays above the truth, and ResNet-18's larger margin is its setup (169 MiB anonymous at plan time,
 some of it freed before the first step).
 ``FILE_SHARE`` = 0: the cgroup peaks of unlimited runs (677 and 846 MiB) sit 90 MiB below their RSS
