@@ -203,6 +203,12 @@ class Layer:
         return self.mgr.create(array_type, (int(elements),), dtype=np.float32)
 
 
+def checked_array(x: Any, op: str, argument: str = "argument 0") -> Any:
+    """The raw array of a workspace Tensor, checked as the kernel table checks it (a stale or released tensor
+    raises naming ``op``); a plain array as it is. For layers that hand kernels views of their tensors."""
+    return x.kernel_array(op, argument) if hasattr(x, "kernel_array") else x
+
+
 def tuple_str(shape: Shape | list[Shape]) -> str:
     if isinstance(shape, list):
         return " and ".join(tuple_str(s) for s in shape)

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from engine.layers.activation import ReLU, ReLU6
-from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape
+from engine.layers.base import BufferSpec, InputGradients, Layer, ParameterSpec, SavedSpec, Shape, checked_array
 from engine.layers.batchnorm import BatchNorm2d
 from engine.layers.conv import Conv2d
 from engine.layers.pool import MaxPool2d
@@ -76,10 +76,6 @@ least two images per thread chunk (83–89 ms before); weight gradient 62.1 → 
 CHUNK_MIN_PIXELS = 56 * 56
 """A chain is made chunkable when its conv's output plane has at least this many pixels: ImageNet's
 112×112 and 56×56 stages (where the large tensors are); never a CIFAR-size layer."""
-
-
-def _as_array(t: Any) -> np.ndarray:
-    return t.array if isinstance(t, Tensor) else t
 
 
 def _chunks(n: int) -> Iterator[tuple[int, int]]:
@@ -222,7 +218,7 @@ class ChunkedConvBN(Layer):
         return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase))
 
     def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str) -> dict[str, np.ndarray]:
-        carver = _Carver(None if scratch is None else _as_array(scratch))
+        carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
         return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase)}
 
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
@@ -267,6 +263,11 @@ class ChunkedConvBN(Layer):
 
     # ---- compute -----------------------------------------------------------------------------------
 
+    def _array(self, tensor: Tensor | np.ndarray, argument: str) -> np.ndarray:
+        """What the chunk loops slice: the tensor's array, checked as the kernel table checks its arguments (a
+        swapped-out or retired tensor raises here, not after a chunk read stale bytes)."""
+        return checked_array(tensor, self.describe(), argument)
+
     def _conv_forward(self, x: np.ndarray, z: np.ndarray, scratch: np.ndarray) -> None:
         c = self.conv
         self.backend.kernels.conv2d_forward(x, c.params["weight"], c.params.get("bias"), z, c.stride, c.padding,
@@ -282,7 +283,7 @@ class ChunkedConvBN(Layer):
         z_shape, out_shape = self.shapes(x_shape)
         out = self.output(out_shape)
         k = self.backend.kernels
-        xa, oa = _as_array(x), _as_array(out)
+        xa, oa = self._array(x, "x"), self._array(out, "out")
         if not training:
             scratch = self.mgr.create(ArrayType.FF_WORKING_MEM, (self._scratch_elements(x_shape, "infer"),))
             s = self._carve(scratch, x_shape, "infer")
@@ -303,10 +304,11 @@ class ChunkedConvBN(Layer):
         y = self.keep("y", z_shape) if keep else None
         scale_shift = self.keep("scale_shift", (z_shape[1], 2), np.float64)
         save_invstd = self.keep("save_invstd", (z_shape[1],))
-        argmax = None if self.pool is None else _as_array(self.keep("argmax", out_shape, self.pool.argmax_dtype))
+        argmax = None if self.pool is None else self.keep("argmax", out_shape, self.pool.argmax_dtype)
+        argmax_a = None if argmax is None else self._array(argmax, "argmax")
         scratch = self.scratch(ArrayType.FF_WORKING_MEM, self._scratch_elements(x_shape, "forward"))
         s = self._carve(scratch, x_shape, "forward")
-        ya, ss = (_as_array(y) if keep else None), _as_array(scale_shift)
+        ya, ss = (self._array(y, "y") if keep else None), self._array(scale_shift, "scale_shift")
 
         def conv_chunk(a: int, b: int) -> np.ndarray:
             z = ya[a:b] if keep else s["z"][:b - a]
@@ -318,7 +320,7 @@ class ChunkedConvBN(Layer):
         bn = self.bn
         k.batchnorm_chunk_finish(s["sums"], x_shape[0] * z_shape[2] * z_shape[3], bn.params["weight"],
                                  bn.params["bias"], bn.buffers["running_mean"], bn.buffers["running_var"], ss,
-                                 _as_array(save_invstd), bn.momentum, bn.eps)
+                                 self._array(save_invstd, "save_invstd"), bn.momentum, bn.eps)
         bn.num_batches_tracked += 1
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: normalize, activate, pool
             # last chunk first: in recompute mode its conv output is still in the scratch from pass 1
@@ -328,7 +330,7 @@ class ChunkedConvBN(Layer):
             else:
                 act = s["a"][:b - a] if keep else z
                 k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, act)
-                self._pool_forward(act, oa[a:b], argmax[a:b])
+                self._pool_forward(act, oa[a:b], argmax_a[a:b])
         self.saved = {"x": x, "y": y, "scale_shift": scale_shift, "save_invstd": save_invstd, "argmax": argmax}
         return out
 
@@ -340,14 +342,16 @@ class ChunkedConvBN(Layer):
         k = self.backend.kernels
         conv, bn = self.conv, self.bn
         dx = self.input_grad(x_shape) if need_input_grads[0] else None
+        dxa = None if dx is None else self._array(dx, "dx")
         scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward"))
         s = self._carve(scratch, x_shape, "backward")
-        xa, da = _as_array(x), _as_array(dout)
-        ya = None if saved["y"] is None else _as_array(saved["y"])
-        ss = _as_array(saved["scale_shift"])
+        xa, da = self._array(x, "x"), self._array(dout, "dout")
+        ya = None if saved["y"] is None else self._array(saved["y"], "y")
+        ss = self._array(saved["scale_shift"], "scale_shift")
+        save_invstd = self._array(saved["save_invstd"], "save_invstd")
         gamma, beta = bn.params["weight"], bn.params["bias"]
 
-        argmax = saved["argmax"]
+        argmax = None if saved["argmax"] is None else self._array(saved["argmax"], "argmax")
 
         def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
             """The chunk's batch-norm output (kept or rebuilt) and the gradient of its activation's output: the
@@ -383,9 +387,9 @@ class ChunkedConvBN(Layer):
             # here (the kernel reads each value before writing it): recompute mode then needs one chunk tensor
             # less (MobileNetV2's 112-pixel expand: 36.75 MiB); keep mode keeps y, so dz has its own
             d = s["d"][:b - a] if "d" in s else y
-            k.batchnorm_chunk_dx(y, g, gamma, beta, _as_array(saved["save_invstd"]), s["sums"], count, d, act)
+            k.batchnorm_chunk_dx(y, g, gamma, beta, save_invstd, s["sums"], count, d, act)
             if dx is not None:
-                k.conv2d_backward_data(d, conv.params["weight"], _as_array(dx)[a:b], conv.stride, conv.padding,
+                k.conv2d_backward_data(d, conv.params["weight"], dxa[a:b], conv.stride, conv.padding,
                                        conv.groups, s["conv"])
             first = i == 0
             k.conv2d_backward_weight(xa[a:b], d, dw if first else partial_w, dbias if first else partial_b,

@@ -9,11 +9,10 @@ is a tensor of its own (it sits where tensors are small, before the classifier).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
-from engine.layers.base import Layer, ParameterSpec, Shape, uniform
+from engine.layers.base import Layer, ParameterSpec, Shape, checked_array, uniform
 from engine.memory import Tensor
 
 
@@ -75,7 +74,7 @@ class Flatten(Layer):
         x = inputs[0]
         shape = self.output_shape([tuple(x.shape)])
         out = self.output(shape)
-        out.array[...] = _array(x, "flatten_forward").reshape(shape)
+        out.array[...] = checked_array(x, "flatten_forward").reshape(shape)
         if training:
             self.saved = {"x_shape": tuple(x.shape)}
         return out
@@ -85,10 +84,6 @@ class Flatten(Layer):
             return [None]
         x_shape = self.saved["x_shape"]
         dx = self.input_grad(x_shape)
-        dx.array[...] = _array(dout, "flatten_backward").reshape(x_shape)
+        dx.array[...] = checked_array(dout, "flatten_backward").reshape(x_shape)
         return [dx]
 
-
-def _array(x: Any, op: str) -> Any:
-    """The raw array of a workspace Tensor, checked as the kernel table checks it (a plain array as is)."""
-    return x.kernel_array(op, "argument 0") if hasattr(x, "kernel_array") else x
