@@ -297,16 +297,12 @@ CHUNK_CHOICES = ("auto", "keep", "recompute")
 def recompute_order(net: Any) -> list[str]:
     """The chunked layers in the order ``auto`` makes them recompute: the largest batch-norm output first (what
     each stops keeping), ties in graph order."""
-    sizes = {node.name: _kept_bytes(node, net.graph) for node in getattr(net, "chunked", [])}
-    return sorted(sizes, key=lambda name: -sizes[name])
-
-
-def _kept_bytes(node: Any, graph: Any) -> int:
     from engine.memory.sizes import nbytes
 
-    shape = graph.shapes(1)[node.inputs[0]] if node.inputs[0] >= 0 else (1, *graph.input_shape)
-    z_shape, _ = node.layer.shapes(tuple(shape))
-    return int(nbytes(z_shape, "float32"))
+    shapes = net.graph.shapes(1)  # node -> output shape; the network input under its index (GRAPH_INPUT)
+    sizes = {node.name: nbytes(node.layer.shapes(shapes[node.inputs[0]])[0], "float32")
+             for node in getattr(net, "chunked", [])}
+    return sorted(sizes, key=lambda name: -sizes[name])
 
 
 def fit_by_recompute(net: Any, needs: RunNeeds, fits: Callable[[RunNeeds], bool],
@@ -423,16 +419,20 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
             check_no_offload(needs)
         return Resolved(None, needs)
 
-    def with_arena() -> RunNeeds:
-        found = measure()
-        found.arenas.update(dict([reversed(offload_arena(net, batch_size, n_text, budget_bytes))]))
+    def with_arena(found: RunNeeds) -> RunNeeds:
+        """``found`` with the arena of the fixed window or byte budget asked for (its one entry of ``arenas``)."""
+        arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
+        found.arenas[option] = arena
         return found
 
-    needs = with_arena()
+    def fits(found: RunNeeds) -> bool:
+        (arena,) = found.arenas.values()
+        return found.needed(arena) <= found.limit.bytes
+
+    needs = with_arena(needs)
     if adapt:
-        needs = fit_by_recompute(net, needs, lambda n: n.needed(next(iter(n.arenas.values()))) <= n.limit.bytes,
-                                 with_arena)
-    option, arena = next(iter(needs.arenas.items()))
+        needs = fit_by_recompute(net, needs, fits, lambda: with_arena(measure()))
+    ((option, arena),) = needs.arenas.items()
     if check:
         check_offload(needs, arena, option)
     return Resolved(budget_bytes, needs)

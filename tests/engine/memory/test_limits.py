@@ -153,6 +153,29 @@ def test_chunks_option_sets_every_chunked_layer(resnet_224):
         resolve_budget(resnet_224, 32, 0, 0, 0, None, None, roomy, chunks="some")
 
 
+def test_a_fixed_window_recomputes_what_its_limit_needs(resnet_224):
+    """``--offload-n 1`` with ``--chunks auto`` under a limit between what keep and recompute need: some chunked
+    layers recompute and the run fits; below what recompute needs, the refusal names that smallest limit."""
+    from engine.offload.budget import DoesNotFit, resolve_budget
+
+    def resolve(limit, chunks):
+        return resolve_budget(resnet_224, 32, 45 << 20, 55 << 20, 37 << 20, "1", None, MemoryLimit(limit, "test"),
+                              chunks=chunks).needs
+
+    def needed(needs):
+        (arena,) = needs.arenas.values()
+        return needs.needed(arena)
+
+    keep, everything = needed(resolve(64 << 30, "keep")), needed(resolve(64 << 30, "recompute"))
+    assert everything < keep
+    between = resolve((keep + everything) // 2, "auto")
+    assert 0 < len(between.recomputed) <= 5 and needed(between) <= (keep + everything) // 2
+    with pytest.raises(DoesNotFit, match=r"--offload-n 1 needs a limit of"):
+        resolve(everything - (32 << 20), "auto")
+    assert len(resnet_224.chunked) == 5 and all(n.layer.mode == "recompute" for n in resnet_224.chunked)
+    resnet_224.set_recomputed([])
+
+
 def test_the_prediction_adds_its_parts(resnet_224):
     """The smallest limit is the measured setup plus the planned blocks plus the step (or the evaluation)."""
     from engine.offload.budget import RUNTIME_BYTES, Setup, run_needs
