@@ -94,8 +94,6 @@ def blocks_per_channel(count: int) -> tuple[int, int]:
     chunk = max(_split[0].chunk, -(-int(count) // MAX_PARTIALS))
     return -(-int(count) // chunk), chunk
 
-# The floor is written out in each kernel: a device function makes compile_ptx start the driver.
-
 @cuda.jit(device=True)
 def _cursor(first, threads, P):
     """Where a thread's walk over a channel's N·P values starts, value ``first`` as (n, p), and the step
@@ -123,6 +121,82 @@ def _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean,
     running_var[c] = (float32(1.0) - momentum) * running_var[c] + momentum * unbiased
 
 
+@cuda.jit(device=True)
+def _sum(x, c, first, end, threads, P):
+    """Σ x[·, c, ·] over the thread's values first, first + T, … below end of channel c (``_cursor``'s walk)."""
+    q, r, n, p = _cursor(first, threads, P)
+    acc = float32(0.0)
+    for _ in range(first, end, threads):
+        acc += x[n, c, p]
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+    return acc
+
+
+@cuda.jit(device=True)
+def _squares(x, c, mean, first, end, threads, P):
+    """Σ (x − mean)² over the thread's values, as ``_sum``."""
+    q, r, n, p = _cursor(first, threads, P)
+    acc = float32(0.0)
+    for _ in range(first, end, threads):
+        d = x[n, c, p] - mean
+        acc += d * d
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+    return acc
+
+
+@cuda.jit(device=True)
+def _normalize(x, out, c, mean, scale, shift, first, end, threads, P):
+    """out = (x − mean)·scale + shift over the thread's values, as ``_sum``."""
+    q, r, n, p = _cursor(first, threads, P)
+    for _ in range(first, end, threads):
+        out[n, c, p] = (x[n, c, p] - mean) * scale + shift
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+
+
+@cuda.jit(device=True)
+def _gradient_sums(y, dout, c, bias, inv_g, first, end, threads, P):
+    """(Σ dout, Σ dout·x̂) with x̂ = (y − β)/γ over the thread's values, as ``_sum``."""
+    q, r, n, p = _cursor(first, threads, P)
+    acc_dout = float32(0.0)
+    acc_dout_xhat = float32(0.0)
+    for _ in range(first, end, threads):
+        d = dout[n, c, p]
+        acc_dout += d
+        acc_dout_xhat += d * ((y[n, c, p] - bias) * inv_g)
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+    return acc_dout, acc_dout_xhat
+
+
+@cuda.jit(device=True)
+def _dx(y, dout, dx, c, bias, inv_g, scale, mean_dout, mean_dout_xhat, first, end, threads, P):
+    """dx = scale·(dout − mean(dout) − x̂·mean(dout·x̂)) over the thread's values, as ``_sum``."""
+    q, r, n, p = _cursor(first, threads, P)
+    for _ in range(first, end, threads):
+        xhat = (y[n, c, p] - bias) * inv_g
+        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+
+
 @cuda.jit
 def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_mean, save_invstd, momentum, eps):
     """Block c: batch mean and biased variance of channel c, running-stat update, normalized output.
@@ -135,49 +209,15 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     threads = cuda.blockDim.x
     P = x.shape[2]
     count = x.shape[0] * P
-    q, r, first_n, first_p = _cursor(tid, threads, P)
-
-    acc = float32(0.0)
-    n = first_n
-    p = first_p
-    for _ in range(tid, count, threads):
-        acc += x[n, c, p]
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
-    mean = block_sum(partial, acc) / float32(count)
-
-    acc = float32(0.0)
-    n = first_n
-    p = first_p
-    for _ in range(tid, count, threads):
-        d = x[n, c, p] - mean
-        acc += d * d
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
-    var = block_sum(partial, acc) / float32(count)
+    mean = block_sum(partial, _sum(x, c, tid, count, threads, P)) / float32(count)
+    var = block_sum(partial, _squares(x, c, mean, tid, count, threads, P)) / float32(count)
     invstd = float32(1.0) / math.sqrt(var + eps)
 
     if tid == 0:
         _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean, invstd, var, count, momentum)
 
     g = _floored_gamma(gamma[c])
-    scale = g * invstd
-    shift = beta[c]
-    n = first_n
-    p = first_p
-    for _ in range(tid, count, threads):
-        out[n, c, p] = (x[n, c, p] - mean) * scale + shift
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    _normalize(x, out, c, mean, g * invstd, beta[c], tid, count, threads, P)
 
 
 @cuda.jit
@@ -211,39 +251,14 @@ def batchnorm_backward_from_output_kernel(y, dout, gamma, beta, save_invstd, dx,
     b = beta[c]
     invstd = save_invstd[c]
 
-    q, r, first_n, first_p = _cursor(tid, threads, P)
-    acc_dout = float32(0.0)
-    acc_dout_xhat = float32(0.0)
-    n = first_n
-    p = first_p
-    for _ in range(tid, count, threads):
-        d = dout[n, c, p]
-        acc_dout += d
-        acc_dout_xhat += d * ((y[n, c, p] - b) * inv_g)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    acc_dout, acc_dout_xhat = _gradient_sums(y, dout, c, b, inv_g, tid, count, threads, P)
     total_dout = block_sum(partial, acc_dout)
     total_dout_xhat = block_sum(partial, acc_dout_xhat)
     if tid == 0:
         dbeta[c] = total_dout
         dgamma[c] = total_dout_xhat
-
-    scale = g * invstd
-    mean_dout = total_dout / float32(count)
-    mean_dout_xhat = total_dout_xhat / float32(count)
-    n = first_n
-    p = first_p
-    for _ in range(tid, count, threads):
-        xhat = (y[n, c, p] - b) * inv_g
-        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    _dx(y, dout, dx, c, b, inv_g, g * invstd, total_dout / float32(count), total_dout_xhat / float32(count), tid,
+        count, threads, P)
 
 
 @cuda.jit(device=True)
@@ -307,32 +322,8 @@ def batchnorm_partial_stats_kernel(x, part_mean, part_m2, chunk):
     P = x.shape[2]
     start = b * chunk
     end = min(start + chunk, x.shape[0] * P)
-    q, r, first_n, first_p = _cursor(start + tid, threads, P)
-
-    acc = float32(0.0)
-    n = first_n
-    p = first_p
-    for _ in range(start + tid, end, threads):
-        acc += x[n, c, p]
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
-    mean = block_sum(partial, acc) / float32(end - start)
-
-    acc = float32(0.0)
-    n = first_n
-    p = first_p
-    for _ in range(start + tid, end, threads):
-        d = x[n, c, p] - mean
-        acc += d * d
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
-    m2 = block_sum(partial, acc)
+    mean = block_sum(partial, _sum(x, c, start + tid, end, threads, P)) / float32(end - start)
+    m2 = block_sum(partial, _squares(x, c, mean, start + tid, end, threads, P))
     if tid == 0:
         part_mean[c, b] = mean
         part_m2[c, b] = m2
@@ -359,18 +350,8 @@ def batchnorm_normalize_kernel(x, gamma, beta, running_mean, running_var, out, s
         _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean, invstd, var, count, momentum)
 
     g = _floored_gamma(gamma[c])
-    scale = g * invstd
-    shift = beta[c]
     start = b * chunk
-    end = min(start + chunk, count)
-    q, r, n, p = _cursor(start + tid, threads, P)
-    for _ in range(start + tid, end, threads):
-        out[n, c, p] = (x[n, c, p] - mean) * scale + shift
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    _normalize(x, out, c, mean, g * invstd, beta[c], start + tid, min(start + chunk, count), threads, P)
 
 
 @cuda.jit
@@ -388,18 +369,7 @@ def batchnorm_backward_partials_kernel(y, dout, gamma, beta, part_dout, part_dou
     bias = beta[c]
     start = b * chunk
     end = min(start + chunk, y.shape[0] * P)
-    q, r, n, p = _cursor(start + tid, threads, P)
-    acc_dout = float32(0.0)
-    acc_dout_xhat = float32(0.0)
-    for _ in range(start + tid, end, threads):
-        d = dout[n, c, p]
-        acc_dout += d
-        acc_dout_xhat += d * ((y[n, c, p] - bias) * inv_g)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    acc_dout, acc_dout_xhat = _gradient_sums(y, dout, c, bias, inv_g, start + tid, end, threads, P)
     total_dout = block_sum(partial, acc_dout)
     total_dout_xhat = block_sum(partial, acc_dout_xhat)
     if tid == 0:
@@ -433,20 +403,9 @@ def batchnorm_backward_apply_kernel(y, dout, gamma, beta, save_invstd, dx, dgamm
     g = _floored_gamma(gamma[c])
     inv_g = float32(1.0) / g
     bias = beta[c]
-    scale = g * save_invstd[c]
-    mean_dout = total_dout / float32(count)
-    mean_dout_xhat = total_dout_xhat / float32(count)
     start = b * chunk
-    end = min(start + chunk, count)
-    q, r, n, p = _cursor(start + tid, threads, P)
-    for _ in range(start + tid, end, threads):
-        xhat = (y[n, c, p] - bias) * inv_g
-        dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+    _dx(y, dout, dx, c, bias, inv_g, g * save_invstd[c], total_dout / float32(count), total_dout_xhat / float32(count),
+        start + tid, min(start + chunk, count), threads, P)
 
 
 def _view3(x: Any) -> Any:
