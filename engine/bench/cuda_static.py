@@ -224,8 +224,7 @@ def _signatures() -> dict[str, tuple[Any, ...]]:
         "copy_kernel": (f1, f1),
         "dropout_kernel": (f1, t.u8_1, f32, f1),
         "maxpool_forward_kernel": (f4, f4, t.i32_4, i64, i64, i64, t.boolean),  # local=True with a uint8 argmax
-        "maxpool_backward_kernel": (f4, t.i32_4, f4, i64, i64, i64),
-        "maxpool_backward_local_kernel": (f4, t.u8_4, f4, i64, i64, i64),
+        "maxpool_backward_kernel": (f4, t.u8_4, f4, i64, i64, i64, t.boolean),  # local=True with a uint8 argmax
         "avgpool_forward_kernel": (f4, f4, i64, i64, i64),
         "avgpool_backward_kernel": (f4, f4, i64, i64, i64),
         "global_avgpool_forward_kernel": (f2, f1),

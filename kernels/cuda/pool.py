@@ -4,7 +4,7 @@ Forward kernels run one thread per output. Backward kernels must not race where 
 both gather: one thread per dx element sums the outputs whose windows cover it (average pool), or
 those whose winner it is (max pool), in ascending output order. No atomics: gradients are the same
 bits on every run. A uint8 argmax holds the winner's place in its window
-(r * kernel + s; kernels/cpu/pool.py says why), decoded by ``maxpool_backward_local_kernel``.
+(r * kernel + s; kernels/cpu/pool.py says why), decoded by ``maxpool_backward_kernel`` (``local``).
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def _covering_windows(e, dx, dout, kernel, stride, pad):
 
 
 @cuda.jit
-def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad):
-    """dx[h, w] = Σ dout over the windows covering (h, w) whose winner (argmax = h·W + w) is this pixel.
+def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad, local):
+    """dx[h, w] = Σ dout over the windows covering (h, w) whose winner is this pixel: argmax = h·W + w (int32),
+    or with ``local`` its place r·kernel + s in the window (uint8), which for window (oh, ow) is
+    (h − oh·stride + pad)·kernel + (w − ow·stride + pad).
 
     A gather, one thread per dx element: it visits the at most ceil(kernel/stride)² windows that can
     hold the pixel in ascending output order and adds from 0, which is the order (and so the bits) of
@@ -82,26 +84,10 @@ def maxpool_backward_kernel(dout, argmax, dx, kernel, stride, pad):
         n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi = _covering_windows(e, dx, dout, kernel, stride, pad)
         acc = float32(0.0)
         for oh in range(oh_lo, oh_hi + 1):
-            for ow in range(ow_lo, ow_hi + 1):
-                if argmax[n, c, oh, ow] == h * W + w:
-                    acc += dout[n, c, oh, ow]
-        dx[n, c, h, w] = acc
-
-
-@cuda.jit
-def maxpool_backward_local_kernel(dout, argmax, dx, kernel, stride, pad):
-    """As maxpool_backward_kernel, the winner held as its place r·kernel + s in the window (uint8 argmax):
-    window (oh, ow) picked this pixel when its place is (h − oh·stride + pad)·kernel + (w − ow·stride + pad)."""
-    e = cuda.grid(1)
-    N, C, H, W = dx.shape
-    if e < N * C * H * W:
-        n, c, h, w, oh_lo, oh_hi, ow_lo, ow_hi = _covering_windows(e, dx, dout, kernel, stride, pad)
-        acc = float32(0.0)
-        for oh in range(oh_lo, oh_hi + 1):
             row = (h - oh * stride + pad) * kernel + w + pad
             for ow in range(ow_lo, ow_hi + 1):
                 # int64 compare: uint8 arithmetic would wrap (and overflows under the simulator)
-                if int64(argmax[n, c, oh, ow]) == row - ow * stride:
+                if int64(argmax[n, c, oh, ow]) == (row - ow * stride if local else h * W + w):
                     acc += dout[n, c, oh, ow]
         dx[n, c, h, w] = acc
 
@@ -195,8 +181,8 @@ def maxpool2d_backward(dout: Any, argmax: Any, dx: Any, kernel: int = 0, stride:
         raise ValueError(f"maxpool2d_backward: the CUDA backward needs the pool's kernel, stride and pad, got "
                          f"{kernel}, {stride}, {pad}")
     kernel, stride, pad = _pool_args(dx, dout, kernel, stride, pad)
-    gather = maxpool_backward_local_kernel if str(argmax.dtype) == "uint8" else maxpool_backward_kernel
-    launch(gather, blocks_for(dx.size), THREADS_PER_BLOCK, dout, argmax, dx, kernel, stride, pad)
+    launch(maxpool_backward_kernel, blocks_for(dx.size), THREADS_PER_BLOCK, dout, argmax, dx, kernel, stride, pad,
+           str(argmax.dtype) == "uint8")
 
 
 def avgpool2d_forward(x: Any, out: Any, kernel: Any, stride: Any, pad: Any) -> None:
