@@ -51,7 +51,7 @@ from kernels.cuda._launch import (
     launch,
     reduction_threads,
 )
-from kernels.cuda.reduce import block_sum
+from kernels.cuda.reduce import block_sum, channel_cursor, channel_range_sum
 
 GAMMA_MIN = 1e-5
 
@@ -95,15 +95,6 @@ def blocks_per_channel(count: int) -> tuple[int, int]:
     return -(-int(count) // chunk), chunk
 
 @cuda.jit(device=True)
-def _cursor(first, threads, P):
-    """Where a thread's walk over a channel's N·P values starts, value ``first`` as (n, p), and the step
-    (q, r) it moves (n, p) by for every ``threads`` values: the loops then need no division per value."""
-    q = threads // P
-    n = first // P
-    return q, threads - q * P, n, first - n * P
-
-
-@cuda.jit(device=True)
 def _floored_gamma(g):
     """γ with the floor every kernel here divides by (module docstring): |γ| >= GAMMA_MIN, its sign kept."""
     if abs(g) < float32(GAMMA_MIN):
@@ -122,24 +113,9 @@ def _save_statistics(save_mean, save_invstd, running_mean, running_var, c, mean,
 
 
 @cuda.jit(device=True)
-def _sum(x, c, first, end, threads, P):
-    """Σ x[·, c, ·] over the thread's values first, first + T, … below end of channel c (``_cursor``'s walk)."""
-    q, r, n, p = _cursor(first, threads, P)
-    acc = float32(0.0)
-    for _ in range(first, end, threads):
-        acc += x[n, c, p]
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
-    return acc
-
-
-@cuda.jit(device=True)
 def _squares(x, c, mean, first, end, threads, P):
-    """Σ (x − mean)² over the thread's values, as ``_sum``."""
-    q, r, n, p = _cursor(first, threads, P)
+    """Σ (x − mean)² over the thread's values, as ``channel_range_sum``."""
+    q, r, n, p = channel_cursor(first, threads, P)
     acc = float32(0.0)
     for _ in range(first, end, threads):
         d = x[n, c, p] - mean
@@ -154,8 +130,8 @@ def _squares(x, c, mean, first, end, threads, P):
 
 @cuda.jit(device=True)
 def _normalize(x, out, c, mean, scale, shift, first, end, threads, P):
-    """out = (x − mean)·scale + shift over the thread's values, as ``_sum``."""
-    q, r, n, p = _cursor(first, threads, P)
+    """out = (x − mean)·scale + shift over the thread's values, as ``channel_range_sum``."""
+    q, r, n, p = channel_cursor(first, threads, P)
     for _ in range(first, end, threads):
         out[n, c, p] = (x[n, c, p] - mean) * scale + shift
         n += q
@@ -167,8 +143,8 @@ def _normalize(x, out, c, mean, scale, shift, first, end, threads, P):
 
 @cuda.jit(device=True)
 def _gradient_sums(y, dout, c, bias, inv_g, first, end, threads, P):
-    """(Σ dout, Σ dout·x̂) with x̂ = (y − β)/γ over the thread's values, as ``_sum``."""
-    q, r, n, p = _cursor(first, threads, P)
+    """(Σ dout, Σ dout·x̂) with x̂ = (y − β)/γ over the thread's values, as ``channel_range_sum``."""
+    q, r, n, p = channel_cursor(first, threads, P)
     acc_dout = float32(0.0)
     acc_dout_xhat = float32(0.0)
     for _ in range(first, end, threads):
@@ -185,8 +161,8 @@ def _gradient_sums(y, dout, c, bias, inv_g, first, end, threads, P):
 
 @cuda.jit(device=True)
 def _dx(y, dout, dx, c, bias, inv_g, scale, mean_dout, mean_dout_xhat, first, end, threads, P):
-    """dx = scale·(dout − mean(dout) − x̂·mean(dout·x̂)) over the thread's values, as ``_sum``."""
-    q, r, n, p = _cursor(first, threads, P)
+    """dx = scale·(dout − mean(dout) − x̂·mean(dout·x̂)) over the thread's values, as ``channel_range_sum``."""
+    q, r, n, p = channel_cursor(first, threads, P)
     for _ in range(first, end, threads):
         xhat = (y[n, c, p] - bias) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
@@ -209,7 +185,7 @@ def batchnorm_train_kernel(x, gamma, beta, running_mean, running_var, out, save_
     threads = cuda.blockDim.x
     P = x.shape[2]
     count = x.shape[0] * P
-    mean = block_sum(partial, _sum(x, c, tid, count, threads, P)) / float32(count)
+    mean = block_sum(partial, channel_range_sum(x, c, tid, count, threads, P)) / float32(count)
     var = block_sum(partial, _squares(x, c, mean, tid, count, threads, P)) / float32(count)
     invstd = float32(1.0) / math.sqrt(var + eps)
 
@@ -322,7 +298,7 @@ def batchnorm_partial_stats_kernel(x, part_mean, part_m2, chunk):
     P = x.shape[2]
     start = b * chunk
     end = min(start + chunk, x.shape[0] * P)
-    mean = block_sum(partial, _sum(x, c, start + tid, end, threads, P)) / float32(end - start)
+    mean = block_sum(partial, channel_range_sum(x, c, start + tid, end, threads, P)) / float32(end - start)
     m2 = block_sum(partial, _squares(x, c, mean, start + tid, end, threads, P))
     if tid == 0:
         part_mean[c, b] = mean

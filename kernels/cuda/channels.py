@@ -13,7 +13,7 @@ from typing import Any
 from numba import cuda, float32
 
 from kernels.cuda._launch import MAX_REDUCTION_THREADS, THREADS_PER_BLOCK, blocks_for, launch, reduction_threads
-from kernels.cuda.reduce import block_sum
+from kernels.cuda.reduce import block_sum, channel_range_sum
 
 
 @cuda.jit
@@ -24,12 +24,7 @@ def channel_sum(x, out):
     tid = cuda.threadIdx.x
     threads = cuda.blockDim.x
     P = x.shape[2]
-    count = x.shape[0] * P
-    acc = float32(0.0)
-    for e in range(tid, count, threads):
-        n = e // P
-        acc += x[n, c, e - n * P]
-    total = block_sum(partial, acc)
+    total = block_sum(partial, channel_range_sum(x, c, tid, x.shape[0] * P, threads, P))
     if tid == 0:
         out[c] = total
 

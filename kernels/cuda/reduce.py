@@ -6,7 +6,8 @@ slot 0 holds the total. The block size is a power of two fixed by the problem's 
 (``reduction_threads``), so every rounding step is the same on every run: no atomics anywhere.
 
 Channel sums (bias gradients), batch-norm statistics and gradients, the loss mean and the depthwise
-weight gradient all call ``block_sum``; it was written out six times before. NVVM inlines it into
+weight gradient all call ``block_sum``; it was written out six times before. A thread's walk over its
+values of one channel (``channel_cursor``, ``channel_range_sum``) is shared by the channel sums and batch norm. NVVM inlines it into
 each kernel (no call in the PTX). A numba-cuda device function is compiled on first use for the
 *current* GPU, so ``compile_ptx`` on a machine without one needs the stand-in device of
 ``engine/bench/cuda_static.py`` (which is how the PTX test and the static report build them).
@@ -14,7 +15,7 @@ each kernel (no call in the PTX). A numba-cuda device function is compiled on fi
 
 from __future__ import annotations
 
-from numba import cuda
+from numba import cuda, float32
 
 
 @cuda.jit(device=True)
@@ -36,3 +37,28 @@ def block_sum(partial, value):
     total = partial[0]
     cuda.syncthreads()
     return total
+
+
+@cuda.jit(device=True)
+def channel_cursor(first, threads, P):
+    """Where a thread's walk over a channel's N·P values starts, value ``first`` as (n, p), and the step
+    (q, r) it moves (n, p) by for every ``threads`` values: the loops then need no division per value."""
+    q = threads // P
+    n = first // P
+    return q, threads - q * P, n, first - n * P
+
+
+@cuda.jit(device=True)
+def channel_range_sum(x, c, first, end, threads, P):
+    """Σ x[·, c, ·] over the thread's values first, first + T, … below end of channel c of an [N, C, P] view
+    (``channel_cursor``'s walk): batch-norm statistics, channel sums."""
+    q, r, n, p = channel_cursor(first, threads, P)
+    acc = float32(0.0)
+    for _ in range(first, end, threads):
+        acc += x[n, c, p]
+        n += q
+        p += r
+        if p >= P:
+            p -= P
+            n += 1
+    return acc
