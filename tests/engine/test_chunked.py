@@ -137,6 +137,8 @@ def test_recompute_holds_less_at_its_worst_moment():
     assert step_recompute == recompute.program(64).steps[0].scratch_bytes
     assert step_recompute < kept["c0+b0+r0:y"]
     assert step_keep < step_recompute  # keep mode's forward writes the conv's output into y itself
+    # and the step as a whole: the planned peak (what engine memory and the limits read) is lower
+    assert recompute.memory_report(batch).planned_peak_bytes < keep.memory_report(batch).planned_peak_bytes
 
 
 def test_engine_train_says_which_chunked_layers_recompute(tmp_path):
