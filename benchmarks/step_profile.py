@@ -3,6 +3,7 @@ backward call (the layer's kernels and its own Python) over ``--steps`` steps af
 
     python benchmarks/step_profile.py --model resnet18 --image-size 224     # the ImageNet variant above 64 px
     python benchmarks/step_profile.py --model mobilenetv2 --image-size 32 --batch-size 32
+    python benchmarks/step_profile.py --model resnet18 --nodes 25                # and the 25 slowest node calls
 
 Timings mean something on a quiet machine only. The per-type sums leave out the loss head, the iteration's own
 bookkeeping and the optimizer (``engine train`` updates in backward; here no optimizer is attached).
@@ -22,6 +23,7 @@ class LayerTimes:
 
     def __init__(self) -> None:
         self.seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
+        self.by_node: dict[tuple[str, str], float] = collections.defaultdict(float)
         self.on = False
         self._start = 0.0
 
@@ -30,14 +32,18 @@ class LayerTimes:
 
     def after_forward(self, step, node) -> None:
         if self.on:
-            self.seconds[("forward", type(node.layer).__name__)] += time.perf_counter() - self._start
+            seconds = time.perf_counter() - self._start
+            self.seconds[("forward", type(node.layer).__name__)] += seconds
+            self.by_node[("forward", node.name)] += seconds
 
     def before_backward(self, step, node) -> None:
         self._start = time.perf_counter()
 
     def after_backward(self, step, node) -> None:
         if self.on:
-            self.seconds[("backward", type(node.layer).__name__)] += time.perf_counter() - self._start
+            seconds = time.perf_counter() - self._start
+            self.seconds[("backward", type(node.layer).__name__)] += seconds
+            self.by_node[("backward", node.name)] += seconds
 
 
 def main() -> None:
@@ -46,6 +52,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=0, help="also print this many slowest (direction, node) calls")
     args = parser.parse_args()
 
     from engine.backend import get_backend
@@ -73,6 +80,9 @@ def main() -> None:
     for (direction, kind), seconds in sorted(times.seconds.items(), key=lambda item: -item[1]):
         print(f"  {direction:8s} {kind:16s} {seconds / args.steps * 1e3:8.1f} ms a step")
     print(f"  {'sum':25s} {sum(times.seconds.values()) / args.steps * 1e3:8.1f} ms a step")
+    layers = {node.name: node.layer for node in net.graph.nodes}
+    for (direction, name), seconds in sorted(times.by_node.items(), key=lambda item: -item[1])[:args.nodes]:
+        print(f"  {direction:8s} {seconds / args.steps * 1e3:8.1f} ms  {name}  {layers[name]!r}"[:160])
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ def select_sgemm() -> str:
     wanted = os.environ.get("ENGINE_BLAS", "auto").strip().lower() or "auto"
     use_mkl, reason = choose(wanted, cpu_vendor() if wanted == "auto" else "", _mkl_library_path() is not None)
     if not use_mkl:
+        _load_openblas()
         _selected, _reason = OPENBLAS, reason
         return _selected
     try:
@@ -168,6 +169,34 @@ def select_sgemm() -> str:
     _install_sgemm(ctypes.cast(library.sgemm_, ctypes.c_void_p).value)
     _library, _selected, _reason = library, name, reason
     return _selected
+
+
+OPENBLAS_THREAD_TIMEOUT = "4"
+"""log2 of the cycles an idle OpenBLAS worker spins before it sleeps (OpenBLAS's ``OPENBLAS_THREAD_TIMEOUT``;
+4, its least, against its default 28: 2^28 cycles, ~100 ms here).
+
+Why. The dense layers are the one place the engine lets OpenBLAS thread a GEMM itself (``dense.py``). After
+ResNet-18's classifier head, OpenBLAS's worker spun for ~100 ms on one of the two cores while the first
+backward convolutions ran their two threads: at 224×224, batch 32, ``layer4.1.conv2``'s backward-data took
+35–54 ms against 19–22 ms for the same call on the same shape a layer later, or after a 0.5 s sleep
+(``/tmp`` probe timing each conv call of a step). The training step (``benchmarks/bench_train.py
+--frameworks engine --models resnet18 --image-size 224 --steps 8 --threads 2 --runs 1``, three rounds
+alternating, 2026-11-28, quiet): 18.9 / 19.2 / 17.0 images/s with the default, 19.4 / 19.5 / 19.3 with 4.
+A sleeping worker costs a wake-up (tens of µs) per threaded GEMM: three a step."""
+
+
+def _load_openblas() -> None:
+    """Load SciPy's OpenBLAS (what Numba's sgemm calls) now, with ``OPENBLAS_THREAD_TIMEOUT`` set, which OpenBLAS
+    reads once, when it loads. A value the user set is left alone; the variable is restored after (the process's
+    environment is the user's). If SciPy's OpenBLAS was loaded earlier, this changes nothing."""
+    previous = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    if previous is None:
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401  links SciPy's OpenBLAS: its initializer reads the variable
+    finally:
+        if previous is None:
+            del os.environ["OPENBLAS_THREAD_TIMEOUT"]
 
 
 def selection_reason() -> str:

@@ -101,3 +101,33 @@ def test_engine_blas_mkl_without_the_extra_names_it():
         blas.choose("mkl", "GenuineIntel", False)
     with pytest.raises(blas.BlasError, match="is not one of auto, mkl, openblas"):
         blas.choose("fast", "GenuineIntel", True)
+
+
+IMPORT_PROBE = """
+    import os, sys
+
+    seen = {}
+
+    class Watch:  # records the variable when SciPy's BLAS module (which links its OpenBLAS) is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "scipy.linalg.cython_blas":
+                seen["timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+            return None
+
+    sys.meta_path.insert(0, Watch())
+    import kernels.cpu
+    print(seen.get("timeout"), "|", os.environ.get("OPENBLAS_THREAD_TIMEOUT"), "|",
+          "scipy.linalg.cython_blas" in sys.modules)
+"""
+
+
+def test_openblas_loads_with_its_workers_sleeping_soon_and_the_environment_restored():
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, as it loads: the kernels' import loads SciPy's with the
+    engine's value (blas.OPENBLAS_THREAD_TIMEOUT, why there), and leaves the environment as it found it."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT_PROBE)], capture_output=True, text=True,
+                            timeout=300, env={**env, "ENGINE_BLAS": "openblas"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [blas.OPENBLAS_THREAD_TIMEOUT, "|", "None", "|", "True"]
+    user = run(IMPORT_PROBE, ENGINE_BLAS="openblas", OPENBLAS_THREAD_TIMEOUT="20")
+    assert user.stdout.split() == ["20", "|", "20", "|", "True"], user.stderr
