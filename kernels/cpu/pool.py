@@ -20,60 +20,95 @@ from kernels.cpu.threads import run_ranges
 
 
 @njit(cache=True, inline="always")
-def _take(v, k, best, at):
-    """The window scan's step without a branch: v wins if larger, or if NaN (later NaNs win, as in the loop)."""
-    wins = (v > best) | (v != v)
-    return (v if wins else best), (k if wins else at)
+def _pair(a, i, b, j):
+    """The winner of two window values, b the later one in row-major order: b if larger, or if NaN. Applied as a
+    tree it gives the sequential scan's winner (the first maximum; the last NaN over any number): combining two
+    runs' winners the same way is that rule again."""
+    wins = (b > a) | (b != b)
+    return (b if wins else a), (j if wins else i)
+
+
+@njit(cache=True, inline="always")
+def _inner_3x3(xp, b, W):
+    """A whole 3×3 window at flat index b of the plane (row length W): its winner and place, by a tree of pairs.
+    The places are uint8 and the caller converts them to plane places in a loop of its own: with int64 places and
+    the encoding's branch inside the run, one 8-image chunk of the stem's pool took 22.6 ms against 10.8."""
+    a0, i0 = _pair(xp[b], np.uint8(0), xp[b + 1], np.uint8(1))
+    a1, i1 = _pair(xp[b + 2], np.uint8(2), xp[b + W], np.uint8(3))
+    a2, i2 = _pair(xp[b + W + 1], np.uint8(4), xp[b + W + 2], np.uint8(5))
+    a3, i3 = _pair(xp[b + 2 * W], np.uint8(6), xp[b + 2 * W + 1], np.uint8(7))
+    a0, i0 = _pair(a0, i0, a1, i1)
+    a2, i2 = _pair(a2, i2, a3, i3)
+    a0, i0 = _pair(a0, i0, a2, i2)
+    return _pair(a0, i0, xp[b + 2 * W + 2], np.uint8(8))
+
+
+@njit(cache=True, nogil=True)
+def _window_scan(xp, W, H, h0, w0, kernel):
+    """The general window (clipped to the plane): its winner and place (r * kernel + s, from the window's
+    (h0, w0), which may lie in the padding)."""
+    best = -np.inf
+    h_lo, h_hi = max(h0, 0), min(h0 + kernel, H)
+    w_lo, w_hi = max(w0, 0), min(w0 + kernel, W)
+    best_h, best_w = h_lo, w_lo
+    for h in range(h_lo, h_hi):
+        for w in range(w_lo, w_hi):
+            v = xp[h * W + w]
+            if v > best or np.isnan(v):  # the first maximum wins; a NaN wins, as in PyTorch
+                best = v
+                best_h, best_w = h, w
+    return best, (best_h - h0) * kernel + best_w - w0
 
 
 @njit(cache=True, parallel=True, nogil=True)
 def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
-    """Why a 3×3 window inside the plane is unrolled: the general loop's data-dependent branch (which value wins)
-    mispredicts on random data, and with the bounds and the loop around it the ResNet-18 stem's pool (32×64×112×112
-    → 56×56, 3×3 s2 p1) took 113.6 ms of a 224 training step's forward (a per-layer profile of the step, two
-    threads, 2026-11-27); the interior windows as nine selects instead: 57.0–60.8 ms in the same profile
-    (``python benchmarks/step_profile.py --model resnet18 --image-size 224``, quiet). The same winner: the
-    first maximum in row-major order, a NaN over any number, a later NaN over an earlier one (PyTorch's rule)."""
-    N, C, H, W = x.shape
-    OH, OW = out.shape[2], out.shape[3]
-    for plane in prange(N * C):
-        n, c = plane // C, plane % C
+    """x: [planes, H, W]; out, argmax: [planes, OH * OW]. The argmax is the window place (``local``, uint8) or the
+    flat h * W + w in the input plane (int32).
+
+    Why a 3×3 window inside the plane has a loop of its own, a tree of pairs (depth 4). The general loop's
+    data-dependent branch (which value wins) mispredicts on random data: with it the ResNet-18 stem's pool
+    (32×64×112×112 → 56×56, 3×3 s2 p1) took 113.6 ms of a 224 training step's forward. Nine selects in a chain
+    (v2 of this kernel) took 57.0–60.8 ms in the same per-layer profile (``python benchmarks/step_profile.py
+    --model resnet18 --image-size 224``, two threads, 2026-11-27): a chain of 8 dependent compare-and-selects per
+    output. The tree (``_pair``: the same winner), in a loop over the row's inner windows with no edge test,
+    flat indices: one 8-image chunk of the stem's pool 19.0–20.8 → 10.8 ms (best of 7, two threads, 2026-11-28;
+    the chain in the same loop without the edge test 14.4–15.1, the old kernel's 3×3 arm with flat indices 20.5:
+    the chain, not the indexing, was the cost). The same winner: the first maximum in row-major order, a NaN over
+    any number, a later NaN over an earlier one (PyTorch's rule)."""
+    planes, H, W = x.shape
+    OW = out.shape[2]
+    OH = out.shape[1]
+    # the columns whose window lies inside the plane: ow * stride - pad >= 0 and ow * stride - pad + kernel <= W
+    ow_lo = min((pad + stride - 1) // stride, OW)
+    ow_hi = max(ow_lo, min(OW, (W - kernel + pad) // stride + 1))
+    for plane in prange(planes):
+        xp = x[plane].reshape(H * W)
+        op = out[plane].reshape(OH * OW)
+        ap = argmax[plane].reshape(OH * OW)
         for oh in range(OH):
-            h_lo = max(oh * stride - pad, 0)
-            h_hi = min(oh * stride - pad + kernel, H)
-            for ow in range(OW):
-                w_lo = max(ow * stride - pad, 0)
-                w_hi = min(ow * stride - pad + kernel, W)
-                if kernel == 3 and h_hi - h_lo == 3 and w_hi - w_lo == 3:  # a whole 3×3 window
-                    r0, r1, r2 = x[n, c, h_lo], x[n, c, h_lo + 1], x[n, c, h_lo + 2]
-                    best, at = r0[w_lo], 0  # the first value wins against the loop's -inf start, NaN or not
-                    best, at = _take(r0[w_lo + 1], 1, best, at)
-                    best, at = _take(r0[w_lo + 2], 2, best, at)
-                    best, at = _take(r1[w_lo], 3, best, at)
-                    best, at = _take(r1[w_lo + 1], 4, best, at)
-                    best, at = _take(r1[w_lo + 2], 5, best, at)
-                    best, at = _take(r2[w_lo], 6, best, at)
-                    best, at = _take(r2[w_lo + 1], 7, best, at)
-                    best, at = _take(r2[w_lo + 2], 8, best, at)
-                    out[n, c, oh, ow] = best
-                    if local:  # the window lies inside the plane: its place is the place in the window
-                        argmax[n, c, oh, ow] = at
+            h0 = oh * stride - pad
+            inner_lo, inner_hi = OW, OW  # no inner run: every window of the row by the general scan
+            if kernel == 3 and h0 >= 0 and h0 + 3 <= H:
+                inner_lo, inner_hi = ow_lo, ow_hi
+                for ow in range(ow_lo, ow_hi):
+                    b = h0 * W + ow * stride - pad
+                    best, at = _inner_3x3(xp, b, W)
+                    op[oh * OW + ow] = best
+                    ap[oh * OW + ow] = at
+                if not local:  # the place in the plane, from the place in the window
+                    for ow in range(ow_lo, ow_hi):
+                        at = np.int64(ap[oh * OW + ow])
+                        ap[oh * OW + ow] = h0 * W + ow * stride - pad + (at // 3) * W + at % 3
+            for part in range(2):  # the windows left of the inner run, then right of it
+                start, stop = (0, inner_lo) if part == 0 else (inner_hi, OW)
+                for ow in range(start, stop):
+                    w0 = ow * stride - pad
+                    best, place = _window_scan(xp, W, H, h0, w0, kernel)
+                    op[oh * OW + ow] = best
+                    if local:
+                        ap[oh * OW + ow] = place
                     else:
-                        argmax[n, c, oh, ow] = (h_lo + at // 3) * W + w_lo + at % 3
-                    continue
-                best = -np.inf
-                best_h, best_w = h_lo, w_lo
-                for h in range(h_lo, h_hi):
-                    for w in range(w_lo, w_hi):
-                        v = x[n, c, h, w]
-                        if v > best or np.isnan(v):  # the first maximum wins; a NaN wins, as in PyTorch
-                            best = v
-                            best_h, best_w = h, w
-                out[n, c, oh, ow] = best
-                if local:  # uint8: the place in the window (which may start in the padding)
-                    argmax[n, c, oh, ow] = (best_h - (oh * stride - pad)) * kernel + best_w - (ow * stride - pad)
-                else:
-                    argmax[n, c, oh, ow] = best_h * W + best_w
+                        ap[oh * OW + ow] = (h0 + place // kernel) * W + w0 + place % kernel
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -87,15 +122,25 @@ def _maxpool_backward(dout, argmax, dx):
 
 @njit(cache=True, parallel=True, nogil=True)
 def _maxpool_backward_local(dout, argmax, dx, OW, W, kernel, stride, pad):
-    """As _maxpool_backward, the winner decoded from its place in the window (uint8 argmax)."""
+    """As _maxpool_backward, the winner decoded from its place in the window (uint8 argmax): a place's offset
+    from its window's first element comes from a table, the window's from the row and column loops. Decoding
+    with four integer divisions per output (i // OW, i % OW, place // kernel, place % kernel) took 4.5 ms for
+    an 8-image chunk of ResNet-18's 224 stem; the table 1.5 ms (best of 7, two threads, 2026-11-28). The same
+    additions in the same order."""
+    offsets = np.empty(kernel * kernel, np.int64)
+    for place in range(kernel * kernel):
+        offsets[place] = (place // kernel) * W + place % kernel
+    OH = dout.shape[1] // OW
     for plane in prange(dx.shape[0]):
-        dx[plane, :] = 0
-        for i in range(dout.shape[1]):
-            oh, ow = i // OW, i % OW
-            place = np.int64(argmax[plane, i])
-            h = oh * stride - pad + place // kernel
-            w = ow * stride - pad + place % kernel
-            dx[plane, h * W + w] += dout[plane, i]
+        dxp = dx[plane]
+        dp = dout[plane]
+        ap = argmax[plane]
+        dxp[:] = 0
+        for oh in range(OH):
+            row = (oh * stride - pad) * W - pad
+            for ow in range(OW):
+                i = oh * OW + ow
+                dxp[row + ow * stride + offsets[ap[i]]] += dp[i]
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -201,7 +246,10 @@ def maxpool2d_forward(x: np.ndarray, out: np.ndarray, argmax: np.ndarray, kernel
     check_array(op, "out", out)
     local = argmax_is_local(argmax, kernel, op)
     check_array(op, "argmax", argmax, out.shape, argmax.dtype)
-    _maxpool_forward(x, out, argmax, int(kernel), int(stride), int(pad), local)
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    _maxpool_forward(x.reshape(N * C, H, W), out.reshape(N * C, OH, OW), argmax.reshape(N * C, OH, OW), int(kernel),
+                     int(stride), int(pad), local)
 
 
 def maxpool2d_backward(dout: np.ndarray, argmax: np.ndarray, dx: np.ndarray, kernel: int = 0, stride: int = 0,

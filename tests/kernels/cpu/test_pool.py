@@ -150,3 +150,27 @@ def test_whole_3x3_windows_pick_the_loops_winner_with_ties_and_nans(stride, pad,
     np.testing.assert_array_equal(out, t_out.numpy())
     np.testing.assert_array_equal(argmax, t_indices.numpy())  # with two NaNs in a window: the later one, as torch
     assert np.isnan(out).any()
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [(3, 2, 1), (3, 1, 1), (3, 2, 0), (3, 3, 1), (2, 2, 1), (5, 2, 2)])
+@pytest.mark.parametrize("size", [(7, 7), (12, 9), (3, 4)])
+def test_max_pool_inner_runs_and_edges_match_the_reference_both_ways(kernel, stride, pad, size, rng):
+    """The 3×3 inner run (a tree of pairs) and the window scan at the edges, on planes of odd and even sizes,
+    with ties and scattered NaNs; backward's offset table for the uint8 argmax: the reference's bits."""
+    if (size[0] + 2 * pad - kernel) < 0 or (size[1] + 2 * pad - kernel) < 0:
+        pytest.skip("the window does not fit")
+    x = rng.integers(-1, 2, (2, 3, *size)).astype(np.float32)
+    x[rng.random(x.shape) < 0.08] = np.nan
+    out_shape = output_shape(x.shape, kernel, stride, pad)
+    dout = rng.standard_normal(out_shape).astype(np.float32)
+    for dtype in (np.int32, np.uint8):
+        out, argmax = np.empty(out_shape, np.float32), np.empty(out_shape, dtype)
+        want, want_argmax = np.empty_like(out), np.empty_like(argmax)
+        pool.maxpool2d_forward(x, out, argmax, kernel, stride, pad)
+        reference.maxpool2d_forward(x, want, want_argmax, kernel, stride, pad)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(argmax, want_argmax)
+        dx, want_dx = np.full(x.shape, 7.0, np.float32), np.empty(x.shape, np.float32)
+        pool.maxpool2d_backward(dout, argmax, dx, kernel, stride, pad)
+        reference.maxpool2d_backward(dout, want_argmax, want_dx, kernel, stride, pad)
+        assert np.array_equal(dx.view(np.int32), want_dx.view(np.int32))
