@@ -6,6 +6,7 @@ Each command imports the engine lazily, inside its body: `engine --help` stays i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -301,8 +302,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
 @click.option("--augment", is_flag=True, help="Random crop (padding 4) and horizontal flip.")
 @click.option("--threads", type=int, default=None, callback=number(1),
               help="Threads for Numba kernels and BLAS (default: all cores).")
-@click.option("--prefetch", type=int, default=2, show_default=True, callback=number(0, 64),
-              help="Batches prepared ahead; 0 turns it off.")
+@click.option("--prefetch", type=int, default=None, callback=number(0, 64),
+              help="Batches prepared ahead; 0 turns it off. Default: 2, or fewer when the memory limit needs it.")
 @click.option("--gc-every", type=int, default=100, show_default=True, callback=number(0),
               help="Python's cyclic GC is off during steps and runs every K steps (0: never explicitly).")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
@@ -408,7 +409,9 @@ def train(**params) -> None:
     graph = _cuda_graph_mode(options, backend.name, K)
     schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K,
                                                 in_backward=graph is None)
-    offload, needs = _offload_session(options, net, opt, root, world)
+    offload, needs, prefetch = _offload_session(options, net, opt, root, world)
+    if prefetch != options.prefetch_depth:  # the memory limit took a shallower INPUT ring (resolve_budget)
+        options = dataclasses.replace(options, prefetch=prefetch)
     from engine.checkpoint import checkpoint_nbytes
 
     options.outputs.check_writable(checkpoint_nbytes(net, opt))
@@ -586,8 +589,9 @@ def _make_optimizer(options, net, backend, total_steps: int, checkpoint, workers
 
 
 def _offload_session(options, net, opt, root: bool, world=None):
-    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; and
-    what the run needs against its memory limit (issue 30: every run is checked before anything is written).
+    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; what the
+    run needs against its memory limit (issue 30: every run is checked before anything is written); and the
+    prefetch depth it takes (``--prefetch``, or without it the default, shallower when the limit needs it).
     With ``--workers`` (``world``) the ranks on this host share its limit (``memory_limit``), and a rank that
     does not fit stops every rank with one line (``refuse_together``)."""
     from engine.data.prefetch import ring_bytes
@@ -596,17 +600,20 @@ def _offload_session(options, net, opt, root: bool, world=None):
     from engine.offload.budget import DoesNotFit, describe_needs, parse_budget, resolve_budget
     from engine.offload.session import session_from_options
     from engine.parallel.comm import refuse_together
+    from engine.report import format_bytes
 
     chosen = options.offload
     batch = (options.batch_size, *net.graph.input_shape)
     ranks = world.local_size if world is not None else 1
     refusal = None
+    depths = [options.prefetch_depth] + ([] if options.prefetch is not None else
+                                         list(range(options.prefetch_depth - 1, -1, -1)))  # given: that one only
     try:  # --offload-budget is read here, once; the INPUT rings (training, evaluation) are the data pipeline's
         resolved = resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
-                                  ring_bytes(batch, options.prefetch + 1), ring_bytes(batch, 2), chosen.n,
+                                  ring_bytes(batch, depths[0] + 1), ring_bytes(batch, 2), chosen.n,
                                   parse_budget(chosen.budget),
                                   memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
-                                  chunks=chosen.chunks)
+                                  chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in depths[1:]])
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
@@ -616,6 +623,11 @@ def _offload_session(options, net, opt, root: bool, world=None):
     if resolved.from_limit:  # the budget is the machine's: say where it came from
         click.echo(describe_needs(resolved.needs))
     needs = resolved.needs
+    prefetch = depths[resolved.ring]
+    if resolved.ring and root:
+        click.echo(f"prefetch: {prefetch} batch{'es' if prefetch != 1 else ''} ahead, not {depths[0]}, to fit the "
+                   f"limit (the INPUT ring {format_bytes(ring_bytes(batch, prefetch + 1))} instead of "
+                   f"{format_bytes(ring_bytes(batch, depths[0] + 1))}; --prefetch sets it)")
     if needs is not None and needs.recomputed and root:
         click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
                    f"backward ({', '.join(needs.recomputed)})"
@@ -631,7 +643,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
                                   scheduler.storage.capacity_bytes, scheduler.storage.kind)  # as allocated
         click.echo(f"offload: {summary}"
                    + (" (auto: adapts per step)" if offload.scheduler.adaptive else ""))
-    return offload, resolved.needs
+    return offload, resolved.needs, prefetch
 
 
 def _parallel_fields(options, parallel, workers: int) -> dict:

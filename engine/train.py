@@ -467,8 +467,8 @@ class Trainer:
         rolling checkpoints from ``options``; ``steps`` (resolved against the data) and what exists only at
         run time (listeners, monitor, offload session, parallel plugin, stop signals, on_checkpoint) given."""
         return cls(net, optimizer, data, batch_size=options.batch_size, steps=steps, shuffle=options.shuffle,
-                   augment=options.augment, seed=options.seed, prefetch=options.prefetch, gc_every=options.gc_every,
-                   checkpoint_every=options.outputs.checkpoint_every, **runtime)
+                   augment=options.augment, seed=options.seed, prefetch=options.prefetch_depth,
+                   gc_every=options.gc_every, checkpoint_every=options.outputs.checkpoint_every, **runtime)
 
     # -- one step -----------------------------------------------------------------------------------
 

@@ -26,6 +26,11 @@ DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what matplotlib writes for --memory-plot
 
 
+DEFAULT_PREFETCH = 2
+"""Batches the loader prepares ahead when ``--prefetch`` is not given. Under a tight memory limit ``engine train``
+takes 1 or 0 instead (``engine.offload.budget.resolve_budget``, its ``shallower_rings``) and says so."""
+
+
 @dataclass(frozen=True)
 class OffloadOptions:
     """``--offload-n``, ``--offload-budget``, ``--offload-dir``, ``--offload-params``, ``--offload-verify``,
@@ -137,7 +142,7 @@ class TrainOptions:
     shuffle: bool = True
     augment: bool = False
     threads: int | None = None
-    prefetch: int = 2
+    prefetch: int | None = None  # --prefetch; None: DEFAULT_PREFETCH, shallower when the memory limit needs it
     gc_every: int = 100
     progress: bool = True
     progress_interval: float = 10.0  # seconds between plain progress lines when the output is not a terminal
@@ -181,6 +186,11 @@ class TrainOptions:
         """Checks that hold only when this process is a rank of a data-parallel world."""
         if self.parallel.averaging == "parameters" and self.offload.params:
             raise UserError("--averaging parameters needs the optimizer state in memory: leave out --offload-params")
+
+    @property
+    def prefetch_depth(self) -> int:
+        """The batches prepared ahead: ``--prefetch``, or ``DEFAULT_PREFETCH`` when it was not given."""
+        return DEFAULT_PREFETCH if self.prefetch is None else self.prefetch
 
     def total_steps(self, train_examples: int, workers: int = 1) -> int:
         """--steps, or --epochs passes over a training split of ``train_examples`` shared by ``workers``."""

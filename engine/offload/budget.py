@@ -60,7 +60,7 @@ to the step) said 1.01 GiB for the ResNet-18 run that trains under 665 MiB.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,29 +196,47 @@ class RunNeeds:
     arenas: dict[str, int] = field(default_factory=dict)  # arena bytes of the configurations checked
     chunked: tuple[str, ...] = ()  # the layers that run in chunks (engine/layers/chunked.py)
     recomputed: tuple[str, ...] = ()  # those of them that recompute their chunks in backward
+    smallest_ring_bytes: int = -1  # the shallowest INPUT ring the run may take (-1: input_ring_bytes, fixed)
+
+    @property
+    def floor_ring_bytes(self) -> int:
+        """The INPUT ring the smallest limits are computed with: the shallowest the run may take (``engine train``'s
+        default prefetch goes down to 0 under a tight limit, ``resolve_budget``), else the one it has."""
+        return self.input_ring_bytes if self.smallest_ring_bytes < 0 else self.smallest_ring_bytes
 
     @property
     def fixed_bytes(self) -> int:
         """Held throughout: the measured setup, the long-lived blocks, optimizer state, the runtime."""
         return self.setup.bytes + self.long_lived_bytes + self.optimizer_state_bytes + self.runtime_bytes
 
-    @property
-    def needed_no_offload(self) -> int:
+    def _no_offload(self, ring_bytes: int) -> int:
         """Without offload the evaluation at the end runs inside the network's training arena, which stays; its
         INPUT ring comes on top (measured: ResNet-18 224 batch 32 peaked in the evaluation, 997 MiB RSS against
         976 in the steps; the bisected limits match the training ring plus the evaluation's)."""
-        return (self.fixed_bytes + self.input_ring_bytes + self.no_offload_step_bytes
-                + self.evaluation_ring_bytes)
+        return self.fixed_bytes + ring_bytes + self.no_offload_step_bytes + self.evaluation_ring_bytes
 
-    def needed(self, arena_bytes: int) -> int:
-        """The smallest limit with offload and an arena of ``arena_bytes``."""
-        step = self.input_ring_bytes + self.offload_step_bytes + arena_bytes
-        return self.fixed_bytes + max(step, self.evaluation_bytes)
+    @property
+    def needed_no_offload(self) -> int:
+        """The smallest limit that trains without offload (with the shallowest INPUT ring, ``floor_ring_bytes``)."""
+        return self._no_offload(self.floor_ring_bytes)
+
+    def needed(self, arena_bytes: int, ring_bytes: int | None = None) -> int:
+        """The smallest limit with offload, an arena of ``arena_bytes`` and an INPUT ring of ``ring_bytes`` (default:
+        the run's, ``input_ring_bytes``)."""
+        ring = self.input_ring_bytes if ring_bytes is None else ring_bytes
+        return self.fixed_bytes + max(ring + self.offload_step_bytes + arena_bytes, self.evaluation_bytes)
 
     @property
     def needed_min_offload(self) -> int:
-        """The smallest limit that trains with offload (N=1)."""
-        return self.needed(self.min_arena_bytes)
+        """The smallest limit that trains with offload (N=1, the shallowest INPUT ring)."""
+        return self.needed(self.min_arena_bytes, self.floor_ring_bytes)
+
+    def fits(self, arena_bytes: int | None) -> bool:
+        """Whether the run as planned (its INPUT ring; offload with an arena of ``arena_bytes``, or none when None)
+        fits under the limit."""
+        if arena_bytes is None:
+            return self._no_offload(self.input_ring_bytes) <= self.limit.bytes
+        return self.needed(arena_bytes) <= self.limit.bytes
 
     @property
     def arena_budget(self) -> int:
@@ -227,7 +245,7 @@ class RunNeeds:
 
     @property
     def fits_without_offload(self) -> bool:
-        return self.needed_no_offload <= self.limit.bytes
+        return self.fits(None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -239,6 +257,7 @@ class RunNeeds:
             "long_lived_bytes": self.long_lived_bytes,
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "input_ring_bytes": self.input_ring_bytes,
+            "smallest_input_ring_bytes": self.floor_ring_bytes,
             "runtime_bytes": self.runtime_bytes,
             "no_offload_step_bytes": self.no_offload_step_bytes,
             "offload_step_bytes": self.offload_step_bytes,
@@ -254,12 +273,13 @@ class RunNeeds:
 
 
 def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int, evaluation_ring_bytes: int,
-              limit: MemoryLimit | None = None, setup: Setup | None = None) -> RunNeeds:
+              limit: MemoryLimit | None = None, setup: Setup | None = None, smallest_ring_bytes: int = -1) -> RunNeeds:
     """What ``net`` needs at ``batch_size`` against ``limit`` (default: this process's).
 
     ``optimizer_state``: the optimizer's state block (an array, or None for plain SGD) or its bytes;
     ``input_ring_bytes`` / ``evaluation_ring_bytes``: the training and evaluation INPUT rings
-    (``engine.data.prefetch.ring_bytes``); ``setup``: measured now unless given."""
+    (``engine.data.prefetch.ring_bytes``); ``setup``: measured now unless given; ``smallest_ring_bytes``: the
+    shallowest INPUT ring the run may take (``RunNeeds.floor_ring_bytes``; -1: ``input_ring_bytes``, fixed)."""
     from engine.offload.session import planned_peaks
 
     limit = limit if limit is not None else memory_limit()
@@ -287,6 +307,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
         evaluation_ring_bytes=evaluation_ring_bytes,
         chunked=tuple(node.name for node in chunked),
         recomputed=tuple(node.name for node in chunked if node.layer.mode == "recompute"),
+        smallest_ring_bytes=smallest_ring_bytes,
     )
 
 
@@ -362,16 +383,19 @@ def checks_enabled() -> bool:
 @dataclass(frozen=True)
 class Resolved:
     """What ``resolve_budget`` decided: the scheduler's byte budget (None: none), the needs it checked
-    (None on device backends), and whether the budget came from the limit (``auto``)."""
+    (None on device backends), whether the budget came from the limit (``auto``), and which INPUT ring the run
+    takes (``ring``: 0 the one asked for, k the k-th of the shallower ones offered)."""
 
     budget_bytes: int | None
     needs: RunNeeds | None
     from_limit: bool = False
+    ring: int = 0
 
 
 def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
                    evaluation_ring_bytes: int, offload_n: str | None, budget: Budget | None,
-                   limit: MemoryLimit | None = None, chunks: str = "auto") -> Resolved:
+                   limit: MemoryLimit | None = None, chunks: str = "auto",
+                   shallower_rings: Sequence[int] = ()) -> Resolved:
     """The byte budget for ``engine train``'s scheduler, with the run checked against its memory limit.
 
     ``budget`` auto, or ``--offload-n auto`` without a budget: the window's bytes under the limit. A share
@@ -380,10 +404,18 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     ``ENGINE_MEMORY_CHECK=off``. On device backends nothing is checked (host limits do not bound device
     memory) and "auto" is refused.
 
-    ``chunks`` (``--chunks``): "keep" or "recompute" sets every chunked layer (engine/layers/chunked.py);
-    "auto" keeps them all unless the run would not fit, and then makes the fewest recompute, largest first
-    (``fit_by_recompute``): recomputing costs three conv forwards per layer, so it is spent only where the
-    limit needs it. The same weights either way.
+    When the run does not fit as asked, two things give memory back, cheapest first:
+
+    1. ``shallower_rings``: the INPUT ring's bytes at shallower prefetch depths, tried in order (``engine
+       train`` offers prefetch 1 and 0 when ``--prefetch`` was not given). At ResNet-18 224, batch 32, the ring
+       of prefetch 2 holds 55 MiB, of prefetch 0 18 MiB; at batch 128 220 against 73 MiB. Prefetching overlaps
+       loading with the step only as far as a core is free, and both of this machine's run the step's kernels;
+    2. ``chunks`` (``--chunks``): "keep" or "recompute" sets every chunked layer (engine/layers/chunked.py);
+       "auto" keeps them all unless the run would not fit, and then makes the fewest recompute, largest first
+       (``fit_by_recompute``): recomputing costs three conv forwards per layer, so it is spent only where the
+       limit needs it. The same weights either way.
+
+    A refusal names the smallest limit: with the shallowest ring and every chunked layer recomputing.
     """
     chunked = [node.name for node in getattr(net, "chunked", [])]
     if chunks not in CHUNK_CHOICES:
@@ -398,44 +430,44 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
                              "give --offload-budget BYTES")
         return Resolved(budget.bytes_for(net, batch_size) if budget is not None else None, None)
     budget_bytes = budget.bytes_for(net, batch_size) if budget is not None and not budget.auto else None
-    needs = run_needs(net, batch_size, optimizer_state, input_ring_bytes, evaluation_ring_bytes, limit)
-    setup = needs.setup  # measured once: the other plans are the same process
+    rings = (int(input_ring_bytes), *(int(r) for r in shallower_rings))
+    fixed_window = not auto and not (offload_n is None and budget is None)  # a fixed N or a byte budget
+    measured: list[RunNeeds] = []  # the first needs: their setup and limit serve every later plan (same process)
 
-    def measure() -> RunNeeds:
-        return run_needs(net, batch_size, optimizer_state, input_ring_bytes, evaluation_ring_bytes, needs.limit, setup)
-
-    adapt = chunks == "auto" and bool(chunked)
-    check = checks_enabled()
-    if auto:
-        if adapt:
-            needs = fit_by_recompute(net, needs, lambda n: n.needed_min_offload <= n.limit.bytes, measure)
-        if check:
-            check_offload(needs, needs.min_arena_bytes, "--offload-n auto")
-        return Resolved(max(needs.arena_budget, needs.min_arena_bytes), needs, from_limit=True)
-    if offload_n is None and budget is None:
-        if adapt:
-            needs = fit_by_recompute(net, needs, lambda n: n.fits_without_offload, measure)
-        if check:
-            check_no_offload(needs)
-        return Resolved(None, needs)
-
-    def with_arena(found: RunNeeds) -> RunNeeds:
-        """``found`` with the arena of the fixed window or byte budget asked for (its one entry of ``arenas``)."""
-        arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
-        found.arenas[option] = arena
+    def measure(ring: int) -> RunNeeds:
+        first = measured[0] if measured else None
+        found = run_needs(net, batch_size, optimizer_state, ring, evaluation_ring_bytes,
+                          first.limit if first else limit, first.setup if first else None,
+                          smallest_ring_bytes=rings[-1])
+        measured[:1] = measured[:1] or [found]
+        if fixed_window:  # its arena, as the chunked layers are set now (``arenas``: its one entry)
+            arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
+            found.arenas[option] = arena
         return found
 
     def fits(found: RunNeeds) -> bool:
-        (arena,) = found.arenas.values()
-        return found.needed(arena) <= found.limit.bytes
+        if auto:
+            return found.fits(found.min_arena_bytes)
+        return found.fits(next(iter(found.arenas.values())) if fixed_window else None)  # None: no offload
 
-    needs = with_arena(needs)
-    if adapt:
-        needs = fit_by_recompute(net, needs, fits, lambda: with_arena(measure()))
-    ((option, arena),) = needs.arenas.items()
-    if check:
-        check_offload(needs, arena, option)
-    return Resolved(budget_bytes, needs)
+    ring = 0
+    needs = measure(rings[0])
+    while not fits(needs) and ring + 1 < len(rings):  # 1. a shallower INPUT ring
+        ring += 1
+        needs = measure(rings[ring])
+    if chunks == "auto" and chunked:  # 2. the fewest chunked layers recompute
+        needs = fit_by_recompute(net, needs, fits, lambda: measure(rings[ring]))
+    if checks_enabled():
+        if auto:
+            check_offload(needs, needs.min_arena_bytes, "--offload-n auto")
+        elif fixed_window:
+            ((option, arena),) = needs.arenas.items()
+            check_offload(needs, arena, option)
+        else:
+            check_no_offload(needs)
+    if auto:
+        return Resolved(max(needs.arena_budget, needs.min_arena_bytes), needs, from_limit=True, ring=ring)
+    return Resolved(budget_bytes, needs, ring=ring)
 
 
 def offload_arena(net: Any, batch_size: int, n_text: str | None, budget_bytes: int | None) -> tuple[int, str]:
@@ -480,8 +512,9 @@ def describe_needs(needs: RunNeeds) -> str:
 
 def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[int, ...], int], int],
                   offload_n: int | None = None, offload_budget: str | None = None) -> list[tuple[int, RunNeeds]]:
-    """``engine memory``: what ``engine train`` with its defaults (SGD with momentum, prefetch 2) needs per batch
-    size, for no offload, N=1 and the ``--offload-n``/``--offload-budget`` asked for (``RunNeeds.arenas``).
+    """``engine memory``: what ``engine train`` with its defaults (SGD with momentum, the default prefetch: 2
+    batches ahead, 0 under a tight limit, so its smallest limits hold a ring of one batch) needs per batch size,
+    for no offload, N=1 and the ``--offload-n``/``--offload-budget`` asked for (``RunNeeds.arenas``).
     ``ring_bytes(batch_shape, slots)``: the INPUT ring's bytes (``engine.data.prefetch.ring_bytes``).
 
     The setup is measured in this process; the caller imports what ``engine train`` has imported when it
@@ -503,7 +536,8 @@ def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[
                 if chunked:
                     net.set_recomputed(recomputed)
                 shape = (batch, *net.graph.input_shape)
-                needs = run_needs(net, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit, setup)
+                needs = run_needs(net, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit, setup,
+                                  smallest_ring_bytes=ring_bytes(shape, 1))
                 needs.arenas["--offload-n 1"] = needs.min_arena_bytes
                 if offload_n is not None and (offload_n != 1 or budget is not None):
                     budget_bytes = budget.bytes_for(net, batch) if budget is not None else None
@@ -531,14 +565,14 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
     """The smallest limit per plan and batch size (``needs_for_cli``), as a table of engine/report.py."""
     from engine.report import Table
 
-    table = Table("smallest memory limit per plan (predicted, engine train with sgd momentum and prefetch 2)",
+    table = Table("smallest memory limit per plan (predicted, engine train with sgd momentum and its default prefetch)",
                   ["batch", "plan", "--chunks", "step tensors", "smallest limit", "fits the limit here"],
                   right={0, 3, 4})
     rows = []
     for batch, needs in found:
-        rows.append((batch, "no offload", needs, needs.input_ring_bytes + needs.no_offload_step_bytes,
-                     needs.needed_no_offload))
-        rows += [(batch, option, needs, needs.input_ring_bytes + needs.offload_step_bytes + arena, needs.needed(arena))
+        ring = needs.floor_ring_bytes
+        rows.append((batch, "no offload", needs, ring + needs.no_offload_step_bytes, needs.needed_no_offload))
+        rows += [(batch, option, needs, ring + needs.offload_step_bytes + arena, needs.needed(arena, ring))
                  for option, arena in needs.arenas.items()]
     order = {plan: i for i, plan in enumerate(dict.fromkeys(row[1] for row in rows))}
     for batch, plan, needs, step, needed in sorted(rows, key=lambda r: (r[0], order[r[1]])):  # plans side by side
@@ -550,8 +584,9 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
             f"each limit = setup {format_bytes(needs.setup.bytes)} (measured: interpreter, libraries, network) + "
             f"parameters, gradients, buffers {format_bytes(needs.long_lived_bytes)} + optimizer state "
             f"{format_bytes(needs.optimizer_state_bytes)} + first-step runtime {format_bytes(needs.runtime_bytes)} + "
-            "the step's tensors with the INPUT ring (with offload: or the evaluation pass, whichever is larger; "
-            f"without: the evaluation's ring, {format_bytes(needs.evaluation_ring_bytes)}, on top)")
+            f"the step's tensors with the INPUT ring ({format_bytes(needs.floor_ring_bytes)}: one batch, as engine "
+            "train's default prefetch goes to 0 under a tight limit) (with offload: or the evaluation pass, whichever "
+            f"is larger; without: the evaluation's ring, {format_bytes(needs.evaluation_ring_bytes)}, on top)")
         table.notes.append(f"the limit here: {needs.limit.describe()}")
         if needs.chunked:
             table.notes.append(f"--chunks: {len(needs.chunked)} conv + batch norm chains on planes of 56×56 and more "

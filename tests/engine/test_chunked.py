@@ -164,3 +164,39 @@ def test_engine_train_says_which_chunked_layers_recompute(tmp_path):
         assert said == (chunks == "recompute")
         losses[chunks] = json.loads(summary.read_text())["final_loss"]
     assert losses["recompute"] == losses["keep"]
+
+
+def test_engine_train_takes_a_shallower_prefetch_before_recomputing(monkeypatch, tmp_path):
+    """Under a limit the cnn at 224 fits only with its INPUT ring at one batch: without --prefetch, engine train
+    says it prefetches 0 batches and recomputes nothing; with --prefetch 2 its chunked layers recompute instead."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+    from engine.memory.limits import MemoryLimit
+    from engine.offload import budget
+
+    monkeypatch.setattr(budget.Setup, "measure", classmethod(lambda cls, blocks=(): cls(0, 0, 0)))  # exact limits
+    train = ["train", "--model", "cnn", "--image-size", "224", "--batch-size", "10", "--data", "synthetic",
+             "--steps", "1", "--no-progress", "--threads", "1"]
+
+    def run(limit, *options, name="run"):
+        monkeypatch.setattr(budget, "memory_limit", lambda: MemoryLimit(limit, "test limit"))
+        result = CliRunner().invoke(main, [*train, *options, "--summary-json", str(tmp_path / f"{name}.json")])
+        needs = json.loads((tmp_path / f"{name}.json").read_text())["memory_needs"] if result.exit_code == 0 else {}
+        return result, needs
+
+    _, roomy = run(64 << 30)
+    assert roomy["smallest_input_ring_bytes"] * 3 == roomy["input_ring_bytes"]  # one batch against three
+    limit = roomy["needed_no_offload_bytes"] + (2 << 20)  # keeping every layer, with a one-batch ring
+    result, needs = run(limit, name="auto")
+    assert result.exit_code == 0, result.output
+    assert "prefetch: 0 batches ahead, not 2, to fit the limit" in result.output
+    assert needs["recomputed_layers"] == [] and needs["input_ring_bytes"] == roomy["smallest_input_ring_bytes"]
+    given, needs = run(limit, "--prefetch", "2")
+    assert given.exit_code == 0, given.output
+    assert "prefetch:" not in given.output and "recompute their chunks in backward" in given.output
+    assert needs["input_ring_bytes"] == roomy["input_ring_bytes"] and needs["recomputed_layers"]
+    refused, _ = run(limit, "--prefetch", "2", "--chunks", "keep")
+    assert refused.exit_code == 1 and "without offload, the limit is" in refused.output
