@@ -608,15 +608,24 @@ def _offload_session(options, net, opt, root: bool, world=None):
     refusal = None
     depths = [options.prefetch_depth] + ([] if options.prefetch is not None else
                                          list(range(options.prefetch_depth - 1, -1, -1)))  # given: that one only
-    try:  # --offload-budget is read here, once; the INPUT rings (training, evaluation) are the data pipeline's
-        resolved = resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
-                                  ring_bytes(batch, depths[0] + 1), ring_bytes(batch, 2), chosen.n,
-                                  parse_budget(chosen.budget),
-                                  memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
-                                  chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in depths[1:]])
+    def resolve(first: int, shallower: list[int]):  # --offload-budget is read here; the INPUT rings are the data's
+        return resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
+                              ring_bytes(batch, first + 1), ring_bytes(batch, 2), chosen.n, parse_budget(chosen.budget),
+                              memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
+                              chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in shallower])
+
+    try:
+        resolved = resolve(depths[0], depths[1:])
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
+        if isinstance(exc, DoesNotFit) and options.prefetch:  # the --prefetch given holds it back: say so
+            try:
+                resolve(0, [])
+                refusal += f"; with --prefetch 0 it fits (--prefetch {options.prefetch} holds " \
+                           f"{format_bytes(ring_bytes(batch, options.prefetch + 1) - ring_bytes(batch, 1))} more)"
+            except ValueError:
+                pass
     refuse_together(world, refusal)
     if refusal is not None:
         fail(refusal)

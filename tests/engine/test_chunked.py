@@ -200,3 +200,6 @@ def test_engine_train_takes_a_shallower_prefetch_before_recomputing(monkeypatch,
     assert needs["input_ring_bytes"] == roomy["input_ring_bytes"] and needs["recomputed_layers"]
     refused, _ = run(limit, "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "without offload, the limit is" in refused.output
+    assert "with --prefetch 0 it fits (--prefetch 2 holds 11.5 MiB more)" in refused.output  # the way out named
+    refused, _ = run(roomy["needed_no_offload_bytes"] - (8 << 20), "--prefetch", "2", "--chunks", "keep")
+    assert refused.exit_code == 1 and "--prefetch 0 it fits" not in refused.output  # nor would it fit then
