@@ -608,11 +608,14 @@ def _offload_session(options, net, opt, root: bool, world=None):
     refusal = None
     depths = [options.prefetch_depth] + ([] if options.prefetch is not None else
                                          list(range(options.prefetch_depth - 1, -1, -1)))  # given: that one only
+
     def resolve(first: int, shallower: list[int]):  # --offload-budget is read here; the INPUT rings are the data's
+        prefetching = [d for d in shallower if d > 0]  # 0 (no prefetch) only after every chunked layer recomputes
         return resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
                               ring_bytes(batch, first + 1), ring_bytes(batch, 2), chosen.n, parse_budget(chosen.budget),
                               memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
-                              chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in shallower])
+                              chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in prefetching],
+                              last_ring=ring_bytes(batch, 1) if 0 in shallower else None)
 
     try:
         resolved = resolve(depths[0], depths[1:])

@@ -395,7 +395,7 @@ class Resolved:
 def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
                    evaluation_ring_bytes: int, offload_n: str | None, budget: Budget | None,
                    limit: MemoryLimit | None = None, chunks: str = "auto",
-                   shallower_rings: Sequence[int] = ()) -> Resolved:
+                   shallower_rings: Sequence[int] = (), last_ring: int | None = None) -> Resolved:
     """The byte budget for ``engine train``'s scheduler, with the run checked against its memory limit.
 
     ``budget`` auto, or ``--offload-n auto`` without a budget: the window's bytes under the limit. A share
@@ -404,16 +404,19 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     ``ENGINE_MEMORY_CHECK=off``. On device backends nothing is checked (host limits do not bound device
     memory) and "auto" is refused.
 
-    When the run does not fit as asked, two things give memory back, cheapest first:
+    When the run does not fit as asked, three things give memory back, cheapest first:
 
-    1. ``shallower_rings``: the INPUT ring's bytes at shallower prefetch depths, tried in order (``engine
-       train`` offers prefetch 1 and 0 when ``--prefetch`` was not given). At ResNet-18 224, batch 32, the ring
-       of prefetch 2 holds 55 MiB, of prefetch 0 18 MiB; at batch 128 220 against 73 MiB. Prefetching overlaps
-       loading with the step only as far as a core is free, and both of this machine's run the step's kernels;
+    1. ``shallower_rings``: the INPUT ring's bytes at shallower prefetch depths that still prefetch, tried in
+       order (``engine train`` offers prefetch 1 when ``--prefetch`` was not given: at ResNet-18 224, batch 32,
+       the ring of prefetch 2 holds 55 MiB, of prefetch 1 37 MiB). The loader still works a batch ahead;
     2. ``chunks`` (``--chunks``): "keep" or "recompute" sets every chunked layer (engine/layers/chunked.py);
        "auto" keeps them all unless the run would not fit, and then makes the fewest recompute, largest first
        (``fit_by_recompute``): recomputing costs three conv forwards per layer, so it is spent only where the
-       limit needs it. The same weights either way.
+       limit needs it. The same weights either way;
+    3. ``last_ring``: the ring of no prefetch (one batch: 18 MiB there), taken only when every chunked layer
+       recomputing does not fit, and then with the fewest recomputing again. Without prefetch the step waits
+       for its batch: 85 ms of a synthetic 224 batch of 32 made in the training thread (and an image folder's
+       decoding), against 30–75 ms of conv per recomputed pass; so it comes last.
 
     A refusal names the smallest limit: with the shallowest ring and every chunked layer recomputing.
     """
@@ -430,13 +433,13 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
                              "give --offload-budget BYTES")
         return Resolved(budget.bytes_for(net, batch_size) if budget is not None else None, None)
     budget_bytes = budget.bytes_for(net, batch_size) if budget is not None and not budget.auto else None
-    rings = (int(input_ring_bytes), *(int(r) for r in shallower_rings))
+    rings = (int(input_ring_bytes), *(int(r) for r in shallower_rings), *(() if last_ring is None else (last_ring,)))
     fixed_window = not auto and not (offload_n is None and budget is None)  # a fixed N or a byte budget
     measured: list[RunNeeds] = []  # the first needs: their setup and limit serve every later plan (same process)
 
     def measure(ring: int) -> RunNeeds:
         first = measured[0] if measured else None
-        found = run_needs(net, batch_size, optimizer_state, ring, evaluation_ring_bytes,
+        found = run_needs(net, batch_size, optimizer_state, rings[ring], evaluation_ring_bytes,
                           first.limit if first else limit, first.setup if first else None,
                           smallest_ring_bytes=rings[-1])
         measured[:1] = measured[:1] or [found]
@@ -450,13 +453,22 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
             return found.fits(found.min_arena_bytes)
         return found.fits(next(iter(found.arenas.values())) if fixed_window else None)  # None: no offload
 
+    adapt = chunks == "auto" and bool(chunked)
+    prefetching = len(rings) - (last_ring is not None)  # the rings of 1. (and the one asked for)
     ring = 0
-    needs = measure(rings[0])
-    while not fits(needs) and ring + 1 < len(rings):  # 1. a shallower INPUT ring
+    needs = measure(ring)
+    while not fits(needs) and ring + 1 < prefetching:  # 1. a shallower ring that still prefetches
         ring += 1
-        needs = measure(rings[ring])
-    if chunks == "auto" and chunked:  # 2. the fewest chunked layers recompute
-        needs = fit_by_recompute(net, needs, fits, lambda: measure(rings[ring]))
+        needs = measure(ring)
+    if adapt:  # 2. the fewest chunked layers recompute
+        needs = fit_by_recompute(net, needs, fits, lambda: measure(ring))
+    if not fits(needs) and last_ring is not None:  # 3. no prefetch, and again the fewest recompute
+        ring = len(rings) - 1
+        if adapt:
+            net.set_recomputed([])
+        needs = measure(ring)
+        if adapt:
+            needs = fit_by_recompute(net, needs, fits, lambda: measure(ring))
     if checks_enabled():
         if auto:
             check_offload(needs, needs.min_arena_bytes, "--offload-n auto")

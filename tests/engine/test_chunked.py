@@ -166,9 +166,10 @@ def test_engine_train_says_which_chunked_layers_recompute(tmp_path):
     assert losses["recompute"] == losses["keep"]
 
 
-def test_engine_train_takes_a_shallower_prefetch_before_recomputing(monkeypatch, tmp_path):
-    """Under a limit the cnn at 224 fits only with its INPUT ring at one batch: without --prefetch, engine train
-    says it prefetches 0 batches and recomputes nothing; with --prefetch 2 its chunked layers recompute instead."""
+def test_engine_train_prefetches_less_then_recomputes_then_stops_prefetching(monkeypatch, tmp_path):
+    """The cnn at 224 under tight limits, --prefetch not given: first 1 batch ahead instead of 2, then chunked
+    layers recompute, and no prefetch only when every layer recomputing does not fit; each said in one line. With
+    --prefetch 2 given, layers recompute instead; a refusal names --prefetch 0 when that would fit."""
     import json
 
     from click.testing import CliRunner
@@ -188,18 +189,28 @@ def test_engine_train_takes_a_shallower_prefetch_before_recomputing(monkeypatch,
         return result, needs
 
     _, roomy = run(64 << 30)
-    assert roomy["smallest_input_ring_bytes"] * 3 == roomy["input_ring_bytes"]  # one batch against three
-    limit = roomy["needed_no_offload_bytes"] + (2 << 20)  # keeping every layer, with a one-batch ring
-    result, needs = run(limit, name="auto")
+    one = roomy["smallest_input_ring_bytes"]  # a ring of one batch
+    assert one * 3 == roomy["input_ring_bytes"]
+    keep = roomy["needed_no_offload_bytes"]  # keeping every layer, with a ring of one batch
+    result, needs = run(keep + one + (1 << 20), name="prefetch1")
+    assert result.exit_code == 0, result.output
+    assert "prefetch: 1 batch ahead, not 2, to fit the limit" in result.output
+    assert needs["recomputed_layers"] == [] and needs["input_ring_bytes"] == 2 * one
+    result, needs = run(keep + (1 << 20), name="recompute")  # a layer recomputes before the prefetch stops
+    assert result.exit_code == 0, result.output
+    assert "prefetch: 1 batch ahead" in result.output and needs["recomputed_layers"]
+    _, recomputing = run(64 << 30, "--chunks", "recompute", name="smallest")
+    smallest = recomputing["needed_no_offload_bytes"]  # every layer recomputing, a ring of one batch
+    result, needs = run(smallest + (1 << 20), name="prefetch0")
     assert result.exit_code == 0, result.output
     assert "prefetch: 0 batches ahead, not 2, to fit the limit" in result.output
-    assert needs["recomputed_layers"] == [] and needs["input_ring_bytes"] == roomy["smallest_input_ring_bytes"]
-    given, needs = run(limit, "--prefetch", "2")
+    assert needs["input_ring_bytes"] == one
+    given, needs = run(keep + one + (1 << 20), "--prefetch", "2", name="given")
     assert given.exit_code == 0, given.output
     assert "prefetch:" not in given.output and "recompute their chunks in backward" in given.output
-    assert needs["input_ring_bytes"] == roomy["input_ring_bytes"] and needs["recomputed_layers"]
-    refused, _ = run(limit, "--prefetch", "2", "--chunks", "keep")
+    assert needs["input_ring_bytes"] == 3 * one and needs["recomputed_layers"]
+    refused, _ = run(keep + (1 << 20), "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "without offload, the limit is" in refused.output
     assert "with --prefetch 0 it fits (--prefetch 2 holds 11.5 MiB more)" in refused.output  # the way out named
-    refused, _ = run(roomy["needed_no_offload_bytes"] - (8 << 20), "--prefetch", "2", "--chunks", "keep")
+    refused, _ = run(keep - (8 << 20), "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "--prefetch 0 it fits" not in refused.output  # nor would it fit then

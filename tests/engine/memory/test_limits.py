@@ -176,9 +176,11 @@ def test_a_fixed_window_recomputes_what_its_limit_needs(resnet_224):
     resnet_224.set_recomputed([])
 
 
-def test_a_shallower_input_ring_comes_before_recompute(resnet_224, monkeypatch):
-    """``shallower_rings`` (engine train's default prefetch, 2 then 1 then 0): tried in order before any chunked
-    layer recomputes; the smallest limits and a refusal count the shallowest ring; without them, recompute."""
+def test_a_shallower_input_ring_then_recompute_then_no_prefetch(resnet_224, monkeypatch):
+    """engine train's default prefetch under a tight limit: a shallower ring that still prefetches first
+    (``shallower_rings``), then the fewest chunked layers recompute, and no prefetch (``last_ring``) only when every
+    layer recomputing does not fit, with the fewest recomputing again. The smallest limits and a refusal count the
+    last ring; without the shallower rings, recompute alone."""
     from engine.offload import budget
     from engine.offload.budget import DoesNotFit, resolve_budget, round_up_mib
 
@@ -186,28 +188,29 @@ def test_a_shallower_input_ring_comes_before_recompute(resnet_224, monkeypatch):
     net = resnet_224
     rings = (55 << 20, 37 << 20, 18 << 20)
 
-    def resolve(limit, shallower=rings[1:]):
+    def resolve(limit, shallower=rings[1:2], last=rings[2]):
         return resolve_budget(net, 32, 45 << 20, rings[0], 37 << 20, None, None, MemoryLimit(limit, "test"),
-                              shallower_rings=shallower)
+                              shallower_rings=shallower, last_ring=last)
 
     roomy = resolve(64 << 30)
     assert roomy.ring == 0 and roomy.needs.input_ring_bytes == rings[0] and roomy.needs.recomputed == ()
-    floor = roomy.needs.needed_no_offload  # with the shallowest ring: the smallest limit keeping every layer
+    floor = roomy.needs.needed_no_offload  # with the last ring: the smallest limit keeping every layer
     assert roomy.needs.floor_ring_bytes == rings[2] and roomy.needs.as_dict()["smallest_input_ring_bytes"] == rings[2]
-    middle = resolve(floor + (rings[1] - rings[2]))  # room for the middle ring, not the deepest
+    middle = resolve(floor + (rings[1] - rings[2]))  # room for the middle ring, keeping everything
     assert middle.ring == 1 and middle.needs.input_ring_bytes == rings[1] and middle.needs.recomputed == ()
-    shallow = resolve(floor)
-    assert shallow.ring == 2 and shallow.needs.recomputed == () and shallow.needs.fits_without_offload
-    below = resolve(floor - (1 << 20))  # the shallowest ring, and then the fewest recompute
-    assert below.ring == 2 and 0 < len(below.needs.recomputed) < 5 and below.needs.fits_without_offload
-    fixed = resolve(floor, shallower=())  # --prefetch given: its ring stays, layers recompute instead
+    below = resolve(floor)  # the middle ring, and the fewest recompute (prefetching beats a layer kept)
+    assert below.ring == 1 and 0 < len(below.needs.recomputed) < 5 and below.needs.fits_without_offload
+    net.set_recomputed([n.name for n in net.chunked])
+    everything = needs_at(net, 64 << 30)  # every layer recomputing (needs_at: the deepest ring, 55 MiB)
+    smallest = everything.fixed_bytes + everything.no_offload_step_bytes + (37 << 20)  # + a ring
+    last = resolve(smallest + rings[2] + (1 << 20))  # every layer recomputing does not fit with the middle ring
+    assert last.ring == 2 and last.needs.input_ring_bytes == rings[2] and last.needs.fits_without_offload
+    assert len(last.needs.recomputed) <= 5
+    fixed = resolve(floor, shallower=(), last=None)  # --prefetch given: its ring stays, layers recompute instead
     assert fixed.ring == 0 and fixed.needs.input_ring_bytes == rings[0] and 0 < len(fixed.needs.recomputed)
-    with pytest.raises(DoesNotFit) as refusal:  # names the smallest: the shallowest ring, every layer recomputing
+    with pytest.raises(DoesNotFit) as refusal:  # names the smallest: the last ring, every layer recomputing
         resolve(1 << 20)
-    everything = needs_at(net, 64 << 30)
-    assert len(everything.recomputed) == 5
-    smallest = everything.fixed_bytes + rings[2] + everything.no_offload_step_bytes + (37 << 20)
-    assert f"needs a limit of {round_up_mib(smallest) / 2**30:.2f} GiB without offload" in str(refusal.value)
+    assert f"needs a limit of {round_up_mib(smallest + rings[2]) / 2**30:.2f} GiB without offload" in str(refusal.value)
     net.set_recomputed([])
 
 
