@@ -29,18 +29,28 @@ def _pair(a, i, b, j):
 
 
 @njit(cache=True, inline="always")
-def _inner_3x3(xp, b, W):
-    """A whole 3×3 window at flat index b of the plane (row length W): its winner and place, by a tree of pairs.
-    The places are uint8 and the caller converts them to plane places in a loop of its own: with int64 places and
-    the encoding's branch inside the run, one 8-image chunk of the stem's pool took 22.6 ms against 10.8."""
-    a0, i0 = _pair(xp[b], np.uint8(0), xp[b + 1], np.uint8(1))
-    a1, i1 = _pair(xp[b + 2], np.uint8(2), xp[b + W], np.uint8(3))
-    a2, i2 = _pair(xp[b + W + 1], np.uint8(4), xp[b + W + 2], np.uint8(5))
-    a3, i3 = _pair(xp[b + 2 * W], np.uint8(6), xp[b + 2 * W + 1], np.uint8(7))
-    a0, i0 = _pair(a0, i0, a1, i1)
-    a2, i2 = _pair(a2, i2, a3, i3)
-    a0, i0 = _pair(a0, i0, a2, i2)
-    return _pair(a0, i0, xp[b + 2 * W + 2], np.uint8(8))
+def _row_winners(row, stride, values, places, first):
+    """For each window k of ``values``: the winner of ``row``'s three columns from ``k * stride`` on, and its place
+    (``first`` + 0, 1 or 2). The caller hands views that start at the first window: indices from 0 up are what
+    lets the compiler vectorize the loop (from a run-time start it must allow for NumPy's negative indices:
+    6.7 against 2.2 ms for a chunk of the stem's pool)."""
+    for k in range(values.shape[0]):
+        b = k * stride
+        v, at = _pair(row[b], np.uint8(0), row[b + 1], np.uint8(1))
+        v, at = _pair(v, at, row[b + 2], np.uint8(2))
+        values[k] = v
+        places[k] = at + first
+
+
+@njit(cache=True, inline="always")
+def _column_winners(values, places, out, argmax):
+    """The winners of three rows' winners (``values``, ``places``: 3 × windows), top row first, into ``out`` and
+    ``argmax`` (views from the first window, as in ``_row_winners``)."""
+    for k in range(out.shape[0]):
+        v, at = _pair(values[0, k], places[0, k], values[1, k], places[1, k])
+        v, at = _pair(v, at, values[2, k], places[2, k])
+        out[k] = v
+        argmax[k] = at
 
 
 @njit(cache=True, nogil=True)
@@ -65,16 +75,17 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
     """x: [planes, H, W]; out, argmax: [planes, OH * OW]. The argmax is the window place (``local``, uint8) or the
     flat h * W + w in the input plane (int32).
 
-    Why a 3×3 window inside the plane has a loop of its own, a tree of pairs (depth 4). The general loop's
-    data-dependent branch (which value wins) mispredicts on random data: with it the ResNet-18 stem's pool
-    (32×64×112×112 → 56×56, 3×3 s2 p1) took 113.6 ms of a 224 training step's forward. Nine selects in a chain
-    (v2 of this kernel) took 57.0–60.8 ms in the same per-layer profile (``python benchmarks/step_profile.py
-    --model resnet18 --image-size 224``, two threads, 2026-11-27): a chain of 8 dependent compare-and-selects per
-    output. The tree (``_pair``: the same winner), in a loop over the row's inner windows with no edge test,
-    flat indices: one 8-image chunk of the stem's pool 19.0–20.8 → 10.8 ms (best of 7, two threads, 2026-11-28;
-    the chain in the same loop without the edge test 14.4–15.1, the old kernel's 3×3 arm with flat indices 20.5:
-    the chain, not the indexing, was the cost). The same winner: the first maximum in row-major order, a NaN over
-    any number, a later NaN over an earlier one (PyTorch's rule)."""
+    Why a 3×3 window inside the plane has loops of its own: first each of its three rows' winner across its
+    three columns (``_pair`` twice, for every window of the output row: a loop the compiler vectorizes), then the
+    three rows' winners, top first. The same winner as the scan: the first maximum in row-major order is the
+    first row's first maximum among the rows' maxima, a NaN over any number and a later NaN over an earlier one
+    (PyTorch's rule) hold row by row and then across the rows (``_pair``'s docstring). How it got here, ResNet-18's
+    stem pool (32×64×112×112 → 56×56, 3×3 s2 p1): the scan with its data-dependent branch (which value wins)
+    took 113.6 ms of a 224 training step's forward; nine selects in a chain 57.0–60.8 ms in the same per-layer
+    profile (``python benchmarks/step_profile.py --model resnet18 --image-size 224``, two threads, 2026-11-27).
+    One 8-image chunk of it, best of 7, two threads, 2026-11-28: the chain 19.0–20.8 ms; a tree of pairs per
+    window (depth 4) 10.8 ms; rows then columns 9.8 ms with run-time loop starts, 3.2 ms with views from the first
+    window (``_row_winners``). In the step's profile (four chunks): 62–70 → 13.3 ms a step."""
     planes, H, W = x.shape
     OW = out.shape[2]
     OH = out.shape[1]
@@ -85,16 +96,22 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad, local):
         xp = x[plane].reshape(H * W)
         op = out[plane].reshape(OH * OW)
         ap = argmax[plane].reshape(OH * OW)
+        rows = np.empty((3, OW), np.float32)  # a row's winners across, per output column, for the three rows
+        places = np.empty((3, OW), np.uint8)
         for oh in range(OH):
             h0 = oh * stride - pad
             inner_lo, inner_hi = OW, OW  # no inner run: every window of the row by the general scan
-            if kernel == 3 and h0 >= 0 and h0 + 3 <= H:
+            if kernel == 3 and h0 >= 0 and h0 + 3 <= H and ow_lo < ow_hi:
                 inner_lo, inner_hi = ow_lo, ow_hi
-                for ow in range(ow_lo, ow_hi):
-                    b = h0 * W + ow * stride - pad
-                    best, at = _inner_3x3(xp, b, W)
-                    op[oh * OW + ow] = best
-                    ap[oh * OW + ow] = at
+                for r in range(3):  # each row's three columns first: the compiler's vectors
+                    start = (h0 + r) * W + ow_lo * stride - pad
+                    row, values, at = xp[start:], rows[r, ow_lo:ow_hi], places[r, ow_lo:ow_hi]
+                    if stride == 2:  # ResNet's stem: a constant stride (the loads' pattern known)
+                        _row_winners(row, 2, values, at, np.uint8(3 * r))
+                    else:
+                        _row_winners(row, stride, values, at, np.uint8(3 * r))
+                _column_winners(rows[:, ow_lo:ow_hi], places[:, ow_lo:ow_hi], op[oh * OW + ow_lo:oh * OW + ow_hi],
+                                ap[oh * OW + ow_lo:oh * OW + ow_hi])  # then the three rows, top first
                 if not local:  # the place in the plane, from the place in the window
                     for ow in range(ow_lo, ow_hi):
                         at = np.int64(ap[oh * OW + ow])
