@@ -76,7 +76,8 @@ def _maxpool_forward(x, out, argmax, kernel, stride, pad, local, lo, hi):
     """Planes [lo, hi) of x: [planes, H, W]; out, argmax: [planes, OH, OW]. The argmax is the window place
     (``local``, uint8) or the flat h * W + w in the input plane (int32). A serial kernel over a range of planes,
     run on the threads by ``threads.run_ranges`` (a plane is one thread's: the same bits at any thread count), not
-    a ``prange`` loop: as ``parallel=True`` this kernel compiled in 4.0 s of the 224 first run, 1.4 s now (backward 0.7 → 0.35 s).
+    a ``prange`` loop: as ``parallel=True`` this kernel compiled in 4.0 s of the 224 first run, 1.4 s now
+    (backward 0.7 → 0.35 s).
 
     Why a 3×3 window inside the plane has loops of its own: first each of its three rows' winner across its
     three columns (``_pair`` twice, for every window of the output row: a loop the compiler vectorizes), then the
