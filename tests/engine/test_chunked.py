@@ -214,3 +214,22 @@ def test_engine_train_prefetches_less_then_recomputes_then_stops_prefetching(mon
     assert "with --prefetch 0 it fits (--prefetch 2 holds 11.5 MiB more)" in refused.output  # the way out named
     refused, _ = run(keep - (8 << 20), "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "--prefetch 0 it fits" not in refused.output  # nor would it fit then
+
+
+def test_a_chain_without_an_activation_keeps_its_output_not_a_copy():
+    """Keep mode, no activation, no pool ("c1+b1"): the batch norm's output is the layer's output, kept as that
+    (``keeps_output``), not a second time as "y"; recompute keeps neither; the others keep y as before."""
+    net = Network(graph(), get_backend("cpu"), seed=1)
+    layers = {node.name: node.layer for node in net.chunked}
+    shape = (4, 3, SIZE, SIZE)
+
+    def saved(name, x_shape):
+        return [spec.name for spec in layers[name].saved_specs([x_shape])]
+
+    assert layers["c1+b1"].keeps_output and "y" not in saved("c1+b1", (4, 8, SIZE, SIZE))
+    assert not layers["c0+b0+r0"].keeps_output and "y" in saved("c0+b0+r0", shape)
+    assert not layers["c2+b2+r2+p2"].keeps_output
+    net.set_recomputed(["c1+b1"])
+    assert not layers["c1+b1"].keeps_output and "y" not in saved("c1+b1", (4, 8, SIZE, SIZE))
+    net.set_recomputed([])
+    net.close()
