@@ -21,17 +21,17 @@ chunks of ``CHUNK_IMAGES`` images, in order:
 
 Two modes, chosen by the plan (``mode``), **the same bits** in both:
 
-* ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the
-  separate layers kept their batch norm's output; a chain without activation or pool (ResNet's conv2 + bn2,
-  MobileNetV2's projections) keeps its output instead, which is y (``y_is_output``): MobileNetV2 at 224, batch
-  32, keeps 24.5 MiB less with ``--offload-n 1`` (``engine memory``: 816 → 784 MiB), as its 112-pixel
-  projection's output is kept by the next conv anyway; ResNet-18's are read by an Add, and keep the same.
-  Backward rebuilds the gradient per chunk in each pass (the pool's backward from the kept argmax; the
-  activation's mask from y is applied inside the batch-norm kernels, ``activation=``, so no pass writes dy:
-  MobileNetV2's chunked layers 425–436 → 388–406 ms a step). Measured on ResNet-18's stem at 224, batch 32
-  (median of 3 steps, per-node hooks): rebuilding the activation and the pool's argmax too took its backward from 97 ms (the separate layers) to 238 ms, so both modes keep the argmax (a
-  byte per pooled output): 125 ms. Tried and dropped: dy of the whole batch in keep mode's scratch, made
-  once by pass 1: 114 ms, for 98 MiB more at the stem and 147 MiB at MobileNetV2's 112-pixel expand;
+* ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the separate layers
+  kept their batch norm's output; a chain without activation or pool (ResNet's conv2 + bn2, MobileNetV2's
+  projections) keeps its output instead, which is y (``y_is_output``): MobileNetV2 at 224, batch 32, keeps 24.5 MiB
+  less with ``--offload-n 1`` (``engine memory``: 816 → 784 MiB), as its 112-pixel projection's output is kept by
+  the next conv anyway; ResNet-18's are read by an Add, and keep the same. Backward rebuilds the gradient per chunk
+  in each pass (the pool's backward from the kept argmax; the activation's mask from y is applied inside the
+  batch-norm kernels, ``activation=``, so no pass writes dy: MobileNetV2's chunked layers 425–436 → 388–406 ms a
+  step). Measured on ResNet-18's stem at 224, batch 32 (median of 3 steps, per-node hooks): rebuilding the
+  activation and the pool's argmax too took its backward from 97 ms (the separate layers) to 238 ms, so both modes
+  keep the argmax (a byte per pooled output): 125 ms. Tried and dropped: dy of the whole batch in keep mode's
+  scratch, made once by pass 1: 114 ms, for 98 MiB more at the stem and 147 MiB at MobileNetV2's 112-pixel expand;
 * ``"recompute"``: nothing but the input (the conv keeps it anyway), 3·C statistics and the pool's argmax
   is kept; each pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
   (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards, less
