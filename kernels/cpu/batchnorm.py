@@ -162,6 +162,11 @@ def _over_channels(kernel, x3: np.ndarray, *args) -> None:
     run_ranges(lambda lo, hi: kernel(*args, lo, hi), C, get_num_threads(), N * area)
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``a`` and ``b`` are the same elements (one array, or views of the same memory and layout)."""
+    return a.shape == b.shape and a.strides == b.strides and a.ctypes.data == b.ctypes.data
+
+
 def _channels(op: str, x: np.ndarray) -> tuple[int, int, int]:
     check_array(op, "x", x)
     if x.ndim != 4:
@@ -311,9 +316,19 @@ def _chunk_finish(sums, count, gamma, beta, running_mean, running_var, scale_shi
         running_var[c] = (1.0 - momentum) * running_var[c] + momentum * (squares / (count - 1))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _activate(v, act):
+    """act 0 none, 1 ReLU, 2 ReLU6."""
+    if act == 1:
+        return max(v, np.float32(0.0))
+    if act == 2:
+        return min(max(v, np.float32(0.0)), np.float32(6.0))
+    return v
+
+
 @njit(cache=True, nogil=True)
 def _chunk_apply(z, scale_shift, act, y, out, lo, hi):
-    """y = z·scale + shift (when y has images), out = act(that); act 0 none, 1 ReLU, 2 ReLU6."""
+    """y = z·scale + shift (when y has images), out = act(that), y and out other arrays than z."""
     N, C, area = z.shape
     keep = y.shape[0] > 0
     for c in range(lo, hi):
@@ -324,11 +339,33 @@ def _chunk_apply(z, scale_shift, act, y, out, lo, hi):
                 v = np.float32(z[n, c, i] * scale + shift)
                 if keep:
                     y[n, c, i] = v
-                if act == 1:
-                    v = max(v, np.float32(0.0))
-                elif act == 2:
-                    v = min(max(v, np.float32(0.0)), np.float32(6.0))
-                out[n, c, i] = v
+                out[n, c, i] = _activate(v, act)
+
+
+@njit(cache=True, nogil=True)
+def _chunk_apply_over(z, scale_shift, act, out, lo, hi):
+    """``_chunk_apply`` written over z: z = z·scale + shift and out = act(that) when ``out`` has images, else
+    z = act(z·scale + shift).
+
+    Why a kernel of its own. Given the same array as two arguments, a kernel's vectorized loop is guarded by a
+    run-time check that they do not overlap, which then fails, and the scalar loop runs (the element-wise
+    kernels' docstring has the first case): one 8-image chunk of ResNet-18's stem (8×64×112×112), y over z and
+    out apart, 2.14 ms against 1.76 with three arrays; z over z, no activation, 1.45 against 0.99. Here the
+    written array is the read one, one argument, and the compiler needs no check: the same arithmetic, the
+    same bits."""
+    N, C, area = z.shape
+    separate = out.shape[0] > 0
+    for c in range(lo, hi):
+        scale = scale_shift[c, 0]
+        shift = scale_shift[c, 1]
+        for n in range(N):
+            for i in range(area):
+                v = np.float32(z[n, c, i] * scale + shift)
+                if separate:
+                    z[n, c, i] = v
+                    out[n, c, i] = _activate(v, act)
+                else:
+                    z[n, c, i] = _activate(v, act)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -368,21 +405,44 @@ def _chunk_gradient_sums(y, dout, gamma, beta, sums, first, act, lo, hi):
         sums[c, 1] = s2
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _dx_of(v, d, act, b, inv_g, k, mean_dy, mean_dy_xhat):
+    xhat = (v - b) * inv_g
+    return k * (_masked(d, v, act) - mean_dy - xhat * mean_dy_xhat)
+
+
 @njit(cache=True, nogil=True)
 def _chunk_dx(y, dout, gamma, beta, save_invstd, sums, count, act, dx, lo, hi):
     N, C, area = y.shape
     for c in range(lo, hi):
         g = np.float64(_safe_gamma(gamma[c]))
-        inv_g = 1.0 / g
         b = np.float64(beta[c])
         k = g * np.float64(save_invstd[c])
-        mean_dy = sums[c, 0] / count
-        mean_dy_xhat = sums[c, 1] / count
         for n in range(N):
             for i in range(area):
-                v = y[n, c, i]
-                xhat = (v - b) * inv_g
-                dx[n, c, i] = k * (_masked(dout[n, c, i], v, act) - mean_dy - xhat * mean_dy_xhat)
+                dx[n, c, i] = _dx_of(y[n, c, i], dout[n, c, i], act, b, 1.0 / g, k, sums[c, 0] / count,
+                                     sums[c, 1] / count)
+
+
+@njit(cache=True, nogil=True)
+def _chunk_dx_over(y, dout, gamma, beta, save_invstd, sums, count, act, over_y, lo, hi):
+    """``_chunk_dx`` written over y (``over_y``) or over dout: as ``_chunk_apply_over``, the written array is a read
+    one, the same argument, and the loop keeps its vectors (dx over y, one stem-sized chunk: 3.52 ms through a
+    separate argument, 1.25 here; apart, 1.40)."""
+    N, C, area = y.shape
+    for c in range(lo, hi):
+        g = np.float64(_safe_gamma(gamma[c]))
+        b = np.float64(beta[c])
+        k = g * np.float64(save_invstd[c])
+        for n in range(N):
+            if over_y:
+                for i in range(area):
+                    y[n, c, i] = _dx_of(y[n, c, i], dout[n, c, i], act, b, 1.0 / g, k, sums[c, 0] / count,
+                                        sums[c, 1] / count)
+            else:
+                for i in range(area):
+                    dout[n, c, i] = _dx_of(y[n, c, i], dout[n, c, i], act, b, 1.0 / g, k, sums[c, 0] / count,
+                                           sums[c, 1] / count)
 
 
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -434,8 +494,16 @@ def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: st
     if y is not None:
         check_array(op, "y", y, z.shape)
     z3 = z.reshape(N, C, area)
-    y3 = np.empty((0, C, area), np.float32) if y is None else y.reshape(N, C, area)
-    _over_channels(_chunk_apply, z3, z3, scale_shift, _ACTIVATIONS[activation], y3, out.reshape(N, C, area))
+    act = _ACTIVATIONS[activation]
+    none = np.empty((0, C, area), np.float32)
+    y_over, out_over = y is not None and _same(y, z), _same(out, z)
+    if out_over and y is not None and (not y_over or activation is not None):
+        raise ValueError(f"{op}: out may be z only when y is None or z with no activation (y would be lost)")
+    if y_over or out_over:  # written over z: the kernel that keeps its vectors (_chunk_apply_over)
+        _over_channels(_chunk_apply_over, z3, z3, scale_shift, act, none if out_over else out.reshape(N, C, area))
+    else:
+        y3 = none if y is None else y.reshape(N, C, area)
+        _over_channels(_chunk_apply, z3, z3, scale_shift, act, y3, out.reshape(N, C, area))
 
 
 def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
@@ -468,5 +536,8 @@ def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: n
     for name, array in [("gamma", gamma), ("beta", beta), ("save_invstd", save_invstd)]:
         check_array(op, name, array, (C,))
     y3 = y.reshape(N, C, area)
-    _over_channels(_chunk_dx, y3, y3, dy.reshape(N, C, area), gamma, beta, save_invstd, sums, int(count),
-                   _ACTIVATIONS[activation], dx.reshape(N, C, area))
+    args = (y3, dy.reshape(N, C, area), gamma, beta, save_invstd, sums, int(count), _ACTIVATIONS[activation])
+    if _same(dx, y) or _same(dx, dy):  # written over a read array: _chunk_dx_over says why
+        _over_channels(_chunk_dx_over, y3, *args, _same(dx, y))
+    else:
+        _over_channels(_chunk_dx, y3, *args, dx.reshape(N, C, area))

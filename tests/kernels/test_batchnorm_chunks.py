@@ -139,3 +139,35 @@ def test_the_activation_mask_on_the_fly_gives_the_bits_of_its_backward_first(act
     in_place = g.copy()
     CPU["batchnorm_chunk_dx"](y, in_place, gamma, beta, invstd, plain, 180, in_place, activation)
     assert np.array_equal(in_place, dx_fused)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+def test_written_over_an_input_the_bits_of_separate_arrays(activation):
+    """``batchnorm_chunk_apply`` with y = z or out = z, and ``batchnorm_chunk_dx`` with dx = y or dx = dy, run
+    kernels of their own (``_chunk_apply_over``, ``_chunk_dx_over``: the vectorized loop without an overlap
+    check): the bits of the same calls on separate arrays. out = z with y kept elsewhere would lose y: refused."""
+    z, rng = data(3)
+    C = z.shape[1]
+    scale_shift = np.stack([rng.random(C) + 0.5, rng.standard_normal(C) * 5], 1)
+    y, out = np.empty_like(z), np.empty_like(z)
+    CPU["batchnorm_chunk_apply"](z, scale_shift, activation, y, out)
+    over = z.copy()  # y over z, out apart
+    out_apart = np.empty_like(z)
+    CPU["batchnorm_chunk_apply"](over, scale_shift, activation, over, out_apart)
+    assert np.array_equal(over, y) and np.array_equal(out_apart, out)
+    over = z.copy()  # out over z, no y
+    CPU["batchnorm_chunk_apply"](over, scale_shift, activation, None, over)
+    assert np.array_equal(over, out)
+    if activation is not None:
+        with pytest.raises(ValueError, match="out may be z only when y is None or z with no activation"):
+            CPU["batchnorm_chunk_apply"](over, scale_shift, activation, y, over)
+    dy = rng.standard_normal(z.shape).astype(np.float32)
+    gamma, beta = (rng.random(C) + 0.5).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    invstd, sums = (rng.random(C) + 0.1).astype(np.float32), rng.standard_normal((C, 2))
+    count = z.shape[0] * z.shape[2] * z.shape[3]
+    dx = np.empty_like(z)
+    CPU["batchnorm_chunk_dx"](y, dy, gamma, beta, invstd, sums, count, dx, activation)
+    over_y, over_dy = y.copy(), dy.copy()
+    CPU["batchnorm_chunk_dx"](over_y, dy, gamma, beta, invstd, sums, count, over_y, activation)
+    CPU["batchnorm_chunk_dx"](y, over_dy, gamma, beta, invstd, sums, count, over_dy, activation)
+    assert np.array_equal(over_y, dx) and np.array_equal(over_dy, dx)
