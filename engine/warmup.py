@@ -103,6 +103,10 @@ listed here makes ``model_jobs`` warm every non-conv op: slower, never wrong."""
 WITH_CHECKSUM = {"relu_forward": "relu_forward_checksum", "relu6_forward": "relu6_forward_checksum"}
 """Table ops whose fused twin (the same bits plus a checksum of the input) offload calls."""
 
+WRITTEN_OVER = ("batchnorm_chunk_apply", "batchnorm_chunk_dx")
+"""Table ops that run a kernel of their own when their output is one of their inputs (``_chunk_apply_over``,
+``_chunk_dx_over`` in kernels/cpu/batchnorm.py say why): their job calls them that way too (``over_args``)."""
+
 ALWAYS = ("add_forward", "softmax_xent_forward", "softmax_xent_backward")
 """The network's gradient fan-in sum and the loss head."""
 
@@ -350,6 +354,13 @@ def _conv_args(job: Job, direction: str | None = None) -> tuple:
     return x, dout, np.empty(w_shape, np.float32), b, stride, pad, groups, scratch
 
 
+def over_args(op: str) -> tuple:
+    """``TINY_ARGS[op]`` with the output written over the first input (``WRITTEN_OVER``)."""
+    args = list(TINY_ARGS[op]())
+    args[3 if op == "batchnorm_chunk_apply" else 7] = args[0]  # apply's y, dx's dx
+    return tuple(args)
+
+
 def run_job(job: Job) -> float:
     """Call the job's kernel once (compiling it, or loading it from the cache); seconds taken."""
     start = time.perf_counter()
@@ -357,6 +368,8 @@ def run_job(job: Job) -> float:
 
     if job.conv is None:
         TABLE[job.op](*TINY_ARGS[job.op]())
+        if job.op in WRITTEN_OVER:
+            TABLE[job.op](*over_args(job.op))
         if job.op in WITH_CHECKSUM:
             # offload's ReLU forward and rebuild that also sum their input (engine.offload.scheduler's
             # _FusedCheck): not table ops, the same arguments, compiled in the same worker

@@ -51,6 +51,26 @@ def test_a_training_step_after_the_models_jobs_compiles_nothing(model, optimizer
     assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_chunked_step_after_the_models_jobs_compiles_nothing(recompute):
+    # the cnn at 224 runs ChunkedConvBN layers (with a pool): keep mode writes y over the conv's output and recompute
+    # mode dx over y, kernels of their own (warmup.WRITTEN_OVER) that the chunk jobs must compile too
+    backend = get_backend("cpu")
+    data = synthetic(num_classes=10, seed=0, train=4, test=2, shape=(3, 224, 224))
+    net = build_network("cnn", data, backend, seed=0)
+    assert len(net.chunked) == 2
+    net.set_recomputed([node.name for node in net.chunked] if recompute else [])
+    for job in warmup.model_jobs(net.graph, "sgd"):
+        warmup.run_job(job)
+    opt = make_optimizer("sgd", net, backend, 0.01, manager=net.mgr)
+    trainer = Trainer(net, opt, data, batch_size=2, steps=1, evaluate_at_end=True)
+    before = _signatures()
+    trainer.fit()
+    after = _signatures()
+    assert {name: count for name, count in after.items() if count != before.get(name, 0)} == {}
+    net.close()
+
+
 def test_a_training_step_with_offload_after_the_models_jobs_compiles_nothing(tmp_path):
     # offload's ReLU forward and rebuild run fused twins of the ReLU kernels (they also sum their
     # input, engine.offload.scheduler._FusedCheck): the ReLU jobs compile those too
