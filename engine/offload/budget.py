@@ -196,13 +196,13 @@ class RunNeeds:
     arenas: dict[str, int] = field(default_factory=dict)  # arena bytes of the configurations checked
     chunked: tuple[str, ...] = ()  # the layers that run in chunks (engine/layers/chunked.py)
     recomputed: tuple[str, ...] = ()  # those of them that recompute their chunks in backward
-    smallest_ring_bytes: int = -1  # the shallowest INPUT ring the run may take (-1: input_ring_bytes, fixed)
+    smallest_ring_bytes: int | None = None  # the shallowest INPUT ring the run may take (None: input_ring_bytes)
 
     @property
     def floor_ring_bytes(self) -> int:
         """The INPUT ring the smallest limits are computed with: the shallowest the run may take (``engine train``'s
         default prefetch goes down to 0 under a tight limit, ``resolve_budget``), else the one it has."""
-        return self.input_ring_bytes if self.smallest_ring_bytes < 0 else self.smallest_ring_bytes
+        return self.input_ring_bytes if self.smallest_ring_bytes is None else self.smallest_ring_bytes
 
     @property
     def fixed_bytes(self) -> int:
@@ -272,25 +272,31 @@ class RunNeeds:
         }
 
 
+def measure_setup(net: Any, optimizer_state: Any) -> Setup:
+    """``Setup.measure`` with the planned blocks that may be resident already: parameters, gradients, buffers and
+    the optimizer's state block (unless ``optimizer_state`` is None or only its bytes)."""
+    blocks = [net.parameters.flat, net.gradients.flat, net.buffers.flat]
+    if optimizer_state is not None and not isinstance(optimizer_state, int):
+        blocks.append(optimizer_state)
+    return Setup.measure(blocks)
+
+
 def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int, evaluation_ring_bytes: int,
-              limit: MemoryLimit | None = None, setup: Setup | None = None, smallest_ring_bytes: int = -1) -> RunNeeds:
+              limit: MemoryLimit | None = None, setup: Setup | None = None,
+              smallest_ring_bytes: int | None = None) -> RunNeeds:
     """What ``net`` needs at ``batch_size`` against ``limit`` (default: this process's).
 
     ``optimizer_state``: the optimizer's state block (an array, or None for plain SGD) or its bytes;
     ``input_ring_bytes`` / ``evaluation_ring_bytes``: the training and evaluation INPUT rings
     (``engine.data.prefetch.ring_bytes``); ``setup``: measured now unless given; ``smallest_ring_bytes``: the
-    shallowest INPUT ring the run may take (``RunNeeds.floor_ring_bytes``; -1: ``input_ring_bytes``, fixed)."""
+    shallowest INPUT ring the run may take (``RunNeeds.floor_ring_bytes``; None: ``input_ring_bytes``, fixed)."""
     from engine.offload.session import planned_peaks
 
     limit = limit if limit is not None else memory_limit()
     report = net.memory_report(batch_size)
     state_bytes = int(optimizer_state) if isinstance(optimizer_state, int) else (
         int(optimizer_state.nbytes) if optimizer_state is not None else 0)
-    if setup is None:
-        blocks = [net.parameters.flat, net.gradients.flat, net.buffers.flat]
-        if optimizer_state is not None and not isinstance(optimizer_state, int):
-            blocks.append(optimizer_state)
-        setup = Setup.measure(blocks)
+    setup = setup if setup is not None else measure_setup(net, optimizer_state)
     peaks = planned_peaks(net, batch_size, 1)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
     chunked = getattr(net, "chunked", [])
@@ -435,14 +441,12 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     budget_bytes = budget.bytes_for(net, batch_size) if budget is not None and not budget.auto else None
     rings = (int(input_ring_bytes), *(int(r) for r in shallower_rings), *(() if last_ring is None else (last_ring,)))
     fixed_window = not auto and not (offload_n is None and budget is None)  # a fixed N or a byte budget
-    measured: list[RunNeeds] = []  # the first needs: their setup and limit serve every later plan (same process)
+    limit = limit if limit is not None else memory_limit()
+    setup = measure_setup(net, optimizer_state)  # once: every plan below is of this same process
 
     def measure(ring: int) -> RunNeeds:
-        first = measured[0] if measured else None
-        found = run_needs(net, batch_size, optimizer_state, rings[ring], evaluation_ring_bytes,
-                          first.limit if first else limit, first.setup if first else None,
+        found = run_needs(net, batch_size, optimizer_state, rings[ring], evaluation_ring_bytes, limit, setup,
                           smallest_ring_bytes=rings[-1])
-        measured[:1] = measured[:1] or [found]
         if fixed_window:  # its arena, as the chunked layers are set now (``arenas``: its one entry)
             arena, option = offload_arena(net, batch_size, n_text, budget_bytes)
             found.arenas[option] = arena
