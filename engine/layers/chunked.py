@@ -23,7 +23,7 @@ Two modes, chosen by the plan (``mode``), **the same bits** in both:
 
 * ``"keep"``: y (the conv's output normalized in place) is kept for backward as FF_CACHE, as the separate layers
   kept their batch norm's output; a chain without activation or pool (ResNet's conv2 + bn2, MobileNetV2's
-  projections) keeps its output instead, which is y (``y_is_output``): MobileNetV2 at 224, batch 32, keeps 24.5 MiB
+  projections) keeps its output instead, which is y (``keeps_output``): MobileNetV2 at 224, batch 32, keeps 24.5 MiB
   less with ``--offload-n 1`` (``engine memory``: 816 → 784 MiB), as its 112-pixel projection's output is kept by
   the next conv anyway; ResNet-18's are read by an Add, and keep the same. Backward rebuilds the gradient per chunk
   in each pass (the pool's backward from the kept argmax; the activation's mask from y is applied inside the
@@ -124,21 +124,17 @@ class ChunkedConvBN(Layer):
     def mode(self) -> str:
         return self._mode
 
-    @property
-    def y_is_output(self) -> bool:
-        """Keep mode, no activation and no pool: the batch norm's output is the layer's output, so it is kept as
-        that (``keeps_output``), not a second time as "y"."""
-        return self._mode == "keep" and self.act is None and self.pool is None
-
-    @property
-    def keeps_output(self) -> bool:  # the step program reads it (engine/program.py)
-        return self.y_is_output
-
     @mode.setter
     def mode(self, mode: str) -> None:
         if mode not in ("keep", "recompute"):
             raise ValueError(f"{self.describe()}: mode must be 'keep' or 'recompute', got {mode!r}")
         self._mode = mode
+
+    @property
+    def keeps_output(self) -> bool:
+        """Keep mode, no activation and no pool: the batch norm's output is the layer's output, so backward reads
+        the output (the step program keeps it: engine/program.py), not a second copy saved as "y"."""
+        return self._mode == "keep" and self.act is None and self.pool is None
 
     # ---- declarations ------------------------------------------------------------------------------
 
@@ -180,7 +176,7 @@ class ChunkedConvBN(Layer):
         z, out = self.shapes(input_shapes[0])
         C = z[1]
         specs = [SavedSpec("scale_shift", (C, 2), np.float64), SavedSpec("save_invstd", (C,))]
-        if self.mode == "keep" and not self.y_is_output:
+        if self.mode == "keep" and not self.keeps_output:
             specs.insert(0, SavedSpec("y", z))
         if self.pool is not None:  # a byte per output (ResNet-18's stem at batch 32: 6.1 MiB against y's 98)
             specs.append(SavedSpec("argmax", out, self.pool.argmax_dtype))
@@ -313,7 +309,7 @@ class ChunkedConvBN(Layer):
                     oa[a:b] = z
             return out
         keep = self.mode == "keep"
-        y = out if self.y_is_output else (self.keep("y", z_shape) if keep else None)
+        y = out if self.keeps_output else (self.keep("y", z_shape) if keep else None)
         scale_shift = self.keep("scale_shift", (z_shape[1], 2), np.float64)
         save_invstd = self.keep("save_invstd", (z_shape[1],))
         argmax = None if self.pool is None else self.keep("argmax", out_shape, self.pool.argmax_dtype)
@@ -337,7 +333,7 @@ class ChunkedConvBN(Layer):
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: normalize, activate, pool
             # last chunk first: in recompute mode its conv output is still in the scratch from pass 1
             z = ya[a:b] if keep else (s["z"][:b - a] if i == 0 else conv_chunk(a, b))
-            if self.y_is_output:  # the conv's output went to the layer's output: normalized in place
+            if self.keeps_output:  # the conv's output went to the layer's output: normalized in place
                 k.batchnorm_chunk_apply(z, ss, None, None, z)
             elif self.pool is None:
                 k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, oa[a:b])
@@ -364,7 +360,6 @@ class ChunkedConvBN(Layer):
         ss = self._array(saved["scale_shift"], "scale_shift")
         save_invstd = self._array(saved["save_invstd"], "save_invstd")
         gamma, beta = bn.params["weight"], bn.params["bias"]
-
         argmax = None if saved["argmax"] is None else self._array(saved["argmax"], "argmax")
 
         def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
