@@ -51,7 +51,7 @@ from kernels.cuda._launch import (
     launch,
     reduction_threads,
 )
-from kernels.cuda.reduce import block_sum, channel_cursor, channel_range_sum
+from kernels.cuda.reduce import block_sum, channel_cursor, channel_range_sum, channel_step
 
 GAMMA_MIN = 1e-5
 
@@ -120,11 +120,7 @@ def _squares(x, c, mean, first, end, threads, P):
     for _ in range(first, end, threads):
         d = x[n, c, p] - mean
         acc += d * d
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+        n, p = channel_step(n, p, q, r, P)
     return acc
 
 
@@ -134,11 +130,7 @@ def _normalize(x, out, c, mean, scale, shift, first, end, threads, P):
     q, r, n, p = channel_cursor(first, threads, P)
     for _ in range(first, end, threads):
         out[n, c, p] = (x[n, c, p] - mean) * scale + shift
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+        n, p = channel_step(n, p, q, r, P)
 
 
 @cuda.jit(device=True)
@@ -151,11 +143,7 @@ def _gradient_sums(y, dout, c, bias, inv_g, first, end, threads, P):
         d = dout[n, c, p]
         acc_dout += d
         acc_dout_xhat += d * ((y[n, c, p] - bias) * inv_g)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+        n, p = channel_step(n, p, q, r, P)
     return acc_dout, acc_dout_xhat
 
 
@@ -166,11 +154,7 @@ def _dx(y, dout, dx, c, bias, inv_g, scale, mean_dout, mean_dout_xhat, first, en
     for _ in range(first, end, threads):
         xhat = (y[n, c, p] - bias) * inv_g
         dx[n, c, p] = scale * (dout[n, c, p] - mean_dout - xhat * mean_dout_xhat)
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+        n, p = channel_step(n, p, q, r, P)
 
 
 @cuda.jit

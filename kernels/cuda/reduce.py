@@ -49,6 +49,17 @@ def channel_cursor(first, threads, P):
 
 
 @cuda.jit(device=True)
+def channel_step(n, p, q, r, P):
+    """(n, p) moved by ``channel_cursor``'s step (q, r): the next value of the thread's walk, no division."""
+    n += q
+    p += r
+    if p >= P:
+        p -= P
+        n += 1
+    return n, p
+
+
+@cuda.jit(device=True)
 def channel_range_sum(x, c, first, end, threads, P):
     """Σ x[·, c, ·] over the thread's values first, first + T, … below end of channel c of an [N, C, P] view
     (``channel_cursor``'s walk): batch-norm statistics, channel sums."""
@@ -56,9 +67,5 @@ def channel_range_sum(x, c, first, end, threads, P):
     acc = float32(0.0)
     for _ in range(first, end, threads):
         acc += x[n, c, p]
-        n += q
-        p += r
-        if p >= P:
-            p -= P
-            n += 1
+        n, p = channel_step(n, p, q, r, P)
     return acc
