@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.reference import elementwise
+
 GAMMA_MIN = 1e-5
 
 
@@ -176,11 +178,12 @@ def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: st
 
 
 def _masked(y: np.ndarray, dy: np.ndarray, activation: str | None) -> np.ndarray:
-    if activation == "relu":
-        return np.where(y > 0, dy, np.float32(0))
-    if activation == "relu6":
-        return np.where((y > 0) & (y < 6), dy, np.float32(0))
-    return dy
+    """dy through the activation's backward (the reference's own relu_backward / relu6_backward), from y."""
+    if activation is None:
+        return dy
+    dx = np.empty_like(dy)
+    {"relu": elementwise.relu_backward, "relu6": elementwise.relu6_backward}[activation](y, dy, dx)
+    return dx
 
 
 def batchnorm_chunk_gradient_sums(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
