@@ -176,14 +176,14 @@ OPENBLAS_THREAD_TIMEOUT = "4"
 4, its least, against its default 28: 2^28 cycles, ~100 ms here).
 
 Why. The dense layers are the one place the engine lets OpenBLAS thread a GEMM itself (``dense.py``). After
-ResNet-18's classifier head, OpenBLAS's worker spun for ~100 ms on one of the two cores while the first
-backward convolutions ran their two threads: at 224×224, batch 32, ``layer4.1.conv2``'s backward-data took
-35–54 ms against 19–22 ms for the same call on the same shape a layer later, or after a 0.5 s sleep (each conv
-call of a step timed through the kernel table's ``intercept`` hook; ``python benchmarks/step_profile.py --model
-resnet18 --nodes 12`` shows it per node: ``layer4.1.conv2``'s backward 90 ms against 48–52 for its siblings).
-The training step (``benchmarks/bench_train.py --frameworks engine --models resnet18 --image-size 224 --steps 8
---threads 2 --runs 1``, three rounds alternating, 2026-11-28, quiet): 18.9 / 19.2 / 17.0 images/s with the default, 19.4 / 19.5 / 19.3 with 4.
-A sleeping worker costs a wake-up (tens of µs) per threaded GEMM: three a step."""
+ResNet-18's classifier head, OpenBLAS's worker spun for ~100 ms on one of the two cores while the first backward
+convolutions ran their two threads: at 224×224, batch 32, ``layer4.1.conv2``'s backward-data took 35–54 ms against
+19–22 ms for the same call on the same shape a layer later, or after a 0.5 s sleep (each conv call of a step timed
+through the kernel table's ``intercept`` hook; ``python benchmarks/step_profile.py --model resnet18 --nodes 12``
+shows it per node: ``layer4.1.conv2``'s backward 90 ms against 48–52 for its siblings). The training step
+(``benchmarks/bench_train.py --frameworks engine --models resnet18 --image-size 224 --steps 8 --threads 2 --runs
+1``, three rounds alternating, 2026-11-28, quiet): 18.9 / 19.2 / 17.0 images/s with the default, 19.4 / 19.5 / 19.3
+with 4. A sleeping worker costs a wake-up (tens of µs) per threaded GEMM: three a step."""
 
 
 def _load_openblas() -> None:
