@@ -35,6 +35,21 @@ if ! python -c "import numba" >/dev/null 2>&1 && python3 -c "import numba" >/dev
     chmod +x "$PYBIN/python"
     export PATH="$PYBIN:$PATH"
 fi
+# The lent machine's NumPy may be newer than numba-cuda 0.30.x can import (2026-11-28, an H200: NumPy 2.5.2,
+# where np.row_stack is gone, so every kernel failed to compile; pyproject.toml pins NumPy < 2.5 for this). Those
+# machines reach no package index, so a NumPy 2.4 wheel travels with the tree in .gpu_wheels/ (ignored; carry it):
+#   pip download numpy==2.4.6 --python-version 3.12 --only-binary=:all: --platform manylinux_2_28_x86_64 \
+#       --no-deps -d .gpu_wheels
+if [ -z "$DRY" ] && ! python -c "import numba.cuda.cudaimpl" >/dev/null 2>&1; then
+    wheel=$(ls .gpu_wheels/numpy-*.whl 2>/dev/null | head -n 1)
+    if [ -n "$wheel" ]; then
+        have=$(python -c 'import numpy; print(numpy.__version__)' 2>&1 | tail -n 1)
+        NPDIR=$(mktemp -d)
+        python -m pip install --quiet --no-deps --target "$NPDIR" "$wheel" && export PYTHONPATH=$NPDIR:$PYTHONPATH
+        echo "numba.cuda does not import with NumPy $have here; using $wheel"
+    fi
+    python -c "import numba.cuda.cudaimpl" || echo "numba.cuda still does not import; the steps below will fail"
+fi
 BUDGET=${GPU_SESSION_BUDGET_S:-470}
 START=$SECONDS
 STEPS_JSON="$OUT/steps.json"
