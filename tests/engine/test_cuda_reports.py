@@ -110,5 +110,9 @@ def test_the_cuda_kernel_table_counts_launches():
         table.conv2d_forward(x, np.zeros((5, 3, 3, 3), np.float32), None, np.zeros((2, 5, 4, 4), np.float32),
                              1, 1, 1, None)
     assert table.launch_count() == 2
-    assert dict(table.launches) == {"relu_forward_kernel": 1, "conv_forward_tiles_64x64k8t4x4": 1}  # table default
+    # a shape the table does not name runs its default (what the last GPU session measured best there)
+    from kernels.cuda.gemm import gemm_table
+
+    default = gemm_table()["default"].replace("-", "_")
+    assert dict(table.launches) == {"relu_forward_kernel": 1, f"conv_forward_tiles_{default}": 1}
     reset_launches()
