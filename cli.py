@@ -609,12 +609,12 @@ def _offload_session(options, net, opt, root: bool, world=None):
     depths = [options.prefetch_depth] + ([] if options.prefetch is not None else
                                          list(range(options.prefetch_depth - 1, -1, -1)))  # given: that one only
 
-    def resolve(first: int, shallower: list[int]):  # --offload-budget is read here; the INPUT rings are the data's
+    def resolve(first: int, shallower: list[int], chunks: str = chosen.chunks):  # --offload-budget is read here
         prefetching = [d for d in shallower if d > 0]  # 0 (no prefetch) only after every chunked layer recomputes
         return resolve_budget(net, options.batch_size, getattr(opt.state, "flat", None),
                               ring_bytes(batch, first + 1), ring_bytes(batch, 2), chosen.n, parse_budget(chosen.budget),
                               memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
-                              chunks=chosen.chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in prefetching],
+                              chunks=chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in prefetching],
                               last_ring=ring_bytes(batch, 1) if 0 in shallower else None)
 
     try:
@@ -627,6 +627,13 @@ def _offload_session(options, net, opt, root: bool, world=None):
                 resolve(0, [])
                 refusal += f"; with --prefetch 0 it fits (--prefetch {options.prefetch} holds " \
                            f"{format_bytes(ring_bytes(batch, options.prefetch + 1) - ring_bytes(batch, 1))} more)"
+            except ValueError:
+                pass
+        if isinstance(exc, DoesNotFit) and chosen.chunks == "keep" and getattr(net, "chunked", None):
+            try:  # the --chunks keep given holds it back: say so, and how many layers auto would recompute
+                found = resolve(depths[0], depths[1:], chunks="auto").needs
+                refusal += (f"; with --chunks auto it fits ({len(found.recomputed)} of {len(found.chunked)} chunked "
+                            "layers recompute their chunks in backward)")
             except ValueError:
                 pass
     refuse_together(world, refusal)

@@ -212,8 +212,11 @@ def test_engine_train_prefetches_less_then_recomputes_then_stops_prefetching(mon
     refused, _ = run(keep + (1 << 20), "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "without offload, the limit is" in refused.output
     assert "with --prefetch 0 it fits (--prefetch 2 holds 11.5 MiB more)" in refused.output  # the way out named
+    assert "with --chunks auto it fits (1 of 2 chunked layers recompute" in refused.output  # the other way out
     refused, _ = run(keep - (8 << 20), "--prefetch", "2", "--chunks", "keep")
     assert refused.exit_code == 1 and "--prefetch 0 it fits" not in refused.output  # nor would it fit then
+    refused, _ = run(smallest - (8 << 20), "--chunks", "keep")
+    assert refused.exit_code == 1 and "--chunks auto it fits" not in refused.output  # nothing fits there
 
 
 def test_a_chain_without_an_activation_keeps_its_output_not_a_copy():
