@@ -69,7 +69,8 @@ class UnitSpec:
     """What one node leaves in memory during a step, and when it is used on the timeline."""
 
     owner: int  # the node index (mgr.owner while the tensors were created)
-    part: str  # "saved": a backward reads it; "transient": only forwards read it (never written)
+    part: str  # "saved": a backward reads it; "output": a saved output kept apart (``group_units``);
+    # "transient": only forwards read it (never written)
     name: str  # the node's name, for logs and error messages
     tensors: tuple[TensorSpec, ...]
     created: int  # timeline step of the node's forward
@@ -505,24 +506,30 @@ class TensorUse:
 
 
 def group_units(
-    created: Mapping[int, int], names: Mapping[int, str], uses: Mapping[int, Sequence[TensorUse]]
+    created: Mapping[int, int], names: Mapping[int, str], uses: Mapping[int, Sequence[TensorUse]],
+    outputs_apart: Mapping[int, str] | None = None,
 ) -> tuple[list[UnitSpec], dict[int, list[tuple[tuple[int, str], TensorSpec]]]]:
-    """Split each node's tensors into a "saved" unit (a backward reads them) and a "transient" one.
+    """Split each node's tensors into a "saved" unit (a backward reads them) and a "transient" one;
+    ``outputs_apart`` (node -> tensor name): that saved tensor in an "output" unit of its own, which the
+    plan may rebuild from the node's saved unit instead of swapping it (a chunked layer's output,
+    ``recompute_candidates``).
 
     Returns the units and, per node, its creations in order: (unit key, tensor spec), which is what
     the scheduler checks every ``create`` against.
     """
     units: list[UnitSpec] = []
     creations: dict[int, list[tuple[tuple[int, str], TensorSpec]]] = {}
+    apart = outputs_apart or {}
     for owner, tensor_uses in uses.items():
-        parts = {"saved": [u for u in tensor_uses if u.backward_start is not None],
+        parts = {"saved": [u for u in tensor_uses if u.backward_start is not None and u.name != apart.get(owner)],
+                 "output": [u for u in tensor_uses if u.backward_start is not None and u.name == apart.get(owner)],
                  "transient": [u for u in tensor_uses if u.backward_start is None]}
         by_use: dict[int, tuple[tuple[int, str], TensorSpec]] = {}
         for part, members in parts.items():
             if not members:
                 continue
             tensors = layout_tensors([(m.name, m.array_type, m.shape, m.dtype) for m in members])
-            saved = part == "saved"
+            saved = part != "transient"
             unit = UnitSpec(
                 owner=owner,
                 part=part,
@@ -591,7 +598,10 @@ def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list]
         uses[b.owner].append(TensorUse(b.name, b.array_type, tuple(b.shape), np.dtype(b.dtype), forward_end,
                                        min(backward) if backward else None, max(backward) if backward else None))
     indices = range(len(names))
-    units, creations = group_units({i: i for i in indices}, {i: names[i] for i in indices}, uses)
+    graph = getattr(program, "graph", None)
+    apart = {node.index: f"{node.name}:out" for node in (graph.nodes if graph is not None else ())
+             if getattr(node.layer, "output_rebuilt_from", None) is not None}
+    units, creations = group_units({i: i for i in indices}, {i: names[i] for i in indices}, uses, apart)
     return units, creations, steps
 
 
@@ -607,6 +617,11 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     one or two elementwise passes over bytes in memory anyway, with the same bits. Capuchin decides
     per tensor between swap and recompute by their costs; here the choice is structural, because a
     ReLU pass is cheaper than the XXH3 hash alone of the same bytes, before any disk time.
+
+    The same holds inside a chunked layer (``ChunkedConvBN`` in keep mode with an activation and no pool):
+    it saves y for its own backward and its output, activation(y), for the next conv's; ``program_units``
+    puts the output in an "output" unit of its own, rebuilt from the layer's saved y by the activation's
+    kernel (``output_rebuilt_from``), so y is loaded from the next conv's backward on instead.
 
     Why no convolution is recomputed (Capuchin's other choice, measured before building it): in
     MobileNetV2 at N=4 the plan writes 206 MiB per step at batch 32, 47% of it the expand batch
@@ -652,4 +667,12 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         if any(t.shape != unit.tensors[0].shape for _, t in sources):
             continue
         result[unit.key] = Recompute(chain, tuple(sources), unit.tensors[0])  # type: ignore[arg-type]
+    for unit in units:  # a layer's output kept apart, rebuilt from its own saved tensor (a chunked layer's y)
+        own = saved.get(unit.owner)
+        name = getattr(nodes[unit.owner].layer, "output_rebuilt_from", None)
+        if unit.part != "output" or own is None or name is None:
+            continue
+        tensor = next((t for t in own.tensors if t.name == f"{nodes[unit.owner].name}:{name}"), None)
+        if tensor is not None and tensor.shape == unit.tensors[0].shape and tensor.dtype == unit.tensors[0].dtype:
+            result[unit.key] = Recompute((unit.owner,), ((own.key, tensor),), unit.tensors[0])
     return result

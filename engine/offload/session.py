@@ -227,7 +227,8 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
             continue  # transient: read by forwards only, never kept for backward
         source = ""
         if unit.recompute is not None:
-            source = " + ".join(program.node_names[key[0]] for key in unit.recompute.source_units)
+            source = " + ".join(f"its {tensor.name.split(':', 1)[1]}" if key[0] == unit.spec.owner
+                                else program.node_names[key[0]] for key, tensor in unit.recompute.sources)
         by_budget = unit.key in plan.kept  # the window alone would have written or rebuilt it (plan.keep_within)
         layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],
                        "bytes": unit.nbytes, "decision": unit.decision, "from": source, "by_budget": by_budget})

@@ -124,6 +124,44 @@ def test_any_mode_with_offload_on_or_off_trains_the_same_weights(tmp_path):
             assert np.array_equal(weights[key], value), (recompute, offload, key)
 
 
+def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping_it():
+    """Keep mode with an activation and no pool (c0+b0+r0): the output, activation(y), is a unit of its own that
+    the N=1 plan rebuilds from the layer's saved y before the next conv's backward; the pool's chain and the
+    chain without an activation keep theirs in their saved unit, and recompute mode has no y to rebuild from.
+    The weights with the rebuild are the ones without offload (``test_any_mode_with_offload_on_or_off_trains_
+    the_same_weights``); here the plan, the bytes it writes, and the rebuilt output against the forward's, byte for
+    byte."""
+    from engine.offload.plan import build_plan, program_units, recompute_candidates
+
+    batch = 13
+    net = Network(graph(), get_backend("cpu"), seed=3)
+    index = {node.name: node.index for node in net.graph.nodes}
+    chain = index["c0+b0+r0"]
+    units, _, steps = program_units(net.program(batch))
+    keys = {unit.key for unit in units}
+    assert (chain, "output") in keys
+    assert (index["c1+b1"], "output") not in keys and (index["c2+b2+r2+p2"], "output") not in keys
+    candidates = recompute_candidates(net.program(batch), units)
+    rebuild = candidates[(chain, "output")]
+    assert rebuild.nodes == (chain,)
+    assert [(key, tensor.name) for key, tensor in rebuild.sources] == [((chain, "saved"), "c0+b0+r0:y")]
+    plan = build_plan(units, 1, steps, candidates)
+    assert plan.units[(chain, "output")].decision == "recompute"
+    assert plan.offloaded_bytes < build_plan(units, 1, steps).offloaded_bytes  # its output is never written
+    x = np.random.default_rng(0).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
+    x[0, 0] = 0.0  # a few planes of exact zeros, so some y are ±0
+    net.forward(x, training=True)
+    layer, reader = net.graph.nodes[chain].layer, net.graph.nodes[index["c1+b1"]].layer
+    made = np.asarray(reader.saved["x"].array)  # the output the forward made, as the next conv keeps it
+    rebuilt = np.full(made.shape, np.nan, np.float32)
+    layer.recompute_output([layer.saved["y"].array], rebuilt)
+    assert rebuilt.tobytes() == made.tobytes()
+    recomputing = Network(graph(), get_backend("cpu"), seed=3)
+    recomputing.set_recomputed(["c0+b0+r0"])
+    units, _, _ = program_units(recomputing.program(batch))
+    assert (chain, "output") not in {unit.key for unit in units}  # recompute mode keeps no y
+
+
 def test_recompute_holds_less_at_its_worst_moment():
     keep = Network(graph(), get_backend("cpu"), seed=2)
     recompute = Network(graph(), get_backend("cpu"), seed=2)
