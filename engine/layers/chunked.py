@@ -136,31 +136,51 @@ class ChunkedConvBN(Layer):
         the output (the step program keeps it: engine/program.py), not a second copy saved as "y"."""
         return self._mode == "keep" and self.act is None and self.pool is None
 
-    @property
-    def output_rebuilt_from(self) -> str | None:
-        """The saved tensor this layer's output can be rebuilt from with one elementwise pass: "y" in keep mode
-        with an activation and no pool (the output is activation(y), which the forward's chunk kernel computes
-        with the same clamp as the activation's own kernel: the same bits, -0.0 and NaN included). The offload
-        plan then rebuilds the output before the backward that reads it instead of writing and reading it
-        (``engine.offload.plan.recompute_candidates``). ``engine memory --model M --image-size 224 --offload-n 1``,
-        batch 32: MobileNetV2 writes 841.8 MiB per step instead of 1.26 GiB (seven expand and depthwise chains'
-        outputs, 447 MiB, rebuilt instead) and plans a 627.3 MiB peak instead of 651.8; ResNet-18 358.4 MiB instead
-        of 407.4. MobileNetV2 ``engine train --offload-n auto`` in a cgroup limit of 800 MiB (three alternating
-        rounds against the tree before): 461.5 instead of 744.0 MiB written per step, stall 125-145 instead of
-        296-322 ms, step 1.15-1.24 instead of 1.30-1.37 s, and no layer recomputing (one before); under 700 MiB
-        1.42 against 1.56 s; under 620 MiB level (seven layers recompute there, and recompute mode keeps no y).
-        None otherwise (a pool's output needs the pool; recompute mode keeps no y; without an activation the
-        output is y itself)."""
-        if self._mode == "keep" and self.act is not None and self.pool is None:
-            return "y"
-        return None
+    def output_rebuilt_from(self, x_shape: Shape) -> str | None:
+        """What the offload plan may rebuild this layer's output from instead of swapping it, on an input of
+        ``x_shape``; None: nothing (``engine.offload.plan.recompute_candidates``).
+
+        * "y", keep mode with an activation and no pool: the output is activation(y), one elementwise pass with
+          the activation's kernel, whose clamp is the chunk kernel's (the same bits, -0.0 and NaN included).
+          ``engine memory --model M --image-size 224 --offload-n 1``, batch 32: MobileNetV2 writes 841.8 MiB
+          per step instead of 1.26 GiB (seven expand and depthwise chains' outputs, 447 MiB, rebuilt instead)
+          and plans a 627.3 MiB peak instead of 651.8; ResNet-18 358.4 MiB instead of 407.4. MobileNetV2
+          ``engine train --offload-n auto`` in a cgroup limit of 800 MiB (three alternating rounds against the
+          tree before): 461.5 instead of 744.0 MiB written per step, stall 125-145 instead of 296-322 ms, step
+          1.15-1.24 instead of 1.30-1.37 s, and no layer recomputing (one before); under 700 MiB 1.42 against
+          1.56 s.
+        * "x", recompute mode with no pool and a conv that needs no scratch on a chunk (a 1×1 stride-1 conv on
+          the CPU: ``conv_pointwise``): the output is the forward's pass 2 again, the conv of each chunk of the
+          input x (kept by its producer) normalized with the saved scale and shift, written straight into the
+          output. Recompute mode keeps no y, so under a tight limit its outputs were what the swap file moved:
+          MobileNetV2 at 224 under 620 MiB recomputes seven chains, whose expand outputs are 257 MiB of them.
+        * None otherwise: a pool's output needs the pool; a conv with scratch would need working memory the
+          step program does not plan at the rebuild; the network's input is not a unit."""
+        if self.pool is not None:
+            return None
+        if self._mode == "keep":
+            return "y" if self.act is not None else None
+        conv = self.conv
+        if self.backend is None or tuple(conv.weight_shape[2:]) != (1, 1) or conv.stride != 1 or conv.padding != 0:
+            return None
+        chunk = self._chunk_shape(x_shape, x_shape[0])
+        needed = self.backend.kernels.conv2d_forward_workspace_size(chunk, conv.weight_shape, conv.stride,
+                                                                    conv.padding, conv.groups)
+        return "x" if int(needed) == 0 else None
 
     def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
-        """out = activation(y) (``output_rebuilt_from``): the offload plan's rebuild, with the activation's kernel."""
-        if self.output_rebuilt_from is None:
-            raise NotImplementedError(f"{self.describe()} cannot rebuild its output (mode {self._mode!r}, "
-                                      f"activation {self.activation}, pool {self.pool is not None})")
-        getattr(self.backend.kernels, f"{self.activation}_forward")(inputs[0], out)
+        """The offload plan's rebuild (``output_rebuilt_from``): from [y], out = activation(y) with the activation's
+        kernel; from [x, scale_shift], each chunk's conv into out, then its batch-norm apply and activation in
+        place (the forward's pass 2 with out as z: the same kernels, the same bits)."""
+        k = self.backend.kernels
+        if self._mode == "keep":
+            getattr(k, f"{self.activation}_forward")(inputs[0], out)
+            return
+        xa, ss, oa = self._array(inputs[0], "x"), self._array(inputs[1], "scale_shift"), self._array(out, "out")
+        for a, b in _chunks(xa.shape[0]):
+            z = oa[a:b]
+            self._conv_forward(xa[a:b], z, None)
+            k.batchnorm_chunk_apply(z, ss, self.activation, None, z)
 
     # ---- declarations ------------------------------------------------------------------------------
 

@@ -598,11 +598,32 @@ def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list]
         uses[b.owner].append(TensorUse(b.name, b.array_type, tuple(b.shape), np.dtype(b.dtype), forward_end,
                                        min(backward) if backward else None, max(backward) if backward else None))
     indices = range(len(names))
-    graph = getattr(program, "graph", None)
-    apart = {node.index: f"{node.name}:out" for node in (graph.nodes if graph is not None else ())
-             if getattr(node.layer, "output_rebuilt_from", None) is not None}
+    apart = {node.index: f"{node.name}:out" for node, _ in _rebuilt_outputs(program)}
     units, creations = group_units({i: i for i in indices}, {i: names[i] for i in indices}, uses, apart)
     return units, creations, steps
+
+
+def _rebuilt_outputs(program: StepProgram) -> list[tuple[Any, str]]:
+    """(node, what it rebuilds its output from) for the layers that can (``ChunkedConvBN.output_rebuilt_from``:
+    "y", its own saved tensor, or "x", its input), at the program's batch size."""
+    graph = getattr(program, "graph", None)
+    if graph is None:
+        return []
+    found = []
+    shapes = None
+    for node in graph.nodes:
+        rebuilt_from = getattr(node.layer, "output_rebuilt_from", None)
+        if rebuilt_from is None:
+            continue
+        if shapes is None:
+            batch = next(b.shape[0] for b in program.buffers if b.owner == node.index and b.name.endswith(":out"))
+            shapes = graph.shapes(int(batch))
+        source = rebuilt_from(tuple(shapes[node.inputs[0]]))
+        if source == "x" and node.inputs[0] < 0:  # the network's input is not a unit of the plan
+            continue
+        if source is not None:
+            found.append((node, source))
+    return found
 
 
 def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dict[tuple[int, str], Recompute]:
@@ -667,12 +688,21 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         if any(t.shape != unit.tensors[0].shape for _, t in sources):
             continue
         result[unit.key] = Recompute(chain, tuple(sources), unit.tensors[0])  # type: ignore[arg-type]
-    for unit in units:  # a layer's output kept apart, rebuilt from its own saved tensor (a chunked layer's y)
-        own = saved.get(unit.owner)
-        name = getattr(nodes[unit.owner].layer, "output_rebuilt_from", None)
-        if unit.part != "output" or own is None or name is None:
+    outputs = {u.owner: u for u in units if u.part == "output" and u.tensors}
+    for node, source in _rebuilt_outputs(program):  # a chunked layer's output kept apart: from its y, or its x
+        unit, own = outputs.get(node.index), saved.get(node.index)
+        if unit is None or own is None:
             continue
-        tensor = next((t for t in own.tensors if t.name == f"{nodes[unit.owner].name}:{name}"), None)
-        if tensor is not None and tensor.shape == unit.tensors[0].shape and tensor.dtype == unit.tensors[0].dtype:
-            result[unit.key] = Recompute((unit.owner,), ((own.key, tensor),), unit.tensors[0])
+        wanted = [(node.index, "y")] if source == "y" else [(node.inputs[0], "out"), (node.index, "scale_shift")]
+        found = []
+        for owner, name in wanted:
+            holder = saved.get(owner)
+            tensor = None if holder is None else next(
+                (t for t in holder.tensors if t.name == f"{nodes[owner].name}:{name}"), None)
+            found.append(None if tensor is None else (holder.key, tensor))
+        if any(f is None for f in found):
+            continue  # a source the plan does not hold in a saved unit (another layer's rebuilt output)
+        if source == "y" and found[0][1].shape != unit.tensors[0].shape:  # type: ignore[index]
+            continue
+        result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0])  # type: ignore[arg-type]
     return result

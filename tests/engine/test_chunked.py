@@ -102,10 +102,28 @@ def test_keep_and_recompute_give_the_same_bits(batch):
         keep.set_recomputed(["c3"])
 
 
-def fit(tmp_path, recompute, offload, steps=3):
+def pointwise_graph() -> Graph:
+    """A 3×3 chain on the input, then two 1×1 chains (ReLU6; none), an Add: the 1×1 ones' outputs can be rebuilt
+    from their inputs in recompute mode (``ChunkedConvBN.output_rebuilt_from``: "x")."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU(), ["b0"]),
+        ("c1", Conv2d(8, 12, 1, bias=False), ["r0"]),
+        ("b1", BatchNorm2d(12), ["c1"]),
+        ("r1", ReLU6(), ["b1"]),
+        ("c2", Conv2d(12, 8, 1, bias=True), ["r1"]),
+        ("b2", BatchNorm2d(8), ["c2"]),
+        ("add", Add(), ["r0", "b2"]),
+        ("gap", GlobalAvgPool(), ["add"]),
+        ("fc", Dense(8, 4), ["gap"]),
+    ], (3, SIZE, SIZE))
+
+
+def fit(tmp_path, recompute, offload, steps=3, make=None):
     data = synthetic(num_classes=4, seed=0, train=26, test=4, shape=(3, SIZE, SIZE))
     backend = get_backend("cpu")
-    net = Network(graph(), backend, seed=3)
+    net = Network((make or graph)(), backend, seed=3)
     if recompute:
         net.set_recomputed(recompute)
     optimizer = make_optimizer("sgd", net, backend, 0.1, momentum=0.9, manager=net.mgr)
@@ -160,6 +178,42 @@ def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping
     recomputing.set_recomputed(["c0+b0+r0"])
     units, _, _ = program_units(recomputing.program(batch))
     assert (chain, "output") not in {unit.key for unit in units}  # recompute mode keeps no y
+
+
+def test_offload_rebuilds_a_recomputing_1x1_layers_output_from_its_input(tmp_path):
+    """Recompute mode keeps no y, so a chunked 1×1 layer's output is rebuilt from its input instead (the forward's
+    pass 2 again: the conv of each chunk, then the batch-norm apply in place): c0+b0+r0+'s output feeds c1+b1+r1,
+    whose output is rebuilt from it; c2+b2's input is that rebuilt output, which the plan holds in no saved unit,
+    so c2+b2's is swapped. The same weights as without offload, and the rebuild's bytes are the forward's."""
+    from engine.offload.plan import build_plan, program_units, recompute_candidates
+
+    names = ["c0+b0+r0", "c1+b1+r1", "c2+b2"]
+    reference = fit(tmp_path, [], offload=False, make=pointwise_graph)
+    for recompute in (names, names[1:]):
+        weights = fit(tmp_path, recompute, offload=True, make=pointwise_graph)
+        for key, value in reference.items():
+            assert np.array_equal(weights[key], value), (recompute, key)
+    batch = 13
+    net = Network(pointwise_graph(), get_backend("cpu"), seed=3)
+    net.set_recomputed(names)
+    index = {node.name: node.index for node in net.graph.nodes}
+    program = net.program(batch)
+    units, _, steps = program_units(program)
+    candidates = recompute_candidates(program, units)
+    rebuild = candidates[(index["c1+b1+r1"], "output")]
+    assert [(key, tensor.name) for key, tensor in rebuild.sources] == [
+        ((index["c0+b0+r0"], "saved"), "c0+b0+r0:out"), ((index["c1+b1+r1"], "saved"), "c1+b1+r1:scale_shift")]
+    assert (index["c0+b0+r0"], "output") not in candidates  # a 3×3 conv on the network's input
+    assert (index["c2+b2"], "output") not in candidates  # its input is a rebuilt output
+    plan = build_plan(units, 1, steps, candidates)
+    assert plan.units[(index["c1+b1+r1"], "output")].decision == "recompute"
+    x = np.random.default_rng(0).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
+    net.forward(x, training=True)
+    layer, reader = net.graph.nodes[index["c1+b1+r1"]].layer, net.graph.nodes[index["c2+b2"]].layer
+    made = np.asarray(reader.saved["x"].array)
+    rebuilt = np.full(made.shape, np.nan, np.float32)
+    layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt)
+    assert rebuilt.tobytes() == made.tobytes()
 
 
 def test_recompute_holds_less_at_its_worst_moment():
