@@ -153,7 +153,11 @@ class ChunkedConvBN(Layer):
           the CPU: ``conv_pointwise``): the output is the forward's pass 2 again, the conv of each chunk of the
           input x (kept by its producer) normalized with the saved scale and shift, written straight into the
           output. Recompute mode keeps no y, so under a tight limit its outputs were what the swap file moved:
-          MobileNetV2 at 224 under 620 MiB recomputes seven chains, whose expand outputs are 257 MiB of them.
+          MobileNetV2 at 224 under 620 MiB recomputes seven chains, whose three expand outputs are 257 MiB of
+          them. ``engine train --offload-n auto`` there (three alternating rounds against the tree before):
+          360.5 instead of 625.6 MiB written per step, stall 139-144 instead of 272-279 ms, step 1.49-1.61
+          instead of 1.63-1.80 s (unlimited: 0.99-1.34 s in the same sitting), the same loss. Tried first as
+          the plan: its N=1 plan with those seven writes 584.6 MiB instead of 841.8.
         * None otherwise: a pool's output needs the pool; a conv with scratch would need working memory the
           step program does not plan at the rebuild; the network's input is not a unit."""
         if self.pool is not None:
