@@ -165,7 +165,7 @@ class ChunkedConvBN(Layer):
         if self._mode == "keep":
             return "y" if self.act is not None else None
         conv = self.conv
-        if self.backend is None or tuple(conv.weight_shape[2:]) != (1, 1) or conv.stride != 1 or conv.padding != 0:
+        if self.backend is None:
             return None
         chunk = self._chunk_shape(x_shape, x_shape[0])
         needed = self.backend.kernels.conv2d_forward_workspace_size(chunk, conv.weight_shape, conv.stride,

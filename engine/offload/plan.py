@@ -699,13 +699,18 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
             continue
         wanted = [(node.index, "y")] if source == "y" else [(node.inputs[0], "out"), (node.index, "scale_shift")]
         found = []
-        for owner, name in wanted:
-            holder = saved.get(owner)
-            tensor = None if holder is None else next(
-                (t for t in holder.tensors if t.name == f"{nodes[owner].name}:{name}"), None)
-            found.append(None if tensor is None else (holder.key, tensor))
+        for owner, name in wanted:  # in the owner's saved unit, or its output unit (rebuilt itself: a chain)
+            tensor = None
+            for holder in (saved.get(owner), outputs.get(owner)):
+                tensor = None if holder is None else next(
+                    (t for t in holder.tensors if t.name == f"{nodes[owner].name}:{name}"), None)
+                if tensor is not None:
+                    found.append((holder.key, tensor))  # type: ignore[union-attr]
+                    break
+            if tensor is None:
+                found.append(None)
         if any(f is None for f in found):
-            continue  # a source the plan does not hold in a saved unit (another layer's rebuilt output)
+            continue
         if source == "y" and found[0][1].shape != unit.tensors[0].shape:  # type: ignore[index]
             continue
         result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0])  # type: ignore[arg-type]

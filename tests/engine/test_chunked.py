@@ -103,8 +103,9 @@ def test_keep_and_recompute_give_the_same_bits(batch):
 
 
 def pointwise_graph() -> Graph:
-    """A 3×3 chain on the input, then two 1×1 chains (ReLU6; none), an Add: the 1×1 ones' outputs can be rebuilt
-    from their inputs in recompute mode (``ChunkedConvBN.output_rebuilt_from``: "x")."""
+    """A 3×3 chain on the input, then three 1×1 chains (ReLU6, ReLU, none) and an Add: in recompute mode the 1×1
+    ones' outputs can be rebuilt from their inputs (``ChunkedConvBN.output_rebuilt_from``: "x"), c2's from c1's
+    rebuilt output (a chain); c3's is read by no backward (the Add's)."""
     return Graph([
         ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
         ("b0", BatchNorm2d(8), ["c0"]),
@@ -114,7 +115,10 @@ def pointwise_graph() -> Graph:
         ("r1", ReLU6(), ["b1"]),
         ("c2", Conv2d(12, 8, 1, bias=True), ["r1"]),
         ("b2", BatchNorm2d(8), ["c2"]),
-        ("add", Add(), ["r0", "b2"]),
+        ("r2", ReLU(), ["b2"]),
+        ("c3", Conv2d(8, 8, 1, bias=False), ["r2"]),
+        ("b3", BatchNorm2d(8), ["c3"]),
+        ("add", Add(), ["r0", "b3"]),
         ("gap", GlobalAvgPool(), ["add"]),
         ("fc", Dense(8, 4), ["gap"]),
     ], (3, SIZE, SIZE))
@@ -180,14 +184,14 @@ def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping
     assert (chain, "output") not in {unit.key for unit in units}  # recompute mode keeps no y
 
 
-def test_offload_rebuilds_a_recomputing_1x1_layers_output_from_its_input(tmp_path):
-    """Recompute mode keeps no y, so a chunked 1×1 layer's output is rebuilt from its input instead (the forward's
-    pass 2 again: the conv of each chunk, then the batch-norm apply in place): c0+b0+r0+'s output feeds c1+b1+r1,
-    whose output is rebuilt from it; c2+b2's input is that rebuilt output, which the plan holds in no saved unit,
-    so c2+b2's is swapped. The same weights as without offload, and the rebuild's bytes are the forward's."""
+def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
+    """Recompute mode keeps no y, so a chunked layer whose conv needs no scratch rebuilds its output from its input
+    and its saved scale and shift instead (the forward's pass 2 again: each chunk's conv, then the batch-norm apply
+    in place): c1+b1+r1's from c0+b0+r0's output, c2+b2+r2's from c1+b1+r1's rebuilt one (a chain: rebuilt
+    first). The same weights as without offload, any window, and the rebuild's bytes are the forward's."""
     from engine.offload.plan import build_plan, program_units, recompute_candidates
 
-    names = ["c0+b0+r0", "c1+b1+r1", "c2+b2"]
+    names = ["c0+b0+r0", "c1+b1+r1", "c2+b2+r2", "c3+b3"]
     reference = fit(tmp_path, [], offload=False, make=pointwise_graph)
     for recompute in (names, names[1:]):
         weights = fit(tmp_path, recompute, offload=True, make=pointwise_graph)
@@ -200,20 +204,24 @@ def test_offload_rebuilds_a_recomputing_1x1_layers_output_from_its_input(tmp_pat
     program = net.program(batch)
     units, _, steps = program_units(program)
     candidates = recompute_candidates(program, units)
-    rebuild = candidates[(index["c1+b1+r1"], "output")]
-    assert [(key, tensor.name) for key, tensor in rebuild.sources] == [
-        ((index["c0+b0+r0"], "saved"), "c0+b0+r0:out"), ((index["c1+b1+r1"], "saved"), "c1+b1+r1:scale_shift")]
-    assert (index["c0+b0+r0"], "output") not in candidates  # a 3×3 conv on the network's input
-    assert (index["c2+b2"], "output") not in candidates  # its input is a rebuilt output
+    c0, c1, c2 = index["c0+b0+r0"], index["c1+b1+r1"], index["c2+b2+r2"]
+    assert [(key, tensor.name) for key, tensor in candidates[(c1, "output")].sources] == [
+        ((c0, "saved"), "c0+b0+r0:out"), ((c1, "saved"), "c1+b1+r1:scale_shift")]
+    assert [(key, tensor.name) for key, tensor in candidates[(c2, "output")].sources] == [
+        ((c1, "output"), "c1+b1+r1:out"), ((c2, "saved"), "c2+b2+r2:scale_shift")]
+    assert (c0, "output") not in candidates  # a 3×3 conv on the network's input
+    assert (index["c3+b3"], "output") not in candidates  # read by no backward: never saved
     plan = build_plan(units, 1, steps, candidates)
-    assert plan.units[(index["c1+b1+r1"], "output")].decision == "recompute"
+    assert plan.units[(c1, "output")].decision == "recompute"
     x = np.random.default_rng(0).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
     net.forward(x, training=True)
-    layer, reader = net.graph.nodes[index["c1+b1+r1"]].layer, net.graph.nodes[index["c2+b2"]].layer
-    made = np.asarray(reader.saved["x"].array)
-    rebuilt = np.full(made.shape, np.nan, np.float32)
-    layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt)
-    assert rebuilt.tobytes() == made.tobytes()
+    for node, reader in ((c1, c2), (c2, index["c3+b3"])):
+        layer = net.graph.nodes[node].layer
+        made = np.asarray(net.graph.nodes[reader].layer.saved["x"].array)  # the output the next layer keeps
+        rebuilt = np.full(made.shape, np.nan, np.float32)
+        layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt)
+        assert rebuilt.tobytes() == made.tobytes()
+    assert plan.units[(c2, "output")].decision == "recompute"  # the chain is taken: the fits above ran it
 
 
 def test_recompute_holds_less_at_its_worst_moment():
