@@ -149,15 +149,15 @@ class ChunkedConvBN(Layer):
           tree before): 461.5 instead of 744.0 MiB written per step, stall 125-145 instead of 296-322 ms, step
           1.15-1.24 instead of 1.30-1.37 s, and no layer recomputing (one before); under 700 MiB 1.42 against
           1.56 s.
-        * "x", recompute mode with no pool and a conv that needs no scratch on a chunk (a 1×1 stride-1 conv on
-          the CPU: ``conv_pointwise``): the output is the forward's pass 2 again, the conv of each chunk of the
-          input x (kept by its producer) normalized with the saved scale and shift, written straight into the
-          output. Recompute mode keeps no y, so under a tight limit its outputs were what the swap file moved:
-          MobileNetV2 at 224 under 620 MiB recomputes seven chains, whose three expand outputs are 257 MiB of
-          them. ``engine train --offload-n auto`` there (three alternating rounds against the tree before):
-          360.5 instead of 625.6 MiB written per step, stall 139-144 instead of 272-279 ms, step 1.49-1.61
-          instead of 1.63-1.80 s (unlimited: 0.99-1.34 s in the same sitting), the same loss. Tried first as
-          the plan: its N=1 plan with those seven writes 584.6 MiB instead of 841.8.
+        * "x", recompute mode with no pool and a conv that needs no scratch on a chunk (1×1 convs and stride-2
+          depthwise ones on the CPU): the output is the forward's pass 2 again, the conv of each chunk of the
+          input x normalized with the saved scale and shift, written straight into the output. Recompute mode
+          keeps no y, so under a tight limit its outputs were what the swap file moved. The input may itself be
+          a rebuilt output (the plan rebuilds that one first). MobileNetV2 at 224, batch 32, under 620 MiB
+          (seven chains recompute there), ``engine train --offload-n auto``, three alternating rounds against
+          the tree before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of
+          255-302 ms, step 1.41-1.57 instead of 1.70-1.78 s (unlimited: 0.88-1.34 s that hour), the same loss.
+          With 1×1 convs only and no chains it had been 360.5 MiB and 1.49-1.61 s.
         * None otherwise: a pool's output needs the pool; a conv with scratch would need working memory the
           step program does not plan at the rebuild; the network's input is not a unit."""
         if self.pool is not None:

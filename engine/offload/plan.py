@@ -643,10 +643,11 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     it saves y for its own backward and its output, activation(y), for the next conv's; ``program_units``
     puts the output in an "output" unit of its own, rebuilt from the layer's saved y by the activation's
     kernel (``output_rebuilt_from``), so y is loaded from the next conv's backward on instead. In recompute
-    mode (no y) a 1×1 chunked layer's output is rebuilt from its input and its saved scale and shift, the
-    forward's pass 2 again: the one convolution the plan recomputes, because there the IO is what a tight
-    limit waits for (MobileNetV2 at 224 under 620 MiB: stall 272-279 → 139-144 ms a step) and the conv is a
-    1×1 one that needs no working memory the program does not plan.
+    mode (no y) a chunked layer whose conv needs no scratch rebuilds its output from its input (its
+    producer's output, kept or rebuilt itself: a chain) and its saved scale and shift, the forward's pass 2
+    again: the one convolution the plan recomputes, because there the IO is what a tight limit waits for
+    (MobileNetV2 at 224 under 620 MiB: stall 255-302 → 117-137 ms a step) and the conv needs no working
+    memory that the step program does not plan.
 
     Why no convolution is recomputed (Capuchin's other choice, measured before building it): in
     MobileNetV2 at N=4 the plan writes 206 MiB per step at batch 32, 47% of it the expand batch
