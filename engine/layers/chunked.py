@@ -167,10 +167,11 @@ class ChunkedConvBN(Layer):
         conv = self.conv
         if self.backend is None:
             return None
-        chunk = self._chunk_shape(x_shape, x_shape[0])
-        needed = self.backend.kernels.conv2d_forward_workspace_size(chunk, conv.weight_shape, conv.stride,
-                                                                    conv.padding, conv.groups)
-        return "x" if int(needed) == 0 else None
+        n = x_shape[0]
+        needed = max(int(self.backend.kernels.conv2d_forward_workspace_size(
+            self._chunk_shape(x_shape, m), conv.weight_shape, conv.stride, conv.padding, conv.groups))
+            for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES})  # a full chunk and the last one
+        return "x" if needed == 0 else None
 
     def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
         """The offload plan's rebuild (``output_rebuilt_from``): from [y], out = activation(y) with the activation's
