@@ -577,6 +577,8 @@ class StepProgram(Protocol):
     def node_names(self) -> list[str]: ...
     @property
     def graph(self) -> Any: ...  # engine.graph.Graph: the layers a recompute runs, and who reads whom
+    @property
+    def batch_size(self) -> int: ...
 
 
 def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list], int]:
@@ -610,14 +612,11 @@ def _rebuilt_outputs(program: StepProgram) -> list[tuple[Any, str]]:
     if graph is None:
         return []
     found = []
-    shapes = None
+    shapes = graph.shapes(program.batch_size)
     for node in graph.nodes:
         rebuilt_from = getattr(node.layer, "output_rebuilt_from", None)
         if rebuilt_from is None:
             continue
-        if shapes is None:
-            batch = next(b.shape[0] for b in program.buffers if b.owner == node.index and b.name.endswith(":out"))
-            shapes = graph.shapes(int(batch))
         source = rebuilt_from(tuple(shapes[node.inputs[0]]))
         if source == "x" and node.inputs[0] < 0:  # the network's input is not a unit of the plan
             continue
@@ -649,7 +648,8 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     (MobileNetV2 at 224 under 620 MiB: stall 255-302 → 117-137 ms a step) and the conv needs no working
     memory that the step program does not plan.
 
-    Why no convolution is recomputed (Capuchin's other choice, measured before building it): in
+    Why no convolution outside a chunked layer is recomputed (Capuchin's other choice, measured before
+    building it, at N=4, where the disk keeps up): in
     MobileNetV2 at N=4 the plan writes 206 MiB per step at batch 32, 47% of it the expand batch
     norms' outputs (97 MiB), 39% the depthwise ones' (80 MiB). Rebuilding an expand output means the
     1×1 conv's forward from the block input plus a batch-norm pass. ``benchmarks/offload_costs.py``
@@ -660,18 +660,25 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     recompute's work; batch 128 1.130x, 1.072x, 1.175x. Only blocks 2-4 (the cheapest per byte:
     16-24 input channels, 48 MiB): 10.6-10.8 ms of work, and two runs within their noise (+31 and
     -13 ms against N=4). On two cores that the kernels keep busy the conv costs what the IO it saves
-    costs, so the choice stays structural: ReLU and Add outputs only. The depthwise outputs would
-    need the depthwise conv (18-20 ms per step at batch 32) for at most 18-26 ms.
+    costs, so the choice stays structural: ReLU and Add outputs, and the chunked layers' above. The
+    depthwise outputs would need the depthwise conv (18-20 ms per step at batch 32) for at most 18-26 ms.
     """
     nodes = program.graph.nodes
     saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
+    outputs = {u.owner: u for u in units if u.part == "output" and u.tensors}
+
+    def held(index: int, name: str, *parts: dict[int, UnitSpec]) -> tuple[tuple[int, str], TensorSpec] | None:
+        """Node ``index``'s tensor ``name`` and the unit holding it, looked for in ``parts`` in order."""
+        for part in parts if index >= 0 else ():
+            unit = part.get(index)
+            tensor = None if unit is None else next(
+                (t for t in unit.tensors if t.name == f"{nodes[index].name}:{name}"), None)
+            if tensor is not None:
+                return unit.key, tensor  # type: ignore[union-attr]
+        return None
 
     def kept_output(index: int) -> tuple[tuple[int, str], TensorSpec] | None:
-        unit = saved.get(index)
-        if index < 0 or unit is None:
-            return None
-        tensor = next((t for t in unit.tensors if t.name == f"{nodes[index].name}:out"), None)
-        return None if tensor is None else (unit.key, tensor)
+        return held(index, "out", saved)
 
     result: dict[tuple[int, str], Recompute] = {}
     for node in nodes:
@@ -693,26 +700,13 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         if any(t.shape != unit.tensors[0].shape for _, t in sources):
             continue
         result[unit.key] = Recompute(chain, tuple(sources), unit.tensors[0])  # type: ignore[arg-type]
-    outputs = {u.owner: u for u in units if u.part == "output" and u.tensors}
     for node, source in _rebuilt_outputs(program):  # a chunked layer's output kept apart: from its y, or its x
-        unit, own = outputs.get(node.index), saved.get(node.index)
-        if unit is None or own is None:
+        unit = outputs.get(node.index)
+        if unit is None:
             continue
-        wanted = [(node.index, "y")] if source == "y" else [(node.inputs[0], "out"), (node.index, "scale_shift")]
-        found = []
-        for owner, name in wanted:  # in the owner's saved unit, or its output unit (rebuilt itself: a chain)
-            tensor = None
-            for holder in (saved.get(owner), outputs.get(owner)):
-                tensor = None if holder is None else next(
-                    (t for t in holder.tensors if t.name == f"{nodes[owner].name}:{name}"), None)
-                if tensor is not None:
-                    found.append((holder.key, tensor))  # type: ignore[union-attr]
-                    break
-            if tensor is None:
-                found.append(None)
-        if any(f is None for f in found):
-            continue
-        if source == "y" and found[0][1].shape != unit.tensors[0].shape:  # type: ignore[index]
-            continue
-        result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0])  # type: ignore[arg-type]
+        found = ([held(node.index, "y", saved)] if source == "y" else
+                 [held(node.inputs[0], "out", saved, outputs),  # its producer's output, kept or rebuilt (a chain)
+                  held(node.index, "scale_shift", saved)])
+        if all(f is not None for f in found):
+            result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0])  # type: ignore[arg-type]
     return result

@@ -356,8 +356,9 @@ class DeviceStaging:
         (None under the simulator: its kernels have run when they return)."""
         return self._event(self.compute_stream) if self.on_gpu else None
 
-    def _memcpy(self, dst: int, src: int, span: Any, host: Any, kind: int, stream: Any) -> None:
-        """One ``cudaMemcpyAsync`` between a device span and pinned host bytes on a copy stream.
+    def _memcpy(self, span: Any, host: Any, to_host: bool, stream: Any) -> None:
+        """One ``cudaMemcpyAsync`` between a device span and pinned host bytes (``to_host``: span → host) on a
+        copy stream.
 
         Not ``ndarray.get`` / ``set``: CuPy refuses a device-to-host copy while the current stream is
         capturing (the H200, 2026-11-28: every offload step ran eagerly, "the current stream is capturing,
@@ -367,7 +368,10 @@ class DeviceStaging:
         if span.nbytes != host.nbytes or not (span.flags.c_contiguous and host.flags.c_contiguous):
             raise ValueError(f"offload staging: a copy needs two contiguous spans of one size "
                              f"({span.nbytes} and {host.nbytes} bytes)")
-        self._cupy.cuda.runtime.memcpyAsync(dst, src, span.nbytes, kind, stream.ptr)
+        runtime = self._cupy.cuda.runtime
+        dst, src = (host.ctypes.data, span.data.ptr) if to_host else (span.data.ptr, host.ctypes.data)
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        runtime.memcpyAsync(dst, src, span.nbytes, kind, stream.ptr)
 
     def _to_host(self, span: Any, host: Any, after: Sequence[Any]) -> Any:
         """Queue span -> host on the save stream after ``after``; the copy's event."""
@@ -376,8 +380,7 @@ class DeviceStaging:
             for event in after:
                 if event is not None:
                     stream.wait_event(event)
-            self._memcpy(host.ctypes.data, span.data.ptr, span, host, self._cupy.cuda.runtime.memcpyDeviceToHost,
-                         stream)
+            self._memcpy(span, host, True, stream)
             return self._event(stream)
         return self._sim_copy(self.save_stream, lambda: np.copyto(host, span), after)
 
@@ -388,8 +391,7 @@ class DeviceStaging:
             for event in after:
                 if event is not None:
                     stream.wait_event(event)
-            self._memcpy(span.data.ptr, host.ctypes.data, span, host, self._cupy.cuda.runtime.memcpyHostToDevice,
-                         stream)
+            self._memcpy(span, host, False, stream)
             return self._event(stream)
         return self._sim_copy(self.load_stream, lambda: np.copyto(span, host), after)
 
