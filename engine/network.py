@@ -304,6 +304,9 @@ class Network:
             node.layer.grads = {p.name: block.views[node.layer.tensor_key(node.name, p.name)]
                                 for p in node.layer.parameter_specs()} if storage == "whole" else {}
         self.gradient_storage = storage
+        for node in self.chunked:  # widened for the other storage's program (_widen_chunks)
+            node.layer.wide.clear()
+        self._programs.clear()
         if self.arena is not None:
             self.arena.forget_plans()
 
@@ -356,11 +359,58 @@ class Network:
         program = self._programs.get(key)
         if program is None:
             if training:
-                program = compile_training(self.graph, int(batch_size), self.name, layer_gradients)
+                program = self._widen_chunks(int(batch_size), layer_gradients)
             else:
                 program = compile_inference(self.graph, int(batch_size), self.name)
             self._programs[key] = program
         return program
+
+    def _widen_chunks(self, batch_size: int, layer_gradients: bool) -> Program:
+        """The training program at ``batch_size``, with the recomputing chunked layers' passes widened where the
+        step has room (``ChunkedConvBN.widenable``), largest conv output first. A pass is widened when the
+        working memory it adds at its moment keeps the step within its peak both ways the step is laid out:
+        every buffer (as without offload), and what the offload arena does not hold, counted as sums per moment
+        (what ``memory_report`` and ``planned_peaks`` read) and placed (``arena_plan``: placement can fragment
+        where the sums fit). Decided once per batch size (``wide``), for both gradient storages."""
+        def compile() -> Program:
+            return compile_training(self.graph, batch_size, self.name, layer_gradients)
+
+        layers = [node for node in self.chunked if node.layer.widenable()]
+        if not layers or any(batch_size in node.layer.wide for node in layers):
+            return compile()
+        for node in layers:
+            node.layer.wide[batch_size] = frozenset()
+        program = compile()
+        shapes = self.graph.shapes(batch_size)
+        offloaded = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
+        rest = tuple(t for t in PLANNED_TYPES if t not in offloaded)
+        views = [lambda b: True, lambda b: not (b.owner is not None and b.array_type in offloaded)]
+        moments = range(program.moments)
+        live = [[sum(b.nbytes for b in program.buffers if keep(b) and b.first <= m <= b.last) for m in moments]
+                for keep in views]
+        scratch = program.scratch_at()
+        peaks = [max(v[m] + scratch[m] for m in moments) for v in live]
+        arenas = [self._arena_plan(program, types).planned_peak for types in (PLANNED_TYPES, rest)]
+        L = len(self.graph.nodes)
+        widened: list[tuple[ChunkedConvBN, str]] = []
+        for node in sorted(layers, key=lambda n: -int(np.prod(n.layer.shapes(tuple(shapes[n.inputs[0]]))[0]))):
+            layer, in_shapes = node.layer, [tuple(shapes[i]) for i in node.inputs]
+            for phase in layer.widenable():
+                moment = node.index if phase == "forward" else 2 * L - 1 - node.index
+                size = layer.forward_scratch if phase == "forward" else layer.backward_scratch
+                before = 4 * size(in_shapes)
+                layer.wide[batch_size] |= {phase}
+                added = 4 * size(in_shapes) - before
+                if (all(v[moment] + scratch[moment] + added <= peak for v, peak in zip(live, peaks))
+                        and self._arena_plan(compile(), rest).planned_peak <= arenas[1]):
+                    scratch[moment] += added
+                    widened.append((layer, phase))
+                else:
+                    layer.wide[batch_size] -= {phase}
+        while widened and self._arena_plan(compile(), PLANNED_TYPES).planned_peak > arenas[0]:
+            layer, phase = widened.pop()  # the smallest last: fragmentation of the whole arena, rare
+            layer.wide[batch_size] -= {phase}
+        return compile()
 
     def forward(self, x: Tensor | np.ndarray | Any, training: bool = True) -> Tensor:
         """Run the program's forward steps; returns the logits Tensor (valid until the iteration scope closes)."""
@@ -685,15 +735,21 @@ class Network:
         """The static plan of the training tensors of ``types`` (default: all the arena can provide): the
         program's buffers, and each step's working memory (``Step.scratch_bytes``: one FF_WORKING_MEM or
         BP_WORKING_MEM buffer its layer makes, alive for the step's moment only)."""
+        return self._arena_plan(self.program(batch_size), types)
+
+    def _arena_plan(self, program: Program, types: Iterable[ArrayType]) -> ArenaPlan:
         types = frozenset(types)
-        program = self.program(batch_size)
         specs: list[Any] = []
         for step in program.steps:  # in creation order (the arena counts each owner's tensors per type)
             specs += [program.buffers[i] for i in step.creates if program.buffers[i].array_type in types]
             kind = ArrayType.FF_WORKING_MEM if step.op is Op.FORWARD else ArrayType.BP_WORKING_MEM
             if step.scratch_bytes and kind in types:
+                layer = self.graph.nodes[step.node].layer
+                late = isinstance(layer, ChunkedConvBN) and layer.wide.get(program.batch_size, frozenset()) & {
+                    "forward" if step.op is Op.FORWARD else "backward"}
                 specs.append(_Spec(f"{self.graph.nodes[step.node].name}:scratch@{step.op.value}", step.node, kind,
-                                   (step.scratch_bytes // 4,), np.dtype(np.float32), step.time, step.time))
+                                   (step.scratch_bytes // 4,), np.dtype(np.float32), step.time, step.time,
+                                   bool(late)))
         return make_plan(specs)
 
     def inference_plan(self, batch_size: int, types: Any = INFERENCE_PLANNED_TYPES) -> ArenaPlan:
@@ -740,6 +796,7 @@ class _Spec(NamedTuple):
     dtype: Any
     first: int
     last: int
+    late: bool = False  # placed after the others (engine.memory.planner.greedy_order)
 
 
 def _host_array(value: Any) -> np.ndarray:

@@ -46,7 +46,7 @@ def test_every_stage_runs_and_the_summary_names_each_result(tmp_path, ruff, main
     made = calls.read_text().splitlines()
     assert made[0] == "ruff check . cudasim=0"  # lint first; the pytest stages side by side, in any order
     assert sorted(made[1:]) == [
-        'python -m pytest -q -m cudasim -x cudasim=1',
+        'python -m pytest -q -m cudasim -n 2 -x cudasim=1',
         "python -m pytest -q -m not cudasim -x cudasim=0",
     ]
     assert not list(tmp_path.glob("engine-tests-cudasim.*"))  # the simulator stage's log is removed

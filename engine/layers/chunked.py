@@ -33,10 +33,14 @@ Two modes, chosen by the plan (``mode``), **the same bits** in both:
   keep the argmax (a byte per pooled output): 125 ms. Tried and dropped: dy of the whole batch in keep mode's
   scratch, made once by pass 1: 114 ms, for 98 MiB more at the stem and 147 MiB at MobileNetV2's 112-pixel expand;
 * ``"recompute"``: nothing but the input (the conv keeps it anyway), 3·C statistics and the pool's argmax
-  is kept; each pass runs the conv again on its chunk, so the layer's tensors at any moment are one chunk's
-  (Checkmate's recomputation, not Capuchin's swap: see below). It costs three more conv forwards, less
-  two chunks: each second pass runs last chunk first and starts with what the first pass left in the
-  scratch (the conv's output forward, y and the pool's gradient backward).
+  is kept; each backward pass runs the conv again on its chunk, so the layer's tensors at any moment are one
+  chunk's (Checkmate's recomputation, not Capuchin's swap: see below). It costs two more conv forwards in
+  backward, less a chunk: pass 2 runs last chunk first and starts with what pass 1 left in the scratch (y and
+  the pool's gradient). The forward runs each conv once: without a pool, pass 1 writes the conv's output into
+  the layer's output, which holds it until pass 2 normalizes it in place (no scratch for it either). With a
+  pool the output is the pooled one, so pass 2 runs the conv again on every chunk but the last, still in the
+  scratch: three more conv forwards in all, less two chunks. MobileNetV2 at 224, batch 32, under 620 MiB
+  (seven chains recompute): FIXME.
 
 **Exact for any mode, any offload, any batch split.** The weight gradient is the sum over chunks in
 a fixed order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₃; dw += W₂; …``:
@@ -118,6 +122,7 @@ class ChunkedConvBN(Layer):
         self.conv, self.bn, self.act, self.pool = conv, bn, act, pool
         self.parts = [p for p in (conv, bn, act, pool) if p is not None]
         self.activation = None if act is None else ("relu6" if isinstance(act, ReLU6) else "relu")
+        self.wide: dict[int, frozenset[str]] = {}  # batch size -> the widened passes (``widenable``)
         self.mode = mode
 
     @property
@@ -129,6 +134,27 @@ class ChunkedConvBN(Layer):
         if mode not in ("keep", "recompute"):
             raise ValueError(f"{self.describe()}: mode must be 'keep' or 'recompute', got {mode!r}")
         self._mode = mode
+        self.wide = {}
+
+    def widenable(self) -> tuple[str, ...]:
+        """The passes of recompute mode that can hold the whole batch in working memory instead of running the
+        conv again, where the step has room for it (``Network.program`` decides per batch size and sets ``wide``):
+
+        * "forward", with a pool: pass 1 keeps every chunk's conv output and pass 2 reads it (without a pool the
+          layer's output holds it already);
+        * "backward": pass 1 keeps every chunk's y and pass 2 reads it.
+
+        Recompute mode exists to bound what is *kept* between forward and backward; working memory at a moment
+        where the step's arena is below its peak anyway costs no limit anything. ResNet-18 at 224, batch 32,
+        every chunked layer recomputing: the stem's forward has 85.7 MiB of room under the step's peak (130.5
+        MiB, set in layer1's backward) and needs 73.5 MiB more; MobileNetV2's five 49-55 MiB ys fit their
+        backward moments (74-142 MiB of room). Measured: FIXME."""
+        if self._mode != "recompute":
+            return ()
+        return ("forward", "backward") if self.pool is not None else ("backward",)
+
+    def _wide(self, batch: int, phase: str) -> bool:
+        return self._mode == "recompute" and phase in self.wide.get(batch, ())
 
     @property
     def keeps_output(self) -> bool:
@@ -251,8 +277,8 @@ class ChunkedConvBN(Layer):
                 layout.append(("sums", (C, 3), np.float64))
             conv = max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry)
             layout.append(("conv", (conv,), np.float32))
-            if phase == "infer" or self.mode == "recompute":
-                layout.append(("z", zc, np.float32))
+            if phase == "infer" or (self.mode == "recompute" and self.pool is not None):
+                layout.append(("z", z if phase == "forward" and self._wide(n, "forward") else zc, np.float32))
             if self.pool is not None:
                 if phase == "forward" and self.mode == "keep":
                     layout.append(("a", zc, np.float32))
@@ -268,7 +294,7 @@ class ChunkedConvBN(Layer):
             if self.mode == "recompute":
                 layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
                                np.float32))
-                layout.append(("y", zc, np.float32))
+                layout.append(("y", z if self._wide(n, "backward") else zc, np.float32))
             if self.pool is not None or self.mode == "keep":  # recompute without a pool: dz goes over its y
                 layout.append(("d", zc, np.float32))
         return layout
@@ -369,8 +395,13 @@ class ChunkedConvBN(Layer):
         s = self._carve(scratch, x_shape, "forward")
         ya, ss = (self._array(y, "y") if keep else None), self._array(scale_shift, "scale_shift")
 
+        # recompute mode without a pool: pass 1 writes each chunk's conv output into the layer's output, which
+        # holds it until pass 2 normalizes it in place (no conv is run twice; module docstring)
+        direct = not keep and self.pool is None
+        wide = self._wide(x_shape[0], "forward")  # with a pool: the whole batch's conv output in the scratch
+
         def conv_chunk(a: int, b: int) -> np.ndarray:
-            z = ya[a:b] if keep else s["z"][:b - a]
+            z = ya[a:b] if keep else (oa[a:b] if direct else (s["z"][a:b] if wide else s["z"][:b - a]))
             self._conv_forward(xa[a:b], z, s["conv"])
             return z
 
@@ -382,10 +413,13 @@ class ChunkedConvBN(Layer):
                                  self._array(save_invstd, "save_invstd"), bn.momentum, bn.eps)
         bn.num_batches_tracked += 1
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: normalize, activate, pool
-            # last chunk first: in recompute mode its conv output is still in the scratch from pass 1
-            z = ya[a:b] if keep else (s["z"][:b - a] if i == 0 else conv_chunk(a, b))
-            if self.keeps_output:  # the conv's output went to the layer's output: normalized in place
-                k.batchnorm_chunk_apply(z, ss, None, None, z)
+            # last chunk first: with a pool, recompute mode's last conv output is still in the scratch from pass 1
+            if keep or direct or wide:
+                z = ya[a:b] if keep else (oa[a:b] if direct else s["z"][a:b])
+            else:
+                z = s["z"][:b - a] if i == 0 else conv_chunk(a, b)
+            if self.keeps_output or direct:  # the conv's output went to the layer's output: normalized in place
+                k.batchnorm_chunk_apply(z, ss, self.activation, None, z)
             elif self.pool is None:
                 k.batchnorm_chunk_apply(z, ss, self.activation, z if keep else None, oa[a:b])
             else:
@@ -413,14 +447,19 @@ class ChunkedConvBN(Layer):
         gamma, beta = bn.params["weight"], bn.params["bias"]
         argmax = None if saved["argmax"] is None else self._array(saved["argmax"], "argmax")
 
-        def y_and_dy(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-            """The chunk's batch-norm output (kept or rebuilt) and the gradient of its activation's output: the
-            layer's dout, or the pool's backward of it in ``s["d"]`` (the chunk kernels apply the activation's
-            mask from y on the fly: one pass over y and the gradient, nothing written for it)."""
+        wide = self._wide(x_shape[0], "backward")  # pass 1's ys of the whole batch in the scratch
+
+        def y_and_dy(a: int, b: int, again: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            """The chunk's batch-norm output (kept, rebuilt, or rebuilt by pass 1 when ``again`` and wide) and the
+            gradient of its activation's output: the layer's dout, or the pool's backward of it in ``s["d"]`` (the
+            chunk kernels apply the activation's mask from y on the fly: one pass over y and the gradient,
+            nothing written for it)."""
             if ya is not None:
                 y = ya[a:b]
+            elif wide and again:
+                y = s["y"][a:b]
             else:
-                y = s["y"][:b - a]
+                y = s["y"][a:b] if wide else s["y"][:b - a]
                 self._conv_forward(xa[a:b], y, s["conv_forward"])
                 k.batchnorm_chunk_apply(y, ss, None, None, y)
             if self.pool is None:
@@ -442,7 +481,7 @@ class ChunkedConvBN(Layer):
         partial_w = s["partial"][:dw.size].reshape(dw.shape)
         partial_b = None if dbias is None else s["partial"][dw.size:dw.size + dbias.size]
         for i, (a, b) in enumerate(reversed(list(_chunks(x_shape[0])))):  # pass 2: dx, the conv's backward
-            y, g = last if i == 0 else y_and_dy(a, b)
+            y, g = last if i == 0 else y_and_dy(a, b, again=True)
             # dz: over the pool's gradient when there is one, else over the rebuilt y, used for the last time
             # here (the kernel reads each value before writing it): recompute mode then needs one chunk tensor
             # less (MobileNetV2's 112-pixel expand: 36.75 MiB); keep mode keeps y, so dz has its own

@@ -88,7 +88,7 @@ def make_plan(specs: Iterable[Any]) -> ArenaPlan:
         sequences.append(counters.get((spec.owner, spec.array_type), 0))
         counters[(spec.owner, spec.array_type)] = sequences[-1] + 1
     sizes = [align(math.prod(s.shape) * np.dtype(s.dtype).itemsize) for s in specs]
-    placement = plan_offsets(sizes, [[(s.first, s.last)] for s in specs])
+    placement = plan_offsets(sizes, [[(s.first, s.last)] for s in specs], [getattr(s, "late", False) for s in specs])
     tensors = [
         PlannedTensor(s.name, s.owner, n, s.array_type, tuple(int(d) for d in s.shape), np.dtype(s.dtype),
                       int(s.first), int(s.last), offset)

@@ -79,16 +79,21 @@ def first_fit(sizes: Sequence[int], spans: Sequence[Sequence[Span]], order: Sequ
     return [int(o) for o in offsets]  # type: ignore[arg-type]
 
 
-def greedy_order(sizes: Sequence[int], spans: Sequence[Sequence[Span]]) -> list[int]:
-    """TFLite's order: items alive over the whole timeline first, then largest first, earlier first."""
+def greedy_order(sizes: Sequence[int], spans: Sequence[Sequence[Span]],
+                 late: Sequence[bool] | None = None) -> list[int]:
+    """TFLite's order: items alive over the whole timeline first, then largest first, earlier first; ``late`` items
+    after all the others, in the same order among themselves. A late item fills a gap the others leave, or goes on
+    top: the working memory a recomputing chunked layer takes only where its moment has room
+    (``Network._widen_chunks``), which placed by its size among the others would move them."""
     if not sizes:
         return []
     start = min(s for item in spans for s, _ in item)
     end = max(e for item in spans for _, e in item)
+    late = late if late is not None else [False] * len(sizes)
 
-    def key(i: int) -> tuple[bool, int, int, int]:
+    def key(i: int) -> tuple[bool, bool, int, int, int]:
         whole = any(s <= start and e >= end for s, e in spans[i])
-        return (not whole, -int(sizes[i]), min(s for s, _ in spans[i]), i)
+        return (bool(late[i]), not whole, -int(sizes[i]), min(s for s, _ in spans[i]), i)
 
     return sorted(range(len(sizes)), key=key)
 
@@ -107,11 +112,13 @@ def lower_bound(sizes: Sequence[int], spans: Sequence[Sequence[Span]]) -> int:
     return best
 
 
-def plan_offsets(sizes: Sequence[int], spans: Sequence[Sequence[Span]]) -> Placement:
-    """The TFLite plan for items of ``sizes`` bytes alive during ``spans``: offsets, planned peak, lower bound."""
+def plan_offsets(sizes: Sequence[int], spans: Sequence[Sequence[Span]],
+                 late: Sequence[bool] | None = None) -> Placement:
+    """The TFLite plan for items of ``sizes`` bytes alive during ``spans``: offsets, planned peak, lower bound.
+    ``late`` items are placed after all the others (``greedy_order``)."""
     for size, item in zip(sizes, spans):
         if size < 0 or not item or any(s > e for s, e in item):
             raise ValueError(f"plan_offsets: bad item (size {size}, spans {item}): sizes >= 0, spans first <= last")
-    offsets = first_fit(sizes, spans, greedy_order(sizes, spans))
+    offsets = first_fit(sizes, spans, greedy_order(sizes, spans, late))
     peak = max((o + int(s) for o, s in zip(offsets, sizes)), default=0)
     return Placement(tuple(offsets), peak, lower_bound(sizes, spans))

@@ -10,7 +10,8 @@ from engine.data.datasets import synthetic
 from engine.graph import Graph
 from engine.layers import Add, BatchNorm2d, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU, ReLU6
 from engine.layers.chunked import CHUNK_IMAGES, ChunkedConvBN
-from engine.network import Network
+from engine.memory import ArrayType
+from engine.network import PLANNED_TYPES, Network
 from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer
 from engine.train import Trainer
@@ -124,12 +125,21 @@ def pointwise_graph() -> Graph:
     ], (3, SIZE, SIZE))
 
 
-def fit(tmp_path, recompute, offload, steps=3, make=None):
+def widen(net: Network, batch: int, wide: str | None) -> None:
+    """Decide the recomputing layers' widened passes (``ChunkedConvBN.wide``) instead of the network: "none", or
+    "all" they have (whether the step has room or not: the bits are the same either way); None: the network's."""
+    if wide is not None:
+        for node in net.chunked:
+            node.layer.wide[batch] = frozenset(node.layer.widenable() if wide == "all" else ())
+
+
+def fit(tmp_path, recompute, offload, steps=3, make=None, wide=None):
     data = synthetic(num_classes=4, seed=0, train=26, test=4, shape=(3, SIZE, SIZE))
     backend = get_backend("cpu")
     net = Network((make or graph)(), backend, seed=3)
     if recompute:
         net.set_recomputed(recompute)
+    widen(net, 13, wide)
     optimizer = make_optimizer("sgd", net, backend, 0.1, momentum=0.9, manager=net.mgr)
     session = OffloadSession(OffloadConfig(window=1, directory=str(tmp_path))) if offload else None
     Trainer(net, optimizer, data, batch_size=13, steps=steps, seed=4, prefetch=1, evaluate_at_end=False,
@@ -139,11 +149,12 @@ def fit(tmp_path, recompute, offload, steps=3, make=None):
 
 def test_any_mode_with_offload_on_or_off_trains_the_same_weights(tmp_path):
     reference = fit(tmp_path, [], offload=False)
-    for recompute, offload in [(["c0+b0+r0", "c2+b2+r2+p2"], False), ([], True),
-                               (["c0+b0+r0", "c1+b1", "c2+b2+r2+p2"], True)]:
-        weights = fit(tmp_path, recompute, offload)
+    every = ["c0+b0+r0", "c1+b1", "c2+b2+r2+p2"]
+    for recompute, offload, wide in [(["c0+b0+r0", "c2+b2+r2+p2"], False, None), ([], True, None),
+                                     (every, True, None), (every, False, "none"), (every, True, "all")]:
+        weights = fit(tmp_path, recompute, offload, wide=wide)
         for key, value in reference.items():
-            assert np.array_equal(weights[key], value), (recompute, offload, key)
+            assert np.array_equal(weights[key], value), (recompute, offload, wide, key)
 
 
 def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping_it():
@@ -236,9 +247,76 @@ def test_recompute_holds_less_at_its_worst_moment():
     step_recompute = recompute.program(batch).steps[0].scratch_bytes
     assert step_recompute == recompute.program(64).steps[0].scratch_bytes
     assert step_recompute < kept["c0+b0+r0:y"]
-    assert step_keep < step_recompute  # keep mode's forward writes the conv's output into y itself
+    # no pool: keep mode's forward writes the conv's output into y, recompute mode's into the layer's output
+    assert step_keep == step_recompute
     # and the step as a whole: the planned peak (what engine memory and the limits read) is lower
     assert recompute.memory_report(batch).planned_peak_bytes < keep.memory_report(batch).planned_peak_bytes
+
+
+def test_the_convs_each_pass_runs_in_each_mode(monkeypatch):
+    """How often each chunked layer's conv runs forward in a training step, on a batch of three chunks (8, 8, 3):
+    keep mode once per chunk in forward and never in backward. Recompute mode, forward: once per chunk without a
+    pool (pass 1 writes into the layer's output, pass 2 normalizes it there); with a pool pass 2 runs it again on
+    every chunk but the last, unless the pass is widened (the whole batch's conv output in working memory).
+    Backward: pass 1 on every chunk, pass 2 again on every chunk but the last, unless widened (pass 1's ys)."""
+    from engine.layers.chunked import ChunkedConvBN
+
+    calls: list[tuple[str, str]] = []
+    phase = ["forward"]
+    original = ChunkedConvBN._conv_forward
+    monkeypatch.setattr(ChunkedConvBN, "_conv_forward",
+                        lambda self, x, z, scratch: (calls.append((phase[0], self.name)),
+                                                     original(self, x, z, scratch)))
+    batch = 19
+    x = np.random.default_rng(1).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
+    labels = np.arange(batch) % 4
+    counts, grads = {}, {}
+    for mode, wide in [("keep", None), ("recompute", "none"), ("recompute", "all")]:
+        net = Network(graph(), get_backend("cpu"), seed=2)
+        if mode == "recompute":
+            net.set_recomputed([n.name for n in net.chunked])
+        widen(net, batch, wide)
+        calls.clear()
+        phase[0] = "forward"
+        net.forward(x, training=True)
+        net.loss(labels)
+        phase[0] = "backward"
+        net.backward()
+        counts[mode, wide] = {(p, n.name): calls.count((p, n.name)) for n in net.chunked
+                              for p in ("forward", "backward")}
+        grads[mode, wide] = {name: np.array(g) for name, g in net.gradients.views.items()}
+    names = ["c0+b0+r0", "c1+b1", "c2+b2+r2+p2"]
+    assert counts["keep", None] == {**{("forward", n): 3 for n in names}, **{("backward", n): 0 for n in names}}
+    assert counts["recompute", "none"] == {("forward", "c0+b0+r0"): 3, ("forward", "c1+b1"): 3,
+                                           ("forward", "c2+b2+r2+p2"): 5, **{("backward", n): 5 for n in names}}
+    assert counts["recompute", "all"] == {**{("forward", n): 3 for n in names}, **{("backward", n): 3 for n in names}}
+    for key in grads["keep", None]:  # and the same bits
+        assert grads["recompute", "none"][key].tobytes() == grads["keep", None][key].tobytes(), key
+        assert grads["recompute", "all"][key].tobytes() == grads["keep", None][key].tobytes(), key
+
+
+def test_recompute_widens_its_passes_only_where_the_step_has_room():
+    """``Network.program`` widens a recomputing layer's pass only where the working memory it adds keeps its moment
+    within the step's peak (both as sums and as placed): the planned peaks with the widened passes are the
+    unwidened ones. The test graph at batch 32 has room for some and not all."""
+    batch = 32
+    decided = Network(graph(), get_backend("cpu"), seed=2)
+    decided.set_recomputed([n.name for n in decided.chunked])
+    program = decided.program(batch)
+    chosen = {n.name: n.layer.wide[batch] for n in decided.chunked}
+    none = Network(graph(), get_backend("cpu"), seed=2)
+    none.set_recomputed([n.name for n in none.chunked])
+    widen(none, batch, "none")
+    assert any(chosen.values())
+    assert program.steps != none.program(batch).steps  # some scratch is larger
+    assert decided.memory_report(batch).planned_peak_bytes == none.memory_report(batch).planned_peak_bytes
+    for types in (None, [t for t in PLANNED_TYPES if t not in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)]):
+        args = (batch,) if types is None else (batch, types)
+        assert decided.arena_plan(*args).planned_peak == none.arena_plan(*args).planned_peak
+    everything = Network(graph(), get_backend("cpu"), seed=2)
+    everything.set_recomputed([n.name for n in everything.chunked])
+    widen(everything, batch, "all")
+    assert everything.memory_report(batch).planned_peak_bytes > none.memory_report(batch).planned_peak_bytes
 
 
 def test_engine_train_says_which_chunked_layers_recompute(tmp_path):

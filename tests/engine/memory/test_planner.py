@@ -44,6 +44,18 @@ def test_long_lived_first_then_largest():
     assert greedy_order(sizes, spans) == [2, 1, 0]  # the whole-timeline tensor, then by size
 
 
+def test_late_items_are_placed_after_the_others_and_fill_their_gaps():
+    """Item 0 (one moment) placed by its size takes offset 0 and pushes item 1 (moments 0-2) above item 3: peak 60.
+    Placed late it takes the gap the others leave at its moment: peak 50, the lower bound. That is how a widened
+    chunked pass's working memory is placed (``Network._widen_chunks``)."""
+    sizes, spans = [30, 10, 30, 20], [[(1, 1)], [(0, 2)], [(3, 3)], [(2, 3)]]
+    late = [True, False, False, False]
+    assert greedy_order(sizes, spans, late) == [2, 3, 1, 0]
+    assert plan_offsets(sizes, spans).planned_peak == 60
+    placed = plan_offsets(sizes, spans, late)
+    assert placed.offsets == (10, 0, 0, 30) and placed.planned_peak == 50 == placed.lower_bound
+
+
 def test_multi_span_items_keep_one_offset_for_all_spans():
     # item 0 lives at 0..1 and again at 5..6; item 1 at 3..4 may use its bytes, item 2 at 5 may not
     offsets = first_fit([8, 8, 8], [[(0, 1), (5, 6)], [(3, 4)], [(5, 5)]], [0, 1, 2])
