@@ -17,6 +17,7 @@ kernel fused with a checksum of the input, read in the same pass (no second pass
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from engine.layers.base import InputGradients, Layer, Shape
 from engine.memory import Tensor
@@ -46,7 +47,7 @@ class ReLU(Layer):
             self.saved = {"out": out}
         return out
 
-    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor, scratch: Any = None) -> None:
         getattr(self.backend.kernels, self.forward_op)(inputs[0], out)
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:

@@ -162,11 +162,12 @@ class Layer:
     def clear_saved(self) -> None:
         self.saved = {}
 
-    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor, scratch: Any = None) -> None:
         """Rebuild the forward output of ``inputs`` into ``out`` with the forward's own kernel (same bits).
 
         Only for ``recomputable`` layers: the offload plan rebuilds such an output from kept inputs
         instead of swapping it (engine.offload.plan). ``out`` may be an input for elementwise layers.
+        ``scratch``: float32 working memory the plan set aside (``Recompute.scratch_bytes``), or None.
         """
         raise NotImplementedError(f"{self.describe()} cannot recompute its output")
 

@@ -175,31 +175,31 @@ class ChunkedConvBN(Layer):
           tree before): 461.5 instead of 744.0 MiB written per step, stall 125-145 instead of 296-322 ms, step
           1.15-1.24 instead of 1.30-1.37 s, and no layer recomputing (one before); under 700 MiB 1.42 against
           1.56 s.
-        * "x", recompute mode with no pool and a conv that needs no scratch on a chunk (1×1 convs and stride-2
-          depthwise ones on the CPU): the output is the forward's pass 2 again, the conv of each chunk of the
-          input x normalized with the saved scale and shift, written straight into the output. Recompute mode
+        * "x", recompute mode with no pool: the output is the forward's pass 2 again, the conv of each chunk of
+          the input x normalized with the saved scale and shift, written straight into the output. A conv that
+          needs working memory on a chunk (the stride-1 depthwise ones: 0.4-2.6 MiB) gets it from the offload
+          arena's tail (``rebuild_scratch_elements``; ``OffloadPlan.rebuild_scratch_bytes``). Recompute mode
           keeps no y, so under a tight limit its outputs were what the swap file moved. The input may itself be
           a rebuilt output (the plan rebuilds that one first). MobileNetV2 at 224, batch 32, under 620 MiB
           (seven chains recompute there), ``engine train --offload-n auto``, three alternating rounds against
           the tree before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of
           255-302 ms, step 1.41-1.57 instead of 1.70-1.78 s (unlimited: 0.88-1.34 s that hour), the same loss.
           With 1×1 convs only and no chains it had been 360.5 MiB and 1.49-1.61 s.
-        * None otherwise: a pool's output needs the pool; a conv with scratch would need working memory the
-          step program does not plan at the rebuild; the network's input is not a unit."""
+        * None otherwise: a pool's output needs the pool; the network's input is not a unit."""
         if self.pool is not None:
             return None
         if self._mode == "keep":
             return "y" if self.act is not None else None
-        conv = self.conv
-        if self.backend is None:
-            return None
-        n = x_shape[0]
-        needed = max(int(self.backend.kernels.conv2d_forward_workspace_size(
+        return "x" if self.backend is not None else None
+
+    def rebuild_scratch_elements(self, x_shape: Shape) -> int:
+        """Float32 working memory the "x" rebuild's conv needs on a chunk of an input of ``x_shape`` (0: none)."""
+        conv, n = self.conv, x_shape[0]
+        return max(int(self.backend.kernels.conv2d_forward_workspace_size(
             self._chunk_shape(x_shape, m), conv.weight_shape, conv.stride, conv.padding, conv.groups))
             for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES})  # a full chunk and the last one
-        return "x" if needed == 0 else None
 
-    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor, scratch: Any = None) -> None:
         """The offload plan's rebuild (``output_rebuilt_from``): from [y], out = activation(y) with the activation's
         kernel; from [x, scale_shift], each chunk's conv into out, then its batch-norm apply and activation in
         place (the forward's pass 2 with out as z: the same kernels, the same bits)."""
@@ -210,7 +210,7 @@ class ChunkedConvBN(Layer):
         xa, ss, oa = self._array(inputs[0], "x"), self._array(inputs[1], "scale_shift"), self._array(out, "out")
         for a, b in _chunks(xa.shape[0]):
             z = oa[a:b]
-            self._conv_forward(xa[a:b], z, None)
+            self._conv_forward(xa[a:b], z, scratch)
             k.batchnorm_chunk_apply(z, ss, self.activation, None, z)
 
     # ---- declarations ------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ rebuild a ReLU after it from the two kept inputs (Add, then ReLU in place), inst
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.layers.base import InputGradients, Layer, Shape
 from engine.memory import Tensor
 
@@ -26,7 +28,7 @@ class Add(Layer):
         self.backend.kernels.add_forward(a, b, out)
         return out
 
-    def recompute_output(self, inputs: list[Tensor], out: Tensor) -> None:
+    def recompute_output(self, inputs: list[Tensor], out: Tensor, scratch: Any = None) -> None:
         self.backend.kernels.add_forward(inputs[0], inputs[1], out)
 
     def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:

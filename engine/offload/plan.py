@@ -140,6 +140,7 @@ class Recompute:
     nodes: tuple[int, ...]
     sources: tuple[tuple[tuple[int, str], TensorSpec], ...]
     tensor: TensorSpec
+    scratch_bytes: int = 0  # working memory the rebuild needs (a chunked layer's conv): the arena's tail
 
     @property
     def source_units(self) -> tuple[tuple[int, str], ...]:
@@ -188,6 +189,8 @@ class OffloadPlan:
     file_bytes: int  # size of the swap file (every unit a backward reads has a place in it)
     predecessors: dict[tuple[tuple[int, str], int], tuple[tuple[tuple[int, str], int], ...]] = field(repr=False)
     kept: frozenset[tuple[int, str]] = frozenset()  # units a byte budget keeps that the window would not (keep_within)
+    rebuild_scratch_offset: int = 0  # the arena's tail: working memory of the rebuilds that need it, one at a time
+    rebuild_scratch_bytes: int = 0
 
     @property
     def kept_bytes(self) -> int:
@@ -282,7 +285,8 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
     block's, through the identity shortcut) is *chained*: the source is rebuilt first, so it and its
     own sources are needed from the candidate's backward on, earlier than they would be. That holds
     more bytes at once, so a chain is taken only when the arena does not grow: each in forward
-    order, kept when the plan with it needs no more arena bytes than without. ResNet-18 (CIFAR,
+    order, kept when the plan with it needs no more arena bytes than without (the units' bytes: the tail
+    where a rebuild's conv works, ``OffloadPlan.rebuild_scratch_bytes``, is not counted against it). ResNet-18 (CIFAR,
     batch 32, N=4): 74 MiB written per step with every chain and a 68 MiB arena, 88 MiB and 48 MiB
     with none; the rule takes layer2.1's and layer3.1's (82 MiB written, 48 MiB arena).
     """
@@ -292,7 +296,9 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
     taken: frozenset[tuple[int, str]] = frozenset()
     for key in chains:
         trial, _ = plan_with_chains(units, window, steps, recompute or {}, taken | {key})
-        if trial.arena_bytes <= plan.arena_bytes and key in {u.key for u in trial.recomputed}:
+        # the units' bytes decide; the tail a rebuild's conv works in (a few MiB) is the price of any rebuild
+        if (trial.arena_bytes - trial.rebuild_scratch_bytes <= plan.arena_bytes - plan.rebuild_scratch_bytes
+                and key in {u.key for u in trial.recomputed}):
             plan, taken = trial, taken | {key}
     if budget_bytes is not None and plan.arena_bytes < budget_bytes:
         plan = keep_within(plan, units, recompute or {}, taken, budget_bytes)
@@ -429,6 +435,11 @@ def plan_with_chains(units: Sequence[UnitSpec], window: int, steps: int, recompu
     }
     arena_bytes = max((p.arena_offset + p.nbytes for p in plans.values()), default=0)
     lower_bound, peak_units = _resident_profile(plans.values(), steps)
+    # the rebuilds run one at a time on the executor: one tail for the largest working memory among those taken
+    scratch = max((p.recompute.scratch_bytes for p in plans.values() if p.recompute is not None), default=0)
+    scratch_offset = align(arena_bytes, PAGE)
+    if scratch:
+        arena_bytes, lower_bound = scratch_offset + align(scratch, PAGE), lower_bound + align(scratch, PAGE)
     return OffloadPlan(
         window=window,
         steps=steps,
@@ -440,6 +451,8 @@ def plan_with_chains(units: Sequence[UnitSpec], window: int, steps: int, recompu
         file_bytes=file_bytes,
         predecessors=_predecessors(plans.values()) if links else {},
         kept=frozenset(key for key in kept if key in plans and not spans[key][1] and key not in chosen),
+        rebuild_scratch_offset=scratch_offset if scratch else 0,
+        rebuild_scratch_bytes=align(scratch, PAGE) if scratch else 0,
     ), chains
 
 
@@ -664,6 +677,7 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     depthwise outputs would need the depthwise conv (18-20 ms per step at batch 32) for at most 18-26 ms.
     """
     nodes = program.graph.nodes
+    shapes = program.graph.shapes(program.batch_size)
     saved = {u.owner: u for u in units if u.part == "saved" and u.tensors}
     outputs = {u.owner: u for u in units if u.part == "output" and u.tensors}
 
@@ -707,6 +721,8 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         found = ([held(node.index, "y", saved)] if source == "y" else
                  [held(node.inputs[0], "out", saved, outputs),  # its producer's output, kept or rebuilt (a chain)
                   held(node.index, "scale_shift", saved)])
+        scratch = 0 if source == "y" else 4 * node.layer.rebuild_scratch_elements(tuple(shapes[node.inputs[0]]))
         if all(f is not None for f in found):
-            result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0])  # type: ignore[arg-type]
+            result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0],  # type: ignore[arg-type]
+                                         scratch)
     return result

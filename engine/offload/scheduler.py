@@ -1097,8 +1097,12 @@ class OffloadScheduler:
         else:
             inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
             out = self._tensor(unit, recompute.tensor)
+            scratch = None
+            if recompute.scratch_bytes:  # the arena's tail (OffloadPlan.rebuild_scratch_offset): one rebuild at a time
+                start = self._plan.rebuild_scratch_offset
+                scratch = self._arena[start:start + recompute.scratch_bytes].view(np.float32)
             for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
-                self._layers[node].recompute_output(inputs, out)
+                self._layers[node].recompute_output(inputs, out, scratch)
                 inputs = [out]
         self._current.recompute_s += time.perf_counter() - started
         self._current.recomputed_bytes += recompute.tensor.nbytes

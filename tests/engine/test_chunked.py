@@ -133,6 +133,26 @@ def widen(net: Network, batch: int, wide: str | None) -> None:
             node.layer.wide[batch] = frozenset(node.layer.widenable() if wide == "all" else ())
 
 
+def depthwise_graph() -> Graph:
+    """MobileNetV2's inverted residual on a chunked plane: an expand (1×1, ReLU6), a stride-1 depthwise 3×3
+    (ReLU6: its conv needs working memory on a chunk), a projection (1×1, no activation); then a pooled head."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU6(), ["b0"]),
+        ("c1", Conv2d(8, 16, 1, bias=False), ["r0"]),
+        ("b1", BatchNorm2d(16), ["c1"]),
+        ("r1", ReLU6(), ["b1"]),
+        ("dw", Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), ["r1"]),
+        ("bd", BatchNorm2d(16), ["dw"]),
+        ("rd", ReLU6(), ["bd"]),
+        ("c2", Conv2d(16, 8, 1, bias=False), ["rd"]),
+        ("b2", BatchNorm2d(8), ["c2"]),
+        ("gap", GlobalAvgPool(), ["b2"]),
+        ("fc", Dense(8, 4), ["gap"]),
+    ], (3, SIZE, SIZE))
+
+
 def fit(tmp_path, recompute, offload, steps=3, make=None, wide=None):
     data = synthetic(num_classes=4, seed=0, train=26, test=4, shape=(3, SIZE, SIZE))
     backend = get_backend("cpu")
@@ -233,6 +253,46 @@ def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
         layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt)
         assert rebuilt.tobytes() == made.tobytes()
     assert plan.units[(c2, "output")].decision == "recompute"  # the chain is taken: the fits above ran it
+
+
+def test_a_depthwise_output_is_rebuilt_with_working_memory_from_the_arenas_tail(tmp_path):
+    """A stride-1 depthwise conv needs working memory on a chunk; its rebuild from its input (recompute mode) gets
+    it from the offload arena's tail, planned once for the largest rebuild (``OffloadPlan.rebuild_scratch_bytes``):
+    the plan's arena grows by it and not otherwise. The rebuilt bytes are the forward's, and offload trains the
+    weights it trains without."""
+    from engine.offload.plan import build_plan, program_units, recompute_candidates
+
+    names = ["c0+b0+r0", "c1+b1+r1", "dw+bd+rd", "c2+b2"]
+    reference = fit(tmp_path, [], offload=False, make=depthwise_graph)
+    weights = fit(tmp_path, names, offload=True, make=depthwise_graph)
+    for key, value in reference.items():
+        assert np.array_equal(weights[key], value), key
+    batch = 13
+    net = Network(depthwise_graph(), get_backend("cpu"), seed=3)
+    net.set_recomputed(names)
+    index = {node.name: node.index for node in net.graph.nodes}
+    dw, c1 = index["dw+bd+rd"], index["c1+b1+r1"]
+    program = net.program(batch)
+    units, _, steps = program_units(program)
+    candidates = recompute_candidates(program, units)
+    layer = net.graph.nodes[dw].layer
+    scratch = 4 * layer.rebuild_scratch_elements((batch, 16, SIZE, SIZE))
+    assert scratch > 0 and candidates[(dw, "output")].scratch_bytes == scratch
+    assert candidates[(c1, "output")].scratch_bytes == 0  # a 1×1 conv works in place
+    plan = build_plan(units, 1, steps, candidates)
+    assert plan.units[(dw, "output")].decision == "recompute"
+    assert plan.rebuild_scratch_bytes >= scratch
+    assert plan.rebuild_scratch_offset >= max(u.arena_offset + u.nbytes for u in plan.units.values())
+    assert plan.arena_bytes == plan.rebuild_scratch_offset + plan.rebuild_scratch_bytes
+    without = build_plan(units, 1, steps, {k: c for k, c in candidates.items() if k != (dw, "output")})
+    assert without.rebuild_scratch_bytes == 0
+    x = np.random.default_rng(0).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
+    net.forward(x, training=True)
+    made = np.asarray(net.graph.nodes[index["c2+b2"]].layer.saved["x"].array)
+    rebuilt = np.full(made.shape, np.nan, np.float32)
+    layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt,
+                           np.full(scratch // 4, np.nan, np.float32))
+    assert rebuilt.tobytes() == made.tobytes()
 
 
 def test_recompute_holds_less_at_its_worst_moment():
