@@ -69,3 +69,28 @@ def test_the_bisect_table_prints_predicted_against_bisected(capsys):
     out = capsys.readouterr().out
     assert "| resnet18 | 32 | `--offload-n 1` | 698 MiB | 665 MiB | +5.0% | 170 MiB + 67 MiB | 659 MiB |" in out
     assert "| resnet18 | 32 | 704 MiB | 1.50 s, 662 MiB (N=1) | not run | not run |" in out
+
+
+def test_the_goal_mode_alternates_runs_and_reports_the_ratio_of_medians(monkeypatch, capsys, tmp_path):
+    """``--goal``: each round runs every model under its limit, then without one; the table's ratio is the median
+    step under the limit over the median without, against GOAL_RATIO; a failed run leaves no ratio."""
+    proof = load_script()
+    steps = {("resnet18", True): iter([1.8, 1.7, 2.0]), ("resnet18", False): iter([1.5, 1.4, 1.6]),
+             ("mobilenetv2", True): iter([1.3, 1.2, 1.3]), ("mobilenetv2", False): iter([0.9, 0.9, 0.9])}
+    order = []
+
+    def fake_run(model, batch, steps_, limit, scratch, name):
+        order.append((model, limit))
+        return {"limit_bytes": limit, "returncode": 0, "step_s": next(steps[model, limit is not None]),
+                "stall_ms": 50.0, "written_bytes": 100 << 20, "cgroup_peak_bytes": 480 << 20}
+
+    monkeypatch.setattr(proof, "goal_run", fake_run)
+    args = type("Args", (), {"goal_limits": "mobilenetv2=600MiB", "models": "resnet18,mobilenetv2",
+                             "batch_sizes": "32", "rounds": 3, "steps": 6, "json": str(tmp_path / "goal.json")})()
+    assert proof.main_goal(args) == 0
+    assert order[:4] == [("resnet18", 510 << 20), ("resnet18", None), ("mobilenetv2", 600 << 20), ("mobilenetv2", None)]
+    table = capsys.readouterr().out
+    assert "| resnet18 | 510 MiB | 1.80, 1.70, 2.00 s | 1.50, 1.40, 1.60 s | 1.20× (met) |" in table
+    assert "| mobilenetv2 | 600 MiB | 1.30, 1.20, 1.30 s | 0.90, 0.90, 0.90 s | 1.44× (not met) |" in table
+    monkeypatch.setattr(sys, "argv", ["cgroup_proof.py", "--from-json", str(tmp_path / "goal.json")])
+    assert proof.main() == 0 and "1.44× (not met)" in capsys.readouterr().out
