@@ -197,9 +197,29 @@ class SyntheticImages:
         out += noise
 
     def take(self, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Images ``indices`` into ``out`` (float32, len(indices) × image_shape), row by row."""
-        for row, index in enumerate(np.asarray(indices).reshape(-1)):
-            self.image(int(index), out[row])
+        """Images ``indices`` into ``out`` (float32, len(indices) × image_shape): ``image``'s bits, with each class's
+        pattern drawn once per call and copied to its other rows (a batch of 32 at 224×224 with 10 classes draws
+        about 42 instead of 64 planes of normals: 85-86 → 56-59 ms; under a tight limit engine train fills each batch on
+        the training thread, without prefetch)."""
+        indices = [int(i) for i in np.asarray(indices).reshape(-1)]
+        for i in indices:
+            if not 0 <= i < len(self.labels):
+                raise IndexError(f"image {i} out of range: the split has {len(self.labels)}")
+        first: dict[int, int] = {}  # label -> the row its pattern was drawn into
+        for row, index in enumerate(indices):
+            label = int(self.labels[index])
+            if label in first:
+                out[row] = out[first[label]]
+            else:
+                first[label] = row
+                np.random.default_rng([self.seed, 7, 0, label]).standard_normal(self.image_shape, dtype=np.float32,
+                                                                                out=out[row])
+        noise = np.empty(self.image_shape, np.float32)
+        for row, index in enumerate(indices):
+            np.random.default_rng([self.seed, 7, self.split, index]).standard_normal(self.image_shape,
+                                                                                   dtype=np.float32, out=noise)
+            noise *= np.float32(2.0)
+            out[row] += noise
         return out
 
     def __getitem__(self, key: Any) -> np.ndarray:

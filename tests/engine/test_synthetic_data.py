@@ -61,3 +61,22 @@ def test_an_absurd_batch_size_is_refused_before_anything_is_allocated():
 def test_an_image_out_of_range_is_an_index_error(index):
     with pytest.raises(IndexError):
         synthetic(10, train=8, test=2, shape=(3, 4, 4)).x_train.image(index, np.empty((3, 4, 4), np.float32))
+
+
+def test_a_batch_is_its_images_bit_for_bit_with_each_class_pattern_drawn_once(monkeypatch):
+    """``take`` draws each class's pattern once per call and copies it to that class's other rows: the bits of
+    ``image`` row by row, whatever the order and the repeats; an index out of range is refused before any row."""
+    images = synthetic(3, seed=2, train=40, test=4, shape=(3, 9, 9)).x_train
+    indices = np.array([5, 5, 17, 0, 39, 22, 5, 8, 13, 31, 2])
+    rows = np.stack([images[int(i)] for i in indices])
+    assert len(set(images.labels[indices].tolist())) < len(indices)  # repeated classes
+    drawn = []
+    real = np.random.default_rng
+    monkeypatch.setattr(np.random, "default_rng", lambda seed: (drawn.append(tuple(seed)), real(seed))[1])
+    out = np.full((len(indices), 3, 9, 9), np.nan, np.float32)
+    images.take(indices, out)
+    assert out.tobytes() == rows.tobytes()
+    patterns = [s for s in drawn if s[2] == 0]
+    assert sorted(patterns) == sorted({(2, 7, 0, int(images.labels[i])) for i in indices})
+    with pytest.raises(IndexError):
+        images.take(np.array([1, 40]), out[:2])
