@@ -4,6 +4,7 @@ backward call (the layer's kernels and its own Python) over ``--steps`` steps af
     python benchmarks/step_profile.py --model resnet18 --image-size 224     # the ImageNet variant above 64 px
     python benchmarks/step_profile.py --model mobilenetv2 --image-size 32 --batch-size 32
     python benchmarks/step_profile.py --model resnet18 --nodes 25                # and the 25 slowest node calls
+    python benchmarks/step_profile.py --model mobilenetv2 --chunks recompute     # every chunked layer recomputing
 
 Timings mean something on a quiet machine only. The per-type sums leave out the loss head, the iteration's own
 bookkeeping and the optimizer (``engine train`` updates in backward; here no optimizer is attached).
@@ -53,6 +54,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=0, help="also print this many slowest (direction, node) calls")
+    parser.add_argument("--chunks", choices=["keep", "recompute"], default="keep",
+                        help="what the chunked layers (224 px) do: engine train's --chunks keep or recompute")
     args = parser.parse_args()
 
     from engine.backend import get_backend
@@ -61,6 +64,8 @@ def main() -> None:
     variant = resolve_variant(args.model, None, args.image_size)
     net = build_model(args.model, num_classes=1000 if variant == "imagenet" else 10, backend=get_backend("cpu"),
                       seed=0, variant=variant, image_size=args.image_size)
+    if args.chunks == "recompute":
+        net.set_recomputed([node.name for node in net.chunked])
     times = LayerTimes()
     net.hooks.append(times)
     rng = np.random.default_rng(0)
@@ -75,7 +80,8 @@ def main() -> None:
         net.backward()
         if times.on:
             steps.append(time.perf_counter() - start)
-    print(f"{args.model} ({variant}) at {args.image_size}×{args.image_size}, batch {args.batch_size}: step "
+    print(f"{args.model} ({variant}, --chunks {args.chunks}) at {args.image_size}×{args.image_size}, batch "
+          f"{args.batch_size}: step "
           f"{np.median(steps) * 1e3:.0f} ms (median of {args.steps})")
     for (direction, kind), seconds in sorted(times.seconds.items(), key=lambda item: -item[1]):
         print(f"  {direction:8s} {kind:16s} {seconds / args.steps * 1e3:8.1f} ms a step")

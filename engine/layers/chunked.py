@@ -39,8 +39,12 @@ Two modes, chosen by the plan (``mode``), **the same bits** in both:
   the pool's gradient). The forward runs each conv once: without a pool, pass 1 writes the conv's output into
   the layer's output, which holds it until pass 2 normalizes it in place (no scratch for it either). With a
   pool the output is the pooled one, so pass 2 runs the conv again on every chunk but the last, still in the
-  scratch: three more conv forwards in all, less two chunks. MobileNetV2 at 224, batch 32, under 620 MiB
-  (seven chains recompute): FIXME.
+  scratch: three more conv forwards in all, less two chunks, unless the pass is widened (``widenable``).
+  ``python benchmarks/step_profile.py --model M --chunks recompute|keep`` at 224, batch 32, median of 4 steps:
+  the chunked layers' forward in recompute mode is now keep mode's (MobileNetV2 163 against 158 ms, ResNet-18 214
+  against 241; with each conv run twice it had been 182-254 and 337-367 ms in per-node hooks alternating with the
+  tree before); their backward is what recomputing costs (MobileNetV2 423 against 283 ms, ResNet-18 657 against
+  394).
 
 **Exact for any mode, any offload, any batch split.** The weight gradient is the sum over chunks in
 a fixed order, each chunk's the conv kernel's own on those ``CHUNK_IMAGES`` images (``dw = W₃; dw += W₂; …``:
@@ -148,7 +152,11 @@ class ChunkedConvBN(Layer):
         where the step's arena is below its peak anyway costs no limit anything. ResNet-18 at 224, batch 32,
         every chunked layer recomputing: the stem's forward has 85.7 MiB of room under the step's peak (130.5
         MiB, set in layer1's backward) and needs 73.5 MiB more; MobileNetV2's five 49-55 MiB ys fit their
-        backward moments (74-142 MiB of room). Measured: FIXME."""
+        backward moments (74-142 MiB of room). Per-node hooks, every chunked layer recomputing, two runs alternating
+        with the tree before: MobileNetV2's chunked backward 343-384 against 369-380 ms (the widened 1×1 and
+        depthwise convs are cheap: within the noise), its forward 121-149 against 182-254 (the no-pool change
+        above); ResNet-18's forward 218-225 against 337-367 (its stem's forward widened: 73.5 MiB more working
+        memory at a moment with 85.7 MiB of room)."""
         if self._mode != "recompute":
             return ()
         return ("forward", "backward") if self.pool is not None else ("backward",)
