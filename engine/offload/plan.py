@@ -39,6 +39,10 @@ from engine.memory.planner import first_fit
 from engine.report import format_bytes
 
 ALIGN = 64  # tensor alignment inside a unit, as the workspaces use
+NETWORK_INPUT = (-1, "input")
+"""A rebuild's source key for the network's input: no unit, held in the INPUT ring from the forward to the step's end
+(the first layer keeps it for its weight gradient); the scheduler hands the first node's own kept input."""
+
 PAGE = 4096  # unit alignment in the swap file: page-cache drops and O_DIRECT work on whole pages
 
 
@@ -144,7 +148,8 @@ class Recompute:
 
     @property
     def source_units(self) -> tuple[tuple[int, str], ...]:
-        return tuple(dict.fromkeys(key for key, _ in self.sources))
+        """The units the sources are in (not the network input: resident for the whole step, in the INPUT ring)."""
+        return tuple(dict.fromkeys(key for key, _ in self.sources if key != NETWORK_INPUT))
 
 
 @dataclass
@@ -294,12 +299,17 @@ def build_plan(units: Sequence[UnitSpec], window: int, steps: int,
         raise ValueError(f"the offload window must be at least 1 layer, got {window}")
     plan, chains = plan_with_chains(units, window, steps, recompute or {}, frozenset())
     taken: frozenset[tuple[int, str]] = frozenset()
-    for key in chains:
-        trial, _ = plan_with_chains(units, window, steps, recompute or {}, taken | {key})
-        # the units' bytes decide; the tail a rebuild's conv works in (a few MiB) is the price of any rebuild
+    tried: set[tuple[int, str]] = set()
+    while pending := [key for key in chains if key not in taken and key not in tried]:
+        key = pending[0]
+        tried.add(key)
+        trial, trial_chains = plan_with_chains(units, window, steps, recompute or {}, taken | {key})
+        # the units' bytes decide; the tail a rebuild's conv works in (a few MiB) is the price of any rebuild.
+        # Taking a chain can make its readers chains themselves (they were rebuilt from its swapped bytes): they
+        # are tried next, and the chain is taken only if the plan writes no more than without it.
         if (trial.arena_bytes - trial.rebuild_scratch_bytes <= plan.arena_bytes - plan.rebuild_scratch_bytes
-                and key in {u.key for u in trial.recomputed}):
-            plan, taken = trial, taken | {key}
+                and trial.offloaded_bytes <= plan.offloaded_bytes and key in {u.key for u in trial.recomputed}):
+            plan, taken, chains = trial, taken | {key}, trial_chains
     if budget_bytes is not None and plan.arena_bytes < budget_bytes:
         plan = keep_within(plan, units, recompute or {}, taken, budget_bytes)
     return plan
@@ -631,8 +641,6 @@ def _rebuilt_outputs(program: StepProgram) -> list[tuple[Any, str]]:
         if rebuilt_from is None:
             continue
         source = rebuilt_from(tuple(shapes[node.inputs[0]]))
-        if source == "x" and node.inputs[0] < 0:  # the network's input is not a unit of the plan
-            continue
         if source is not None:
             found.append((node, source))
     return found
@@ -718,8 +726,11 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         unit = outputs.get(node.index)
         if unit is None:
             continue
+        first = node.inputs[0]
+        network_input = (NETWORK_INPUT, TensorSpec("input", ArrayType.INPUT, tuple(shapes[first]),
+                                                   np.dtype(np.float32), 0))
         found = ([held(node.index, "y", saved)] if source == "y" else
-                 [held(node.inputs[0], "out", saved, outputs),  # its producer's output, kept or rebuilt (a chain)
+                 [network_input if first < 0 else held(first, "out", saved, outputs),  # kept or rebuilt (a chain)
                   held(node.index, "scale_shift", saved)])
         scratch = 0 if source == "y" else 4 * node.layer.rebuild_scratch_elements(tuple(shapes[node.inputs[0]]))
         if all(f is not None for f in found):

@@ -259,6 +259,7 @@ from engine.memory.manager import TensorProvider
 from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.affinity import io_thread_cpus, pin_threads
 from engine.offload.plan import (
+    NETWORK_INPUT,
     OffloadPlan,
     Recompute,
     StepProgram,
@@ -1095,7 +1096,9 @@ class OffloadScheduler:
         if check is not None:
             self._rebuild_and_check(unit, check)
         else:
-            inputs = [self._tensor(self._units[key], tensor) for key, tensor in recompute.sources]
+            first = self._layers[recompute.nodes[0]]
+            inputs = [first.saved["x"] if key == NETWORK_INPUT else self._tensor(self._units[key], tensor)
+                      for key, tensor in recompute.sources]  # the network input: the first layer keeps it
             out = self._tensor(unit, recompute.tensor)
             scratch = None
             if recompute.scratch_bytes:  # the arena's tail (OffloadPlan.rebuild_scratch_offset): one rebuild at a time

@@ -199,7 +199,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     FF_CACHE buffer a node makes.
     """
     from engine.memory.array_type import ArrayType
-    from engine.offload.plan import budget_refusal, build_plan, program_units, recompute_candidates
+    from engine.offload.plan import NETWORK_INPUT, budget_refusal, build_plan, program_units, recompute_candidates
 
     report = net.memory_report(batch_size)
     program = net.program(batch_size)
@@ -228,6 +228,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
         source = ""
         if unit.recompute is not None:
             source = " + ".join(f"its {tensor.name.split(':', 1)[1]}" if key[0] == unit.spec.owner
+                                else "the network input" if key == NETWORK_INPUT
                                 else program.node_names[key[0]] for key, tensor in unit.recompute.sources)
         by_budget = unit.key in plan.kept  # the window alone would have written or rebuilt it (plan.keep_within)
         layers.append({"layer": unit.spec.name, "tensors": [t.name.split(":", 1)[1] for t in unit.spec.tensors],

@@ -184,7 +184,7 @@ def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping
     The weights with the rebuild are the ones without offload (``test_any_mode_with_offload_on_or_off_trains_
     the_same_weights``); here the plan, the bytes it writes, and the rebuilt output against the forward's, byte for
     byte."""
-    from engine.offload.plan import build_plan, program_units, recompute_candidates
+    from engine.offload.plan import NETWORK_INPUT, build_plan, program_units, recompute_candidates
 
     batch = 13
     net = Network(graph(), get_backend("cpu"), seed=3)
@@ -211,8 +211,11 @@ def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping
     assert rebuilt.tobytes() == made.tobytes()
     recomputing = Network(graph(), get_backend("cpu"), seed=3)
     recomputing.set_recomputed(["c0+b0+r0"])
-    units, _, _ = program_units(recomputing.program(batch))
-    assert (chain, "output") not in {unit.key for unit in units}  # recompute mode keeps no y
+    program = recomputing.program(batch)
+    units, _, _ = program_units(program)
+    # recompute mode keeps no y: the output is rebuilt from the layer's input, here the network's (NETWORK_INPUT)
+    assert [(key, tensor.name) for key, tensor in recompute_candidates(program, units)[(chain, "output")].sources] == [
+        (NETWORK_INPUT, "input"), ((chain, "saved"), "c0+b0+r0:scale_shift")]
 
 
 def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
@@ -220,7 +223,7 @@ def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
     and its saved scale and shift instead (the forward's pass 2 again: each chunk's conv, then the batch-norm apply
     in place): c1+b1+r1's from c0+b0+r0's output, c2+b2+r2's from c1+b1+r1's rebuilt one (a chain: rebuilt
     first). The same weights as without offload, any window, and the rebuild's bytes are the forward's."""
-    from engine.offload.plan import build_plan, program_units, recompute_candidates
+    from engine.offload.plan import NETWORK_INPUT, build_plan, plan_with_chains, program_units, recompute_candidates
 
     names = ["c0+b0+r0", "c1+b1+r1", "c2+b2+r2", "c3+b3"]
     reference = fit(tmp_path, [], offload=False, make=pointwise_graph)
@@ -237,10 +240,10 @@ def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
     candidates = recompute_candidates(program, units)
     c0, c1, c2 = index["c0+b0+r0"], index["c1+b1+r1"], index["c2+b2+r2"]
     assert [(key, tensor.name) for key, tensor in candidates[(c1, "output")].sources] == [
-        ((c0, "saved"), "c0+b0+r0:out"), ((c1, "saved"), "c1+b1+r1:scale_shift")]
+        ((c0, "output"), "c0+b0+r0:out"), ((c1, "saved"), "c1+b1+r1:scale_shift")]  # c0's rebuilt: a chain
     assert [(key, tensor.name) for key, tensor in candidates[(c2, "output")].sources] == [
         ((c1, "output"), "c1+b1+r1:out"), ((c2, "saved"), "c2+b2+r2:scale_shift")]
-    assert (c0, "output") not in candidates  # a 3×3 conv on the network's input
+    assert [key for key, _ in candidates[(c0, "output")].sources] == [NETWORK_INPUT, (c0, "saved")]  # on the input
     assert (index["c3+b3"], "output") not in candidates  # read by no backward: never saved
     plan = build_plan(units, 1, steps, candidates)
     assert plan.units[(c1, "output")].decision == "recompute"
@@ -252,7 +255,11 @@ def test_offload_rebuilds_a_recomputing_layers_output_from_its_input(tmp_path):
         rebuilt = np.full(made.shape, np.nan, np.float32)
         layer.recompute_output([layer.saved["x"].array, layer.saved["scale_shift"].array], rebuilt)
         assert rebuilt.tobytes() == made.tobytes()
-    assert plan.units[(c2, "output")].decision == "recompute"  # the chain is taken: the fits above ran it
+    # c0's output is rebuilt from the network input, c1's from it (a chain), c2's from c1's (a chain that taking
+    # c1's made: build_plan tries it then, and takes it as the arena does not grow and less is written)
+    assert [plan.units[(n, "output")].decision for n in (c0, c1, c2)] == ["recompute"] * 3
+    alone, _ = plan_with_chains(units, 1, steps, candidates, frozenset({(c1, "output")}))
+    assert alone.units[(c2, "output")].decision == "swap" and alone.offloaded_bytes > plan.offloaded_bytes
 
 
 def test_a_depthwise_output_is_rebuilt_with_working_memory_from_the_arenas_tail(tmp_path):
@@ -284,8 +291,8 @@ def test_a_depthwise_output_is_rebuilt_with_working_memory_from_the_arenas_tail(
     assert plan.rebuild_scratch_bytes >= scratch
     assert plan.rebuild_scratch_offset >= max(u.arena_offset + u.nbytes for u in plan.units.values())
     assert plan.arena_bytes == plan.rebuild_scratch_offset + plan.rebuild_scratch_bytes
-    without = build_plan(units, 1, steps, {k: c for k, c in candidates.items() if k != (dw, "output")})
-    assert without.rebuild_scratch_bytes == 0
+    without = build_plan(units, 1, steps, {k: c for k, c in candidates.items() if not c.scratch_bytes})
+    assert without.rebuild_scratch_bytes == 0  # only the 1×1 convs' rebuilds: no tail
     x = np.random.default_rng(0).standard_normal((batch, 3, SIZE, SIZE)).astype(np.float32)
     net.forward(x, training=True)
     made = np.asarray(net.graph.nodes[index["c2+b2"]].layer.saved["x"].array)
