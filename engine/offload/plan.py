@@ -630,7 +630,8 @@ def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list]
 
 def _rebuilt_outputs(program: StepProgram) -> list[tuple[Any, str]]:
     """(node, what it rebuilds its output from) for the layers that can (``ChunkedConvBN.output_rebuilt_from``:
-    "y", its own saved tensor, or "x", its input), at the program's batch size."""
+    "y", its own saved tensor, or "x", its input: a unit, or the network's input, ``NETWORK_INPUT``), at the
+    program's batch size."""
     graph = getattr(program, "graph", None)
     if graph is None:
         return []
@@ -732,7 +733,7 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         found = ([held(node.index, "y", saved)] if source == "y" else
                  [network_input if first < 0 else held(first, "out", saved, outputs),  # kept or rebuilt (a chain)
                   held(node.index, "scale_shift", saved)])
-        scratch = 0 if source == "y" else 4 * node.layer.rebuild_scratch_elements(tuple(shapes[node.inputs[0]]))
+        scratch = 0 if source == "y" else 4 * node.layer.rebuild_scratch_elements(tuple(shapes[first]))
         if all(f is not None for f in found):
             result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0],  # type: ignore[arg-type]
                                          scratch)
