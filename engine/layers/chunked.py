@@ -190,8 +190,8 @@ class ChunkedConvBN(Layer):
           keeps no y, so under a tight limit its outputs were what the swap file moved. The input may itself be
           a rebuilt output (the plan rebuilds that one first), or the network's input, which the INPUT ring holds
           all step (``engine.offload.plan.NETWORK_INPUT``: MobileNetV2's stem). MobileNetV2 at 224, batch 32,
-          under 620 MiB (seven chains recompute there), ``engine train --offload-n auto``, three alternating rounds against
-          the tree before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of
+          under 620 MiB (seven chains recompute there), ``engine train --offload-n auto``, three alternating
+          rounds against the tree before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of
           255-302 ms, step 1.41-1.57 instead of 1.70-1.78 s (unlimited: 0.88-1.34 s that hour), the same loss.
           With 1×1 convs only and no chains it had been 360.5 MiB and 1.49-1.61 s. With the depthwise and stem
           outputs too, under 610 MiB: 168 instead of 232 MiB written, but the step did not move (``python
