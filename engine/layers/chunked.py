@@ -183,19 +183,19 @@ class ChunkedConvBN(Layer):
           tree before): 461.5 instead of 744.0 MiB written per step, stall 125-145 instead of 296-322 ms, step
           1.15-1.24 instead of 1.30-1.37 s, and no layer recomputing (one before); under 700 MiB 1.42 against
           1.56 s.
-        * "x", recompute mode with no pool: the output is the forward's pass 2 again, the conv of each chunk of
-          the input x normalized with the saved scale and shift, written straight into the output. A conv that
-          needs working memory on a chunk (the stride-1 depthwise ones: 0.4-2.6 MiB) gets it from the offload
-          arena's tail (``rebuild_scratch_elements``; ``OffloadPlan.rebuild_scratch_bytes``). Recompute mode
-          keeps no y, so under a tight limit its outputs were what the swap file moved. The input may itself be
-          a rebuilt output (the plan rebuilds that one first), or the network's input, which the INPUT ring holds
-          all step (``engine.offload.plan.NETWORK_INPUT``: MobileNetV2's stem). MobileNetV2 at 224, batch 32,
-          under 620 MiB (seven chains recompute there), ``engine train --offload-n auto``, three alternating
-          rounds against the tree before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of
-          255-302 ms, step 1.41-1.57 instead of 1.70-1.78 s (unlimited: 0.88-1.34 s that hour), the same loss.
-          With 1×1 convs only and no chains it had been 360.5 MiB and 1.49-1.61 s. With the depthwise and stem
-          outputs too, under 610 MiB: 168 instead of 232 MiB written, but the step did not move (``python
-          benchmarks/cgroup_proof.py --goal``: 1.39× its unlimited step against 1.37-1.38×).
+        * "x", recompute mode with no pool: the output is the forward's pass 2 again, the conv of each chunk of the
+          input x normalized with the saved scale and shift, written straight into the output. A conv that needs working
+          memory on a chunk (the stride-1 depthwise ones: 0.4-2.6 MiB) gets it from the offload arena's tail
+          (``rebuild_scratch_elements``; ``OffloadPlan.rebuild_scratch_bytes``). Recompute mode keeps no y, so under a
+          tight limit its outputs were what the swap file moved. The input may itself be a rebuilt output (the plan
+          rebuilds that one first), or the network's input, which the INPUT ring holds all step
+          (``engine.offload.plan.NETWORK_INPUT``: MobileNetV2's stem). MobileNetV2 at 224, batch 32, under 620 MiB
+          (seven chains recompute there), ``engine train --offload-n auto``, three alternating rounds against the tree
+          before either rebuild: 327.7 instead of 625.6 MiB written per step, stall 117-137 instead of 255-302 ms, step
+          1.41-1.57 instead of 1.70-1.78 s (unlimited: 0.88-1.34 s that hour), the same loss. With 1×1 convs only and no
+          chains it had been 360.5 MiB and 1.49-1.61 s. With the depthwise and stem outputs too, under 610 MiB: 168
+          instead of 232 MiB written, but the step did not move (``python benchmarks/cgroup_proof.py --goal``: 1.39× its
+          unlimited step against 1.37-1.38×).
         * None otherwise: a pool's output needs the pool."""
         if self.pool is not None:
             return None
