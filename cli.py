@@ -335,8 +335,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               type=click.Choice(["auto", "keep", "recompute"]),
               help="The conv + batch norm chains on 112- and 56-pixel planes run 8 images at a time: 'keep' their "
                    "batch norm's output for backward, 'recompute' their chunks in backward instead (less memory, "
-                   "two more conv passes each in backward), 'auto': recompute the fewest, largest first, that let "
-                   "the run fit its memory limit. The same weights either way.")
+                   "at most two more conv passes each in backward), 'auto': recompute the fewest, largest first, "
+                   "that let the run fit its memory limit. The same weights either way.")
 # --- end of offload options ---
 # --- data parallel options (issue 12) ---
 @click.option("--workers", type=int, default=None,

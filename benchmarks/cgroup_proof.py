@@ -283,20 +283,9 @@ def bisect_case(model: str, batch: int, plan: str, args: argparse.Namespace, scr
         row["error"] = (predicted - best) / best
     if plan.startswith("n1") and not args.no_auto_check:
         limit = -(-predicted // (16 << 20)) * (16 << 20)  # as the refusal names it
-        auto_summary = os.path.join(scratch, f"{name}-auto.json")
         progress(f"{name}: --offload-n auto under the predicted {gib(limit)}")
-        auto = run_in_cgroup(train_command(model, batch, args.steps, args.image_size)
-                             + ["--offload-n", "auto", "--offload-dir", swap, "--summary-json", auto_summary],
-                             limit, f"engine-{name}-auto", timeout=args.timeout)
-        done = summary_of(auto, auto_summary)
-        row["auto"] = {"limit_bytes": limit, "returncode": auto["returncode"], "oom_kills": auto.get("oom_kills", 0),
-                       "cgroup_peak_bytes": auto.get("cgroup_peak_bytes"),
-                       "step_s": step_seconds(done) if done else None,
-                       "window": (done.get("offload") or {}).get("window") if done else None,
-                       "recomputed": (len((done.get("memory_needs") or {}).get("recomputed_layers", []))
-                                      if done else None),
-                       "swap_left": os.listdir(swap),
-                       "tail": "" if done else (auto["stdout"] + auto["stderr"])[-500:]}
+        row["auto"] = auto_run(model, batch, args.steps, limit, swap, f"engine-{name}-auto", args.timeout,
+                               args.image_size)
         if args.torch:
             loop = [sys.executable, "-c", TORCH_LOOP, str(batch), str(args.image_size), str(args.steps), model]
             for key, group_limit in (("torch_limited", limit), ("torch_unlimited", UNLIMITED)):
@@ -348,25 +337,25 @@ GOAL_LIMITS = {"resnet18": 510 << 20, "mobilenetv2": 610 << 20}
 GOAL_RATIO = 1.25  # the step under the limit against the step without one
 
 
-def goal_run(model: str, batch: int, steps: int, limit: int | None, scratch: str, name: str) -> dict:
-    """One ``engine train --offload-n auto`` run under ``limit`` (None: without one), its summary's figures."""
-    swap_dir = tempfile.mkdtemp(dir=scratch)
-    summary_path = os.path.join(swap_dir, "summary.json")
-    command = train_command(model, batch, steps) + ["--offload-n", "auto", "--offload-dir", swap_dir,
-                                                    "--summary-json", summary_path]
-    result = run_in_cgroup(command, limit or UNLIMITED, name)
+def auto_run(model: str, batch: int, steps: int, limit: int | None, swap_dir: str, name: str,
+             timeout: float | None = None, image_size: int = 224) -> dict:
+    """One ``engine train --offload-n auto`` run under ``limit`` (None: without one), swapping into ``swap_dir``
+    (which it must leave empty), and its summary's figures (``step_s`` None when it failed)."""
+    summary_path = os.path.join(os.path.dirname(swap_dir), f"{os.path.basename(swap_dir)}-summary.json")
+    command = train_command(model, batch, steps, image_size) + ["--offload-n", "auto", "--offload-dir", swap_dir,
+                                                                "--summary-json", summary_path]
+    result = run_in_cgroup(command, limit or UNLIMITED, name, timeout=timeout)
     summary = summary_of(result, summary_path)
-    row = {"limit_bytes": limit, "returncode": result["returncode"], "oom_kills": result.get("oom_kills", 0),
-           "cgroup_peak_bytes": result.get("cgroup_peak_bytes")}
-    if summary is None:
-        row["output_tail"] = (result["stdout"] + result["stderr"])[-1500:]
-        return row
-    offload = summary.get("offload") or {}
-    row.update(step_s=step_seconds(summary), final_loss=summary.get("final_loss"),
-               stall_ms=offload.get("stall_ms_per_step"), written_bytes=offload.get("written_bytes_per_step"),
-               recomputed=len((summary.get("memory_needs") or {}).get("recomputed_layers") or []))
-    shutil.rmtree(swap_dir, ignore_errors=True)
-    return row
+    offload = (summary or {}).get("offload") or {}
+    return {"limit_bytes": limit, "returncode": result["returncode"], "oom_kills": result.get("oom_kills", 0),
+            "cgroup_peak_bytes": result.get("cgroup_peak_bytes"),
+            "step_s": step_seconds(summary) if summary else None,
+            "final_loss": (summary or {}).get("final_loss"), "window": offload.get("window"),
+            "stall_ms": offload.get("stall_ms_per_step"), "written_bytes": offload.get("written_bytes_per_step"),
+            "recomputed": (len(((summary or {}).get("memory_needs") or {}).get("recomputed_layers") or [])
+                           if summary else None),
+            "swap_left": sorted(os.listdir(swap_dir)) if os.path.isdir(swap_dir) else [],
+            "tail": "" if summary else (result["stdout"] + result["stderr"])[-1500:]}
 
 
 def main_goal(args: argparse.Namespace) -> int:
@@ -382,10 +371,12 @@ def main_goal(args: argparse.Namespace) -> int:
         for r in range(args.rounds):
             for model in models:
                 for kind, limit in (("limited", limits[model]), ("unlimited", None)):
-                    row = goal_run(model, batch, args.steps, limit, scratch, f"engine-goal-{os.getpid()}")
-                    row["load_before"] = os.getloadavg()[0]
+                    load = os.getloadavg()[0]
+                    row = auto_run(model, batch, args.steps, limit, tempfile.mkdtemp(dir=scratch),
+                                   f"engine-goal-{os.getpid()}")
+                    row["load_before"] = load
                     runs[model][kind].append(row)
-                    step = f"{row['step_s']:.3f} s" if "step_s" in row else f"failed ({row['returncode']})"
+                    step = f"{row['step_s']:.3f} s" if row["step_s"] is not None else f"failed ({row['returncode']})"
                     print(f"... round {r + 1}: {model} {kind}: {step}", file=sys.stderr, flush=True)
                     if args.json:
                         with open(args.json, "w") as f:
@@ -403,8 +394,8 @@ def print_goal_table(runs: dict, batch: int) -> None:
     print("|---|---|---|---|---|---|---|")
     for model, kinds in runs.items():
         limited, unlimited = kinds["limited"], kinds["unlimited"]
-        steps = [r["step_s"] for r in limited if "step_s" in r]
-        free = [r["step_s"] for r in unlimited if "step_s" in r]
+        steps = [r["step_s"] for r in limited if r.get("step_s") is not None]
+        free = [r["step_s"] for r in unlimited if r.get("step_s") is not None]
         ratio = (sorted(steps)[len(steps) // 2] / sorted(free)[len(free) // 2]
                  if steps and free and len(steps) == len(limited) else None)
         cells = ", ".join(f"{s:.2f}" for s in steps) + " s" if steps else "failed"
@@ -485,8 +476,7 @@ def engine_row(result: dict, summary_path: str, swap_dir: str) -> dict:
     if result["returncode"] == 0 and os.path.exists(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
-        row["step_s"] = summary["batch_size"] / summary["steady_images_per_second"] if summary.get(
-            "steady_images_per_second") else summary["seconds"] / max(summary["steps"], 1)
+        row["step_s"] = step_seconds(summary)
         row["peak_rss_bytes"] = summary["peak_rss_bytes"]
     for line in (result["stdout"] + result["stderr"]).splitlines():
         if line.startswith("offload: window") or line.startswith("memory limit") or "Error:" in line:

@@ -384,10 +384,9 @@ class Network:
         shapes = self.graph.shapes(batch_size)
         offloaded = (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
         rest = tuple(t for t in PLANNED_TYPES if t not in offloaded)
-        views = [lambda b: True, lambda b: not (b.owner is not None and b.array_type in offloaded)]
         moments = range(program.moments)
-        live = [[sum(b.nbytes for b in program.buffers if keep(b) and b.first <= m <= b.last) for m in moments]
-                for keep in views]
+        live = [[sum(b.nbytes for b in program.buffers if (everything or not b.offloadable) and b.first <= m <= b.last)
+                 for m in moments] for everything in (True, False)]
         scratch = program.scratch_at()
         peaks = [max(v[m] + scratch[m] for m in moments) for v in live]
         arenas = [self._arena_plan(program, types).planned_peak for types in (PLANNED_TYPES, rest)]

@@ -93,6 +93,12 @@ class Buffer:
     def nbytes(self) -> int:
         return nbytes(self.shape, self.dtype)
 
+    @property
+    def offloadable(self) -> bool:
+        """A node's output or saved tensor (ACTIVATIONS, FF_CACHE): what an offload plan's units hold
+        (``engine.offload.plan.program_units``); the rest (gradients, input, loss head) stays in the step's arena."""
+        return self.owner is not None and self.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE)
+
 
 @dataclass(frozen=True)
 class Step:

@@ -79,12 +79,12 @@ def test_the_goal_mode_alternates_runs_and_reports_the_ratio_of_medians(monkeypa
              ("mobilenetv2", True): iter([1.3, 1.2, 1.3]), ("mobilenetv2", False): iter([0.9, 0.9, 0.9])}
     order = []
 
-    def fake_run(model, batch, steps_, limit, scratch, name):
+    def fake_run(model, batch, steps_, limit, swap_dir, name):
         order.append((model, limit))
         return {"limit_bytes": limit, "returncode": 0, "step_s": next(steps[model, limit is not None]),
                 "stall_ms": 50.0, "written_bytes": 100 << 20, "cgroup_peak_bytes": 480 << 20}
 
-    monkeypatch.setattr(proof, "goal_run", fake_run)
+    monkeypatch.setattr(proof, "auto_run", fake_run)
     args = type("Args", (), {"goal_limits": "mobilenetv2=600MiB", "models": "resnet18,mobilenetv2",
                              "batch_sizes": "32", "rounds": 3, "steps": 6, "json": str(tmp_path / "goal.json")})()
     assert proof.main_goal(args) == 0

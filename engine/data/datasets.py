@@ -184,11 +184,15 @@ class SyntheticImages:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def image(self, index: int, out: np.ndarray) -> None:
-        """Write image ``index`` into ``out`` (float32, ``image_shape``)."""
+    def _checked(self, index: Any) -> int:
         index = int(index)
         if not 0 <= index < len(self.labels):
             raise IndexError(f"image {index} out of range: the split has {len(self.labels)}")
+        return index
+
+    def image(self, index: int, out: np.ndarray) -> None:
+        """Write image ``index`` into ``out`` (float32, ``image_shape``)."""
+        index = self._checked(index)
         label = int(self.labels[index])
         np.random.default_rng([self.seed, 7, 0, label]).standard_normal(self.image_shape, dtype=np.float32, out=out)
         noise = np.random.default_rng([self.seed, 7, self.split, index]).standard_normal(self.image_shape,
@@ -201,10 +205,7 @@ class SyntheticImages:
         pattern drawn once per call and copied to its other rows (a batch of 32 at 224×224 with 10 classes draws
         about 42 instead of 64 planes of normals: 85-86 → 56-59 ms; under a tight limit engine train fills each batch on
         the training thread, without prefetch)."""
-        indices = [int(i) for i in np.asarray(indices).reshape(-1)]
-        for i in indices:
-            if not 0 <= i < len(self.labels):
-                raise IndexError(f"image {i} out of range: the split has {len(self.labels)}")
+        indices = [self._checked(i) for i in np.asarray(indices).reshape(-1)]  # every one before any row
         first: dict[int, int] = {}  # label -> the row its pattern was drawn into
         for row, index in enumerate(indices):
             label = int(self.labels[index])

@@ -162,7 +162,7 @@ class ChunkedConvBN(Layer):
         return ("forward", "backward") if self.pool is not None else ("backward",)
 
     def _wide(self, batch: int, phase: str) -> bool:
-        return self._mode == "recompute" and phase in self.wide.get(batch, ())
+        return phase in self.wide.get(batch, ())  # only recompute mode's (a mode change clears ``wide``)
 
     @property
     def keeps_output(self) -> bool:
@@ -205,10 +205,15 @@ class ChunkedConvBN(Layer):
 
     def rebuild_scratch_elements(self, x_shape: Shape) -> int:
         """Float32 working memory the "x" rebuild's conv needs on a chunk of an input of ``x_shape`` (0: none)."""
+        return self._conv_workspace(x_shape, "forward")
+
+    def _conv_workspace(self, x_shape: Shape, direction: str) -> int:
+        """The conv's scratch (float32 elements) in ``direction`` ("forward", "backward_data", "backward_weight")
+        on a chunk of an input of ``x_shape``: the larger of a full chunk's and the last one's."""
         conv, n = self.conv, x_shape[0]
-        return max(int(self.backend.kernels.conv2d_forward_workspace_size(
-            self._chunk_shape(x_shape, m), conv.weight_shape, conv.stride, conv.padding, conv.groups))
-            for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES})  # a full chunk and the last one
+        size = getattr(self.backend.kernels, f"conv2d_{direction}_workspace_size")
+        return max(int(size(self._chunk_shape(x_shape, m), conv.weight_shape, conv.stride, conv.padding, conv.groups))
+                   for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES})
 
     def recompute_output(self, inputs: list[Tensor], out: Tensor, scratch: Any = None) -> None:
         """The offload plan's rebuild (``output_rebuilt_from``): from [y], out = activation(y) with the activation's
@@ -279,15 +284,12 @@ class ChunkedConvBN(Layer):
         z, out = self.shapes(x_shape)
         zc = self._chunk_shape(z, n)
         C = z[1]
-        kernels = self.backend.kernels
-        geometry = [(self._chunk_shape(x_shape, m), self.conv.weight_shape, self.conv.stride, self.conv.padding,
-                     self.conv.groups) for m in {min(n, CHUNK_IMAGES), n % CHUNK_IMAGES or CHUNK_IMAGES}]
+        forward = self._conv_workspace(x_shape, "forward")
         layout: list[tuple[str, Shape, Any]] = []
         if phase in ("forward", "infer"):
             if phase == "forward":
                 layout.append(("sums", (C, 3), np.float64))
-            conv = max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry)
-            layout.append(("conv", (conv,), np.float32))
+            layout.append(("conv", (forward,), np.float32))
             if phase == "infer" or (self.mode == "recompute" and self.pool is not None):
                 layout.append(("z", z if phase == "forward" and self._wide(n, "forward") else zc, np.float32))
             if self.pool is not None:
@@ -297,14 +299,13 @@ class ChunkedConvBN(Layer):
                     layout.append(("argmax", self._chunk_shape(out, n), self.pool.argmax_dtype))
         else:
             layout.append(("sums", (C, 2), np.float64))
-            data = max(int(kernels.conv2d_backward_data_workspace_size(*g)) for g in geometry)
-            weight = max(int(kernels.conv2d_backward_weight_workspace_size(*g)) for g in geometry)
-            layout.append(("conv", (max(data, weight),), np.float32))
+            backward = max(self._conv_workspace(x_shape, "backward_data"),
+                           self._conv_workspace(x_shape, "backward_weight"))
+            layout.append(("conv", (backward,), np.float32))
             layout.append(("partial", (int(np.prod(self.conv.weight_shape)) + (z[1] if self.conv.has_bias else 0),),
                            np.float32))
             if self.mode == "recompute":
-                layout.append(("conv_forward", (max(int(kernels.conv2d_forward_workspace_size(*g)) for g in geometry),),
-                               np.float32))
+                layout.append(("conv_forward", (forward,), np.float32))
                 layout.append(("y", z if self._wide(n, "backward") else zc, np.float32))
             if self.pool is not None or self.mode == "keep":  # recompute without a pool: dz goes over its y
                 layout.append(("d", zc, np.float32))

@@ -608,7 +608,8 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
             table.notes.append(f"--chunks: {len(needs.chunked)} conv + batch norm chains on planes of 56×56 and more "
                                "run 8 images at a time (engine/layers/chunked.py); 'keep' keeps their batch norm's "
                                "output for backward, 'recompute' only their input, statistics and pool argmax "
-                               "(two more conv passes each in backward, less a chunk; with a pool, three less two); "
+                               "(at most two more conv passes each in backward, less a chunk; with a pool, "
+                               "three less two); "
                                "engine train's auto recomputes the fewest that fit, largest first")
             table.notes.append("what still grows with the batch: the tensors between layers, and every layer on "
                                "smaller planes")

@@ -584,6 +584,8 @@ class ProgramBuffer(Protocol):
     @property
     def array_type(self) -> ArrayType: ...
     @property
+    def offloadable(self) -> bool: ...  # a node's ACTIVATIONS or FF_CACHE buffer: a unit's
+    @property
     def shape(self) -> tuple[int, ...]: ...
     @property
     def dtype(self) -> np.dtype: ...
@@ -620,7 +622,7 @@ def program_units(program: StepProgram) -> tuple[list[UnitSpec], dict[int, list]
     names = program.node_names
     uses: dict[int, list[TensorUse]] = {i: [] for i in range(len(names))}
     for b in program.buffers:
-        if b.owner is None or b.array_type not in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE):
+        if not b.offloadable:
             continue
         forward_end = max([b.first, *(t for t in b.uses if t < steps // 2)])
         backward = [t for t in b.uses if t >= steps // 2]
@@ -668,11 +670,12 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
     it saves y for its own backward and its output, activation(y), for the next conv's; ``program_units``
     puts the output in an "output" unit of its own, rebuilt from the layer's saved y by the activation's
     kernel (``output_rebuilt_from``), so y is loaded from the next conv's backward on instead. In recompute
-    mode (no y) a chunked layer whose conv needs no scratch rebuilds its output from its input (its
-    producer's output, kept or rebuilt itself: a chain) and its saved scale and shift, the forward's pass 2
-    again: the one convolution the plan recomputes, because there the IO is what a tight limit waits for
-    (MobileNetV2 at 224 under 620 MiB: stall 255-302 → 117-137 ms a step) and the conv needs no working
-    memory that the step program does not plan.
+    mode (no y) a chunked layer rebuilds its output from its input (its producer's output, kept or rebuilt
+    itself: a chain; or the network's input, ``NETWORK_INPUT``) and its saved scale and shift, the forward's
+    pass 2 again: the one convolution the plan recomputes, because there the IO is what a tight limit waits
+    for (MobileNetV2 at 224 under 620 MiB: stall 255-302 → 117-137 ms a step). A conv that needs working
+    memory on a chunk gets it from the arena's tail (``Recompute.scratch_bytes``, planned by
+    ``plan_with_chains``), so nothing the plan does not count is allocated.
 
     Why no convolution outside a chunked layer is recomputed (Capuchin's other choice, measured before
     building it, at N=4, where the disk keeps up): in
@@ -732,11 +735,12 @@ def recompute_candidates(program: StepProgram, units: Sequence[UnitSpec]) -> dic
         if unit is None:
             continue
         first = node.inputs[0]
-        network_input = (NETWORK_INPUT, TensorSpec("input", ArrayType.INPUT, tuple(shapes[first]),
-                                                   np.dtype(np.float32), 0))
-        found = ([held(node.index, "y", saved)] if source == "y" else
-                 [network_input if first < 0 else held(first, "out", saved, outputs),  # kept or rebuilt (a chain)
-                  held(node.index, "scale_shift", saved)])
+        if source == "y":
+            found = [held(node.index, "y", saved)]
+        else:  # its input: the network's, or its producer's output, kept or rebuilt (a chain)
+            network_input = TensorSpec("input", ArrayType.INPUT, tuple(shapes[first]), np.dtype(np.float32), 0)
+            source_input = held(first, "out", saved, outputs) if first >= 0 else (NETWORK_INPUT, network_input)
+            found = [source_input, held(node.index, "scale_shift", saved)]
         scratch = 0 if source == "y" else 4 * node.layer.rebuild_scratch_elements(tuple(shapes[first]))
         if all(f is not None for f in found):
             result[unit.key] = Recompute((node.index,), tuple(found), unit.tensors[0],  # type: ignore[arg-type]

@@ -198,14 +198,12 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     loss head buffers, and working memory), plus the offload arena, which holds every ACTIVATIONS and
     FF_CACHE buffer a node makes.
     """
-    from engine.memory.array_type import ArrayType
     from engine.offload.plan import NETWORK_INPUT, budget_refusal, build_plan, program_units, recompute_candidates
 
     report = net.memory_report(batch_size)
     program = net.program(batch_size)
     scratch = program.scratch_at()
-    kept = [b for b in program.buffers
-            if not (b.owner is not None and b.array_type in (ArrayType.ACTIVATIONS, ArrayType.FF_CACHE))]
+    kept = [b for b in program.buffers if not b.offloadable]
     rest = max(sum(b.nbytes for b in kept if b.first <= moment <= b.last) + scratch[moment]
                for moment in range(program.moments))
     units, _, steps = program_units(program)
