@@ -42,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -396,8 +397,8 @@ def print_goal_table(runs: dict, batch: int) -> None:
         limited, unlimited = kinds["limited"], kinds["unlimited"]
         steps = [r["step_s"] for r in limited if r.get("step_s") is not None]
         free = [r["step_s"] for r in unlimited if r.get("step_s") is not None]
-        ratio = (sorted(steps)[len(steps) // 2] / sorted(free)[len(free) // 2]
-                 if steps and free and len(steps) == len(limited) else None)
+        ratio = statistics.median(steps) / statistics.median(free) if steps and free and len(steps) == len(limited) \
+            else None
         cells = ", ".join(f"{s:.2f}" for s in steps) + " s" if steps else "failed"
         stall = ", ".join(f"{r['stall_ms']:.0f}" for r in limited if r.get("stall_ms") is not None)
         written = max((r.get("written_bytes") or 0 for r in limited), default=0)

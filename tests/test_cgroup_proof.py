@@ -94,3 +94,15 @@ def test_the_goal_mode_alternates_runs_and_reports_the_ratio_of_medians(monkeypa
     assert "| mobilenetv2 | 600 MiB | 1.30, 1.20, 1.30 s | 0.90, 0.90, 0.90 s | 1.44× (not met) |" in table
     monkeypatch.setattr(sys, "argv", ["cgroup_proof.py", "--from-json", str(tmp_path / "goal.json")])
     assert proof.main() == 0 and "1.44× (not met)" in capsys.readouterr().out
+
+
+def test_the_goal_ratio_is_of_true_medians_with_an_even_number_of_rounds(capsys):
+    """Two rounds: the median is the mean of the two, on both sides (the upper one of each had read 1.25× for
+    1.40, 1.30 s against 0.95, 1.12 s; the true ratio is 1.30×)."""
+    proof = load_script()
+    row = {"limit_bytes": 610 << 20, "stall_ms": 80.0, "written_bytes": 168 << 20, "cgroup_peak_bytes": 597 << 20}
+    runs = {"mobilenetv2": {"limited": [{**row, "step_s": 1.40}, {**row, "step_s": 1.30}],
+                            "unlimited": [{**row, "limit_bytes": None, "step_s": 0.95},
+                                          {**row, "limit_bytes": None, "step_s": 1.12}]}}
+    proof.print_goal_table(runs, 32)
+    assert "| 1.30× (not met) |" in capsys.readouterr().out
