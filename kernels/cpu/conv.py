@@ -76,6 +76,22 @@ live in ``conv_study.py``; ``engine kernels`` times and checks them all.
 Determinism: each output element is written by exactly one thread, weight gradients are summed
 tile after tile and thread after thread in a fixed order, and a single-threaded BLAS call splits
 its work the same way every time: the same bits for the same thread count.
+
+Compiled pieces, Python drivers (issue 32, the first run). A compiled function that calls another compiled
+function links the callee's code into its own module, and Numba optimizes that module and emits its machine
+code again, callee included: a transform compiled on its own (it is also called from Python) and called by a
+compiled block driver was compiled twice. So the block loops of the Winograd paths (``conv_winograd._rows``,
+``conv_winograd4._rows``, ``_k_blocks``, ``_weight_k_blocks``, ``conv_winograd_s2._images``, ``_data_images``,
+``_weight_images``), the stems' image loops (``conv_stem``) and the strided 1×1 gathers (``conv_pointwise.
+move_kept``, ``strided_weight``) are Python loops that call the transforms and one small compiled function of
+GEMM calls per block, ~1 µs a call. Measured (2026-11-28, quiet): the CIFAR ResNet-18 warm-up's jobs in one
+process on an empty cache 27.8 → 18.9 s of CPU; the README's main command cold − warm 14.89 → 10.51 s
+(``python benchmarks/first_run.py --runs 2 --baseline <the tree before>``, two pairs each, alternating); the
+conv calls' times level (ResNet-18's 23 conv calls at 32×32, batch 32, two threads, best of 7, median of three
+alternating rounds: 143.1 → 142.8 ms in all; the CIFAR stem's forward and weight gradient, 16 images a thread,
++0.15 and +0.24 ms, the dispatches of its per-image loop; the 224 calls 457.8 → 452.0 ms). Helpers that are
+``inline="always"`` (Numba inlines their IR into each caller: compiled once per caller, never on their own) stay
+inside the compiled pieces.
 """
 
 from __future__ import annotations

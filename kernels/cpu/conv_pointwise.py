@@ -282,7 +282,7 @@ WEIGHT_SPLIT_MIN_PIXELS = 256
 extra thread; 4×4 v9's stacked tiles)."""
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def gather_kept(x, n0, count, stride, tile, start, channel_step, image_step):
     """The kept pixels of images [n0, n0 + count) of ``x`` at ``stride`` (1×1, pad 0: pixel (s·i, s·j) of
     the input feeds output (i, j)) into ``tile``: pixel p of channel c of image i at
@@ -330,18 +330,25 @@ def scatter_kept(tile, n, stride, dx):
 
 
 @njit(cache=True, nogil=True)
+def scatter_images(x, n0, count, stride, tile):
+    """``scatter_kept`` for images [n0, n0 + count): ``tile`` (count × C × P, one image after another, flat) into
+    the whole of each image of ``x``, zeros included."""
+    size = tile.size // count
+    for i in range(count):
+        scatter_kept(tile[i * size : (i + 1) * size], n0 + i, stride, x)
+
+
 def move_kept(x, n0, count, stride, tile, scatter):
     """Images [n0, n0 + count) between ``x`` (N × C × H × W) and ``tile`` (count × C × P, one image after
-    another): gather the kept pixels into the tile (``gather_kept``), or ``scatter`` the tile into the whole of
-    each image, zeros included (``scatter_kept``). One kernel for both: one compile on a cold cache."""
-    if not scatter:
-        pixels = tile.shape[2] * tile.shape[3]
-        gather_kept(x, n0, count, stride, tile, 0, pixels, x.shape[1] * pixels)
+    another, flat): gather the kept pixels into the tile (``gather_kept``), or ``scatter`` the tile into the whole
+    of each image, zeros included (``scatter_images``). Compiled pieces called from Python: a compiled
+    ``move_kept`` compiled ``gather_kept`` again, which ``strided_weight`` calls too (``conv.py``'s module
+    docstring, "Compiled pieces, Python drivers")."""
+    if scatter:
+        scatter_images(x, n0, count, stride, tile)
         return
-    size = tile.shape[1] * tile.shape[2] * tile.shape[3]
-    flat = tile.reshape(tile.size)
-    for i in range(count):
-        scatter_kept(flat[i * size : (i + 1) * size], n0 + i, stride, x)
+    pixels = ((x.shape[2] - 1) // stride + 1) * ((x.shape[3] - 1) // stride + 1)
+    gather_kept(x, n0, count, stride, tile, 0, pixels, x.shape[1] * pixels)
 
 
 @njit(cache=True, nogil=True)
@@ -413,11 +420,12 @@ def run_images(
         last = (c + 1) * n_images // chunks
         for n0 in range(c * n_images // chunks, last, tile_images):
             count = min(tile_images, last - n0)
+            flat = tile[:count].reshape(-1)
             if transposed:
                 images(src[n0 : n0 + count], w, tile[:count], True, 0, count, block)
-                move_kept(dst, n0, count, stride, tile, True)
+                move_kept(dst, n0, count, stride, flat, True)
             else:
-                move_kept(src, n0, count, stride, tile, False)
+                move_kept(src, n0, count, stride, flat, False)
                 images(tile[:count], w, dst[n0 : n0 + count], False, 0, count, block)
 
     run_chunks(work, chunks, threads)
@@ -638,29 +646,25 @@ def strided_workspace_size(x_shape, w_shape, stride: int, direction: str, thread
     return threads * per_thread + (threads - 1) * k * c
 
 
-@njit(cache=True, nogil=True)
 def strided_weight(x, dout, acc, first, last, stride, tile_images, tile):
     """acc (K × C) = Σ over images [first, last) of dout[n] @ kept(x[n])ᵀ at ``stride`` (v33): blocks of
     ``tile_images`` images side by side (x's kept pixels gathered, dout copied; one image: dout in place), one
-    sgemm per block, β = 1 from the second on."""
+    sgemm per block, β = 1 from the second on. A Python loop over compiled pieces, as ``move_kept``."""
     channels, k_total = x.shape[1], dout.shape[1]
     pixels = dout.shape[2] * dout.shape[3]
     d_flat, acc_flat = dout.reshape(dout.size), acc.reshape(acc.size)
     scalars = np.empty(2, np.float32)
     if first >= last:
-        for i in range(acc_flat.size):
-            acc_flat[i] = 0.0
+        acc_flat[:] = 0.0
         return
     for n0 in range(first, last, tile_images):
         count = min(tile_images, last - n0)
         columns = count * pixels
         gather_kept(x, n0, count, stride, tile, 0, columns, pixels)
         if count == 1:
-            a_in, a_start, lda = d_flat, n0 * k_total * pixels, pixels
+            a_in, lda = d_flat[n0 * k_total * pixels :], pixels
         else:
-            a_in, a_start, lda = tile, channels * columns, columns
+            a_in, lda = tile[channels * columns :], columns
             gather_kept(dout, n0, count, 1, tile, channels * columns, columns, pixels)
-        sgemm(
-            False, True, k_total, channels, columns, a_in[a_start:], lda, tile, columns,
-            0.0 if n0 == first else 1.0, acc_flat, channels, scalars,
-        )  # fmt: skip
+        sgemm(False, True, k_total, channels, columns, a_in, lda, tile, columns, 0.0 if n0 == first else 1.0, acc_flat,
+              channels, scalars)

@@ -121,10 +121,12 @@ def _columns(x, n, cols):
             row_same(src, cols, n, np.int64(1), c_in, c, height, width, t // 3 - 1, t % 3 - 1, line, pixels)
 
 
-@njit(cache=True, nogil=True)
 def _forward_images(x, w_flat, out_flat, c_out, first, last, cols):
     """out[n] (K × P) = W (K × 9C) @ cols[n] for images [first, last): one sgemm per image, all K rows
-    at once (3→64, one thread, per image with its columns: 87 µs in one sgemm against 105 in two 32-row ones)."""
+    at once (3→64, one thread, per image with its columns: 87 µs in one sgemm against 105 in two 32-row ones).
+
+    A Python loop over compiled pieces (``conv.py``'s module docstring, "Compiled pieces, Python drivers"): two
+    calls of ~1 µs an image, where a compiled driver compiled ``_columns`` again (0.5 s of a cold first run)."""
     depth = 9 * x.shape[1]
     pixels = x.shape[2] * x.shape[3]
     scalars = np.empty(2, np.float32)
@@ -134,10 +136,9 @@ def _forward_images(x, w_flat, out_flat, c_out, first, last, cols):
               pixels, scalars)
 
 
-@njit(cache=True, nogil=True)
 def weight_images(x, dout_flat, c_out, first, last, k_block, acc_flat, cols):
     """acc (K × 9C) = Σ over images [first, last), in order, of dout[n] @ cols[n]ᵀ (zero when there are none), in
-    sgemms of ≤ ``k_block`` output channels."""
+    sgemms of ≤ ``k_block`` output channels. A Python loop over compiled pieces, as ``_forward_images``."""
     depth = 9 * x.shape[1]
     pixels = x.shape[2] * x.shape[3]
     scalars = np.empty(2, np.float32)
@@ -189,10 +190,9 @@ def _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols):
                     cols[dst + hi : dst + out_w] = 0.0
 
 
-@njit(cache=True, nogil=True)
 def _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, cols):
     """out[n][:, block] (K × rows·OW, leading dimension OH·OW) = W (K × C·R·R) @ cols of the block, for images
-    [first, last) and blocks of ``rows`` output rows."""
+    [first, last) and blocks of ``rows`` output rows. A Python loop over compiled pieces, as ``_forward_images``."""
     depth = x.shape[1] * kernel * kernel
     pixels = out_h * out_w
     scalars = np.empty(2, np.float32)
@@ -205,11 +205,11 @@ def _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out
                   out_flat[n * c_out * pixels + y0 * out_w :], pixels, scalars)
 
 
-@njit(cache=True, nogil=True)
 def strided_weight_images(x, dout_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
                           acc_flat, cols):
     """acc (K × C·R·R) = Σ over images [first, last) and their blocks of output rows, in order, of
-    dout[n][:, block] @ colsᵀ (zero when there are none), in sgemms of ≤ ``k_block`` output channels."""
+    dout[n][:, block] @ colsᵀ (zero when there are none), in sgemms of ≤ ``k_block`` output channels. A Python
+    loop over compiled pieces, as ``_forward_images``."""
     depth = x.shape[1] * kernel * kernel
     pixels = out_h * out_w
     scalars = np.empty(2, np.float32)

@@ -395,11 +395,26 @@ def _output_transform(m, r0, nr, channels, height, width, dst, tmp, k_lo=0, k_hi
 
 
 @njit(cache=True, nogil=True)
+def _gemms(u, v, m, flipped, c_in, c_out, cols):
+    """One block's 16 GEMMs M[ξ] (K × cols) = U[ξ] (K × C) @ V[ξ] (C × cols); flipped (backward-data): U read
+    transposed at the swapped position, U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3."""
+    scalars = np.empty(2, np.float32)
+    plane = c_in * c_out + SKEW
+    for xi in range(16):
+        at = xi
+        if flipped:
+            i, j = xi // 4, xi % 4
+            at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+        sgemm(flipped, False, c_out, cols, c_in, u[at * plane :], c_out if flipped else c_in,
+              v[xi * (c_in * cols + SKEW) :], cols, 0.0, m[xi * (c_out * cols + SKEW) :], cols, scalars)
+
+
 def _rows(x, u, out, flipped, first, last, rows, mine, parts):
     """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 16 GEMMs, transform.
 
     ``parts`` (bits 1, 2, 4: input transform, GEMMs, output transform) is 7 except when the study
-    times the parts one at a time."""
+    times the parts one at a time. A Python loop over compiled pieces (``conv.py``'s module docstring,
+    "Compiled pieces, Python drivers"): compiled, it compiled both transforms again (1.0 s of a cold first run)."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = out.shape[1]
     tw = (width + 1) // 2
@@ -408,39 +423,15 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
     v = mine[: 16 * (c_in * tb + SKEW)]
     m = mine[16 * (c_in * tb + SKEW) : 16 * ((c_in + c_out) * tb + 2 * SKEW)]
     tmp = mine[16 * ((c_in + c_out) * tb + 2 * SKEW) :]
-    scalars = np.empty(2, np.float32)
-    plane = c_in * c_out + SKEW
     for r0 in range(first, last, rows):
         nr = min(rows, last - r0)
         cols = nr * tw
         if parts & 1:
-            # np.int64(0), not 0: a literal argument makes Numba compile a second signature (2 s cold)
-            _input_transform(src, r0, nr, np.int64(0), c_in, c_in, height, width, v, tmp)
+            _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, tmp)
         if parts & 2:
-            for xi in range(16):
-                at = xi
-                if flipped:  # U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3
-                    i, j = xi // 4, xi % 4
-                    at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
-                sgemm(
-                    flipped,
-                    False,
-                    c_out,
-                    cols,
-                    c_in,
-                    u[at * plane :],
-                    c_out if flipped else c_in,
-                    v[xi * (c_in * cols + SKEW) :],
-                    cols,
-                    0.0,
-                    m[xi * (c_out * cols + SKEW) :],
-                    cols,
-                    scalars,
-                )
+            _gemms(u, v, m, flipped, c_in, c_out, cols)
         if parts & 4:
-            # every channel, as explicit int64s: forward_by_xi passes ranges, and an omitted default would
-            # be a second signature to compile
-            _output_transform(m, r0, nr, c_out, height, width, dst, tmp, np.int64(0), c_out)
+            _output_transform(m, r0, nr, c_out, height, width, dst, tmp, 0, c_out)
 
 
 def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: int = 7,

@@ -304,9 +304,25 @@ def _output_transform(m, r0, nr, channels, height, width, dst, buf, k_lo, k_hi):
 
 
 @njit(cache=True, nogil=True)
+def _gemms(u, uplane, v, vplane, m, mplane, c_out, cols, c_in, step):
+    """m[ξ] (c_out × cols) = u[ξ] (c_out × c_in) @ v[ξ] (c_in × cols) for the 36 positions ξ, each GEMM in
+    blocks of ``step`` output rows (``row_block``); planes ``uplane``, ``vplane``, ``mplane`` floats apart."""
+    scalars = np.empty(2, np.float32)
+    for xi in range(36):
+        for k0 in range(0, c_out, step):
+            k = min(step, c_out - k0)
+            sgemm(False, False, k, cols, c_in, u[xi * uplane + k0 * c_in :], c_in, v[xi * vplane :], cols, 0.0,
+                  m[xi * mplane + k0 * cols :], cols, scalars)
+
+
 def _rows(x, u, out, first, last, rows, mine, limit):
     """Tile rows [first, last) on the calling thread, ``rows`` at a time: transform, 36 GEMMs (each in row
-    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform."""
+    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform.
+
+    A Python loop over compiled pieces, not one compiled driver: Numba links a compiled callee's code into
+    every compiled caller and optimizes and emits it again there, so a driver in ``njit`` compiled both
+    transforms a second time (1.75 s of a cold first run's CPU for this function alone, against ~1 µs a
+    block for three calls from Python; ``conv.py``'s module docstring, "Compiled pieces, Python drivers")."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = out.shape[1]
     tw = (width + 3) // 4
@@ -317,20 +333,14 @@ def _rows(x, u, out, first, last, rows, mine, limit):
     v = mine[:vsize]
     m = mine[vsize : vsize + msize]
     buf = mine[vsize + msize :]
-    scalars = np.empty(2, np.float32)
-    plane = c_in * c_out + SKEW
+    uplane = c_in * c_out + SKEW
     for r0 in range(first, last, rows):
         nr = min(rows, last - r0)
         cols = nr * tw
-        # every argument given, typed: omitted defaults (or a literal 0) compile a second signature
-        _input_transform(src, r0, nr, c_in, height, width, v, buf, np.int64(0), c_in)
-        step = row_block(c_out, c_in, cols, limit)
-        for xi in range(36):
-            for k0 in range(0, c_out, step):
-                k = min(step, c_out - k0)
-                sgemm(False, False, k, cols, c_in, u[xi * plane + k0 * c_in :], c_in, v[xi * (c_in * cols + SKEW) :],
-                      cols, 0.0, m[xi * (c_out * cols + SKEW) + k0 * cols :], cols, scalars)
-        _output_transform(m, r0, nr, c_out, height, width, dst, buf, np.int64(0), c_out)
+        _input_transform(src, r0, nr, c_in, height, width, v, buf, 0, c_in)
+        _gemms(u, uplane, v, c_in * cols + SKEW, m, c_out * cols + SKEW, c_out, cols, c_in,
+               row_block(c_out, c_in, cols, limit))
+        _output_transform(m, r0, nr, c_out, height, width, dst, buf, 0, c_out)
 
 
 def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: int = 0) -> None:
@@ -434,11 +444,11 @@ def _by_k_per_thread(c_in: int, c_out: int, width: int, rows: int, block: int) -
     return 36 * (kb * c_in + SKEW) + 36 * (kb * cols + SKEW) + max(_buffer(width, rows), 24 * cols, 27 * c_in)
 
 
-@njit(cache=True, nogil=True)
 def _k_blocks(w, v, out, flipped, r0, nr, first, last, block, mine):
     """Output-channel blocks [first, last) of ``forward_by_k`` for the tile rows [r0, r0 + nr), on the
     calling thread: per block the filter transform of its channels into U (``_filter_rows``), 36 GEMMs
-    with all of V's tiles as columns, the output transform of its channels."""
+    with all of V's tiles as columns, the output transform of its channels. A Python loop over compiled
+    pieces, as ``_rows``."""
     c_in = w.shape[0] if flipped else w.shape[1]
     c_out, height, width = out.shape[1], out.shape[2], out.shape[3]
     cols = nr * ((width + 3) // 4)
@@ -448,17 +458,14 @@ def _k_blocks(w, v, out, flipped, r0, nr, first, last, block, mine):
     m = mine[36 * uplane : 36 * (uplane + kb * cols + SKEW)]
     buf = mine[36 * (uplane + kb * cols + SKEW) :]
     dst = out.reshape(out.size)
-    scalars = np.empty(2, np.float32)
     vplane = c_in * cols + SKEW
     for b in range(first, last):
         k0 = b * block
         k1 = min(k0 + block, c_out)
         rows = k1 - k0
-        mplane = rows * cols + SKEW  # ``_output_transform``'s layout for this block's channels
         _filter_rows(w, k0, k1, u, uplane, flipped, buf)
-        for xi in range(36):
-            sgemm(False, False, rows, cols, c_in, u[xi * uplane :], c_in, v[xi * vplane :], cols, 0.0,
-                  m[xi * mplane :], cols, scalars)
+        # one GEMM per ξ (step = rows), M in ``_output_transform``'s layout for this block's channels
+        _gemms(u, uplane, v, vplane, m, rows * cols + SKEW, rows, cols, c_in, rows)
         _output_transform(m, r0, nr, c_out, height, width, dst, buf, k0, k1)
 
 
@@ -719,30 +726,35 @@ def _filter_backward_lanes(du, dw, k0, rows, plane, cols):
 
 
 @njit(cache=True, nogil=True)
+def _weight_block(v, m, mt, du, c, k, k0, rows, cols):
+    """One block of ``_weight_k_blocks``: per ξ the block's rows of M transposed into ``mt`` (tiles × rows),
+    then dUᵀ[ξ] (C × rows) = V[ξ] (C × tiles) @ Mᵀ[ξ]."""
+    scalars = np.empty(2, np.float32)
+    vplane, mplane = c * cols + SKEW, k * cols + SKEW
+    tplane, uplane = rows * cols + SKEW, c * rows + SKEW
+    for xi in range(36):
+        src = m[xi * mplane + k0 * cols :]
+        dst = mt[xi * tplane :]
+        for r in range(rows):
+            for j in range(cols):
+                dst[j * rows + r] = src[r * cols + j]
+        sgemm(False, False, c, rows, cols, v[xi * vplane :], cols, dst, rows, 0.0, du[xi * uplane :], rows, scalars)
+
+
 def _weight_k_blocks(v, m, dw, cols, first, last, block, mine):
     """Output-channel blocks [first, last) of ``backward_weight_by_k`` on the calling thread: per block,
-    its rows of M transposed (tiles × block), the 36 GEMMs dUᵀ[ξ] = V[ξ] (C × tiles) @ Mᵀ[ξ], then
-    dw of its channels = Gᵀ dU G."""
+    its rows of M transposed (tiles × block), the 36 GEMMs dUᵀ[ξ] = V[ξ] (C × tiles) @ Mᵀ[ξ]
+    (``_weight_block``), then dw of its channels = Gᵀ dU G. A Python loop over compiled pieces, as ``_rows``."""
     k, c = dw.shape[0], dw.shape[1]
     kb = min(block, k)
     mt = mine[: 36 * (kb * cols + SKEW)]
     du = mine[36 * (kb * cols + SKEW) : 36 * (kb * cols + SKEW) + 36 * (c * kb + SKEW)]
     lanes = mine[36 * (kb * cols + SKEW) + 36 * (c * kb + SKEW) :]
-    scalars = np.empty(2, np.float32)
-    vplane, mplane = c * cols + SKEW, k * cols + SKEW
     for b in range(first, last):
         k0 = b * block
         rows = min(block, k - k0)
-        tplane, uplane = rows * cols + SKEW, c * rows + SKEW
-        for xi in range(36):
-            src = m[xi * mplane + k0 * cols :]
-            dst = mt[xi * tplane :]
-            for r in range(rows):
-                for j in range(cols):
-                    dst[j * rows + r] = src[r * cols + j]
-            sgemm(False, False, c, rows, cols, v[xi * vplane :], cols, dst, rows, 0.0, du[xi * uplane :], rows,
-                  scalars)
-        _filter_backward_lanes(du, dw, k0, rows, uplane, lanes)
+        _weight_block(v, m, mt, du, c, k, k0, rows, cols)
+        _filter_backward_lanes(du, dw, k0, rows, c * rows + SKEW, lanes)
 
 
 def backward_weight_by_k(x, dout, dw, threads: int, scratch, block: int = BY_K_BLOCK) -> None:

@@ -277,7 +277,7 @@ def _offsets(channels, cols, offsets):
     offsets[GROUPS] = at
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _two_blocks(mine, first_channels, second_channels, cols, first_offsets, second_offsets):
     """One block's two transformed arrays side by side at the front of a thread's scratch (V and M, or M and
     dV), ``first_offsets`` and ``second_offsets`` filled for them, and the rest of the scratch: (first, second,
@@ -371,7 +371,7 @@ def _input_transform(src, n0, images, channels, height, width, v, offsets, cols,
                 vm1[row * tw] = -vm2[row * tw]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, offsets, cols, z):
     """dst[n0 + i, k, 2ty + a, 2tx + b] = (Aᵀ M A)[a, b] of block column j = i·T + ty·tw + tx. A's rows:
     e0 + m1 + m2 and e1 + m2 + m3.
@@ -405,29 +405,55 @@ def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, o
 
 
 @njit(cache=True, nogil=True)
+def _forward_gemms(u, plane, k_lo, c_out, c_in, v, v_offsets, m, m_offsets, cols, limit):
+    """One block's 16 GEMMs M[g] = U[g] (rows [k_lo, k_lo + c_out)) @ V[g], each in row blocks of ≤ ``limit``
+    multiply-adds when ``limit`` > 0."""
+    scalars = np.empty(2, np.float32)
+    for g in range(GROUPS):
+        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+        rows = row_block(c_out, c_in, wide, limit)
+        for r0 in range(0, c_out, rows):
+            r = min(rows, c_out - r0)
+            sgemm(False, False, r, wide, c_in, u[g * plane + (k_lo + r0) * c_in :], c_in, v[v_offsets[g] :], wide,
+                  0.0, m[m_offsets[g] + r0 * wide :], wide, scalars)
+
+
+class _Blocks:
+    """A thread's block buffers for one call, by block size: ``_two_blocks`` runs once per distinct number of
+    images (the full block and the last), not once per block."""
+
+    def __init__(self, mine, first_channels: int, second_channels: int) -> None:
+        self.mine, self.first, self.second = mine, first_channels, second_channels
+        self.made: dict[int, tuple] = {}
+
+    def __call__(self, cols: int) -> tuple:
+        if cols not in self.made:
+            first_offsets = np.empty(GROUPS + 1, np.int64)
+            second_offsets = np.empty(GROUPS + 1, np.int64)
+            a, b, rest = _two_blocks(self.mine, self.first, self.second, cols, first_offsets, second_offsets)
+            self.made[cols] = (a, b, rest, first_offsets, second_offsets)
+        return self.made[cols]
+
+
 def _images(x, u, out, first, last, block, mine, k_lo, k_hi, limit):
     """Images [first, last) on the calling thread, ``block`` at a time: transform, 16 GEMMs (each in row
-    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform."""
+    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0), transform.
+
+    A Python loop over compiled pieces, not one compiled driver (``conv.py``'s module docstring, "Compiled
+    pieces, Python drivers"): compiled, it linked both transforms in and compiled them again (1.61 s of a cold
+    first run's CPU)."""
     c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
     c_out = k_hi - k_lo
     tiles = (height // 4) * (width // 4)
     src, dst = x.reshape(x.size), out.reshape(out.size)
-    v_offsets = np.empty(GROUPS + 1, np.int64)
-    m_offsets = np.empty(GROUPS + 1, np.int64)
-    scalars = np.empty(2, np.float32)
     plane = c_in * out.shape[1] + SKEW  # U's group stride: all K output channels
+    blocks = _Blocks(mine, c_in, c_out)
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        v, m, tmp = _two_blocks(mine, c_in, c_out, cols, v_offsets, m_offsets)
+        v, m, tmp, v_offsets, m_offsets = blocks(cols)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
-        for g in range(GROUPS):
-            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            rows = row_block(c_out, c_in, wide, limit)
-            for r0 in range(0, c_out, rows):
-                r = min(rows, c_out - r0)
-                sgemm(False, False, r, wide, c_in, u[g * plane + (k_lo + r0) * c_in :], c_in, v[v_offsets[g] :], wide,
-                      0.0, m[m_offsets[g] + r0 * wide :], wide, scalars)
+        _forward_gemms(u, plane, k_lo, c_out, c_in, v, v_offsets, m, m_offsets, cols, limit)
         _output_transform(m, n0, images, k_lo, k_hi, out.shape[1], height, width, dst, m_offsets, cols, tmp)
 
 
@@ -569,31 +595,36 @@ def _scatter_transform(v, n0, images, c_lo, c_hi, channels, height, width, dst, 
 
 
 @njit(cache=True, nogil=True)
+def _data_gemms(u, plane, c_lo, c_out, c_all, k_all, m, m_offsets, v, v_offsets, cols, limit):
+    """One block's 16 GEMMs dV[g] = U[g]ᵀ (columns [c_lo, c_lo + c_out)) dM[g], rows of dV in blocks of ≤
+    ``limit`` multiply-adds when ``limit`` > 0."""
+    scalars = np.empty(2, np.float32)
+    for g in range(GROUPS):
+        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+        rows = row_block(c_out, k_all, wide, limit)
+        for r0 in range(0, c_out, rows):
+            r = min(rows, c_out - r0)
+            sgemm(True, False, r, wide, k_all, u[g * plane + c_lo + r0 :], c_all, m[m_offsets[g] :], wide,
+                  0.0, v[v_offsets[g] + r0 * wide :], wide, scalars)
+
+
 def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
     """dx for images [first, last) and input channels [c_lo, c_hi) on the calling thread, ``block`` images at a
     time: the gradient transform (all K channels), 16 GEMMs dV[g] = U[g]ᵀ dM[g] (rows of dV in blocks of ≤
-    ``limit`` multiply-adds when ``limit`` > 0), the scatter transform straight into ``dx``."""
+    ``limit`` multiply-adds when ``limit`` > 0), the scatter transform straight into ``dx``. A Python loop over
+    compiled pieces, as ``_images``."""
     k_all, c_all, height, width = dout.shape[1], dx.shape[1], dx.shape[2], dx.shape[3]
     c_out = c_hi - c_lo
     tiles = (height // 4) * (width // 4)
     src, dst = dout.reshape(dout.size), dx.reshape(dx.size)
-    m_offsets = np.empty(GROUPS + 1, np.int64)
-    v_offsets = np.empty(GROUPS + 1, np.int64)
-    scalars = np.empty(2, np.float32)
     plane = c_all * k_all + SKEW  # U's group stride
+    blocks = _Blocks(mine, k_all, c_out)
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        m, v, tmp = _two_blocks(mine, k_all, c_out, cols, m_offsets, v_offsets)
-        # np.int64(0), not 0: a literal argument compiles a second signature of the callee (the weight's is int64)
-        _dout_transform(src, n0, images, np.int64(0), k_all, k_all, height, width, m, m_offsets, cols, tmp)
-        for g in range(GROUPS):
-            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            rows = row_block(c_out, k_all, wide, limit)
-            for r0 in range(0, c_out, rows):
-                r = min(rows, c_out - r0)
-                sgemm(True, False, r, wide, k_all, u[g * plane + c_lo + r0 :], c_all, m[m_offsets[g] :], wide,
-                      0.0, v[v_offsets[g] + r0 * wide :], wide, scalars)
+        m, v, tmp, m_offsets, v_offsets = blocks(cols)
+        _dout_transform(src, n0, images, 0, k_all, k_all, height, width, m, m_offsets, cols, tmp)
+        _data_gemms(u, plane, c_lo, c_out, c_all, k_all, m, m_offsets, v, v_offsets, cols, limit)
         _scatter_transform(v, n0, images, c_lo, c_hi, c_all, height, width, dst, v_offsets, cols, tmp)
 
 
@@ -618,38 +649,43 @@ def backward_data(dout, w, dx, threads: int, block: int, scratch, limit: int = 0
 
 
 @njit(cache=True, nogil=True)
+def _weight_gemms(m, m_offsets, v, v_offsets, du, plane, k_lo, k_out, c_in, cols, k_step, c_step, beta):
+    """One block's 16 GEMMs dU[g][k_lo:k_lo + k_out] (+)= dM[g] V[g]ᵀ (β = ``beta``) in sub-blocks of ``k_step`` ×
+    ``c_step`` of dU."""
+    scalars = np.empty(2, np.float32)
+    for g in range(GROUPS):
+        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
+        for k0 in range(0, k_out, k_step):
+            kr = min(k_step, k_out - k0)
+            for c0 in range(0, c_in, c_step):
+                sgemm(False, True, kr, min(c_step, c_in - c0), wide, m[m_offsets[g] + k0 * wide :], wide,
+                      v[v_offsets[g] + c0 * wide :], wide, beta, du[g * plane + (k_lo + k0) * c_in + c0 :], c_in,
+                      scalars)
+
+
 def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_step):
     """dU[g][k_lo:k_hi] = Σ over images [first, last) of dM[g] V[g]ᵀ on the calling thread, ``block`` at a time:
     the forward's input transform of x (all C channels), the gradient transform of dout's channels [k_lo, k_hi),
-    16 GEMMs (β = 1 after the first block) in sub-blocks of ``k_step`` × ``c_step`` of dU."""
+    16 GEMMs (β = 1 after the first block) in sub-blocks of ``k_step`` × ``c_step`` of dU. A Python loop over
+    compiled pieces, as ``_images``."""
     n, c_in, height, width = x.shape
     k_all = dout.shape[1]
     k_out = k_hi - k_lo
     tiles = (height // 4) * (width // 4)
     src, grad = x.reshape(x.size), dout.reshape(dout.size)
-    v_offsets = np.empty(GROUPS + 1, np.int64)
-    m_offsets = np.empty(GROUPS + 1, np.int64)
-    scalars = np.empty(2, np.float32)
     plane = c_in * k_all + SKEW
     if first >= last:
         for g in range(GROUPS):
-            for i in range(g * plane + k_lo * c_in, g * plane + k_hi * c_in):
-                du[i] = 0.0
+            du[g * plane + k_lo * c_in : g * plane + k_hi * c_in] = 0.0
+    blocks = _Blocks(mine, c_in, k_out)
     for n0 in range(first, last, block):
         images = min(block, last - n0)
         cols = images * tiles
-        v, m, tmp = _two_blocks(mine, c_in, k_out, cols, v_offsets, m_offsets)
+        v, m, tmp, v_offsets, m_offsets = blocks(cols)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         _dout_transform(grad, n0, images, k_lo, k_hi, k_all, height, width, m, m_offsets, cols, tmp)
-        beta = 0.0 if n0 == first else 1.0
-        for g in range(GROUPS):
-            wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-            for k0 in range(0, k_out, k_step):
-                kr = min(k_step, k_out - k0)
-                for c0 in range(0, c_in, c_step):
-                    sgemm(False, True, kr, min(c_step, c_in - c0), wide, m[m_offsets[g] + k0 * wide :], wide,
-                          v[v_offsets[g] + c0 * wide :], wide, beta, du[g * plane + (k_lo + k0) * c_in + c0 :], c_in,
-                          scalars)
+        _weight_gemms(m, m_offsets, v, v_offsets, du, plane, k_lo, k_out, c_in, cols, k_step, c_step,
+                      0.0 if n0 == first else 1.0)
 
 
 @njit(cache=True, nogil=True)
