@@ -881,7 +881,7 @@ def valid_outputs(size: int, out_size: int, offset: int, stride: int, pad: int) 
     return lo, hi
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
     """One row of the column tile: channel c, offset (r, s), for every output pixel of every image.
 
@@ -923,7 +923,7 @@ def im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row):
                 dst[out_row + uint64(ox)] = 0.0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
     """dx[n0 + i, c0 + c] = the sum of the R·S column rows that read from this plane, in a fixed order.
 
@@ -967,15 +967,17 @@ def col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, c, i):
                         dst[out_row + uint64(ox * stride)] += src[in_row + uint64(ox)]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def im2col_tile_serial(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols):
-    """im2col_tile on the calling thread only (for kernels that are already inside a parallel loop)."""
+    """im2col of images [n0, n0 + images), channels from c0, into ``cols`` on the calling thread (``im2col_row``
+    inlined: compiled here once, not on its own and again in each caller)."""
     for row in range(cols.shape[0]):
         im2col_row(x, n0, images, c0, stride, pad, kernel, out_h, out_w, cols, row)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def col2im_tile_serial(dcols, n0, images, c0, channels, stride, pad, kernel, out_h, out_w, dx):
+    """col2im of a tile into dx, plane by plane on the calling thread (``col2im_plane`` inlined)."""
     for job in range(channels * images):
         col2im_plane(dcols, n0, c0, stride, pad, kernel, out_h, out_w, dx, job // images, job % images)
 
@@ -1036,8 +1038,26 @@ def bias_gradient(dout, dbias):
 
 
 @njit(cache=True, nogil=True)
+def _dot(a, b, out):
+    """out = a @ b (``np.dot`` in Numba: SciPy's BLAS, as the compiled drivers called it, so the same bits)."""
+    np.dot(a, b, out)
+
+
+@njit(cache=True, nogil=True)
+def _dot_tn(a, b, out):
+    """out = aᵀ @ b."""
+    np.dot(a.T, b, out)
+
+
+@njit(cache=True, nogil=True)
+def _dot_nt(a, b, out):
+    """out = a @ bᵀ."""
+    np.dot(a, b.T, out)
+
+
 def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch, gather=True):
-    """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM."""
+    """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM. A Python loop over
+    compiled pieces (the module docstring, "Compiled pieces, Python drivers")."""
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = out.shape[2], out.shape[3]
     pixels = out_h * out_w
@@ -1059,11 +1079,11 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 cols = scratch[: rows * columns].reshape(rows, columns)
                 im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
             if images == 1:
-                np.dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
+                _dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
             else:
                 start = rows * columns
                 result = scratch[start : start + k_group * columns].reshape(k_group, columns)
-                np.dot(w_g, cols, result)
+                _dot(w_g, cols, result)
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
@@ -1081,8 +1101,9 @@ def gemm_forward(x, w, out, stride, pad, groups, tile_images, threads, scratch, 
     run_chunks(work, chunks, threads)
 
 
-@njit(cache=True, nogil=True)
 def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_images, scratch, gather=True):
+    """dx of images [first, last) on the calling thread: GEMM, then col2im (a scatter for 1×1). A Python loop over
+    compiled pieces, as ``_forward_images``."""
     k_total, c_group, kernel = w.shape[0], w.shape[1], w.shape[2]
     out_h, out_w = dout.shape[2], dout.shape[3]
     pixels = out_h * out_w
@@ -1101,11 +1122,11 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 d_tile = scratch[: k_group * columns].reshape(k_group, columns)
                 gather_tile(dout, n0, images, g * k_group, d_tile)
             if plain_1x1 and images == 1:
-                np.dot(w_g.T, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
+                _dot_tn(w_g, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
             else:
                 start = k_group * columns if images > 1 else 0
                 dcols = scratch[start : start + rows * columns].reshape(rows, columns)
-                np.dot(w_g.T, d_tile, dcols)
+                _dot_tn(w_g, d_tile, dcols)
                 if gathered:  # every column is one pixel: a scatter, not a sum (v9)
                     scatter_tile(dcols, n0, images, g * c_group, dx)
                 else:
@@ -1125,12 +1146,13 @@ def gemm_backward_data(dout, w, dx, stride, pad, groups, tile_images, threads, s
     run_chunks(work, chunks, threads)
 
 
-@njit(cache=True, nogil=True)
 def _backward_weight_images(
     x, dout, acc, stride, pad, groups, first, last, tile_images, scratch, gather=True, in_place=True,
     im2col_in_place=False, k_block=0,
 ):
-    """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order.
+    """acc = Σ over images [first, last) of dout_tile @ cols_tile.T, tile after tile in order. A Python loop over
+    compiled pieces, as ``_forward_images`` (compiled, with every variant below inside, this was the largest job of
+    a cold 224 first run: 2.55 s of CPU on its own, ``im2col_row`` again inside).
 
     in_place (v16): a 1×1 stride-1 one-image tile is one GEMM with β = 1 straight into acc;
     im2col_in_place (v20): so is any other one-image tile, on its im2col columns."""
@@ -1160,7 +1182,6 @@ def _backward_weight_images(
                 continue
             if im2col_in_place and images == 1:  # v20: dW_g += dout_n @ cols_nᵀ, β = 1 in BLAS
                 cols = scratch[: rows * pixels].reshape(rows, pixels)
-                # images (== 1), not a literal 1: a Literal[int] compiles im2col_row a second time
                 im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
                 # v26: k_block output channels per GEMM (0: all of them; see STEM_WEIGHT_K_BLOCK)
                 step = k_group if k_block <= 0 else k_block
@@ -1189,10 +1210,10 @@ def _backward_weight_images(
                 used += k_group * columns
             acc_g = acc[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
             if n0 == first:
-                np.dot(d_tile, cols.T, acc_g)
+                _dot_nt(d_tile, cols, acc_g)
             else:
                 partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
-                np.dot(d_tile, cols.T, partial)
+                _dot_nt(d_tile, cols, partial)
                 acc_g += partial
 
 
