@@ -121,6 +121,31 @@ def row_block(rows, depth, columns, limit):
     return (rows + blocks - 1) // blocks
 
 
+GEMM_FIELDS = ("trans_a", "trans_b", "m", "n", "k", "a", "lda", "b", "ldb", "beta", "c", "ldc")
+"""The columns of a ``gemm_list`` table: one sgemm per row, ``a``, ``b``, ``c`` the offsets into the three arrays
+and ``beta`` 0 or 1."""
+
+
+@njit(cache=True, nogil=True)
+def gemm_list(a, b, c, table):
+    """One sgemm per row of ``table`` (``GEMM_FIELDS``), in order: C[c:] = op(A[a:]) @ op(B[b:]) + β·C.
+
+    Why. The Winograd paths' blocks each ran their 16 or 36 GEMMs from a small compiled loop of their own (six such
+    loops, 0.15–0.42 s of a cold first run's CPU each, the slicing and the inlined call more than the loop); this one
+    runs any of them from a table that the caller builds once per block shape (``gemm_table``, cached). The same
+    calls in the same order: the same bits."""
+    scalars = np.empty(2, np.float32)
+    for i in range(table.shape[0]):
+        r = table[i]
+        sgemm(r[0] != 0, r[1] != 0, r[2], r[3], r[4], a[r[5] :], r[6], b[r[7] :], r[8], 1.0 if r[9] != 0 else 0.0,
+              c[r[10] :], r[11], scalars)
+
+
+def gemm_table(rows) -> np.ndarray:
+    """A ``gemm_list`` table from rows of ``GEMM_FIELDS`` values (bools and ints)."""
+    return np.array([[int(v) for v in row] for row in rows], dtype=np.int64).reshape(-1, len(GEMM_FIELDS))
+
+
 def tile_images(x_shape, channels: int, threads: int) -> int:
     """Images per tile: enough for ``TARGET_COLUMNS`` columns, within the budget, ≤ a thread's share."""
     n, _, h, w = x_shape

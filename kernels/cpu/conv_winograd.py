@@ -141,10 +141,12 @@ at 512 @4×4: transforms 2.3 ms, GEMMs 7.0 ms (~77 GFLOP/s), filter back-transfo
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
-from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_shifted import gemm_list, gemm_table
 from kernels.cpu.threads import run_shares
 
 TARGET_TILES = 128
@@ -394,19 +396,23 @@ def _output_transform(m, r0, nr, channels, height, width, dst, tmp, k_lo=0, k_hi
                         dst[o + width + x + 1] = s11 - s12 - s13
 
 
-@njit(cache=True, nogil=True)
-def _gemms(u, v, m, flipped, c_in, c_out, cols):
-    """One block's 16 GEMMs M[ξ] (K × cols) = U[ξ] (K × C) @ V[ξ] (C × cols); flipped (backward-data): U read
-    transposed at the swapped position, U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3."""
-    scalars = np.empty(2, np.float32)
+@lru_cache(maxsize=512)
+def _gemms(flipped, c_in, c_out, cols) -> np.ndarray:
+    """The ``gemm_list`` table of a block's 16 GEMMs M[ξ] (K × cols) = U[ξ] (K × C) @ V[ξ] (C × cols); flipped
+    (backward-data): U read transposed at the swapped position, U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3."""
     plane = c_in * c_out + SKEW
-    for xi in range(16):
-        at = xi
-        if flipped:
-            i, j = xi // 4, xi % 4
-            at = 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
-        sgemm(flipped, False, c_out, cols, c_in, u[at * plane :], c_out if flipped else c_in,
-              v[xi * (c_in * cols + SKEW) :], cols, 0.0, m[xi * (c_out * cols + SKEW) :], cols, scalars)
+
+    def at(xi: int) -> int:
+        if not flipped:
+            return xi
+        i, j = xi // 4, xi % 4
+        return 4 * (3 - i if i == 0 or i == 3 else i) + (3 - j if j == 0 or j == 3 else j)
+
+    return gemm_table(
+        (flipped, False, c_out, cols, c_in, at(xi) * plane, c_out if flipped else c_in, xi * (c_in * cols + SKEW), cols,
+         0, xi * (c_out * cols + SKEW), cols)
+        for xi in range(16)
+    )
 
 
 def _rows(x, u, out, flipped, first, last, rows, mine, parts):
@@ -429,7 +435,7 @@ def _rows(x, u, out, flipped, first, last, rows, mine, parts):
         if parts & 1:
             _input_transform(src, r0, nr, 0, c_in, c_in, height, width, v, tmp)
         if parts & 2:
-            _gemms(u, v, m, flipped, c_in, c_out, cols)
+            gemm_list(u, v, m, _gemms(flipped, c_in, c_out, cols))
         if parts & 4:
             _output_transform(m, r0, nr, c_out, height, width, dst, tmp, 0, c_out)
 
@@ -462,14 +468,19 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
     run_shares(work, threads)
 
 
-@njit(cache=True, nogil=True)
 def forward_gemms(u, v, m, xi_lo, xi_hi, c_out, c_in, cols):
     """m[ξ] (K × cols) = u[ξ] (K × C) @ v[ξ] (C × cols) for ξ in [xi_lo, xi_hi) (``forward_by_xi``)."""
-    scalars = np.empty(2, np.float32)
+    gemm_list(u, v, m, _xi_gemms(xi_lo, xi_hi, c_out, c_in, cols))
+
+
+@lru_cache(maxsize=512)
+def _xi_gemms(xi_lo, xi_hi, c_out, c_in, cols) -> np.ndarray:
     plane = c_in * c_out + SKEW
-    for xi in range(xi_lo, xi_hi):
-        sgemm(False, False, c_out, cols, c_in, u[xi * plane:], c_in, v[xi * (c_in * cols + SKEW):], cols,
-              0.0, m[xi * (c_out * cols + SKEW):], cols, scalars)
+    return gemm_table(
+        (False, False, c_out, cols, c_in, xi * plane, c_in, xi * (c_in * cols + SKEW), cols, 0,
+         xi * (c_out * cols + SKEW), cols)
+        for xi in range(xi_lo, xi_hi)
+    )
 
 
 def by_xi_block_rows(x_shape, c_in: int, c_out: int) -> int:
@@ -603,15 +614,20 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m):
                 _a_row(m, at + 12 * step, step, -a1, -b1)
 
 
-@njit(cache=True, nogil=True)
 def weight_gemms(m, v, du, xi_lo, xi_hi, c_out, c_in, cols, beta):
     """du[ξ] (K × C) = β·du[ξ] + m[ξ] (K × cols) @ v[ξ]ᵀ (cols × C) for ξ in [xi_lo, xi_hi): the weight
     gradient's GEMMs of F(2×2) (16 planes) and F(4×4) (36, ``conv_winograd4``), planes ``SKEW`` apart."""
-    scalars = np.empty(2, np.float32)
+    gemm_list(m, v, du, _weight_gemms(xi_lo, xi_hi, c_out, c_in, cols, beta != 0))
+
+
+@lru_cache(maxsize=512)
+def _weight_gemms(xi_lo, xi_hi, c_out, c_in, cols, beta) -> np.ndarray:
     plane = c_out * c_in + SKEW
-    for xi in range(xi_lo, xi_hi):
-        sgemm(False, True, c_out, c_in, cols, m[xi * (c_out * cols + SKEW):], cols,
-              v[xi * (c_in * cols + SKEW):], cols, beta, du[xi * plane:], c_in, scalars)
+    return gemm_table(
+        (False, True, c_out, c_in, cols, xi * (c_out * cols + SKEW), cols, xi * (c_in * cols + SKEW), cols, beta,
+         xi * plane, c_in)
+        for xi in range(xi_lo, xi_hi)
+    )
 
 
 @njit(cache=True, nogil=True, inline="always")

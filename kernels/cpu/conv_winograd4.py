@@ -57,10 +57,12 @@ Its rounding: max abs error against float64, batch 2, weights of magnitude up to
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit
 
-from kernels.cpu.conv_shifted import row_block, sgemm
+from kernels.cpu.conv_shifted import gemm_list, gemm_table, row_block, sgemm
 from kernels.cpu.conv_winograd import SKEW, block_buffers, weight_gemms
 from kernels.cpu.threads import run_shares
 
@@ -303,16 +305,16 @@ def _output_transform(m, r0, nr, channels, height, width, dst, buf, k_lo, k_hi):
                             out[x + 2] = y2
 
 
-@njit(cache=True, nogil=True)
-def _gemms(u, uplane, v, vplane, m, mplane, c_out, cols, c_in, step):
-    """m[ξ] (c_out × cols) = u[ξ] (c_out × c_in) @ v[ξ] (c_in × cols) for the 36 positions ξ, each GEMM in
-    blocks of ``step`` output rows (``row_block``); planes ``uplane``, ``vplane``, ``mplane`` floats apart."""
-    scalars = np.empty(2, np.float32)
-    for xi in range(36):
-        for k0 in range(0, c_out, step):
-            k = min(step, c_out - k0)
-            sgemm(False, False, k, cols, c_in, u[xi * uplane + k0 * c_in :], c_in, v[xi * vplane :], cols, 0.0,
-                  m[xi * mplane + k0 * cols :], cols, scalars)
+@lru_cache(maxsize=512)
+def _gemms(uplane, vplane, mplane, c_out, cols, c_in, step) -> np.ndarray:
+    """The ``gemm_list`` table of a block: M[ξ] (c_out × cols) = U[ξ] (c_out × c_in) @ V[ξ] (c_in × cols) for the 36
+    positions ξ, each GEMM in blocks of ``step`` output rows (``row_block``); planes ``uplane``, ``vplane``,
+    ``mplane`` floats apart."""
+    return gemm_table(
+        (False, False, min(step, c_out - k0), cols, c_in, xi * uplane + k0 * c_in, c_in, xi * vplane, cols, 0,
+         xi * mplane + k0 * cols, cols)
+        for xi in range(36) for k0 in range(0, c_out, step)
+    )
 
 
 def _rows(x, u, out, first, last, rows, mine, limit):
@@ -338,8 +340,8 @@ def _rows(x, u, out, first, last, rows, mine, limit):
         nr = min(rows, last - r0)
         cols = nr * tw
         _input_transform(src, r0, nr, c_in, height, width, v, buf, 0, c_in)
-        _gemms(u, uplane, v, c_in * cols + SKEW, m, c_out * cols + SKEW, c_out, cols, c_in,
-               row_block(c_out, c_in, cols, limit))
+        gemm_list(u, v, m, _gemms(uplane, c_in * cols + SKEW, c_out * cols + SKEW, c_out, cols, c_in,
+                                  row_block(c_out, c_in, cols, limit)))
         _output_transform(m, r0, nr, c_out, height, width, dst, buf, 0, c_out)
 
 
@@ -465,7 +467,7 @@ def _k_blocks(w, v, out, flipped, r0, nr, first, last, block, mine):
         rows = k1 - k0
         _filter_rows(w, k0, k1, u, uplane, flipped, buf)
         # one GEMM per ξ (step = rows), M in ``_output_transform``'s layout for this block's channels
-        _gemms(u, uplane, v, vplane, m, rows * cols + SKEW, rows, cols, c_in, rows)
+        gemm_list(u, v, m, _gemms(uplane, vplane, rows * cols + SKEW, rows, cols, c_in, rows))
         _output_transform(m, r0, nr, c_out, height, width, dst, buf, k0, k1)
 
 

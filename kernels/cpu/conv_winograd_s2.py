@@ -168,10 +168,12 @@ Tried and dropped:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import njit, uint64
 
-from kernels.cpu.conv_shifted import row_block, sgemm
+from kernels.cpu.conv_shifted import gemm_list, gemm_table, row_block
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 
 TARGET_TILES = 128
@@ -404,18 +406,30 @@ def _output_transform(m, n0, images, k_lo, k_hi, channels, height, width, dst, o
                     bottom[x] = z1[r + uint64(x)] + z3[r + uint64(x)] + z4[r + uint64(x)]
 
 
-@njit(cache=True, nogil=True)
-def _forward_gemms(u, plane, k_lo, c_out, c_in, v, v_offsets, m, m_offsets, cols, limit):
-    """One block's 16 GEMMs M[g] = U[g] (rows [k_lo, k_lo + c_out)) @ V[g], each in row blocks of ≤ ``limit``
-    multiply-adds when ``limit`` > 0."""
-    scalars = np.empty(2, np.float32)
-    for g in range(GROUPS):
-        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-        rows = row_block(c_out, c_in, wide, limit)
-        for r0 in range(0, c_out, rows):
-            r = min(rows, c_out - r0)
-            sgemm(False, False, r, wide, c_in, u[g * plane + (k_lo + r0) * c_in :], c_in, v[v_offsets[g] :], wide,
-                  0.0, m[m_offsets[g] + r0 * wide :], wide, scalars)
+def _widths(cols: int) -> list[int]:
+    """Each position group's columns in a block of ``cols`` tiles: mult(a)·mult(b)·cols (mult(e) = 2)."""
+    return [(2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols for g in range(GROUPS)]
+
+
+def _group_offsets(channels: int, cols: int) -> list[int]:
+    """``_offsets`` in Python: where each position group starts in V or M ([channel][position][tile])."""
+    starts, at = [], 0
+    for wide in _widths(cols):
+        starts.append(at)
+        at += channels * wide + SKEW
+    return starts
+
+
+@lru_cache(maxsize=512)
+def _forward_gemms(plane, k_lo, c_out, c_in, cols, limit) -> np.ndarray:
+    """The ``gemm_list`` table of one block's 16 GEMMs M[g] = U[g] (rows [k_lo, k_lo + c_out)) @ V[g], each in row
+    blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0."""
+    v_at, m_at, rows = _group_offsets(c_in, cols), _group_offsets(c_out, cols), []
+    for g, wide in enumerate(_widths(cols)):
+        step = row_block(c_out, c_in, wide, limit)
+        rows += [(False, False, min(step, c_out - r0), wide, c_in, g * plane + (k_lo + r0) * c_in, c_in, v_at[g], wide,
+                  0, m_at[g] + r0 * wide, wide) for r0 in range(0, c_out, step)]
+    return gemm_table(rows)
 
 
 class _Blocks:
@@ -453,7 +467,7 @@ def _images(x, u, out, first, last, block, mine, k_lo, k_hi, limit):
         cols = images * tiles
         v, m, tmp, v_offsets, m_offsets = blocks(cols)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
-        _forward_gemms(u, plane, k_lo, c_out, c_in, v, v_offsets, m, m_offsets, cols, limit)
+        gemm_list(u, v, m, _forward_gemms(plane, k_lo, c_out, c_in, cols, limit))
         _output_transform(m, n0, images, k_lo, k_hi, out.shape[1], height, width, dst, m_offsets, cols, tmp)
 
 
@@ -594,18 +608,16 @@ def _scatter_transform(v, n0, images, c_lo, c_hi, channels, height, width, dst, 
                         row3[x] = z4[r + uint64(x)]
 
 
-@njit(cache=True, nogil=True)
-def _data_gemms(u, plane, c_lo, c_out, c_all, k_all, m, m_offsets, v, v_offsets, cols, limit):
-    """One block's 16 GEMMs dV[g] = U[g]ᵀ (columns [c_lo, c_lo + c_out)) dM[g], rows of dV in blocks of ≤
-    ``limit`` multiply-adds when ``limit`` > 0."""
-    scalars = np.empty(2, np.float32)
-    for g in range(GROUPS):
-        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-        rows = row_block(c_out, k_all, wide, limit)
-        for r0 in range(0, c_out, rows):
-            r = min(rows, c_out - r0)
-            sgemm(True, False, r, wide, k_all, u[g * plane + c_lo + r0 :], c_all, m[m_offsets[g] :], wide,
-                  0.0, v[v_offsets[g] + r0 * wide :], wide, scalars)
+@lru_cache(maxsize=512)
+def _data_gemms(plane, c_lo, c_out, c_all, k_all, cols, limit) -> np.ndarray:
+    """The ``gemm_list`` table of one block's 16 GEMMs dV[g] = U[g]ᵀ (columns [c_lo, c_lo + c_out)) dM[g], rows of
+    dV in blocks of ≤ ``limit`` multiply-adds when ``limit`` > 0."""
+    m_at, v_at, rows = _group_offsets(k_all, cols), _group_offsets(c_out, cols), []
+    for g, wide in enumerate(_widths(cols)):
+        step = row_block(c_out, k_all, wide, limit)
+        rows += [(True, False, min(step, c_out - r0), wide, k_all, g * plane + c_lo + r0, c_all, m_at[g], wide, 0,
+                  v_at[g] + r0 * wide, wide) for r0 in range(0, c_out, step)]
+    return gemm_table(rows)
 
 
 def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
@@ -624,7 +636,7 @@ def _data_images(dout, u, dx, first, last, block, mine, c_lo, c_hi, limit):
         cols = images * tiles
         m, v, tmp, m_offsets, v_offsets = blocks(cols)
         _dout_transform(src, n0, images, 0, k_all, k_all, height, width, m, m_offsets, cols, tmp)
-        _data_gemms(u, plane, c_lo, c_out, c_all, k_all, m, m_offsets, v, v_offsets, cols, limit)
+        gemm_list(u, m, v, _data_gemms(plane, c_lo, c_out, c_all, k_all, cols, limit))
         _scatter_transform(v, n0, images, c_lo, c_hi, c_all, height, width, dst, v_offsets, cols, tmp)
 
 
@@ -648,19 +660,16 @@ def backward_data(dout, w, dx, threads: int, block: int, scratch, limit: int = 0
     run_chunks(work, chunks, threads)
 
 
-@njit(cache=True, nogil=True)
-def _weight_gemms(m, m_offsets, v, v_offsets, du, plane, k_lo, k_out, c_in, cols, k_step, c_step, beta):
-    """One block's 16 GEMMs dU[g][k_lo:k_lo + k_out] (+)= dM[g] V[g]ᵀ (β = ``beta``) in sub-blocks of ``k_step`` ×
-    ``c_step`` of dU."""
-    scalars = np.empty(2, np.float32)
-    for g in range(GROUPS):
-        wide = (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols
-        for k0 in range(0, k_out, k_step):
-            kr = min(k_step, k_out - k0)
-            for c0 in range(0, c_in, c_step):
-                sgemm(False, True, kr, min(c_step, c_in - c0), wide, m[m_offsets[g] + k0 * wide :], wide,
-                      v[v_offsets[g] + c0 * wide :], wide, beta, du[g * plane + (k_lo + k0) * c_in + c0 :], c_in,
-                      scalars)
+@lru_cache(maxsize=512)
+def _weight_gemms(plane, k_lo, k_out, c_in, cols, k_step, c_step, beta) -> np.ndarray:
+    """The ``gemm_list`` table of one block's 16 GEMMs dU[g][k_lo:k_lo + k_out] (+)= dM[g] V[g]ᵀ (β = ``beta``) in
+    sub-blocks of ``k_step`` × ``c_step`` of dU."""
+    m_at, v_at, rows = _group_offsets(k_out, cols), _group_offsets(c_in, cols), []
+    for g, wide in enumerate(_widths(cols)):
+        rows += [(False, True, min(k_step, k_out - k0), min(c_step, c_in - c0), wide, m_at[g] + k0 * wide, wide,
+                  v_at[g] + c0 * wide, wide, beta, g * plane + (k_lo + k0) * c_in + c0, c_in)
+                 for k0 in range(0, k_out, k_step) for c0 in range(0, c_in, c_step)]
+    return gemm_table(rows)
 
 
 def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_step):
@@ -684,8 +693,7 @@ def _weight_images(x, dout, du, first, last, block, mine, k_lo, k_hi, k_step, c_
         v, m, tmp, v_offsets, m_offsets = blocks(cols)
         _input_transform(src, n0, images, c_in, height, width, v, v_offsets, cols, tmp)
         _dout_transform(grad, n0, images, k_lo, k_hi, k_all, height, width, m, m_offsets, cols, tmp)
-        _weight_gemms(m, m_offsets, v, v_offsets, du, plane, k_lo, k_out, c_in, cols, k_step, c_step,
-                      0.0 if n0 == first else 1.0)
+        gemm_list(m, v, du, _weight_gemms(plane, k_lo, k_out, c_in, cols, k_step, c_step, n0 != first))
 
 
 @njit(cache=True, nogil=True)

@@ -395,3 +395,20 @@ def test_the_224_warm_up_compiles_what_the_layers_route_to(model):
     assert routed <= compiled | shared  # every path a layer takes has its job
     assert {(kind, d) for kind, d in routed if kind == "gemm"} <= {("gemm", "forward"), ("gemm", "weight")}, routed
     net.close()
+
+
+def test_jobs_that_share_compiled_pieces_run_in_one_family_largest_first():
+    # the F(4×4) paths share their transforms, the polyphase ones theirs: each family is one worker's task, so two
+    # workers never compile the same transform at once; table ops are families of their own
+    data = synthetic(num_classes=10, seed=0, train=4, test=2)
+    jobs = warmup.model_jobs(build_network("resnet18", data, get_backend("cpu"), seed=0).graph, "sgd")
+    groups = warmup.families(jobs)
+    assert sorted(job.key for group in groups for job in group) == sorted(job.key for job in jobs)  # each job once
+    assert [len(g) for g in groups] == sorted((len(g) for g in groups), reverse=True)
+    by_family = {warmup.family(group[0]): group for group in groups}
+    assert all(warmup.family(job) == warmup.family(group[0]) for group in groups for job in group)
+    assert {job.path for job in by_family["winograd4"]} >= {"winograd4", "winograd4-by-k"}
+    assert {job.path for job in by_family["winograd-s2"]} == {"winograd-s2"} and len(by_family["winograd-s2"]) == 3
+    assert warmup.family(warmup.Job("relu_forward")) == "relu_forward"
+    assert warmup.run_jobs([warmup.Job("sgd_update"), warmup.Job("no_such_kernel"), warmup.Job("add_forward")]) == [
+        "no_such_kernel: KeyError: 'no_such_kernel'"]  # a failure does not stop the family
