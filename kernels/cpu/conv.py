@@ -61,7 +61,8 @@ Since v38 (``ENGINE_CONV``, ``CONV_MODES``) the **forward** of a 3×3 stride-1 c
 (``Paths.float32_forward``): F(4×4)'s forward rounds 3.8–9.6× more than a float32 GEMM at ResNet-18's shapes and
 moved ~6 ReLU masks per step of a CIFAR ResNet-18 at batch 8 (1 with float32-level forwards, the same as
 PyTorch's), so the layers it took run F(2×2) forward ("winograd", 1.1–2.0× a GEMM's error), on 4×4 planes too
-(tiles, not v23's split by ξ: 4% slower on 512 @4×4, one warm-up job fewer), while backward-data and the weight
+(tiles, not v23's split by ξ: 4% slower on 512 @4×4, one warm-up job fewer; since v43 by ξ again on ≤ 7×7,
+``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``), while backward-data and the weight
 gradient keep F(4×4). ``ENGINE_CONV=fast`` gives v37's forward back, ``exact`` takes F(4×4) off every direction.
 Errors per path and mode: kernels/README.md, "Rounding per path".
 
@@ -259,6 +260,15 @@ alternating rounds, two runs, tiles → by ξ: forward 9.71 → 9.35, 9.37 → 8
 (−4%). On 8×8 planes it lost (256 @8×8 F(2×2), forward 7.42–7.79 → 7.85–8.62 ms): there U is 4 MiB
 and the tile split's GEMMs already read it from cache."""
 
+WINOGRAD_BY_XI_FORWARD_MAX_PIXELS = 49
+"""The F(2×2) forward splits by ξ (``conv_winograd.forward_by_xi``) on planes of at most this many pixels: 4×4 and
+7×7, the 512-channel layers of ResNet-18 at 32×32 and at 224×224, where U is 16 MiB. Same bits as the tiles (each
+output is one GEMM column's dot product). Two threads, ms, median of 5 rounds of best-of-15 (2026-11-28, quiet),
+tiles → by ξ: batch 32 512 @4×4 9.86 → 9.38, 512 @7×7 32.51 → 29.07; batch 128 34.92 → 33.70 and 123.73 → 112.24;
+batch 8 at 7×7 9.57 → 8.95 (one round). Its scratch at 7×7, batch 32: 24 → 32 MiB (one block of 16 MiB of V and M,
+``by_xi_block_rows``). v38 had taken the forward off it to save a compile job; since the block loops are Python loops
+over compiled pieces (the module docstring) it compiles nothing the tiles do not (its GEMMs are ``gemm_list``)."""
+
 WINOGRAD_S2_MIN_PIXELS = 64
 """v28 (``Paths.winograd_s2``): the stride-2 3×3 forward with ≥ ``WINOGRAD_MIN_CHANNELS`` channels in and out on
 input planes of at least this many pixels (8×8: ResNet-18's 64→128, 128→256 and 256→512) by the polyphase
@@ -383,6 +393,7 @@ class Paths:
     winograd_large_planes: bool = True  # v41: 3×3 stride-1 planes up to 56×56 on Winograd (``WINOGRAD_LARGE_…``)
     winograd4_large_data: bool = False  # with it, F(4×4) backward-data on them too (``ENGINE_CONV=fast``)
     imagenet_measured: bool = True  # v42: v39/v40 directions that lost to im2col go back (``STEM_STRIDED_…``)
+    winograd_by_xi_forward: bool = True  # v43: the F(2×2) forward by ξ on ≤ 7×7 (``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``)
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -611,10 +622,7 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
         and min(w_shape[0], w_shape[1]) >= WINOGRAD_MIN_CHANNELS
         and x_shape[2] * x_shape[3] <= winograd_max_pixels(direction, paths)
     ):
-        if (
-            paths.winograd_by_xi and direction != "weight" and x_shape[2] * x_shape[3] <= WINOGRAD_BY_XI_MAX_PIXELS
-            and not (direction == "forward" and paths.float32_forward)  # v38: one compile job (module docstring)
-        ):
+        if paths.winograd_by_xi and x_shape[2] * x_shape[3] <= _by_xi_max_pixels(direction, paths):
             return "winograd-by-xi"
         return "winograd"
     if (
@@ -628,6 +636,16 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     ):
         return "shifted"
     return "gemm"
+
+
+def _by_xi_max_pixels(direction: str, paths: Paths) -> int:
+    """The largest plane an F(2×2) call splits by ξ (v23) in ``direction`` (-1: none): backward-data ≤ 4×4; forward ≤
+    7×7 since v43 (``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``), none in v38–v42 (``float32_forward``), ≤ 4×4 before."""
+    if direction == "data":
+        return WINOGRAD_BY_XI_MAX_PIXELS
+    if direction == "forward" and paths.winograd_by_xi_forward:
+        return WINOGRAD_BY_XI_FORWARD_MAX_PIXELS
+    return WINOGRAD_BY_XI_MAX_PIXELS if direction == "forward" and not paths.float32_forward else -1
 
 
 def winograd_max_pixels(direction: str, paths: Paths | None = None, sgemm: str | None = None) -> int:

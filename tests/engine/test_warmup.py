@@ -144,7 +144,8 @@ def test_model_jobs_hold_one_conv_job_per_path_and_direction():
                           "conv2d_forward/winograd4-by-k/bias=False/v=None"}
             winograd4 |= {"conv2d_backward_data/winograd4/bias=False/v=None",
                           "conv2d_backward_data/winograd4-by-k/bias=False/v=None"}
-            winograd = {"conv2d_forward/winograd/bias=False/v=None"}
+            # v43: the 512-channel 4×4 forward by ξ (its job compiles only what the tiles' job does not: one family)
+            winograd = {"conv2d_forward/winograd/bias=False/v=None", "conv2d_forward/winograd-by-xi/bias=False/v=None"}
     # v36: the stem's forward and weight gradient on conv_stem (whatever the sgemm)
     stem = {f"conv2d_{d}/stem/bias=False/v=None" for d in ("forward", "backward_weight")}
     # v33: the 1×1 stride-2 shortcuts on their kept pixels; backward-data shares the forward's job

@@ -549,7 +549,8 @@ def test_winograd_runs_on_the_tested_shape_in_every_direction():
         fast = cpu.paths_for("fast")
         assert cpu.path(*shapes, "forward", fast) == cpu.path(*shapes, "data") == "winograd4-by-k"
         assert cpu.path(*shapes, "weight") == "winograd4-weight-by-k"
-        assert cpu.path(*shapes, "forward", cpu.paths_for("auto")) == "winograd"  # v38: the table's forward again
+        assert cpu.path(*shapes, "forward", conv_study._paths(42)) == "winograd"  # v38-v42: the table's forward
+        assert cpu.path(*shapes, "forward", cpu.paths_for("auto")) == "winograd-by-xi"  # v43: by ξ on ≤ 7×7
     assert cpu.path(*shapes, "weight", conv_study._paths(10)) == "gemm"  # v10: 35 pixels, below the shifted path's 64
     assert cpu.path(*shapes, "forward", conv_study._paths(9)) == "gemm"  # v9 keeps its own path
 
@@ -641,7 +642,8 @@ def test_winograd_by_xi_is_reached_by_the_tested_shapes():
     n, c, h, wd, k, r, stride, pad, groups = SHAPES[22]
     shapes = ((n, c, h, wd), (k, c, r, r), stride, pad, groups)
     assert cpu.path(*shapes, "forward", cpu.paths_for("fast")) == cpu.path(*shapes, "data") == "winograd-by-xi"
-    assert cpu.path(*shapes, "forward") == "winograd"  # v38: the float32-level forward in tiles (one warm-up job)
+    assert cpu.path(*shapes, "forward", conv_study._paths(42)) == "winograd"  # v38-v42: the float32 forward in tiles
+    assert cpu.path(*shapes, "forward") == "winograd-by-xi"  # v43: by ξ again on ≤ 7×7 (no compile job of its own)
 
 
 def test_winograd_weight_gradient_bits_do_not_depend_on_the_thread_count():
