@@ -237,7 +237,10 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
     conv.use_paths(mix_paths(spec))
     torch.set_num_threads(1)
     backend = get_backend("cpu")
-    net = build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=image_size, variant=variant)
+    # chunkable=False: each ReLU its own node, whose output (the mask the forward decided) the twin is given; at 224
+    # the chunked layers would hold the stem's and layer1's inside them (the same weights and bits either way)
+    net = build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=image_size, variant=variant,
+                      chunkable=False)
     state = {k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()}
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, 3, image_size, image_size)).astype(np.float32)

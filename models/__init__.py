@@ -55,9 +55,11 @@ def build_model(
     backend: Any = "cpu",
     seed: int = 0,
     workspace_mode: str = "enabled",
+    chunkable: bool = True,
     **options: Any,
 ) -> Network:
-    """A Network for model ``name`` on ``backend`` (a Backend or a backend name), weights drawn from ``seed``."""
+    """A Network for model ``name`` on ``backend`` (a Backend or a backend name), weights drawn from ``seed``;
+    ``chunkable=False``: every layer its own node, none fused into chunked layers (``Network``)."""
     from engine.backend import get_backend
 
     if name not in GRAPHS:
@@ -73,7 +75,7 @@ def build_model(
         graph = GRAPHS[name](num_classes=num_classes, **options)
     except TypeError as exc:
         raise ValueError(f"model {name!r}: bad option ({exc})") from None
-    net = Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode)
+    net = Network(graph, backend, seed=seed, name=name, workspace_mode=workspace_mode, chunkable=chunkable)
     net.variant = variant  # what ran, for summaries (None for models without variants)
     return net
 
