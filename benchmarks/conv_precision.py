@@ -222,6 +222,16 @@ def resnet_twin(variant: str):
     return ResNet18ImageNet(10) if variant == "imagenet" else TORCH_MODELS["resnet18"](10)
 
 
+def engine_network(backend, image_size: int, variant: str | None = None):
+    """The engine's ResNet-18 for ``gradient_errors``, unchunked: each ReLU its own node, whose output (the mask the
+    forward decided) the twin is given by name. At 224 the chunked layers would hold the stem's and layer1's ReLUs
+    inside them (the same weights and bits either way)."""
+    from models import build_model
+
+    return build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=image_size, variant=variant,
+                       chunkable=False)
+
+
 def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | None = None, seed: int = 1) -> dict:
     """In this process, with ``mix_paths(spec)`` as the kernel table's paths: the errors of one ResNet-18 step's
     gradients (``variant`` by ``image_size`` as ``engine train`` picks it), the engine's and PyTorch float32's."""
@@ -231,16 +241,13 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
 
     from engine.backend import get_backend
     from kernels.cpu import conv
-    from models import build_model, resolve_variant
+    from models import resolve_variant
 
     variant = resolve_variant("resnet18", variant, image_size)
     conv.use_paths(mix_paths(spec))
     torch.set_num_threads(1)
     backend = get_backend("cpu")
-    # chunkable=False: each ReLU its own node, whose output (the mask the forward decided) the twin is given; at 224
-    # the chunked layers would hold the stem's and layer1's inside them (the same weights and bits either way)
-    net = build_model("resnet18", num_classes=10, backend=backend, seed=0, image_size=image_size, variant=variant,
-                      chunkable=False)
+    net = engine_network(backend, image_size, variant)
     state = {k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()}
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, 3, image_size, image_size)).astype(np.float32)

@@ -234,3 +234,27 @@ def test_the_benchmark_mixes_route_as_named():
     for wrong in ("weight5", "auto:no_such_flag=0"):
         with pytest.raises(SystemExit, match="is no|is not a conv.Paths flag|none of"):
             bench.mix_paths(wrong)
+
+
+@pytest.mark.parametrize("image_size", [32, 224])
+def test_the_gradient_benchmark_finds_every_relu_of_its_twin(image_size):
+    # conv_precision --gradients gives the PyTorch twin the engine's ReLU outputs by module name; at 224 the chunked
+    # layers once held the stem's and layer1's ReLUs inside them and the benchmark stopped at a KeyError
+    import torch  # noqa: F401  the twin's modules
+
+    from models import build_model
+
+    bench = _benchmark()
+    twin = bench.resnet_twin("imagenet" if image_size > 64 else "cifar")  # puts tests/models on the path
+    from torch_models import ReLU
+
+    from engine.backend import get_backend
+
+    net = bench.engine_network(get_backend("cpu"), image_size)  # what gradient_errors runs
+    relus = {node.name for node in net.graph.nodes if type(node.layer).__name__ == "ReLU"}
+    assert relus == {name for name, module in twin.named_modules() if isinstance(module, ReLU)}
+    chunked = build_model("resnet18", num_classes=10, backend="cpu", seed=0, image_size=image_size)
+    assert ({node.name for node in chunked.graph.nodes if type(node.layer).__name__ == "ReLU"} < relus) == (
+        image_size == 224)
+    net.close()
+    chunked.close()
