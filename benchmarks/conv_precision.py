@@ -232,12 +232,23 @@ def engine_network(backend, image_size: int, variant: str | None = None):
                        chunkable=False)
 
 
+def _own_winners(seen, pool) -> np.ndarray:
+    """The window places a max pool's own arithmetic picks on ``seen`` (its input): the first maximum, row-major."""
+    import torch
+
+    n, c, h, w = seen.shape
+    p = pool.padding
+    padded = torch.nn.functional.pad(seen, (p, p, p, p), value=float("-inf")).reshape(n * c, 1, h + 2 * p, w + 2 * p)
+    windows = torch.nn.functional.unfold(padded, pool.kernel, stride=pool.stride)
+    return windows.argmax(1).reshape(n, c, *pool.decided.shape[2:]).numpy()
+
+
 def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | None = None, seed: int = 1) -> dict:
     """In this process, with ``mix_paths(spec)`` as the kernel table's paths: the errors of one ResNet-18 step's
     gradients (``variant`` by ``image_size`` as ``engine train`` picks it), the engine's and PyTorch float32's."""
     sys.path.insert(0, str(ROOT / "tests" / "models"))
     import torch
-    from torch_models import ReLU
+    from torch_models import MaxPool, ReLU
 
     from engine.backend import get_backend
     from kernels.cpu import conv
@@ -254,11 +265,16 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
     labels = rng.integers(0, 10, batch).astype(np.int64)
 
     outputs: dict[str, np.ndarray] = {}
+    winners: dict[str, np.ndarray] = {}  # each max pool's argmax: the window places (uint8) it chose
 
     class Recorder:
         def after_forward(self, step, node):
             if "out" in node.layer.saved and type(node.layer).__name__ == "ReLU":
                 outputs[node.name] = np.array(backend.to_host(node.layer.saved["out"].array))
+            if type(node.layer).__name__ == "MaxPool2d":
+                argmax = np.array(backend.to_host(node.layer.saved["argmax"].array))
+                assert argmax.dtype == np.uint8, "the twin reads window places (3×3 windows), not plane indices"
+                winners[node.name] = argmax
 
     net.hooks.append(Recorder())
     net.forward(x, training=True)
@@ -274,16 +290,24 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
         relus = {name: m for name, m in twin.named_modules() if isinstance(m, ReLU)}
         for name, module in relus.items():
             module.decided = torch.from_numpy(outputs[name]).to(dtype)
+        pools = {name: m for name, m in twin.named_modules() if isinstance(m, MaxPool)}
+        assert set(pools) == set(winners), (sorted(pools), sorted(winners))
+        for name, module in pools.items():
+            module.decided = torch.from_numpy(winners[name].astype(np.int64))
         loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x).to(dtype)), torch.from_numpy(labels))
         loss.backward()
         grads = {name: p.grad.double().numpy() for name, p in twin.named_parameters()}
-        return grads, {name: m.seen_input.double().numpy() for name, m in relus.items()}
+        return (grads, {name: m.seen_input.double().numpy() for name, m in relus.items()},
+                {name: _own_winners(m.seen_input, m) for name, m in pools.items()})
 
-    exact, inputs = twin_gradients(torch.float64)
-    theirs, their_inputs = twin_gradients(torch.float32)
+    exact, inputs, exact_winners = twin_gradients(torch.float64)
+    theirs, their_inputs, their_winners = twin_gradients(torch.float32)
     flips = sum(int(np.sum((inputs[n] > 0) != (outputs[n] > 0))) for n in outputs)
     # PyTorch float32's own sides of 0 against float64's, given the same (engine's) masks upstream
     torch_flips = sum(int(np.sum((inputs[n] > 0) != (their_inputs[n] > 0))) for n in outputs)
+    # the same for the max pools' winners: where float64 given the engine's inputs upstream would pick another
+    pool_flips = sum(int(np.sum(exact_winners[n] != winners[n])) for n in winners)
+    torch_pool_flips = sum(int(np.sum(exact_winners[n] != their_winners[n])) for n in winners)
 
     def summary(grads: dict) -> dict:
         names = list(exact)
@@ -293,7 +317,8 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
         return {"all": diff / norm, "worst": relative_error(grads[worst], exact[worst]), "worst_name": worst}
 
     return {"mix": spec, "batch": batch, "image_size": image_size, "variant": variant, "seed": seed, "flips": flips,
-            "torch_flips": torch_flips, "relu_inputs": sum(int(v.size) for v in outputs.values()),
+            "torch_flips": torch_flips, "pool_flips": pool_flips, "torch_pool_flips": torch_pool_flips,
+            "relu_inputs": sum(int(v.size) for v in outputs.values()),
             "engine": summary(ours), "torch32": summary(theirs)}
 
 
@@ -314,8 +339,9 @@ def gradients_table(mixes, batch: int, image_size: int = 32, variant: str | None
                 sys.exit(f"{spec}: the gradient worker failed:\n{done.stderr}")
             r = json.loads(done.stdout.strip().splitlines()[-1])
             e, t = r["engine"], r["torch32"]
+            pools = f"; max pool {r['pool_flips']} / {r['torch_pool_flips']}" if r["variant"] == "imagenet" else ""
             print(f"| {spec} | {batch} | {image_size} ({r['variant']}) | {seed} | {r['flips']} / {r['torch_flips']} "
-                  f"({r['relu_inputs']:,}) | {e['all']:.2e} | {t['all']:.2e} | {e['all'] / t['all']:.2f}× | "
+                  f"({r['relu_inputs']:,}){pools} | {e['all']:.2e} | {t['all']:.2e} | {e['all'] / t['all']:.2f}× | "
                   f"{e['worst']:.2e} ({e['worst_name']}) | {t['worst']:.2e} ({t['worst_name']}) |", flush=True)
 
 

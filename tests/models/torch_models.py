@@ -43,6 +43,30 @@ class ReLU6(ReLU):
     upper = 6.0
 
 
+class MaxPool(nn.Module):
+    """``nn.MaxPool2d``; with ``decided`` (the engine's argmax: each window's winner as its place r·kernel + s,
+    ``kernels/cpu/pool.py``) set, takes the engine's winner in every window, as ``ReLU`` follows its side of 0: a
+    float64 twin then routes the gradient where the engine did, even where two values of a window tie within
+    float32 rounding."""
+
+    def __init__(self, kernel: int, stride: int, padding: int):
+        super().__init__()
+        self.kernel, self.stride, self.padding = kernel, stride, padding
+        self.decided: torch.Tensor | None = None
+        self.seen_input: torch.Tensor | None = None
+
+    def forward(self, x):
+        self.seen_input = x.detach()
+        if self.decided is None:
+            return nn.functional.max_pool2d(x, self.kernel, self.stride, self.padding)
+        n, c, h, w = x.shape
+        p = self.padding
+        padded = nn.functional.pad(x, (p, p, p, p), value=float("-inf")).reshape(n * c, 1, h + 2 * p, w + 2 * p)
+        windows = nn.functional.unfold(padded, self.kernel, stride=self.stride)  # (n·c, kernel², windows)
+        places = self.decided.reshape(n * c, 1, -1).long()
+        return windows.gather(1, places).reshape(n, c, *self.decided.shape[2:])
+
+
 class BasicBlock(nn.Module):
     def __init__(self, in_channels: int, channels: int, stride: int):
         super().__init__()
@@ -92,7 +116,7 @@ class ResNet18ImageNet(ResNet18Cifar):
     def __init__(self, num_classes: int = 10):
         super().__init__(num_classes)
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.maxpool = MaxPool(3, 2, 1)
 
     def forward(self, x):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))

@@ -258,3 +258,33 @@ def test_the_gradient_benchmark_finds_every_relu_of_its_twin(image_size):
         image_size == 224)
     net.close()
     chunked.close()
+
+
+def test_the_twin_max_pool_takes_the_engines_winners():
+    # at 224 the stem's max pool decides a winner per window as a ReLU decides a side: the gradient benchmark gives
+    # the float64 twin the engine's winners (window places r·3 + s, kernels/cpu/pool.py), else a tie within float32
+    # rounding sends the stem's gradient elsewhere (one seed read 174× PyTorch's error for two such windows)
+    import torch
+
+    from kernels.cpu import TABLE
+
+    bench = _benchmark()
+    bench.resnet_twin("cifar")  # puts tests/models on the path
+    from torch_models import MaxPool
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 10)).astype(np.float32)
+    out, argmax = np.empty((2, 3, 5, 5), np.float32), np.empty((2, 3, 5, 5), np.uint8)
+    TABLE["maxpool2d_forward"](x, out, argmax, 3, 2, 1)
+    pool = MaxPool(3, 2, 1)
+    xt = torch.from_numpy(x).double().requires_grad_()
+    assert np.array_equal(bench._own_winners(xt.detach(), type("P", (), {"padding": 1, "kernel": 3, "stride": 2,
+                                                                          "decided": torch.from_numpy(argmax)})()),
+                          argmax)  # the engine's places are the twin's encoding
+    pool.decided = torch.from_numpy(argmax.astype(np.int64))
+    assert np.array_equal(pool(xt).detach().numpy(), out.astype(np.float64))
+    moved = argmax.copy()
+    moved[0, 0, 2, 2] = (moved[0, 0, 2, 2] + 1) % 9  # another place of an inner window: its gradient goes there
+    pool.decided = torch.from_numpy(moved.astype(np.int64))
+    pool(xt).sum().backward()
+    r, s = divmod(int(moved[0, 0, 2, 2]), 3)
+    assert xt.grad[0, 0, 2 * 2 - 1 + r, 2 * 2 - 1 + s] >= 1
