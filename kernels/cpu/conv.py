@@ -432,12 +432,13 @@ float64 with the engine's own ReLU masks, ≤ 2× PyTorch float32's error; ``ben
 ``auto`` 3.66–3.69×, F(4×4) in backward-data only 3.36–3.40×, in the weight gradient only 1.89–1.90×, ``exact``
 1.23–1.25×; batch 32: 3.38×, 3.17×, 1.46×, 0.85×. A backward-data error reaches every gradient below its layer (the
 worst tensor is the stem's BN), a weight gradient's stays in its tensor; no backward-data layer can keep F(4×4) (its
-by-k layers alone 3.17×, its tiled ones alone 3.57×). At ImageNet sizes ``auto`` is at the goal already (112×112,
-batch 8 1.96×; 224×224 batch 4 2.04×, batch 8 1.73×), F(4×4) in the weight gradient only 0.83–1.16×: PyTorch
-float32's own error is larger there and 64 @56 never takes F(4×4) backward-data (v41: 2.09× with 64 @56 on
-Winograd, 2.04× without, batch 4). The mix "F(4×4) in the weight gradient only"
-(``Paths(winograd4=False, winograd4_by_k=False)``) meets the goal everywhere measured, and gives up F(4×4)'s
-backward-data: 13 calls of a CIFAR step (64 @32, 128 @16, 256 @8, 512 @4), 9 at 224 (128 @28, 256 @14, 512 @7),
+by-k layers alone 3.17×, its tiled ones alone 3.57×). At ImageNet sizes ``auto`` is at the goal's edge (112×112,
+batch 8 1.96×; 224×224 batch 4 2.04×, batch 8 1.73×; 2026-11-28, with the twin's max pool taking the engine's
+winners, batch 4, three seeds: 2.02–2.10×, 1.71–1.79× with 512 @7's backward-data off F(4×4), kernels/README.md),
+F(4×4) in the weight gradient only 0.83–1.16×: PyTorch float32's own error is larger there and 64 @56 never takes
+F(4×4) backward-data (v41: 2.09× with 64 @56 on Winograd, 2.04× without, batch 4). The mix "F(4×4) in the weight
+gradient only" (``Paths(winograd4=False, winograd4_by_k=False)``) meets the goal everywhere measured, and gives up
+F(4×4)'s backward-data: 13 calls of a CIFAR step (64 @32, 128 @16, 256 @8, 512 @4), 9 at 224 (128 @28, 256 @14, 512 @7),
 estimated from the per-layer figures above at ~+40 ms on a ~600 ms CIFAR step at batch 32 (half of ``exact``'s
 cost). Timed (``bench_train --conv-paths auto|weight4|exact``, ResNet-18 batch 32, quiet, medians; kernels/README.md
 has the runs): 32×32 73.2 / 68.8 / 61.1 img/s (PyTorch 50.65: 0.69×, 0.74×, 0.83× its step), 224×224 16.9 / 15.35 /
