@@ -269,31 +269,10 @@ def _filter_transform(w, k_lo, k_hi, u):
                 u[b0 + 3 * plane] = r2
 
 
-@njit(cache=True, nogil=True)
-def _offsets(channels, cols, offsets):
-    """offsets[g] = the start of position group g = 4a + b in V or M ([channel][position][tile]); g = 16: the end."""
-    at = 0
-    for g in range(GROUPS):
-        offsets[g] = at
-        at += channels * (2 if g < 4 else 1) * (2 if g % 4 == 0 else 1) * cols + SKEW
-    offsets[GROUPS] = at
-
-
-@njit(cache=True, nogil=True)
-def _two_blocks(mine, first_channels, second_channels, cols, first_offsets, second_offsets):
-    """One block's two transformed arrays side by side at the front of a thread's scratch (V and M, or M and
-    dV), ``first_offsets`` and ``second_offsets`` filled for them, and the rest of the scratch: (first, second,
-    rest)."""
-    _offsets(first_channels, cols, first_offsets)
-    _offsets(second_channels, cols, second_offsets)
-    end = first_offsets[GROUPS]
-    return mine[:end], mine[end : end + second_offsets[GROUPS]], mine[end + second_offsets[GROUPS] :]
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _runs(a, offsets, ra, row, cols):
-    """Row position ``ra`` (0 … 4) of channel row ``row`` in a block's V or M (``_offsets``' layout): its five runs
-    of ``cols`` (e0, e1, m1, m2, m3). The 16 groups are (a, b) position pairs; a row position's e runs sit in
+    """Row position ``ra`` (0 … 4) of channel row ``row`` in a block's V or M (``_group_offsets``' layout): its five
+    runs of ``cols`` (e0, e1, m1, m2, m3). The 16 groups are (a, b) position pairs; a row position's e runs sit in
     group 4·ga with two columns per channel (sa = 0, 1 for ra < 2), its m runs in the next three groups. The
     input, output, dout and scatter transforms all read or write their block through it."""
     ga, sa = (0, ra) if ra < 2 else (ra - 1, 0)
@@ -412,12 +391,13 @@ def _widths(cols: int) -> list[int]:
 
 
 def _group_offsets(channels: int, cols: int) -> list[int]:
-    """``_offsets`` in Python: where each position group starts in V or M ([channel][position][tile])."""
+    """Where each position group g = 4a + b starts in a block's V or M ([channel][position][tile]), and (the 17th)
+    where the array ends: the layout every transform reads through ``_runs`` and every ``gemm_list`` table uses."""
     starts, at = [], 0
     for wide in _widths(cols):
         starts.append(at)
         at += channels * wide + SKEW
-    return starts
+    return [*starts, at]
 
 
 @lru_cache(maxsize=512)
@@ -433,19 +413,21 @@ def _forward_gemms(plane, k_lo, c_out, c_in, cols, limit) -> np.ndarray:
 
 
 class _Blocks:
-    """A thread's block buffers for one call, by block size: ``_two_blocks`` runs once per distinct number of
-    images (the full block and the last), not once per block."""
+    """A thread's block buffers for one call: a block's two transformed arrays side by side at the front of its
+    scratch (V and M, or M and dV), the rest after them, and each one's group offsets (``_group_offsets``); made
+    once per distinct block size (the full block and the last), not once per block."""
 
     def __init__(self, mine, first_channels: int, second_channels: int) -> None:
         self.mine, self.first, self.second = mine, first_channels, second_channels
         self.made: dict[int, tuple] = {}
 
     def __call__(self, cols: int) -> tuple:
+        """(first, second, rest, first's offsets, second's offsets) for blocks of ``cols`` tiles."""
         if cols not in self.made:
-            first_offsets = np.empty(GROUPS + 1, np.int64)
-            second_offsets = np.empty(GROUPS + 1, np.int64)
-            a, b, rest = _two_blocks(self.mine, self.first, self.second, cols, first_offsets, second_offsets)
-            self.made[cols] = (a, b, rest, first_offsets, second_offsets)
+            first = np.array(_group_offsets(self.first, cols), np.int64)
+            second = np.array(_group_offsets(self.second, cols), np.int64)
+            end, size = int(first[GROUPS]), int(second[GROUPS])
+            self.made[cols] = (self.mine[:end], self.mine[end : end + size], self.mine[end + size :], first, second)
         return self.made[cols]
 
 
