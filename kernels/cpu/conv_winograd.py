@@ -397,9 +397,10 @@ def _output_transform(m, r0, nr, channels, height, width, dst, tmp, k_lo=0, k_hi
 
 
 @lru_cache(maxsize=512)
-def _gemms(flipped, c_in, c_out, cols) -> np.ndarray:
-    """The ``gemm_list`` table of a block's 16 GEMMs M[ξ] (K × cols) = U[ξ] (K × C) @ V[ξ] (C × cols); flipped
-    (backward-data): U read transposed at the swapped position, U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3."""
+def _gemms(flipped, c_in, c_out, cols, xi_lo=0, xi_hi=16) -> np.ndarray:
+    """The ``gemm_list`` table of a block's GEMMs M[ξ] (K × cols) = U[ξ] (K × C) @ V[ξ] (C × cols) for ξ in [xi_lo,
+    xi_hi) (all 16 by default; ``forward_by_xi`` gives each thread its half); flipped (backward-data): U read
+    transposed at the swapped position, U'[(i, j)] = U[(p(i), p(j))]ᵀ, p swapping 0 and 3."""
     plane = c_in * c_out + SKEW
 
     def at(xi: int) -> int:
@@ -411,7 +412,7 @@ def _gemms(flipped, c_in, c_out, cols) -> np.ndarray:
     return gemm_table(
         (flipped, False, c_out, cols, c_in, at(xi) * plane, c_out if flipped else c_in, xi * (c_in * cols + SKEW), cols,
          0, xi * (c_out * cols + SKEW), cols)
-        for xi in range(16)
+        for xi in range(xi_lo, xi_hi)
     )
 
 
@@ -470,17 +471,7 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, parts: i
 
 def forward_gemms(u, v, m, xi_lo, xi_hi, c_out, c_in, cols):
     """m[ξ] (K × cols) = u[ξ] (K × C) @ v[ξ] (C × cols) for ξ in [xi_lo, xi_hi) (``forward_by_xi``)."""
-    gemm_list(u, v, m, _xi_gemms(xi_lo, xi_hi, c_out, c_in, cols))
-
-
-@lru_cache(maxsize=512)
-def _xi_gemms(xi_lo, xi_hi, c_out, c_in, cols) -> np.ndarray:
-    plane = c_in * c_out + SKEW
-    return gemm_table(
-        (False, False, c_out, cols, c_in, xi * plane, c_in, xi * (c_in * cols + SKEW), cols, 0,
-         xi * (c_out * cols + SKEW), cols)
-        for xi in range(xi_lo, xi_hi)
-    )
+    gemm_list(u, v, m, _gemms(False, c_in, c_out, cols, xi_lo, xi_hi))
 
 
 def by_xi_block_rows(x_shape, c_in: int, c_out: int) -> int:
