@@ -10,7 +10,8 @@ on the warm one; cold − warm is the compile cost.
 Each pair gets a fresh ``NUMBA_CACHE_DIR`` (removed after) and runs ``engine train --model resnet18 --offload-n 4
 --steps 3`` from the checkout's root (``PYTHONPATH`` = that root), cold then warm; the figure is the median of the
 pairs. ``--jobs`` runs ``engine.warmup.model_jobs`` of ResNet-18 in a two-worker pool on an empty cache, as a cold
-``engine train`` does, and prints each job's seconds and the sums: what the first run's wall is made of.
+``engine train`` does (workers started first, one task per ``warmup.families`` family), and prints each job's
+seconds and the sums: what the first run's wall is made of.
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ def cold_minus_warm(root: Path, command=COMMAND) -> tuple[float, float]:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def _timed(job):  # in a worker
+def _timed(family):  # in a worker: one family's jobs in order, as ensure_compiled runs them
     from engine import warmup
 
-    start = time.perf_counter()
-    warmup.run_job(job)
-    return time.perf_counter() - start
+    seconds = []
+    for job in family:
+        start = time.perf_counter()
+        warmup.run_job(job)
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def job_seconds(imagenet: bool = False) -> None:
@@ -69,14 +73,20 @@ def job_seconds(imagenet: bool = False) -> None:
     data = load_dataset("synthetic", image_size=224) if imagenet else load_dataset("digits")
     options = {"variant": "imagenet"} if imagenet else {}
     jobs = warmup.model_jobs(build_network("resnet18", data, get_backend("cpu"), **options).graph, "sgd")
-    start = time.perf_counter()
+    families = warmup.families(jobs)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
                              initializer=warmup._prepare_worker) as pool:
-        seconds = list(pool.map(_timed, jobs))
-    wall = time.perf_counter() - start
-    for job, s in sorted(zip(jobs, seconds, strict=True), key=lambda js: -js[1]):
-        print(f"{s:6.2f} s  {job.key}")
-    print(f"{len(jobs)} jobs: {sum(seconds):.2f} s of compile in the workers, {wall:.2f} s of wall with two workers")
+        for ready in [pool.submit(warmup._ready) for _ in range(2)]:  # started, as engine train starts them early
+            ready.result()
+        start = time.perf_counter()
+        timed = list(pool.map(_timed, families))
+        wall = time.perf_counter() - start
+    rows = [(s, job) for family, seconds in zip(families, timed, strict=True) for job, s in zip(family, seconds,
+                                                                                                 strict=True)]
+    for s, job in sorted(rows, key=lambda row: -row[0]):
+        print(f"{s:6.2f} s  {warmup.family(job):14s}  {job.key}")
+    print(f"{len(jobs)} jobs in {len(families)} families: {sum(s for s, _ in rows):.2f} s of compile in the workers, "
+          f"{wall:.2f} s of wall with two workers (started before the first job)")
 
 
 def main() -> None:

@@ -118,6 +118,10 @@ def test_the_imagenet_resnet18_twin_is_the_engines_model():
     twin.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()}, strict=True)
     relus = {name for name, m in twin.named_modules() if isinstance(m, ReLU)}
     assert relus == {node.name for node in net.graph.nodes if type(node.layer).__name__ == "ReLU"}
-    assert [type(m).__name__ for m in (twin.conv1, twin.maxpool)] == ["Conv2d", "MaxPool2d"]
-    assert (twin.conv1.kernel_size, twin.conv1.stride, twin.maxpool.stride) == ((7, 7), (2, 2), 2)
+    # the max pool follows the engine's winners when given them (torch_models.MaxPool), as the ReLUs its masks
+    assert [type(m).__name__ for m in (twin.conv1, twin.maxpool)] == ["Conv2d", "MaxPool"]
+    assert (twin.conv1.kernel_size, twin.conv1.stride) == ((7, 7), (2, 2))
+    assert (twin.maxpool.kernel, twin.maxpool.stride, twin.maxpool.padding) == (3, 2, 1)
+    x = torch.randn(2, 64, 16, 16)
+    assert torch.equal(twin.maxpool(x), torch.nn.functional.max_pool2d(x, 3, 2, 1))  # without them: nn.MaxPool2d
     net.close()
