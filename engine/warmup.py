@@ -9,8 +9,9 @@ mostly Numba's parfor passes, since replaced by Python threads: ``kernels/cpu/th
 What happens now. ``model_jobs`` reads the network's graph and lists one tiny call per kernel
 the model will run: one conv job per (path, direction, bias) that its convolutions take (the same
 shapes' path choice as training, at batch 2), and the table ops of its layer types, its loss and
-its optimizer. ``ensure_compiled`` runs those calls in worker processes (one per core), which write
-Numba's on-disk cache; the training process then loads every kernel from the cache. A progress
+its optimizer. ``ensure_compiled`` runs those calls in worker processes (one per core), a family of jobs that share
+compiled pieces per task (``families``), which write Numba's on-disk cache; the training process then loads every
+kernel from the cache. A progress
 line says what is happening ("compiling kernels, first run only: 12/31"). When it is done it leaves
 a marker in the cache directory, keyed by the kernels' sources and versions, so later runs skip
 the workers entirely; ``engine info`` reads the markers to say whether the cache is warm.
@@ -22,7 +23,9 @@ Batch norm's three kernels, SGD, the global pools and the dense bias compiled as
 in 6.7 s of job CPU (one process, serially); as serial kernels over ``threads.run_ranges`` 2.5 s
 (the element-wise kernels were tried too and stay ``prange``: ``kernels/cpu/elementwise.py``). The
 pool is not waited for at the end (``ensure_compiled``). Cold − warm, b6105db / after, alternating
-in one sitting: 13.57, 13.44 / 11.76, 12.76 s. Tried and dropped: the im2col weight-gradient driver
+in one sitting: 13.57, 13.44 / 11.76, 12.76 s. Since the kernels' block loops are Python loops over compiled
+pieces and the jobs run in families (2026-11-28), 9.39 and 9.61 s against 14.43 and 14.78 s (kernels/README.md, "The
+first run, 2026-11-28"). Tried and dropped: the im2col weight-gradient driver
 without the branches ResNet-18 never takes (v16's 1×1 in place, the 1×1 gather): 2.65 → 2.3 s of
 compile CPU, too little for a second driver to keep in step with the first.
 
