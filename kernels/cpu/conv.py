@@ -83,16 +83,17 @@ function links the callee's code into its own module, and Numba optimizes that m
 code again, callee included: a transform compiled on its own (it is also called from Python) and called by a
 compiled block driver was compiled twice. So the block loops of the Winograd paths (``conv_winograd._rows``,
 ``conv_winograd4._rows``, ``_k_blocks``, ``_weight_k_blocks``, ``conv_winograd_s2._images``, ``_data_images``,
-``_weight_images``), the stems' image loops (``conv_stem``) and the strided 1×1 gathers (``conv_pointwise.
-move_kept``, ``strided_weight``) are Python loops that call the transforms and one small compiled function of
-GEMM calls per block, ~1 µs a call. Measured (2026-11-28, quiet): the CIFAR ResNet-18 warm-up's jobs in one
-process on an empty cache 27.8 → 18.9 s of CPU; the README's main command cold − warm 14.89 → 10.51 s
-(``python benchmarks/first_run.py --runs 2 --baseline <the tree before>``, two pairs each, alternating); the
-conv calls' times level (ResNet-18's 23 conv calls at 32×32, batch 32, two threads, best of 7, median of three
-alternating rounds: 143.1 → 142.8 ms in all; the CIFAR stem's forward and weight gradient, 16 images a thread,
-+0.15 and +0.24 ms, the dispatches of its per-image loop; the 224 calls 457.8 → 452.0 ms). Helpers that are
-``inline="always"`` (Numba inlines their IR into each caller: compiled once per caller, never on their own) stay
-inside the compiled pieces.
+``_weight_images``), the im2col drivers and the strided 1×1 gathers (``conv_pointwise.move_kept``,
+``strided_weight``) are Python loops that call the transforms and ``conv_shifted.gemm_list`` (a block's GEMMs from a
+cached table), ~1 µs a call. Helpers that are ``inline="always"`` (Numba inlines their IR into each caller: compiled
+once per caller, never on their own) stay inside the compiled pieces; so do the stems' columns, inlined into one
+compiled driver for both directions (``conv_stem._images``, ``_strided_images``: compiled once, and no dispatch per
+image). Measured (2026-11-28, quiet): the CIFAR ResNet-18 warm-up's jobs in one process on an empty cache 27.8 →
+18.6–19.6 s of CPU; the README's main command cold − warm 14.43–15.48 → 9.39–11.03 s over five sittings (``python
+benchmarks/first_run.py --runs 2 --baseline <the tree before>``, two pairs each, alternating; kernels/README.md, "The
+first run, 2026-11-28"); ResNet-18's 23 conv calls at 32×32 (batch 32, two threads, best of 7, median of three
+alternating rounds) 142.1 → 143.9 ms in all with the stems' loops in Python too (their weight gradient +0.47 ms, which
+the one compiled stem driver takes back), the 224 calls 457.8 → 452.0 ms.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ pixels), so the columns are built and multiplied in blocks of whole output rows 
 15 rows of 112 for the 7×7 stem, 86 for the 3×3 one): the forward writes each block's K × rows·OW result into ``out``
 with the plane as leading dimension, the weight gradient adds each block's ``dout[n][:, block] @ colsᵀ`` (β = 1 after
 the first). Each tap's output row is one run of valid input columns (stride apart) between zeroed ends
-(``_strided_columns``). Separate kernels from v36's (``_strided_forward_images``, ``strided_weight_images``): a CIFAR
+(``_strided_columns``). A separate kernel from v36's (``_strided_images``, both directions): a CIFAR
 run compiles none of them, an ImageNet run none of v36's. The weight gradient keeps v26's 32-channel sgemm blocks
 (measured on the 27-column result of the 3×3 stems; for the 7×7 stem's 147 columns not measured). Speed against
 im2col and PyTorch: not measured yet (``engine kernels --compare torch --image-size 224``, kernels/README.md).
@@ -103,7 +103,7 @@ def workspace_size(x_shape: tuple, threads: int, w_shape: tuple = (0, 0, 3, 3), 
     return threads * x_shape[1] * w_shape[2] * w_shape[3] * out_w * block_rows(x_shape, w_shape, stride, pad)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _columns(x, n, cols):
     """cols[(3c + dy)·3 + dx, y·W + x'] = x[n, c, y + dy − 1, x' + dx − 1], 0 outside the image (pad 1, "same").
 
@@ -121,35 +121,33 @@ def _columns(x, n, cols):
             row_same(src, cols, n, np.int64(1), c_in, c, height, width, t // 3 - 1, t % 3 - 1, line, pixels)
 
 
-def _forward_images(x, w_flat, out_flat, c_out, first, last, cols):
-    """out[n] (K × P) = W (K × 9C) @ cols[n] for images [first, last): one sgemm per image, all K rows
-    at once (3→64, one thread, per image with its columns: 87 µs in one sgemm against 105 in two 32-row ones).
+@njit(cache=True, nogil=True)
+def _images(x, w_flat, y_flat, acc_flat, c_out, first, last, k_block, cols, weight):
+    """Images [first, last) of a 3×3 stride-1 stem, each its columns (``_columns``), then one sgemm:
+    forward ``out[n] (K × P) = W (K × 9C) @ cols`` into ``y_flat`` (3→64, one thread, per image with its columns: 87 µs
+    in one sgemm against 105 in two 32-row ones); ``weight``: ``acc (K × 9C) = Σ dout[n] @ colsᵀ`` in order (zero when
+    there are none), ``y_flat`` dout, in sgemms of ≤ ``k_block`` output channels.
 
-    A Python loop over compiled pieces (``conv.py``'s module docstring, "Compiled pieces, Python drivers"): two
-    calls of ~1 µs an image, where a compiled driver compiled ``_columns`` again (0.5 s of a cold first run)."""
+    One compiled function for both directions, ``_columns`` inlined into it: compiled once (the two warm-up jobs are
+    one family: the second loads it), and no per-image dispatch. As two compiled drivers each calling a compiled
+    ``_columns`` it compiled the columns three times (1.48 s of a cold first run); as Python loops over it (the other
+    drivers' way, ``conv.py``'s module docstring) the CIFAR stem's weight gradient cost +0.47 ms a call at batch 32
+    (16 images a thread, three dispatches each)."""
     depth = 9 * x.shape[1]
     pixels = x.shape[2] * x.shape[3]
     scalars = np.empty(2, np.float32)
-    for n in range(first, last):
-        _columns(x, n, cols)
-        sgemm(False, False, c_out, pixels, depth, w_flat, depth, cols, pixels, 0.0, out_flat[n * c_out * pixels :],
-              pixels, scalars)
-
-
-def weight_images(x, dout_flat, c_out, first, last, k_block, acc_flat, cols):
-    """acc (K × 9C) = Σ over images [first, last), in order, of dout[n] @ cols[n]ᵀ (zero when there are none), in
-    sgemms of ≤ ``k_block`` output channels. A Python loop over compiled pieces, as ``_forward_images``."""
-    depth = 9 * x.shape[1]
-    pixels = x.shape[2] * x.shape[3]
-    scalars = np.empty(2, np.float32)
-    if first >= last:
+    if weight and first >= last:
         acc_flat[:] = 0.0
     for n in range(first, last):
         _columns(x, n, cols)
+        if not weight:
+            sgemm(False, False, c_out, pixels, depth, w_flat, depth, cols, pixels, 0.0, y_flat[n * c_out * pixels :],
+                  pixels, scalars)
+            continue
         beta = 0.0 if n == first else 1.0
         for k0 in range(0, c_out, k_block):
             rows = min(k_block, c_out - k0)
-            sgemm(False, True, rows, depth, pixels, dout_flat[(n * c_out + k0) * pixels :], pixels, cols, pixels,
+            sgemm(False, True, rows, depth, pixels, y_flat[(n * c_out + k0) * pixels :], pixels, cols, pixels,
                   beta, acc_flat[k0 * depth :], depth, scalars)
 
 
@@ -162,7 +160,7 @@ def _gather(run, src, stride):
         run[k] = src[stride * k]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols):
     """cols[(c·R + r)·R + s, (oy − y0)·OW + ox] = x[n, c, stride·oy + r − pad, stride·ox + s − pad] (0 outside the
     image) for output rows [y0, y1): per tap and output row one run of the valid columns between zeroed ends."""
@@ -190,41 +188,37 @@ def _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols):
                     cols[dst + hi : dst + out_w] = 0.0
 
 
-def _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, cols):
-    """out[n][:, block] (K × rows·OW, leading dimension OH·OW) = W (K × C·R·R) @ cols of the block, for images
-    [first, last) and blocks of ``rows`` output rows. A Python loop over compiled pieces, as ``_forward_images``."""
+@njit(cache=True, nogil=True)
+def _strided_images(x, w_flat, y_flat, acc_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
+                    cols, weight):
+    """Images [first, last) of a strided stem in blocks of ``rows`` output rows, each block's columns
+    (``_strided_columns``), then forward ``out[n][:, block] (K × rows·OW, leading dimension OH·OW) = W (K × C·R·R) @
+    cols`` into ``y_flat``, or (``weight``) ``acc (K × C·R·R) += dout[n][:, block] @ colsᵀ`` in order (zero when there
+    are none), ``y_flat`` dout, in sgemms of ≤ ``k_block`` output channels. One compiled function for both directions,
+    as ``_images``."""
     depth = x.shape[1] * kernel * kernel
     pixels = out_h * out_w
     scalars = np.empty(2, np.float32)
-    for n in range(first, last):
-        for y0 in range(0, out_h, rows):
-            y1 = min(out_h, y0 + rows)
-            span = (y1 - y0) * out_w
-            _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols)
-            sgemm(False, False, c_out, span, depth, w_flat, depth, cols, span, 0.0,
-                  out_flat[n * c_out * pixels + y0 * out_w :], pixels, scalars)
-
-
-def strided_weight_images(x, dout_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
-                          acc_flat, cols):
-    """acc (K × C·R·R) = Σ over images [first, last) and their blocks of output rows, in order, of
-    dout[n][:, block] @ colsᵀ (zero when there are none), in sgemms of ≤ ``k_block`` output channels. A Python
-    loop over compiled pieces, as ``_forward_images``."""
-    depth = x.shape[1] * kernel * kernel
-    pixels = out_h * out_w
-    scalars = np.empty(2, np.float32)
-    if first >= last:
+    if weight and first >= last:
         acc_flat[:] = 0.0
     for n in range(first, last):
         for y0 in range(0, out_h, rows):
             y1 = min(out_h, y0 + rows)
             span = (y1 - y0) * out_w
             _strided_columns(x, n, kernel, stride, pad, out_w, y0, y1, cols)
+            if not weight:
+                sgemm(False, False, c_out, span, depth, w_flat, depth, cols, span, 0.0,
+                      y_flat[n * c_out * pixels + y0 * out_w :], pixels, scalars)
+                continue
             beta = 0.0 if n == first and y0 == 0 else 1.0
             for k0 in range(0, c_out, k_block):
                 count = min(k_block, c_out - k0)
-                sgemm(False, True, count, depth, span, dout_flat[(n * c_out + k0) * pixels + y0 * out_w :], pixels,
+                sgemm(False, True, count, depth, span, y_flat[(n * c_out + k0) * pixels + y0 * out_w :], pixels,
                       cols, span, beta, acc_flat[k0 * depth :], depth, scalars)
+
+
+_NOTHING = np.empty(1, np.float32)
+"""The argument a direction does not use (``_images``' ``acc_flat`` forward, ``w_flat`` for the weight gradient)."""
 
 
 def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray, stride: int = 1,
@@ -242,10 +236,10 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch
         cols = scratch[slot * per_thread : (slot + 1) * per_thread]
         first, last = chunk * n // chunks, (chunk + 1) * n // chunks
         if stride == 1:
-            _forward_images(x, w_flat, out_flat, c_out, first, last, cols)
+            _images(x, w_flat, out_flat, _NOTHING, c_out, first, last, 0, cols, False)
         else:
-            _strided_forward_images(x, w_flat, out_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
-                                    cols)
+            _strided_images(x, w_flat, out_flat, _NOTHING, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
+                            0, cols, False)
 
     run_chunks(work, chunks, threads)
 
@@ -260,9 +254,9 @@ def weight_share(x, dout, k_block: int, w_shape: tuple = (0, 0, 3, 3), stride: i
 
     def share(first: int, last: int, acc, mine) -> None:
         if stride == 1:
-            weight_images(x, dout_flat, c_out, first, last, k_block, acc.reshape(-1), mine[:size])
+            _images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, first, last, k_block, mine[:size], True)
         else:
-            strided_weight_images(x, dout_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, k_block,
-                                  acc.reshape(-1), mine[:size])
+            _strided_images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, kernel, stride, pad, out_h, out_w, rows,
+                            first, last, k_block, mine[:size], True)
 
     return share
