@@ -24,8 +24,8 @@ in 6.7 s of job CPU (one process, serially); as serial kernels over ``threads.ru
 (the element-wise kernels were tried too and stay ``prange``: ``kernels/cpu/elementwise.py``). The
 pool is not waited for at the end (``ensure_compiled``). Cold − warm, b6105db / after, alternating
 in one sitting: 13.57, 13.44 / 11.76, 12.76 s. Since the kernels' block loops are Python loops over compiled
-pieces and the jobs run in families (2026-11-28), 9.39 and 9.61 s against 14.43 and 14.78 s (kernels/README.md, "The
-first run, 2026-11-28"). Tried and dropped: the im2col weight-gradient driver
+pieces and the jobs run in families (2026-11-28), 9.39–10.93 s against 14.43–15.07 s in four sittings
+(kernels/README.md, "The first run, 2026-11-28"). Tried and dropped: the im2col weight-gradient driver
 without the branches ResNet-18 never takes (v16's 1×1 in place, the 1×1 gather): 2.65 → 2.3 s of
 compile CPU, too little for a second driver to keep in step with the first.
 
