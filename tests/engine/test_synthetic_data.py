@@ -63,9 +63,14 @@ def test_an_image_out_of_range_is_an_index_error(index):
         synthetic(10, train=8, test=2, shape=(3, 4, 4)).x_train.image(index, np.empty((3, 4, 4), np.float32))
 
 
-def test_a_batch_is_its_images_bit_for_bit_with_each_class_pattern_drawn_once(monkeypatch):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_batch_is_its_images_bit_for_bit_with_each_class_pattern_drawn_once(monkeypatch, parallel):
     """``take`` draws each class's pattern once per call and copies it to that class's other rows: the bits of
     ``image`` row by row, whatever the order and the repeats; an index out of range is refused before any row."""
+    from engine.data import datasets
+
+    # parallel: the batch drawn on the threads (a 224 batch's size is past the threshold), each row its generators
+    monkeypatch.setattr(datasets, "SYNTHETIC_PARALLEL_VALUES", 1 if parallel else 1 << 40)
     images = synthetic(3, seed=2, train=40, test=4, shape=(3, 9, 9)).x_train
     indices = np.array([5, 5, 17, 0, 39, 22, 5, 8, 13, 31, 2])
     rows = np.stack([images[int(i)] for i in indices])
