@@ -508,8 +508,36 @@ class WarmupResult:
     failed: list[str]
 
 
+WORKER_BYTES = 224 << 20
+"""What one warm-up worker adds to its cgroup's memory at its peak (its own heap and LLVM's, NumPy's and Numba's
+modules; their code is shared with the training process). Measured 2026-11-28: a worker's peak RSS 260–275 MiB
+compiling ResNet-18's CIFAR and 224 jobs; ``benchmarks/first_run.py --jobs`` (a parent that built the network, two
+workers) peaked its cgroup at 485 and 528 MiB, the parent alone with the kernels imported at 68 MiB."""
+
+TRAINING_SETUP_BYTES = 288 << 20
+"""What the training process holds while the workers compile, at most: ResNet-18 and MobileNetV2 at 224, batch 32,
+their data, network, parameters and optimizer state before the first step (``engine memory``'s setup, parameters and
+optimizer rows: 170–200 MiB), with room to spare."""
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def workers_that_fit(limit_bytes: int | None = None) -> int:
+    """Warm-up workers to start: one per core, as many as the memory limit leaves room for beside the training
+    process's set-up (``WORKER_BYTES`` each after ``TRAINING_SETUP_BYTES``), at least one.
+
+    Why (issue 30, "never OOM-killed"). The workers run in the training process's cgroup. Under 510 MiB, ResNet-18
+    at 224 on a cold cache with two workers got one of them OOM-killed in two runs of two, and the training process
+    itself in another run (its kernels then compile on first use, in the training process); the smallest limits
+    ``engine memory`` predicts are for a warm cache. One worker compiles the same jobs in about twice the wall time."""
+    cores = _cores()
+    if limit_bytes is None:
+        from engine.memory.limits import memory_limit
+
+        limit_bytes = memory_limit().bytes
+    return max(1, min(cores, (limit_bytes - TRAINING_SETUP_BYTES) // WORKER_BYTES))
 
 
 def _prepare_worker() -> None:
@@ -540,10 +568,12 @@ def start_workers(label: str) -> ProcessPoolExecutor | None:
         return None  # likely warm: if not, ensure_compiled spawns its workers as before
     import multiprocessing
 
+    workers = workers_that_fit()
     pool = ProcessPoolExecutor(
-        max_workers=_cores(), mp_context=multiprocessing.get_context("spawn"), initializer=_prepare_worker
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_prepare_worker
     )
-    for _ in range(_cores()):  # a spawn pool starts a worker per submit while none is idle: all of them, now
+    pool.workers = workers  # what ensure_compiled reports
+    for _ in range(workers):  # a spawn pool starts a worker per submit while none is idle: all of them, now
         pool.submit(_ready)
     return pool
 
@@ -571,15 +601,15 @@ def ensure_compiled(
     started early (``start_workers``), used instead of spawning new ones, and shut down either way."""
     if not jobs or (is_warm(jobs) and not force):
         if pool is not None:
-            pool.shutdown(wait=False)
+            pool.shutdown(wait=workers_that_fit() < _cores())  # as below: under a tight limit, gone before training
         return None
     import multiprocessing
 
     if pool is None:
-        workers = max(1, min(workers or _cores(), len(jobs)))
+        workers = max(1, min(workers or workers_that_fit(), len(jobs)))
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     else:
-        workers = _cores()  # what start_workers started
+        workers = getattr(pool, "workers", _cores())  # what start_workers started
     start = time.perf_counter()
     failed: list[str] = []
     if progress:
@@ -600,8 +630,11 @@ def ensure_compiled(
         # Every job has returned, so its kernels are in the cache: the workers' exit (a Python
         # interpreter with Numba and LLVM loaded tearing down, 0.57 s of ResNet-18's 13.2 s pool
         # measured from the last result to the end of a waiting shutdown) runs beside training
-        # instead of before it. The executor joins them in the background, and at exit.
-        pool.shutdown(wait=False)
+        # instead of before it. The executor joins them in the background, and at exit. Not under a
+        # memory limit that leaves room for fewer workers than cores (``workers_that_fit``): there a
+        # worker still exiting held its memory while the first step planned for all of it (ResNet-18
+        # at 224 under 510 MiB on a cold cache, one worker: OOM kills in two runs of two).
+        pool.shutdown(wait=workers_that_fit() < _cores())
     seconds = time.perf_counter() - start
     if not failed:
         _write_marker(jobs, label, seconds)
@@ -656,7 +689,7 @@ def warm_for_training(
     jobs = model_jobs(graph, optimizer)
     if is_warm(jobs):
         if pool is not None:  # started for nothing: warm under another label, so say so for this one
-            pool.shutdown(wait=False)
+            pool.shutdown(wait=workers_that_fit() < _cores())  # under a tight limit, gone before training
             _write_marker(jobs, label, 0.0)
         return None
     line = ProgressLine(stream)

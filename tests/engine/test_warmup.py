@@ -413,3 +413,34 @@ def test_jobs_that_share_compiled_pieces_run_in_one_family_largest_first():
     assert warmup.family(warmup.Job("relu_forward")) == "relu_forward"
     assert warmup.run_jobs([warmup.Job("sgd_update"), warmup.Job("no_such_kernel"), warmup.Job("add_forward")]) == [
         "no_such_kernel: KeyError: 'no_such_kernel'"]  # a failure does not stop the family
+
+
+def test_the_warm_up_starts_the_workers_a_memory_limit_leaves_room_for(monkeypatch):
+    # issue 30: the workers run in the training process's cgroup; under 510 MiB two of them got OOM-killed beside
+    # ResNet-18 at 224 on a cold cache. One worker per core where the limit allows, at least one
+    monkeypatch.setattr(warmup, "_cores", lambda: 2)
+    mib = 1 << 20
+    assert warmup.workers_that_fit(510 * mib) == warmup.workers_that_fit(610 * mib) == 1
+    assert warmup.workers_that_fit(300 * mib) == 1
+    assert warmup.workers_that_fit(warmup.TRAINING_SETUP_BYTES + 2 * warmup.WORKER_BYTES) == 2
+    assert warmup.workers_that_fit(64 << 30) == 2
+    monkeypatch.setattr(warmup, "_cores", lambda: 8)
+    assert warmup.workers_that_fit(1 << 30) == (1024 - 288) // 224
+
+
+@pytest.mark.parametrize(("fit", "wait"), [(1, True), (2, False)])
+def test_under_a_tight_limit_the_workers_are_gone_before_training(monkeypatch, fit, wait):
+    # a worker still exiting held its memory while the first step planned for all of it (OOM kills under 510 MiB);
+    # without a tight limit its exit runs beside training
+    monkeypatch.setattr(warmup, "_cores", lambda: 2)
+    monkeypatch.setattr(warmup, "workers_that_fit", lambda limit_bytes=None: fit)
+
+    class Pool:
+        waited = None
+
+        def shutdown(self, wait):
+            Pool.waited = wait
+
+    monkeypatch.setattr(warmup, "is_warm", lambda jobs: True)
+    assert warmup.ensure_compiled([warmup.Job("sgd_update")], "tiny", pool=Pool()) is None
+    assert Pool.waited is wait
