@@ -380,13 +380,14 @@ def family(job: Job) -> str:
 
 
 def families(jobs: list[Job]) -> list[list[Job]]:
-    """``jobs`` grouped by ``family``, the largest group first (then in the jobs' order).
+    """``jobs`` grouped by ``family``, the group with the most jobs first (then in the jobs' order).
 
     Why. Two workers that take jobs one at a time compile a transform twice when two jobs that need it run at
     once (ResNet-18's F(4×4) backward-data, its weight gradient and its by-k paths all need ``_input_transform``,
     1.6 s): the CIFAR warm-up's 25 jobs took 21.3 s of CPU in two workers against 19.0 s one after another in one
-    process. A family in one worker compiles each piece once and loads it from the cache for the next job; the
-    largest first is the longest-processing-time rule for the two queues."""
+    process. A family in one worker compiles each piece once and loads it from the cache for the next job. The most
+    jobs first is the longest-processing-time rule with jobs as the measure of time (the conv families, the long
+    ones, have the most)."""
     groups: dict[str, list[Job]] = {}
     for job in jobs:
         groups.setdefault(family(job), []).append(job)
@@ -532,12 +533,24 @@ def workers_that_fit(limit_bytes: int | None = None) -> int:
     at 224 on a cold cache with two workers got one of them OOM-killed in two runs of two, and the training process
     itself in another run (its kernels then compile on first use, in the training process); the smallest limits
     ``engine memory`` predicts are for a warm cache. One worker compiles the same jobs in about twice the wall time."""
-    cores = _cores()
+    return max(1, min(_cores(), _room_for_workers(limit_bytes)))
+
+
+def _room_for_workers(limit_bytes: int | None = None) -> int:
+    """Workers the memory limit (default: this process's, ``memory_limit``) leaves room for beside the training
+    set-up, unclamped: 0 or less when not even one does."""
     if limit_bytes is None:
         from engine.memory.limits import memory_limit
 
         limit_bytes = memory_limit().bytes
-    return max(1, min(cores, (limit_bytes - TRAINING_SETUP_BYTES) // WORKER_BYTES))
+    return (limit_bytes - TRAINING_SETUP_BYTES) // WORKER_BYTES
+
+
+def _limit_is_tight() -> bool:
+    """Whether the memory limit leaves room for fewer workers than cores: then the workers are waited for when they
+    exit, so that none still holds its memory when the first step allocates (``ensure_compiled``). By the room, not
+    by the workers started: on one core, under a limit that leaves room for none, the one worker is waited for too."""
+    return _room_for_workers() < _cores()
 
 
 def _prepare_worker() -> None:
@@ -601,7 +614,7 @@ def ensure_compiled(
     started early (``start_workers``), used instead of spawning new ones, and shut down either way."""
     if not jobs or (is_warm(jobs) and not force):
         if pool is not None:
-            pool.shutdown(wait=workers_that_fit() < _cores())  # as below: under a tight limit, gone before training
+            pool.shutdown(wait=_limit_is_tight())  # as below: under a tight limit, gone before training
         return None
     import multiprocessing
 
@@ -631,10 +644,10 @@ def ensure_compiled(
         # interpreter with Numba and LLVM loaded tearing down, 0.57 s of ResNet-18's 13.2 s pool
         # measured from the last result to the end of a waiting shutdown) runs beside training
         # instead of before it. The executor joins them in the background, and at exit. Not under a
-        # memory limit that leaves room for fewer workers than cores (``workers_that_fit``): there a
+        # memory limit that leaves room for fewer workers than cores (``_limit_is_tight``): there a
         # worker still exiting held its memory while the first step planned for all of it (ResNet-18
         # at 224 under 510 MiB on a cold cache, one worker: OOM kills in two runs of two).
-        pool.shutdown(wait=workers_that_fit() < _cores())
+        pool.shutdown(wait=_limit_is_tight())
     seconds = time.perf_counter() - start
     if not failed:
         _write_marker(jobs, label, seconds)
@@ -689,7 +702,7 @@ def warm_for_training(
     jobs = model_jobs(graph, optimizer)
     if is_warm(jobs):
         if pool is not None:  # started for nothing: warm under another label, so say so for this one
-            pool.shutdown(wait=workers_that_fit() < _cores())  # under a tight limit, gone before training
+            pool.shutdown(wait=_limit_is_tight())  # under a tight limit, gone before training
             _write_marker(jobs, label, 0.0)
         return None
     line = ProgressLine(stream)
@@ -699,7 +712,8 @@ def warm_for_training(
         kept = (f"cached in {location.directory}, later runs start at once" if location.persistent
                 else "not kept: the next run compiles them again (see the note above)")
         out.write(
-            f"compiled {result.jobs} kernels in {result.seconds:.1f} s with {result.workers} worker processes; "
+            f"compiled the kernels of {result.jobs} warm-up jobs in {result.seconds:.1f} s with {result.workers} "
+            f"worker process{'' if result.workers == 1 else 'es'}; "
             f"{kept}\n"
         )
         for failure in result.failed:

@@ -424,16 +424,18 @@ def test_the_warm_up_starts_the_workers_a_memory_limit_leaves_room_for(monkeypat
     assert warmup.workers_that_fit(300 * mib) == 1
     assert warmup.workers_that_fit(warmup.TRAINING_SETUP_BYTES + 2 * warmup.WORKER_BYTES) == 2
     assert warmup.workers_that_fit(64 << 30) == 2
+    monkeypatch.setattr(warmup, "_cores", lambda: 1)  # one core under a limit with room for none: tight all the same
+    assert warmup.workers_that_fit(300 * mib) == 1 and warmup._room_for_workers(300 * mib) < 1
     monkeypatch.setattr(warmup, "_cores", lambda: 8)
     assert warmup.workers_that_fit(1 << 30) == (1024 - 288) // 224
 
 
-@pytest.mark.parametrize(("fit", "wait"), [(1, True), (2, False)])
+@pytest.mark.parametrize(("fit", "wait"), [(1, True), (2, False), (0, True)])
 def test_under_a_tight_limit_the_workers_are_gone_before_training(monkeypatch, fit, wait):
     # a worker still exiting held its memory while the first step planned for all of it (OOM kills under 510 MiB);
     # without a tight limit its exit runs beside training
     monkeypatch.setattr(warmup, "_cores", lambda: 2)
-    monkeypatch.setattr(warmup, "workers_that_fit", lambda limit_bytes=None: fit)
+    monkeypatch.setattr(warmup, "_room_for_workers", lambda limit_bytes=None: fit)
 
     class Pool:
         waited = None
