@@ -232,17 +232,6 @@ def engine_network(backend, image_size: int, variant: str | None = None):
                        chunkable=False)
 
 
-def _own_winners(seen, pool) -> np.ndarray:
-    """The window places a max pool's own arithmetic picks on ``seen`` (its input): the first maximum, row-major."""
-    import torch
-
-    n, c, h, w = seen.shape
-    p = pool.padding
-    padded = torch.nn.functional.pad(seen, (p, p, p, p), value=float("-inf")).reshape(n * c, 1, h + 2 * p, w + 2 * p)
-    windows = torch.nn.functional.unfold(padded, pool.kernel, stride=pool.stride)
-    return windows.argmax(1).reshape(n, c, *pool.decided.shape[2:]).numpy()
-
-
 def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | None = None, seed: int = 1) -> dict:
     """In this process, with ``mix_paths(spec)`` as the kernel table's paths: the errors of one ResNet-18 step's
     gradients (``variant`` by ``image_size`` as ``engine train`` picks it), the engine's and PyTorch float32's."""
@@ -298,7 +287,7 @@ def gradient_errors(spec: str, batch: int, image_size: int = 32, variant: str | 
         loss.backward()
         grads = {name: p.grad.double().numpy() for name, p in twin.named_parameters()}
         return (grads, {name: m.seen_input.double().numpy() for name, m in relus.items()},
-                {name: _own_winners(m.seen_input, m) for name, m in pools.items()})
+                {name: m.winners(m.seen_input).numpy() for name, m in pools.items()})
 
     exact, inputs, exact_winners = twin_gradients(torch.float64)
     theirs, their_inputs, their_winners = twin_gradients(torch.float32)

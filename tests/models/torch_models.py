@@ -55,16 +55,28 @@ class MaxPool(nn.Module):
         self.decided: torch.Tensor | None = None
         self.seen_input: torch.Tensor | None = None
 
+    def windows(self, x):
+        """Every window's values, (n·c, kernel², windows), padding as -inf: column j is window j in row-major order,
+        row r·kernel + s its place (r, s)."""
+        n, c, h, w = x.shape
+        p = self.padding
+        padded = nn.functional.pad(x, (p, p, p, p), value=float("-inf")).reshape(n * c, 1, h + 2 * p, w + 2 * p)
+        return nn.functional.unfold(padded, self.kernel, stride=self.stride)
+
+    def winners(self, x):
+        """The window places this pool's own arithmetic picks on ``x``: the first maximum, row-major (the engine's
+        and PyTorch's rule)."""
+        n, c, h, w = x.shape
+        size = [(side + 2 * self.padding - self.kernel) // self.stride + 1 for side in (h, w)]
+        return self.windows(x).argmax(1).reshape(n, c, *size)
+
     def forward(self, x):
         self.seen_input = x.detach()
         if self.decided is None:
             return nn.functional.max_pool2d(x, self.kernel, self.stride, self.padding)
-        n, c, h, w = x.shape
-        p = self.padding
-        padded = nn.functional.pad(x, (p, p, p, p), value=float("-inf")).reshape(n * c, 1, h + 2 * p, w + 2 * p)
-        windows = nn.functional.unfold(padded, self.kernel, stride=self.stride)  # (n·c, kernel², windows)
+        n, c = x.shape[:2]
         places = self.decided.reshape(n * c, 1, -1).long()
-        return windows.gather(1, places).reshape(n, c, *self.decided.shape[2:])
+        return self.windows(x).gather(1, places).reshape(n, c, *self.decided.shape[2:])
 
 
 class BasicBlock(nn.Module):
