@@ -21,7 +21,7 @@ Where the first run's time goes (ResNet-18, ``engine train --model resnet18 --of
 workers (24 s of job CPU, the last jobs ending 0.3 s apart), so only less compile work shortens it.
 Batch norm's three kernels, SGD, the global pools and the dense bias compiled as ``prange`` kernels
 in 6.7 s of job CPU (one process, serially); as serial kernels over ``threads.run_ranges`` 2.5 s
-(the element-wise kernels were tried too and stay ``prange``: ``kernels/cpu/elementwise.py``). The
+(the element-wise kernels followed once each had a loop for its in-place call: ``kernels/cpu/elementwise.py``). The
 pool is not waited for at the end (``ensure_compiled``). Cold − warm, b6105db / after, alternating
 in one sitting: 13.57, 13.44 / 11.76, 12.76 s. Since the kernels' block loops are Python loops over compiled
 pieces and the jobs run in families (2026-11-28), 9.39–10.93 s against 14.43–15.07 s in four sittings

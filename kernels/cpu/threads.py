@@ -512,7 +512,8 @@ def run_ranges(work: Callable[[int, int], object], items: int, threads: int, ite
     The batch-norm, optimizer, global-pool and dense-bias kernels run their shares here rather than
     as ``prange`` loops: a ``parallel=True`` kernel compiles 3–5× longer on a cold cache than the same
     loop as a serial kernel (batch norm's training forward 1.39 → 0.31 s; ``engine/warmup.py`` has
-    the figures). The element-wise kernels keep ``prange``: ``kernels/cpu/elementwise.py`` says why."""
+    the figures). The element-wise kernels too, each with a loop for the in-place call
+    (``kernels/cpu/elementwise.py`` says why that loop)."""
     min_items = -(-RANGE_MIN_VALUES // max(1, item_values))
     shares = max(1, min(threads, items // min_items))
     if shares == 1:

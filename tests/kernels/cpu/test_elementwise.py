@@ -117,3 +117,68 @@ def test_activation_with_checksum_gives_the_same_bits_and_the_sums(name, shape, 
     in_place = x.copy()  # out may be x: the sums are of the input
     assert getattr(elementwise, f"{name}_forward_checksum")(in_place, in_place) == sums
     np.testing.assert_array_equal(in_place.view(np.uint32), expected.view(np.uint32))
+
+
+LARGE = (3, 17, 64, 64)  # 208,896 values: past threads.RANGE_MIN_VALUES, so two and three threads split it
+
+
+def _edge_values(x: np.ndarray) -> np.ndarray:
+    """x with the values the kernels must pass as PyTorch does at its head: the kinks, ±inf and NaN."""
+    x.reshape(-1)[:7] = [0.0, 6.0, np.inf, -np.inf, np.nan, -1e-30, 6.5]
+    x.reshape(-1)[-3:] = [np.inf, np.nan, 0.0]  # and at the tail (the last range's)
+    return x
+
+
+def _at_threads(threads: int):
+    import numba
+
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    return previous
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_every_kernel_gives_the_reference_bits_split_over_threads(threads, in_place, rng):
+    """Serial kernels over ``run_ranges`` with an in-place branch (module docstring): the reference's bits on
+    a tensor the threads split, in place (the written array is the read one, as the layers call them) and
+    not, with the kinks, ±inf and NaN at both ends."""
+    import numba
+
+    x = _edge_values(rng.uniform(-4, 10, size=LARGE).astype(np.float32))
+    dout = _edge_values(rng.standard_normal(LARGE).astype(np.float32))[::-1].copy()
+    mask = (rng.random(LARGE) > 0.3).astype(np.uint8)
+
+    previous = _at_threads(threads)
+    try:
+        assert numba.get_num_threads() == min(threads, numba.config.NUMBA_NUM_THREADS)
+        cases = [
+            ("relu_forward", (x,), ()), ("relu6_forward", (x,), ()), ("leaky_relu_forward", (x,), (0.2,)),
+            ("relu_backward", (np.maximum(x, 0), dout), ()), ("relu6_backward", (np.clip(x, 0, 6), dout), ()),
+            ("leaky_relu_backward", (x, dout), (0.2,)), ("add_forward", (x, dout), ()),
+            ("dropout_forward", (np.nan_to_num(x, posinf=1.0, neginf=-1.0), mask), (1 / 0.7,)),  # finite: a dropped value is 0 here
+        ]
+        for name, arrays, extra in cases:
+            want = np.empty_like(x)
+            if name.startswith("dropout"):
+                reference.dropout_forward(arrays[0], arrays[1], *extra, want)
+            else:
+                getattr(reference, name)(*arrays, want, *extra)
+            arrays = [a.copy() for a in arrays]
+            if in_place:  # over the last float input: x (forward), dout (backward), b (add)
+                target = arrays[0] if name.startswith("dropout") else arrays[-1]
+            else:
+                target = np.full_like(x, 123.0)
+            if name.startswith("dropout"):
+                elementwise.dropout_forward(arrays[0], arrays[1], *extra, target)
+            else:
+                getattr(elementwise, name)(*arrays, target, *extra)
+            if name.startswith("dropout"):  # the reference's x·0 is −0 for x < 0; the kernel writes 0
+                np.testing.assert_array_equal(target, want, err_msg=name)
+            else:
+                np.testing.assert_array_equal(target.view(np.uint32), want.view(np.uint32), err_msg=name)
+        a, b = x.copy(), dout.copy()
+        elementwise.add_forward(a, b, a)  # out = a, the other in-place case
+        np.testing.assert_array_equal(a.view(np.uint32), (x + dout).view(np.uint32))
+    finally:
+        numba.set_num_threads(previous)
