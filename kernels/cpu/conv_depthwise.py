@@ -171,12 +171,27 @@ direct, 6.2 ms here, one thread). Since it computes only the kept outputs (``_fl
 two threads, median of 9, ms direct → here: 144 ch @32×32 batch 32 2.41 / 2.29 → 1.60 / 1.68,
 32 ch @32×32 0.58 / 0.53 → 0.46 / 0.46, 144 ch @48×48 5.06 / 4.98 → 3.69 / 3.61, 144 ch @56×56
 batch 16 3.18 / 3.41 → 2.60 / 2.59; but 144 ch @64×64 9.93 / 9.98 → 10.55 / 10.69 and 96 ch
-@112×112 batch 16 10.53 / 10.34 → 10.55 / 10.48 (a tie)."""
+@112×112 batch 16 10.53 / 10.34 → 10.55 / 10.48 (a tie).
+
+v44: from ``PLANES_S2_FORWARD_MIN_PIXELS`` up, the limit is the chunk runs' only: plane by plane
+(``plane_forward``, which came after the figures above) those planes run faster than the direct loops."""
+
+PLANES_S2_FORWARD_MIN_PIXELS = 80 * 80
+"""v44: stride-2 depthwise forwards on even planes of at least this many pixels run plane by plane, not direct.
+Two threads, best quarter of 7–9 calls, ms, direct → planes, two rounds: batch 32, 96 ch @64×64 5.18 / 5.07 →
+5.94 / 5.90 (direct ahead, so 64×64 stays direct), @80×80 8.78 / 8.33 → 6.93 / 6.94, @96×96 12.95 / 12.80 → 9.70 /
+9.69, 144 ch @80×80 12.52 / 12.51 → 11.57 / 10.44, @96×96 19.32 / 19.26 → 14.43 / 14.62, 96 ch @112×112 (MobileNetV2's
+ImageNet variant's second block) 18.71 / 18.63 → 13.25 / 12.89; batch 8 (the chunk ``engine/layers/chunked.py`` runs,
+again twice in a recomputed backward) 96 ch @112×112 4.66 / 4.64 → 3.21 / 3.25, 144 ch @112×112 7.35 / 7.24 → 5.01 /
+4.98, 64 ch @128×128 4.96 / 4.93 → 3.56 / 3.74."""
 
 
-def supported(x_shape, w_shape, stride: int, pad: int, direction: str) -> bool:
-    """3×3, pad 1, stride 1 or 2 (every MobileNetV2 depthwise layer), except large stride-2 forwards."""
-    if direction == "forward" and stride == 2 and x_shape[2] * x_shape[3] >= FULL_RESOLUTION_FORWARD_LIMIT:
+def supported(x_shape, w_shape, stride: int, pad: int, direction: str, planes: bool = False) -> bool:
+    """3×3, pad 1, stride 1 or 2 (every MobileNetV2 depthwise layer), except large stride-2 forwards that do not run
+    plane by plane (``planes``: the caller allows ``plane_forward``; v44)."""
+    pixels = x_shape[2] * x_shape[3]
+    if (direction == "forward" and stride == 2 and pixels >= FULL_RESOLUTION_FORWARD_LIMIT
+            and not (planes and pixels >= PLANES_S2_FORWARD_MIN_PIXELS and plane_by_plane(x_shape, stride))):
         return False
     return w_shape[2] == 3 and w_shape[3] == 3 and stride in (1, 2) and pad == 1
 
