@@ -396,6 +396,7 @@ class Paths:
     imagenet_measured: bool = True  # v42: v39/v40 directions that lost to im2col go back (``STEM_STRIDED_…``)
     winograd_by_xi_forward: bool = True  # v43: the F(2×2) forward by ξ on ≤ 7×7 (``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``)
     depthwise_planes_large_s2: bool = True  # v44: depthwise stride-2 forwards on ≥ 80×80 plane by plane, not direct
+    depthwise_imagenet_planes: bool = True  # v45: depthwise plane by plane from 14×14, weight by groups from 7×7
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -553,9 +554,12 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
             return "depthwise-registers"
         planes_s2 = paths.depthwise_planes and paths.depthwise_planes_large_s2  # v44: large s2 forwards plane by plane
         if paths.depthwise_flat and conv_depthwise.supported(x_shape, w_shape, stride, pad, direction, planes_s2):
-            if direction == "weight" and paths.depthwise_weight_groups and conv_depthwise.by_groups(x_shape, stride):
+            imagenet = paths.depthwise_imagenet_planes  # v45
+            if (direction == "weight" and paths.depthwise_weight_groups
+                    and conv_depthwise.by_groups(x_shape, stride, imagenet)):
                 return "depthwise-groups"
-            if direction != "weight" and paths.depthwise_planes and conv_depthwise.plane_by_plane(x_shape, stride):
+            if (direction != "weight" and paths.depthwise_planes
+                    and conv_depthwise.plane_by_plane(x_shape, stride, imagenet)):
                 return "depthwise-planes"
             return "depthwise-flat"
         return "depthwise-direct"

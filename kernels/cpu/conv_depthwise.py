@@ -565,14 +565,26 @@ on the small planes, where each plane's loop is four vectors or one and its set-
 
 PLANES_MIN_PIXELS_STRIDE2 = 1024
 
+IMAGENET_PLANES_MIN_PIXELS = 14 * 14
+"""v45: forward and backward-data plane by plane from 14×14 at both strides (``plane_by_plane(..., imagenet=True)``;
+the two limits above are v21–v44's, kept for the study's versions). The figures above were taken on CIFAR's square
+planes, which ``conv_depthwise_regs`` has run since v25; MobileNetV2's ImageNet variant has 28×28 and 14×14 ones.
+Batch 32, two threads, median of four rounds of the median of 15 calls, ms, chunk runs → plane by plane: stride 1
+384 ch @14×14 forward 1.082 → 0.899, 576 ch @14×14 forward 1.803 → 1.383, backward-data 1.801 → 1.347; stride 2 192 ch
+@28×28 forward 2.107 → 1.670 (8 images 0.365 → 0.339), backward-data 2.280 → 2.157, 144 ch @28×28 forward 1.200 →
+1.024, 576 ch @14×14 forward 1.413 → 1.229, backward-data 1.831 → 1.654, 960 ch @14×14 forward 3.305 → 2.047. Below,
+the chunk runs stay ahead: 960 ch @7×7 forward 0.590 against 0.819, backward-data 0.631 against 0.838; 576 ch s2
+@10×10 forward 0.590 against 0.720, backward-data 0.893 against 0.997."""
 
-def plane_by_plane(x_shape, stride: int) -> bool:
+
+def plane_by_plane(x_shape, stride: int, imagenet: bool = True) -> bool:
     """Whether forward and backward-data run plane by plane (``plane_forward``; ``x_shape``: the
-    full-resolution side): see ``PLANES_MIN_PIXELS``."""
+    full-resolution side): see ``PLANES_MIN_PIXELS`` and, ``imagenet`` (v45), ``IMAGENET_PLANES_MIN_PIXELS``."""
     pixels = x_shape[2] * x_shape[3]
     if stride == 1:
-        return pixels >= PLANES_MIN_PIXELS
-    return pixels >= PLANES_MIN_PIXELS_STRIDE2 and x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0
+        return pixels >= (IMAGENET_PLANES_MIN_PIXELS if imagenet else PLANES_MIN_PIXELS)
+    least = IMAGENET_PLANES_MIN_PIXELS if imagenet else PLANES_MIN_PIXELS_STRIDE2
+    return pixels >= least and x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0
 
 
 def run_forward(x, w, out, stride: int, scratch, kept_only: bool = True, planes: bool = False) -> None:
@@ -607,11 +619,18 @@ nine horizontal sums per four planes cost more than the per-position accumulator
 ch @4×4, batch 32, two threads, median of 5 rounds of best-of-7: 0.265 ms per-position, 0.335 by
 groups)."""
 
+IMAGENET_GROUPS_MIN_PIXELS = 7 * 7
+"""v45: the weight gradient by image groups from 7×7 (``by_groups(..., imagenet=True)``; 4×4 and 5×5 keep the
+per-position accumulators, square 4×4 to 32×32 planes run ``conv_depthwise_regs`` anyway). Batch 32, two threads,
+median of four rounds of the median of 15 calls, ms, per-position → by groups: 960 ch @7×7 0.819 → 0.678 (8 images
+0.347 → 0.218), 576 ch @7×7 0.470 → 0.416, 160 ch @7×7 0.174 → 0.157."""
 
-def by_groups(x_shape, stride: int) -> bool:
+
+def by_groups(x_shape, stride: int, imagenet: bool = True) -> bool:
     """Whether the weight gradient runs by image groups (``weight_by_groups``): planes of at least
-    ``GROUPS_MIN_PIXELS``, and even ones at stride 2 (row pairs)."""
-    if x_shape[2] * x_shape[3] < GROUPS_MIN_PIXELS:
+    ``GROUPS_MIN_PIXELS`` (``imagenet``, v45: ``IMAGENET_GROUPS_MIN_PIXELS``), and even ones at stride 2 (row
+    pairs)."""
+    if x_shape[2] * x_shape[3] < (IMAGENET_GROUPS_MIN_PIXELS if imagenet else GROUPS_MIN_PIXELS):
         return False
     return stride == 1 or (x_shape[2] % 2 == 0 and x_shape[3] % 2 == 0)
 

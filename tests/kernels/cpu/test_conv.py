@@ -861,7 +861,7 @@ DEPTHWISE_THREAD_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): row pair
     (6, 40, 8, 8, 40, 3, 2, 1, 40),
     (5, 24, 7, 7, 24, 3, 2, 1, 24),
     (5, 48, 4, 4, 48, 3, 1, 1, 48),
-    (3, 12, 16, 16, 12, 3, 2, 1, 12),
+    (3, 12, 12, 12, 12, 3, 2, 1, 12),  # 12×12: under plane by plane (v45: from 14×14)
 ]
 
 
@@ -933,6 +933,7 @@ WEIGHT_GROUP_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise we
     (10, 12, 10, 10, 12, 3, 2, 1, 12),  # stride 2, row pairs, groups of four and of two
     (7, 40, 8, 8, 40, 3, 2, 1, 40),  # stride 2, several channel chunks (256 floats)
     (5, 6, 16, 12, 6, 3, 1, 1, 6),  # a plane that is not square
+    (9, 10, 7, 7, 10, 3, 1, 1, 10),  # 7×7: by groups since v45 (MobileNetV2's ImageNet 960 @7×7)
 ]
 
 
@@ -993,18 +994,32 @@ def test_depthwise_weight_by_groups_keeps_a_nan_in_its_own_channel():
         np.testing.assert_allclose(dw[finite], want[finite], rtol=1e-4, atol=1e-4)
 
 
-def test_depthwise_weight_by_groups_from_8x8_planes_at_even_sizes():
+def test_depthwise_weight_by_groups_from_7x7_planes_at_even_sizes():
     from kernels.cpu import conv_depthwise
 
     assert conv_depthwise.by_groups((32, 576, 8, 8), 2) and conv_depthwise.by_groups((32, 144, 32, 32), 1)
+    assert conv_depthwise.by_groups((32, 960, 7, 7), 1)  # v45 (v21–v44: from 8×8)
+    assert not conv_depthwise.by_groups((32, 960, 7, 7), 1, imagenet=False)
     assert not conv_depthwise.by_groups((32, 960, 4, 4), 1)  # 4×4: the per-position accumulators (v20)
     assert not conv_depthwise.by_groups((6, 40, 7, 7), 2)  # odd plane at stride 2: no row pairs
+
+
+def test_depthwise_plane_by_plane_from_14x14_since_v45():
+    from kernels.cpu import conv_depthwise
+
+    for stride in (1, 2):
+        assert conv_depthwise.plane_by_plane((32, 576, 14, 14), stride)
+        assert not conv_depthwise.plane_by_plane((32, 576, 14, 14), stride, imagenet=False)
+        assert not conv_depthwise.plane_by_plane((32, 576, 12, 12), stride)  # below: the chunk runs
+    assert not conv_depthwise.plane_by_plane((32, 576, 15, 15), 2)  # odd at stride 2: no row pairs
 
 
 PLANE_SHAPES = [  # (n, c, h, w, k, r, stride, pad, groups): depthwise forward and backward-data plane by plane
     (3, 5, 16, 16, 5, 3, 1, 1, 5),  # two planes a chunk; the tensor's first and last planes (checked loop)
     (3, 4, 17, 16, 4, 3, 1, 1, 4),  # odd rows
     (2, 3, 32, 32, 3, 3, 2, 1, 3),  # stride 2: kept outputs on row pairs; backward-data upsampled
+    (3, 6, 14, 14, 6, 3, 1, 1, 6),  # 14×14 (v45): MobileNetV2's ImageNet planes
+    (3, 6, 14, 14, 6, 3, 2, 1, 6),  # 14×14 at stride 2 (v45)
 ]
 
 
