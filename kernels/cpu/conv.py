@@ -397,6 +397,7 @@ class Paths:
     winograd_by_xi_forward: bool = True  # v43: the F(2×2) forward by ξ on ≤ 7×7 (``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``)
     depthwise_planes_large_s2: bool = True  # v44: depthwise stride-2 forwards on ≥ 80×80 plane by plane, not direct
     depthwise_imagenet_planes: bool = True  # v45: depthwise plane by plane from 14×14, weight by groups from 7×7
+    pointwise_pixel_blocks: bool = True  # v46: 1×1 GEMMs on ≥ 56×56 planes cut into pixels, not rows
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -1540,7 +1541,7 @@ def _run_forward_kernel(
     plane = dst.shape if flipped else src.shape
     with blas_on_calling_thread:
         if kind == "pointwise":
-            conv_pointwise.run_images(src, w, dst, flipped, threads)
+            conv_pointwise.run_images(src, w, dst, flipped, threads, pixel_blocks=paths.pointwise_pixel_blocks)
         elif kind == "pointwise-strided":
             conv_pointwise.run_images(src, w, dst, flipped, threads, stride=stride, scratch=scratch)
         elif kind == "winograd4-by-k":

@@ -9,7 +9,8 @@ v16's ``_pointwise_weight_in_place``), one sgemm as large as the layer. Here:
 - forward and backward-data (``images``, ``run_images``; path "pointwise"): each image's GEMM is cut
   into blocks of output rows so that rows × pixels × depth ≤ ``SMALL_GEMM_MNK`` (10⁶), on every plane
   size, the images handed out in chunks as before (``threads.run_chunks``). The row blocks do not
-  depend on the thread count: the same bits at any thread count.
+  depend on the thread count: the same bits at any thread count. Since v46, on planes of ≥ 56×56 a GEMM
+  with fewer output rows than its depth is cut into blocks of pixels instead (``pixel_block``).
 - the weight gradient on planes under 16×16 (v31, ``backward_weight_transposed``; path
   "pointwise-weight-transposed"): NN GEMMs over the smaller side transposed, below.
 - the weight gradient on planes of ≥ 16×16 (``backward_weight``; path "pointwise-weight-split"):
@@ -352,31 +353,72 @@ def move_kept(x, n0, count, stride, tile, scatter):
 
 
 @njit(cache=True, nogil=True)
-def images(src, w, dst, transposed, first, last, block_rows):
-    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows:
-    forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``) ``dst[n] = wᵀ @ src[n]``.
-    At stride 2 (v33) ``run_images`` calls it on tiles of kept pixels."""
+def images(src, w, dst, transposed, first, last, block_rows, block_pixels):
+    """Images [first, last) of a 1×1 stride-1 conv, one sgemm per block of ``block_rows`` output rows and
+    ``block_pixels`` pixels: forward ``dst[n] = w @ src[n]`` (w: K × C), backward-data (``transposed``)
+    ``dst[n] = wᵀ @ src[n]``. At stride 2 (v33) ``run_images`` calls it on tiles of kept pixels."""
     depth, rows = src.shape[1], dst.shape[1]
     pixels = src.shape[2] * src.shape[3]
     s_flat, w_flat, d_flat = src.reshape(src.size), w.reshape(w.size), dst.reshape(dst.size)
     scalars = np.empty(2, np.float32)
     for n in range(first, last):
-        for m0 in range(0, rows, block_rows):
-            block = min(block_rows, rows - m0)
-            if transposed:
-                sgemm(
-                    True, False, block, pixels, depth, w_flat[m0:], rows,
-                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
-                )  # fmt: skip
-            else:
-                sgemm(
-                    False, False, block, pixels, depth, w_flat[m0 * depth :], depth,
-                    s_flat[n * depth * pixels :], pixels, 0.0, d_flat[(n * rows + m0) * pixels :], pixels, scalars,
-                )  # fmt: skip
+        for p0 in range(0, pixels, block_pixels):
+            columns = min(block_pixels, pixels - p0)
+            for m0 in range(0, rows, block_rows):
+                block = min(block_rows, rows - m0)
+                if transposed:
+                    sgemm(
+                        True, False, block, columns, depth, w_flat[m0:], rows,
+                        s_flat[n * depth * pixels + p0 :], pixels, 0.0, d_flat[(n * rows + m0) * pixels + p0 :],
+                        pixels, scalars,
+                    )  # fmt: skip
+                else:
+                    sgemm(
+                        False, False, block, columns, depth, w_flat[m0 * depth :], depth,
+                        s_flat[n * depth * pixels + p0 :], pixels, 0.0, d_flat[(n * rows + m0) * pixels + p0 :],
+                        pixels, scalars,
+                    )  # fmt: skip
+
+
+PIXEL_BLOCKS_MIN_PIXELS = 56 * 56
+"""v46: on planes of at least this many pixels a stride-1 1×1 conv's per-image GEMM with fewer output rows than its
+depth is cut into blocks of pixels (every output row) of ≤ ``SMALL_GEMM_MNK`` multiply-adds (``pixel_block``), not
+into blocks of output rows."""
+
+PIXEL_BLOCK_MIN = 64
+"""The fewest pixels a block of ``pixel_block`` takes: below, the rows are cut instead."""
+
+
+def pixel_block(rows: int, depth: int, pixels: int, limit: int) -> int:
+    """Pixels per GEMM of a 1×1 conv's image (v46): all of them on planes under ``PIXEL_BLOCKS_MIN_PIXELS``, where
+    ``limit`` is 0 or where the GEMM has as many output rows as its depth or more; else the most, in whole 16-pixel
+    vectors, that keep rows × depth × pixels ≤ ``limit`` (OpenBLAS's small-matrix kernel), unless that is under
+    ``PIXEL_BLOCK_MIN`` (then all: the rows are cut).
+
+    Why. Cut into rows, a GEMM re-reads the image for every block of rows. At 224×224 MobileNetV2's planes of
+    112×112 and 56×56 hold 0.5–1.8 MB per image, and 144→24 @56×56 ran 12 blocks of two rows; 96→16 @112×112
+    backward-data ran one GEMM per image on OpenBLAS's packing path (a row past the limit already). Cut into
+    pixels, every block reads its columns of the image once and the weights (≤ 15 K floats) again. That wins
+    where the output is the narrow side (a projection's forward, an expansion's backward-data) and loses where it
+    is the wide one, whose blocks are then a few pixels wide. MobileNetV2's 1×1 layers at 224, two threads,
+    median of three alternating rounds of the median of 11 calls, ms, row blocks → pixel blocks everywhere (the
+    rule takes the first five of each batch size): batch 8 (the chunk ``engine/layers/chunked.py`` runs) forward
+    32→16 @112 1.23 → 0.86, 96→24 @56 0.98 → 0.62, 144→24 @56 1.51 → 0.93, backward-data 16→96 @112 6.01 → 3.64,
+    24→144 @56 2.10 → 1.01; the wide side lost: forward 16→96 2.25 → 3.86, 24→144 0.97 → 1.16, backward-data
+    32→16 1.00 → 1.25, 96→24 0.65 → 0.70, 144→24 0.92 → 1.01. Batch 32 the same way: 6.53 → 5.15, 6.56 → 4.02,
+    8.94 → 5.84, 24.02 → 15.96, 11.79 → 6.45 (lost: 10.58 → 15.97, 5.64 → 6.12, 5.68 → 7.15, 4.00 → 4.38, 5.13 →
+    6.02). The same bits as the row blocks at every shape measured. A block past the limit (1024 pixels and more on
+    96→16) took the packing path and lost the gain. On 28×28 and 14×14 planes the blocks changed nothing (0.94–1.04),
+    on CIFAR's 32×32 they were level or behind (the docstring's "Tried and dropped (2026-11-26)")."""
+    if limit <= 0 or pixels < PIXEL_BLOCKS_MIN_PIXELS or rows >= depth:
+        return pixels
+    most = (limit // max(1, rows * depth)) // 16 * 16
+    return pixels if most < PIXEL_BLOCK_MIN else min(pixels, most)
 
 
 def run_images(
-    src, w, dst, transposed: bool, threads: int, limit: int | None = None, stride: int = 1, scratch=None
+    src, w, dst, transposed: bool, threads: int, limit: int | None = None, stride: int = 1, scratch=None,
+    pixel_blocks: bool = True,
 ) -> None:
     """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
     in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``).
@@ -397,14 +439,15 @@ def run_images(
     n_images = src.shape[0]
     limit = SMALL_GEMM_MNK if limit is None else limit
     pixels = src.shape[2] * src.shape[3] if transposed else dst.shape[2] * dst.shape[3]  # the output plane
-    if src.shape[1] * pixels > limit:  # one row is past the small-matrix kernel already: blocks only re-read src
+    columns = pixel_block(dst.shape[1], src.shape[1], pixels, limit) if stride == 1 and pixel_blocks else pixels
+    if src.shape[1] * columns > limit:  # one row is past the small-matrix kernel already: blocks only re-read src
         limit = 0
-    block = row_block(dst.shape[1], src.shape[1], pixels, limit)
+    block = row_block(dst.shape[1], src.shape[1], columns, limit)
     if stride == 1:
         chunks = chunk_count(n_images, 1, threads)
         run_chunks(
             lambda c, slot: images(
-                src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block
+                src, w, dst, transposed, c * n_images // chunks, (c + 1) * n_images // chunks, block, columns
             ),
             chunks, threads,
         )  # fmt: skip
@@ -422,11 +465,11 @@ def run_images(
             count = min(tile_images, last - n0)
             flat = tile[:count].reshape(-1)
             if transposed:
-                images(src[n0 : n0 + count], w, tile[:count], True, 0, count, block)
+                images(src[n0 : n0 + count], w, tile[:count], True, 0, count, block, pixels)
                 move_kept(dst, n0, count, stride, flat, True)
             else:
                 move_kept(src, n0, count, stride, flat, False)
-                images(tile[:count], w, dst[n0 : n0 + count], False, 0, count, block)
+                images(tile[:count], w, dst[n0 : n0 + count], False, 0, count, block, pixels)
 
     run_chunks(work, chunks, threads)
 

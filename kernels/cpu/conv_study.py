@@ -183,7 +183,7 @@ from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
 _SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-            34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45)
+            34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -213,6 +213,7 @@ ADDED_IN = {
     43: ("winograd_by_xi_forward",),
     44: ("depthwise_planes_large_s2",),
     45: ("depthwise_imagenet_planes",),
+    46: ("pointwise_pixel_blocks",),
 }
 """The ``conv.Paths`` flags each version from v26 on added: off in every version before it (``_paths``). A new
 version is one line here and its number in ``_SINCE_2``."""
@@ -822,7 +823,7 @@ def _nine(version, x_shape, w_shape, stride, pad, groups) -> bool:
 
 def conv2d_version_workspace_size(version: int, direction: str, x_shape, w_shape, stride, pad, groups) -> int:
     """Scratch (float32 elements) for a numbered version (1 to 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-    34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45) and direction ("forward", "data", "weight")."""
+    34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46) and direction ("forward", "data", "weight")."""
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if version == 1:
         return 0
@@ -928,8 +929,8 @@ def _backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, version) 
 
 
 def conv2d_version(version: int, direction: str):
-    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25-45), "data" or "weight" (2-18, 20, 21, 23,
-    25-45), with the table's signature.
+    """A numbered version's kernel for "forward" (1-18, 20, 21, 23, 25-46), "data" or "weight" (2-18, 20, 21, 23,
+    25-46), with the table's signature.
 
     Versions 2 and 3 check only what they need: they exist to be timed and compared, not called by
     layers."""

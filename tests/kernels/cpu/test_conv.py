@@ -39,6 +39,8 @@ SHAPES = [
     (3, 64, 3, 4, 64, 3, 1, 1, 1),  # Winograd by ξ (v23: ≤ 16 pixels): odd plane, forward and backward-data
     (3, 64, 16, 20, 72, 3, 2, 1, 1),  # polyphase Winograd stride 2 forward (v28, OpenBLAS): not square, 3 images
     (2, 3, 80, 82, 3, 3, 2, 1, 3),  # depthwise stride 2 on a large even plane: plane by plane, not direct (v44)
+    (2, 40, 60, 60, 8, 1, 1, 0, 1),  # 1×1 on ≥ 56×56, 8 rows < 40 deep: forward in pixel blocks (v46), a partial last
+    (2, 8, 60, 60, 40, 1, 1, 0, 1),  # the same for backward-data (8 rows of dx < 40 deep)
     (3, 64, 5, 6, 72, 3, 1, 1, 1),  # F(4×4) by output channel (v34, v35 weight; OpenBLAS, 16–64 pixels): partial tiles
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
@@ -1002,6 +1004,23 @@ def test_depthwise_weight_by_groups_from_7x7_planes_at_even_sizes():
     assert not conv_depthwise.by_groups((32, 960, 7, 7), 1, imagenet=False)
     assert not conv_depthwise.by_groups((32, 960, 4, 4), 1)  # 4×4: the per-position accumulators (v20)
     assert not conv_depthwise.by_groups((6, 40, 7, 7), 2)  # odd plane at stride 2: no row pairs
+
+
+def test_pointwise_pixel_blocks_take_the_narrow_side_of_large_planes():
+    """v46: pixel blocks where the GEMM's output rows are fewer than its depth on planes of ≥ 56×56, each block
+    within OpenBLAS's small-matrix kernel in whole vectors; every other GEMM keeps all its pixels."""
+    from kernels.cpu import conv_pointwise as pw
+
+    limit = pw.SMALL_GEMM_MNK
+    assert pw.pixel_block(16, 96, 112 * 112, limit) == 640  # 96→16 backward-data: 16·96·640 ≤ 10⁶
+    assert pw.pixel_block(24, 144, 56 * 56, limit) == 288
+    assert 24 * 144 * 288 <= limit < 24 * 144 * (288 + 16)
+    assert pw.pixel_block(96, 16, 112 * 112, limit) == 112 * 112  # the wide side: rows are cut instead
+    assert pw.pixel_block(16, 96, 28 * 28, limit) == 28 * 28  # under 56×56
+    assert pw.pixel_block(16, 96, 112 * 112, 0) == 112 * 112  # no limit
+    assert pw.pixel_block(64, 8192, 112 * 112, limit) == 112 * 112  # a block would be under 64 pixels
+    for shape in ((2, 40, 60, 60, 8, 1, 1, 0, 1), (2, 8, 60, 60, 40, 1, 1, 0, 1)):  # SHAPES' two v46 shapes
+        assert shape in SHAPES
 
 
 def test_depthwise_plane_by_plane_from_14x14_since_v45():
