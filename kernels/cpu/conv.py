@@ -397,7 +397,7 @@ class Paths:
     winograd_by_xi_forward: bool = True  # v43: the F(2×2) forward by ξ on ≤ 7×7 (``WINOGRAD_BY_XI_FORWARD_MAX_PIXELS``)
     depthwise_planes_large_s2: bool = True  # v44: depthwise stride-2 forwards on ≥ 80×80 plane by plane, not direct
     depthwise_imagenet_planes: bool = True  # v45: depthwise plane by plane from 14×14, weight by groups from 7×7
-    pointwise_pixel_blocks: bool = True  # v46: 1×1 GEMMs on ≥ 56×56 planes cut into pixels, not rows
+    pointwise_pixel_blocks: bool = True  # v46: 1×1 GEMMs on ≥ 56×56 planes cut into pixels (all directions)
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -1663,7 +1663,8 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         depthwise_backward_weight(x, dout, dw, stride, pad)
     elif kind == "pointwise-weight-split":
         with blas_on_calling_thread:
-            conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK)
+            conv_pointwise.backward_weight(x, dout, dw, threads, conv_pointwise.SMALL_GEMM_MNK,
+                                           paths.pointwise_pixel_blocks)
     elif kind == "pointwise-weight-transposed":
         with blas_on_calling_thread:
             conv_pointwise.backward_weight_transposed(x, dout, dw, threads, scratch)

@@ -41,6 +41,7 @@ SHAPES = [
     (2, 3, 80, 82, 3, 3, 2, 1, 3),  # depthwise stride 2 on a large even plane: plane by plane, not direct (v44)
     (2, 40, 60, 60, 8, 1, 1, 0, 1),  # 1×1 on ≥ 56×56, 8 rows < 40 deep: forward in pixel blocks (v46), a partial last
     (2, 8, 60, 60, 40, 1, 1, 0, 1),  # the same for backward-data (8 rows of dx < 40 deep)
+    (2, 64, 60, 60, 96, 1, 1, 0, 1),  # weight gradient split on ≥ 56×56: three pixel blocks a GEMM, the last partial
     (3, 64, 5, 6, 72, 3, 1, 1, 1),  # F(4×4) by output channel (v34, v35 weight; OpenBLAS, 16–64 pixels): partial tiles
 ]
 IDS = ["x".join(map(str, s)) for s in SHAPES]
@@ -1021,6 +1022,11 @@ def test_pointwise_pixel_blocks_take_the_narrow_side_of_large_planes():
     assert pw.pixel_block(64, 8192, 112 * 112, limit) == 112 * 112  # a block would be under 64 pixels
     for shape in ((2, 40, 60, 60, 8, 1, 1, 0, 1), (2, 8, 60, 60, 40, 1, 1, 0, 1)):  # SHAPES' two v46 shapes
         assert shape in SHAPES
+    # the weight gradient's (v46): a 24 × 32 sub-block of a 48 × 64 thread block, pixels in blocks of 1296
+    assert (2, 64, 60, 60, 96, 1, 1, 0, 1) in SHAPES
+    assert pw.weight_steps(48, 64, 3600, False, limit) == (24, 32, 1296)
+    assert pw.weight_steps(48, 64, 3600, False, limit, pixel_blocks=False)[2] == 3600
+    assert pw.weight_steps(48, 64, 28 * 28, False, limit)[2] == 28 * 28  # under 56×56: every pixel in one GEMM
 
 
 def test_depthwise_plane_by_plane_from_14x14_since_v45():
