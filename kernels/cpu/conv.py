@@ -119,7 +119,7 @@ from kernels.cpu import (
     conv_winograd_s2,
 )
 from kernels.cpu.columns import row_same
-from kernels.cpu.conv_shifted import sgemm
+from kernels.cpu.conv_shifted import gemm, sgemm
 from kernels.cpu.threads import chunk_count, run_chunks, run_shares
 from kernels.reference.conv import check_conv2d_shapes
 
@@ -1064,24 +1064,6 @@ def bias_gradient(dout, dbias):
 # ----------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
-def _dot(a, b, out):
-    """out = a @ b (``np.dot`` in Numba: SciPy's BLAS, as the compiled drivers called it, so the same bits)."""
-    np.dot(a, b, out)
-
-
-@njit(cache=True, nogil=True)
-def _dot_tn(a, b, out):
-    """out = aᵀ @ b."""
-    np.dot(a.T, b, out)
-
-
-@njit(cache=True, nogil=True)
-def _dot_nt(a, b, out):
-    """out = a @ bᵀ."""
-    np.dot(a, b.T, out)
-
-
 def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, scratch, gather=True):
     """Images [first, last) on the calling thread: serial im2col, single-threaded GEMM. A Python loop over
     compiled pieces (the module docstring, "Compiled pieces, Python drivers")."""
@@ -1106,11 +1088,11 @@ def _forward_images(x, w, out, stride, pad, groups, first, last, tile_images, sc
                 cols = scratch[: rows * columns].reshape(rows, columns)
                 im2col_tile_serial(x, n0, images, g * c_group, stride, pad, kernel, out_h, out_w, cols)
             if images == 1:
-                _dot(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
+                gemm(w_g, cols, out[n0, g * k_group : (g + 1) * k_group].reshape(k_group, pixels))
             else:
                 start = rows * columns
                 result = scratch[start : start + k_group * columns].reshape(k_group, columns)
-                _dot(w_g, cols, result)
+                gemm(w_g, cols, result)
                 scatter_tile(result, n0, images, g * k_group, out)
 
 
@@ -1149,11 +1131,11 @@ def _backward_data_images(dout, w, dx, stride, pad, groups, first, last, tile_im
                 d_tile = scratch[: k_group * columns].reshape(k_group, columns)
                 gather_tile(dout, n0, images, g * k_group, d_tile)
             if plain_1x1 and images == 1:
-                _dot_tn(w_g, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels))
+                gemm(w_g, d_tile, dx[n0, g * c_group : (g + 1) * c_group].reshape(c_group, pixels), trans_a=True)
             else:
                 start = k_group * columns if images > 1 else 0
                 dcols = scratch[start : start + rows * columns].reshape(rows, columns)
-                _dot_tn(w_g, d_tile, dcols)
+                gemm(w_g, d_tile, dcols, trans_a=True)
                 if gathered:  # every column is one pixel: a scatter, not a sum (v9)
                     scatter_tile(dcols, n0, images, g * c_group, dx)
                 else:
@@ -1237,10 +1219,10 @@ def _backward_weight_images(
                 used += k_group * columns
             acc_g = acc[g * k_group : (g + 1) * k_group].reshape(k_group, rows)
             if n0 == first:
-                _dot_nt(d_tile, cols, acc_g)
+                gemm(d_tile, cols, acc_g, trans_b=True)
             else:
                 partial = scratch[used : used + k_group * rows].reshape(k_group, rows)
-                _dot_nt(d_tile, cols, partial)
+                gemm(d_tile, cols, partial, trans_b=True)
                 acc_g += partial
 
 

@@ -41,6 +41,8 @@ weight gradient's per-thread partial sums are added in thread order: the same bi
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  numba_xxgemm forwards to it: loaded before any kernel runs
 from numba import njit, types, uint64
@@ -144,6 +146,24 @@ def gemm_list(a, b, c, table):
 def gemm_table(rows) -> np.ndarray:
     """A ``gemm_list`` table from rows of ``GEMM_FIELDS`` values (bools and ints)."""
     return np.array([[int(v) for v in row] for row in rows], dtype=np.int64).reshape(-1, len(GEMM_FIELDS))
+
+
+@lru_cache(maxsize=1024)
+def _one_gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, lda: int, ldb: int, ldc: int) -> np.ndarray:
+    return gemm_table([(trans_a, trans_b, m, n, k, 0, lda, 0, ldb, False, 0, ldc)])
+
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False, trans_b: bool = False) -> None:
+    """c = op(a) @ op(b) for C-contiguous 2-D float32 arrays (views included), one sgemm through ``gemm_list``.
+
+    Why not ``np.dot`` inside ``@njit`` (what the im2col path and the dense layers called until 2026-11-28): every
+    compiled caller of it cost 0.15–0.20 s of a cold first run's CPU, and Numba's ``np.dot`` implementations another
+    0.32 s (``linalg.<lambda>``, ``numba:compile`` events); ``gemm_list`` is compiled for the Winograd paths anyway.
+    The same sgemm with the same operands: the same bits (compared on the dense layers' and im2col's shapes)."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    table = _one_gemm(bool(trans_a), bool(trans_b), m, n, k, a.shape[1], b.shape[1], n)
+    gemm_list(a.reshape(-1), b.reshape(-1), c.reshape(-1), table)
 
 
 def tile_images(x_shape, channels: int, threads: int) -> int:

@@ -1,14 +1,14 @@
 """Dense CPU kernels: out = x @ w.T + bias, with the matrix products done by BLAS sgemm.
 
-The products are one sgemm each through ``conv_shifted.gemm_list`` (SciPy's BLAS, the one the convolutions call,
-with leading dimensions and transpose flags: ``w.T`` and ``doutᵀ`` are read in place, nothing is copied). A
+The products are one sgemm each through ``conv_shifted.gemm`` (SciPy's BLAS, the one the convolutions call, with
+leading dimensions and transpose flags: ``w.T`` and ``doutᵀ`` are read in place, nothing is copied). A
 hand-written loop cannot beat sgemm on these shapes; the kernels around it only add the bias and sum the bias
 gradient. BLAS gives the same bits on every call with the same thread count.
 
 Why not ``np.dot`` inside ``@njit`` (what these kernels were until 2026-11-28): each of its three compiled callers
 cost 0.16–0.20 s of a cold first run's CPU, plus 0.32 s for Numba's own ``np.dot`` implementations
-(``linalg.<lambda>``, ``numba:compile`` events, ResNet-18's CIFAR warm-up); ``gemm_list`` is compiled for the
-convolutions anyway. Dense layers are the one place the engine lets BLAS thread a GEMM itself (no
+(``linalg.<lambda>``, ``numba:compile`` events, ResNet-18's CIFAR warm-up); ``conv_shifted.gemm_list`` is compiled
+for the convolutions anyway. Dense layers are the one place the engine lets BLAS thread a GEMM itself (no
 ``blas_on_calling_thread`` here), as before.
 
 The bias kernels are serial over a range of rows or columns, split over the threads by
@@ -19,27 +19,12 @@ as ``parallel=True`` kernels they compiled in 0.44 and 0.33 s of every model's f
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 from numba import get_num_threads, njit
 
 from kernels.cpu.checks import check_array
-from kernels.cpu.conv_shifted import gemm_list, gemm_table
+from kernels.cpu.conv_shifted import gemm
 from kernels.cpu.threads import run_ranges
-
-
-@lru_cache(maxsize=256)
-def _table(trans_a: bool, trans_b: bool, m: int, n: int, k: int, lda: int, ldb: int, ldc: int) -> np.ndarray:
-    """The one-row ``gemm_list`` table of C[m, n] = op(A) @ op(B), β = 0 (row-major, leading dimensions given)."""
-    return gemm_table([(trans_a, trans_b, m, n, k, 0, lda, 0, ldb, False, 0, ldc)])
-
-
-def _gemm(trans_a: bool, trans_b: bool, a: np.ndarray, b: np.ndarray, c: np.ndarray, k: int) -> None:
-    """c[m, n] = op(a) @ op(b) over a depth of ``k`` (a, b, c C-contiguous 2-D arrays)."""
-    m, n = c.shape
-    table = _table(trans_a, trans_b, m, n, k, a.shape[1], b.shape[1], n)
-    gemm_list(a.reshape(-1), b.reshape(-1), c.reshape(-1), table)
 
 
 @njit(cache=True, nogil=True)
@@ -69,7 +54,7 @@ def dense_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np
         raise ValueError(f"{op}: x {x.shape} and w {w.shape} must be [N, I] and [O, I]")
     N, O = x.shape[0], w.shape[0]
     check_array(op, "out", out, (N, O))
-    _gemm(False, True, x, w, out, x.shape[1])  # [N,I] @ [O,I]ᵀ
+    gemm(x, w, out, trans_b=True)  # [N,I] @ [O,I]ᵀ
     if bias is not None:
         check_array(op, "bias", bias, (O,))
         run_ranges(lambda lo, hi: _add_bias(out, bias, lo, hi), N, get_num_threads(), O)
@@ -93,8 +78,8 @@ def dense_backward(
     check_array(op, "dout", dout, (N, O))
     check_array(op, "dw", dw, (O, I))
     if dx is not None:
-        _gemm(False, False, dout, w, check_array(op, "dx", dx, (N, I)), O)  # [N,O] @ [O,I]
-    _gemm(True, False, dout, x, dw, N)  # dw[O,I] = doutᵀ[O,N] @ x[N,I]
+        gemm(dout, w, check_array(op, "dx", dx, (N, I)))  # [N,O] @ [O,I]
+    gemm(dout, x, dw, trans_a=True)  # dw[O,I] = doutᵀ[O,N] @ x[N,I]
     if dbias is not None:
         check_array(op, "dbias", dbias, (O,))
         run_ranges(lambda lo, hi: _sum_over_batch(dout, dbias, lo, hi), O, get_num_threads(), N)
