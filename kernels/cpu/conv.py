@@ -2,8 +2,8 @@
 
 Why this shape. A convolution is a matrix product once the input is unrolled into columns
 (im2col): ``out[K, pixels] = w[K, C·R·S] @ cols[C·R·S, pixels]``. The GEMM is where the flops are,
-and BLAS (SciPy's OpenBLAS, reached through ``np.dot`` inside ``@njit``) runs it at 100+ GFLOP/s
-per core here. Each call opens one parallel region; every Numba thread takes a contiguous share
+and BLAS (SciPy's OpenBLAS, reached through Numba's ``numba_xxgemm``: ``conv_shifted.sgemm``) runs it at
+100+ GFLOP/s per core here. Each call opens one parallel region; every Numba thread takes a contiguous share
 of the images and builds its own column *tiles* (blocks of images small enough to stay in cache,
 wide enough to give the GEMM ≥ ``TARGET_COLUMNS`` columns) in its slice of the caller's
 ``scratch``, then runs a single-threaded GEMM on them (SciPy's BLAS is held at one thread for the
@@ -85,7 +85,8 @@ compiled block driver was compiled twice. So the block loops of the Winograd pat
 ``conv_winograd4._rows``, ``_k_blocks``, ``_weight_k_blocks``, ``conv_winograd_s2._images``, ``_data_images``,
 ``_weight_images``), the im2col drivers and the strided 1×1 gathers (``conv_pointwise.move_kept``,
 ``strided_weight``) are Python loops that call the transforms and ``conv_shifted.gemm_list`` (a block's GEMMs from a
-cached table), ~1 µs a call. Helpers that are ``inline="always"`` (Numba inlines their IR into each caller: compiled
+cached table; im2col's one GEMM a tile through ``conv_shifted.gemm``), ~1 µs a call. Helpers that are
+``inline="always"`` (Numba inlines their IR into each caller: compiled
 once per caller, never on their own) stay inside the compiled pieces; so do the stems' columns, inlined into one
 compiled driver for both directions (``conv_stem._images``, ``_strided_images``: compiled once, and no dispatch per
 image). Measured (2026-11-28, quiet): the CIFAR ResNet-18 warm-up's jobs in one process on an empty cache 27.8 →
@@ -103,7 +104,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls inside @njit: loaded now so it can be found
+import scipy.linalg.cython_blas  # noqa: F401  the BLAS numba_xxgemm calls: loaded now so it can be found
 from numba import get_num_threads, njit, prange, uint64
 from threadpoolctl import ThreadpoolController
 
@@ -1438,7 +1439,7 @@ def _set_threads(lib, count: int) -> None:
 
 
 class _BlasOnCallingThread:
-    """Run SciPy's OpenBLAS (the one ``np.dot`` inside @njit calls) single-threaded for a while.
+    """Run SciPy's OpenBLAS (the one the kernels' ``conv_shifted.sgemm`` calls) single-threaded for a while.
 
     The kernels call BLAS from inside a parallel loop, one GEMM per Numba thread; a multithreaded BLAS
     there would start threads of its own and oversubscribe the cores. NumPy's own BLAS is a

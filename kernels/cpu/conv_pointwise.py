@@ -438,7 +438,8 @@ def run_images(
     pixel_blocks: bool = True,
 ) -> None:
     """``images`` over the batch in chunks (``threads.run_chunks``: whichever thread is free takes the next),
-    in row blocks of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``).
+    in row blocks (or, v46, pixel blocks: ``pixel_block``; ``pixel_blocks`` False for the study's earlier versions)
+    of ≤ ``limit`` multiply-adds (default ``SMALL_GEMM_MNK``).
 
     Stride > 1 (v33): per block of ``strided_tile_images`` images of a chunk, in the thread's slice of
     ``scratch`` (``strided_workspace_size``), the forward gathers the kept pixels (``move_kept``) and runs

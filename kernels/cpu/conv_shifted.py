@@ -160,6 +160,9 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False, tra
     compiled caller of it cost 0.15–0.20 s of a cold first run's CPU, and Numba's ``np.dot`` implementations another
     0.32 s (``linalg.<lambda>``, ``numba:compile`` events); ``gemm_list`` is compiled for the Winograd paths anyway.
     The same sgemm with the same operands: the same bits (compared on the dense layers' and im2col's shapes)."""
+    if not (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous):
+        # a strided view's reshape(-1) is a copy: c's result would be written there and lost
+        raise ValueError("conv_shifted.gemm: a, b and c must be C-contiguous (pass np.ascontiguousarray copies)")
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
     table = _one_gemm(bool(trans_a), bool(trans_b), m, n, k, a.shape[1], b.shape[1], n)

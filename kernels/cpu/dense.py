@@ -5,11 +5,8 @@ leading dimensions and transpose flags: ``w.T`` and ``doutᵀ`` are read in plac
 hand-written loop cannot beat sgemm on these shapes; the kernels around it only add the bias and sum the bias
 gradient. BLAS gives the same bits on every call with the same thread count.
 
-Why not ``np.dot`` inside ``@njit`` (what these kernels were until 2026-11-28): each of its three compiled callers
-cost 0.16–0.20 s of a cold first run's CPU, plus 0.32 s for Numba's own ``np.dot`` implementations
-(``linalg.<lambda>``, ``numba:compile`` events, ResNet-18's CIFAR warm-up); ``conv_shifted.gemm_list`` is compiled
-for the convolutions anyway. Dense layers are the one place the engine lets BLAS thread a GEMM itself (no
-``blas_on_calling_thread`` here), as before.
+Not ``np.dot`` inside ``@njit`` (three such kernels until 2026-11-28): ``conv_shifted.gemm`` says why. Dense layers
+are the one place the engine lets BLAS thread a GEMM itself (no ``blas_on_calling_thread`` here).
 
 The bias kernels are serial over a range of rows or columns, split over the threads by
 ``threads.run_ranges`` (a classifier head's 32×10 runs on the calling thread), not ``prange`` loops:

@@ -26,9 +26,10 @@ on 32×64×32×32 0.160 / 0.085 → 0.175 / 0.105, on 8×96×112×112 1.92 / 1.1
 tensors, where the range hand-out costs ~15–30 µs a call (~40 calls a ResNet-18 step: < 1 ms of ~420).
 Compile: 0.11 s a kernel against 0.22–0.44 (the parfor's own passes, first-call figures above).
 
-The same bits as the ``prange`` kernels (``tests/kernels/cpu/test_elementwise.py`` compares them with
-the reference at one, two and three threads, in place and not). ``out`` may be ``x`` (the same array);
-an array that overlaps another only in part is not a supported argument.
+The ``prange`` kernels' arithmetic, expression for expression (``tests/kernels/cpu/test_elementwise.py`` compares
+every kernel's bits with the reference's on a tensor the threads split, in place and not, at one thread and at up to
+three, as many as Numba's pool has). ``out`` may be ``x`` (the same array); an array that overlaps another only in
+part is not a supported argument.
 """
 
 from __future__ import annotations

@@ -1022,6 +1022,7 @@ def test_pointwise_pixel_blocks_take_the_narrow_side_of_large_planes():
     assert pw.pixel_block(64, 8192, 112 * 112, limit) == 112 * 112  # a block would be under 64 pixels
     for shape in ((2, 40, 60, 60, 8, 1, 1, 0, 1), (2, 8, 60, 60, 40, 1, 1, 0, 1)):  # SHAPES' two v46 shapes
         assert shape in SHAPES
+    assert 60 * 60 // 2 < pw.pixel_block(8, 40, 60 * 60, limit) < 60 * 60  # there: two blocks, the last partial
     # the weight gradient's (v46): a 24 × 32 sub-block of a 48 × 64 thread block, pixels in blocks of 1296
     assert (2, 64, 60, 60, 96, 1, 1, 0, 1) in SHAPES
     assert pw.weight_steps(48, 64, 3600, False, limit) == (24, 32, 1296)
@@ -1653,3 +1654,24 @@ def test_pointwise_strided_scratch_is_what_the_drivers_use(direction):
             count = conv_pointwise.strided_weight_images(x_shape, pixels, threads)
             tiles = (c + (k if count > 1 else 0)) * pixels * count
             assert size == threads * tiles + (threads - 1) * k * c
+
+
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, False), (False, True)])
+def test_the_gemm_helper_matches_numpy_on_views_and_refuses_strided_operands(trans_a, trans_b):
+    """``conv_shifted.gemm`` (the dense layers' and im2col's GEMM): op(a) @ op(b) into c, each a C-contiguous view at
+    an offset of a larger array as im2col passes them, within float32 rounding of float64; a strided operand is
+    refused (its reshape would be a copy, and c's result lost)."""
+    from kernels.cpu.conv_shifted import gemm
+
+    rng = np.random.default_rng(5)
+    m, n, k = 7, 9, 13
+    a_big = rng.standard_normal((3, k if trans_a else m, m if trans_a else k), dtype=np.float32)
+    b_big = rng.standard_normal((3, n if trans_b else k, k if trans_b else n), dtype=np.float32)
+    c_big = np.full((3, m, n), np.nan, np.float32)
+    a, b, c = a_big[1], b_big[2], c_big[1]  # contiguous views that do not start at their base
+    gemm(a, b, c, trans_a=trans_a, trans_b=trans_b)
+    want = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(c_big[0]).all() and np.isnan(c_big[2]).all()  # nothing outside c written
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gemm(a, b, np.empty((n, m), np.float32).T, trans_a=trans_a, trans_b=trans_b)
