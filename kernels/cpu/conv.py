@@ -28,7 +28,8 @@ call, so the two thread pools never compete). Special shapes take faster paths:
   stems), which stay on im2col (the weight gradient since v11, forward and backward-data since v17);
   since v36 the stems' forward and weight gradient run their own small im2col and one sgemm per image
   (``conv_stem.py``: the general im2col drivers were the largest compile jobs of a cold first run), and since v39
-  the ImageNet stems' (7×7 and 3×3 stride 2, ≤ 4 input channels) in blocks of output rows.
+  the ImageNet stems' (7×7 and 3×3 stride 2, ≤ 4 input channels) in blocks of output rows, since v47 copied from
+  each image split into its stride² phases.
 - **3×3, stride 2, pad 1** forward with ≥ 64 channels in and out on inputs of ≥ 8×8 (v28): the
   polyphase Winograd transform, 25 instead of 36 multiplies per 2×2 output tile (``conv_winograd_s2.py``,
   ``WINOGRAD_S2_MIN_PIXELS``); since v32 backward-data of the same layers and their weight gradient on
@@ -227,7 +228,12 @@ weight 21.4 → 27.5. PyTorch's on the same records (``engine kernels --ops conv
 7×7 weight 71.7, 3×3 stem 35.6 / 21.4, 256→512 weight 20.2. The price: the 224 warm-up compiles im2col's forward and
 weight-gradient jobs again (the weight job 4.9 s of a worker's CPU, ``benchmarks/first_run.py --jobs --imagenet``): the
 ImageNet first run, cold − warm, 18.2 → 19.35 s (``first_run.py --runs 2 --imagenet``, same day), paid back after ~50
-steps of ResNet-18 at batch 32 (~24 ms a step)."""
+steps of ResNet-18 at batch 32 (~24 ms a step).
+
+v47 (``Paths.stem_phases``): with the columns copied from a phase-split image and the weight gradient in one transposed
+sgemm per block (``conv_stem._phase_images``) both stems' weight gradients take "stem-strided" again (7×7 69.1 → 50.3
+ms, 3×3 12.2 → 11.4 ms against im2col); the 3×3 stem's forward stays on im2col (9.3 against 11.0 ms), so this limit
+now holds for the forward only."""
 
 WINOGRAD4_WEIGHT_MIN_PIXELS = 64
 """The F(4×4) weight gradient also wins on 8×8 planes, where forward and backward-data do not: 256 @8×8,
@@ -399,6 +405,7 @@ class Paths:
     depthwise_planes_large_s2: bool = True  # v44: depthwise stride-2 forwards on ≥ 80×80 plane by plane, not direct
     depthwise_imagenet_planes: bool = True  # v45: depthwise plane by plane from 14×14, weight by groups from 7×7
     pointwise_pixel_blocks: bool = True  # v46: 1×1 GEMMs on ≥ 56×56 planes cut into pixels (all directions)
+    stem_phases: bool = True  # v47: the strided stems' columns from a phase-split image, all directions (``conv_stem``)
 
 
 CONV_MODES = ("auto", "exact", "fast")
@@ -572,7 +579,8 @@ def path(x_shape, w_shape, stride: int, pad: int, groups: int, direction: str, p
     if (
         direction != "data" and paths.stem_strided
         and conv_stem.strided_supported(x_shape, w_shape, stride, pad, groups)
-        and not (paths.imagenet_measured and (direction == "weight" or w_shape[2] < STEM_STRIDED_MIN_KERNEL))
+        and not (paths.imagenet_measured and w_shape[2] < STEM_STRIDED_MIN_KERNEL and direction == "forward")
+        and not (paths.imagenet_measured and not paths.stem_phases and direction == "weight")
     ):
         return "stem-strided"
     if paths.pointwise_strided and _is_strided_1x1(w_shape, stride, pad, groups):
@@ -1564,9 +1572,9 @@ def forward(x, w, bias, out, stride, pad, groups, scratch, paths: Paths | None =
         depthwise_forward(x, w, out, stride, pad)
     elif kind in FLIPPED_FORWARD:
         _run_forward_kernel(kind, x, w, out, False, stride, threads, scratch, paths)
-    elif kind in ("stem", "stem-strided"):  # v36, v39
+    elif kind in ("stem", "stem-strided"):  # v36, v39, v47
         with blas_on_calling_thread:
-            conv_stem.forward(x, w, out, threads, scratch, stride, pad)
+            conv_stem.forward(x, w, out, threads, scratch, stride, pad, paths.stem_phases)
     elif kind == "winograd-s2" and s2_padded(x.shape, w.shape, stride, pad, groups):  # v40
         x_pad, out_pad, rest = _s2_pad(scratch, x.shape, w.shape)
         _embed(x, x_pad)
@@ -1658,7 +1666,7 @@ def backward_weight(x, dout, dw, dbias, stride, pad, groups, scratch, paths: Pat
         with blas_on_calling_thread:
             pointwise_strided_backward_weight(x, dout, dw, stride, threads, scratch)
     elif kind in ("stem", "stem-strided"):  # v36, v39: image shares, as the im2col weight gradient
-        share = conv_stem.weight_share(x, dout, STEM_WEIGHT_K_BLOCK, dw.shape, stride, pad)
+        share = conv_stem.weight_share(x, dout, STEM_WEIGHT_K_BLOCK, dw.shape, stride, pad, paths.stem_phases)
         with blas_on_calling_thread:
             sum_image_shares(dw, scratch, threads, x.shape[0], share)
     elif kind == "winograd4":

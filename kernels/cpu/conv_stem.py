@@ -44,6 +44,17 @@ the first). Each tap's output row is one run of valid input columns (stride apar
 run compiles none of them, an ImageNet run none of v36's. The weight gradient keeps v26's 32-channel sgemm blocks
 (measured on the 27-column result of the 3×3 stems; for the 7×7 stem's 147 columns not measured). Speed against
 im2col and PyTorch: not measured yet (``engine kernels --compare torch --image-size 224``, kernels/README.md).
+
+v47 (``conv.Paths.stem_phases``, ``_phase_images``): what the strided stems' time was made of, one thread, eight
+224×224 images, 7×7 stem: columns 7.4–8.0 ms, sgemms 23.7 ms (79 GFLOP/s of the ~97 a core's sgemm reaches on
+this machine); the gathers of stride 2, one per tap and output row, were a quarter of the call. Now each image is
+first split into its four phases (one strided pass over the image, padding included: ``_phases``), and every row of
+the columns is a plain copy from one phase: tap (r, q) of output row oy is phase (r mod 2, q mod 2) at row
+oy + r // 2, from column q // 2 on. The weight gradient was 32-channel blocks of dout @ colsᵀ (v26's choice for the
+3×3 stems' 27 columns): on the 7×7 stem's 147 columns one sgemm of 64 rows ran 74 GFLOP/s against 55 for two of 32,
+and the transposed product colsᵀ-side, dWᵀ (147 × 64) = cols @ doutᵀ, 85 (``numpy.dot`` on one thread, 1,680 columns
+a block). Same forward bits (the same columns); the weight gradient's sums are the same K-long dot products, equal
+to v39's bits wherever compared. Figures: kernels/README.md's v47 row.
 """
 
 from __future__ import annotations
@@ -95,12 +106,25 @@ def block_rows(x_shape: tuple, w_shape: tuple, stride: int, pad: int) -> int:
     return max(1, min(out_h, COLUMN_BUDGET // (depth * out_w)))
 
 
+def phase_shape(x_shape: tuple, w_shape: tuple, stride: int, pad: int) -> tuple[int, int]:
+    """v47: the rows and columns of each phase of a strided stem's phase-split image (``_phases``): output rows
+    (columns) plus the taps' reach, (kernel − 1) // stride, so that every tap's run of an output row lies inside."""
+    reach = (w_shape[2] - 1) // stride
+    return (_out_size(x_shape[2], w_shape[2], stride, pad) + reach,
+            _out_size(x_shape[3], w_shape[3], stride, pad) + reach)
+
+
 def workspace_size(x_shape: tuple, threads: int, w_shape: tuple = (0, 0, 3, 3), stride: int = 1, pad: int = 1) -> int:
-    """Per thread one image's columns (v36's 3×3 stride 1), or one block of output rows' (v39, strided)."""
+    """Per thread one image's columns (v36's 3×3 stride 1), or one block of output rows' (v39, strided), and
+    since v47 one image split into its stride² phases and the weight gradient's transposed sum (C·R·S × K)."""
     if stride == 1:
         return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
     out_w = _out_size(x_shape[3], w_shape[3], stride, pad)
-    return threads * x_shape[1] * w_shape[2] * w_shape[3] * out_w * block_rows(x_shape, w_shape, stride, pad)
+    cols = x_shape[1] * w_shape[2] * w_shape[3] * out_w * block_rows(x_shape, w_shape, stride, pad)
+    ph, pw = phase_shape(x_shape, w_shape, stride, pad)
+    phases = x_shape[1] * stride * stride * ph * pw
+    transposed = x_shape[1] * w_shape[2] * w_shape[3] * w_shape[0]
+    return threads * (cols + phases + transposed)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -217,14 +241,99 @@ def _strided_images(x, w_flat, y_flat, acc_flat, c_out, kernel, stride, pad, out
                       cols, span, beta, acc_flat[k0 * depth :], depth, scalars)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _phases(x, n, stride, pad, ph, pw, phase):
+    """v47: phase[((c·s + a)·s + b)·ph·pw + i·pw + j] = x[n, c, s·i + a − pad, s·j + b − pad] (0 outside the
+    image), s the stride: image n split into its s² phases, padding included. Each phase row is one run of a
+    constant stride between zeroed ends (``_gather``)."""
+    c_in, height, width = x.shape[1], x.shape[2], x.shape[3]
+    s = stride
+    for c in range(c_in):
+        for a in range(s):
+            for b in range(s):
+                base = ((c * s + a) * s + b) * ph * pw
+                lo = (pad - b + s - 1) // s if pad > b else 0  # first j with s·j + b − pad ≥ 0
+                hi = (width - 1 + pad - b) // s + 1 if width - 1 + pad - b >= 0 else 0
+                hi = max(lo, min(pw, hi))
+                for i in range(ph):
+                    y = s * i + a - pad
+                    dst = base + i * pw
+                    if y < 0 or y >= height:
+                        phase[dst : dst + pw] = 0.0
+                        continue
+                    phase[dst : dst + lo] = 0.0
+                    run, src = phase[dst + lo : dst + hi], x[n, c, y, s * lo + b - pad :]
+                    if s == 2:  # the ImageNet stems: a constant stride
+                        _gather(run, src, 2)
+                    else:
+                        _gather(run, src, s)
+                    phase[dst + hi : dst + pw] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _copy(run, src):
+    """run[k] = src[k] (views from their first element, as ``_gather``)."""
+    for k in range(run.shape[0]):
+        run[k] = src[k]
+
+
+@njit(cache=True, nogil=True)
+def _phase_images(x, w_flat, y_flat, acc_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, cols,
+                  phase, acc_t, weight):
+    """v47: ``_strided_images`` with each image split into its phases first (``_phases``): tap (r, q) of output
+    row oy reads phase (r mod s, q mod s) at row oy + r // s from column q // s on, so every row of a block's
+    columns is a plain copy of ``out_w`` values. The weight gradient is one sgemm per block, ``acc_t (C·R·S × K)
+    += cols @ dout[n][:, block]ᵀ`` (β = 1 after the first), written out transposed into ``acc_flat`` at the end
+    (zero when there are no images). Measured: kernels/README.md's v47 row."""
+    depth = x.shape[1] * kernel * kernel
+    pixels = out_h * out_w
+    s = stride
+    ph, pw = out_h + (kernel - 1) // s, out_w + (kernel - 1) // s
+    scalars = np.empty(2, np.float32)
+    for n in range(first, last):
+        _phases(x, n, s, pad, ph, pw, phase)
+        for y0 in range(0, out_h, rows):
+            y1 = min(out_h, y0 + rows)
+            span = (y1 - y0) * out_w
+            for c in range(x.shape[1]):
+                for r in range(kernel):
+                    for q in range(kernel):
+                        line = ((c * kernel + r) * kernel + q) * span
+                        src = ((c * s + r % s) * s + q % s) * ph * pw + (y0 + r // s) * pw + q // s
+                        for oy in range(y1 - y0):
+                            _copy(cols[line + oy * out_w : line + (oy + 1) * out_w], phase[src + oy * pw :])
+            if not weight:
+                sgemm(False, False, c_out, span, depth, w_flat, depth, cols, span, 0.0,
+                      y_flat[n * c_out * pixels + y0 * out_w :], pixels, scalars)
+                continue
+            beta = 0.0 if n == first and y0 == 0 else 1.0
+            sgemm(False, True, depth, c_out, span, cols, span, y_flat[n * c_out * pixels + y0 * out_w :], pixels,
+                  beta, acc_t, c_out, scalars)
+    if weight:
+        for k in range(c_out):
+            for j in range(depth):
+                acc_flat[k * depth + j] = acc_t[j * c_out + k] if first < last else 0.0
+
+
 _NOTHING = np.empty(1, np.float32)
 """The argument a direction does not use (``_images``' ``acc_flat`` forward, ``w_flat`` for the weight gradient)."""
 
 
+def _buffers(mine: np.ndarray, x_shape: tuple, w_shape: tuple, stride: int, pad: int):
+    """A thread's slot of a strided stem's scratch (``workspace_size`` with one thread): a block's columns, the
+    phase-split image (v47) and the transposed weight-gradient sum (v47)."""
+    out_w = _out_size(x_shape[3], w_shape[3], stride, pad)
+    depth = x_shape[1] * w_shape[2] * w_shape[3]
+    cols = depth * out_w * block_rows(x_shape, w_shape, stride, pad)
+    ph, pw = phase_shape(x_shape, w_shape, stride, pad)
+    phases = x_shape[1] * stride * stride * ph * pw
+    return mine[:cols], mine[cols : cols + phases], mine[cols + phases : cols + phases + depth * w_shape[0]]
+
+
 def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray, stride: int = 1,
-            pad: int = 1) -> None:
-    """out = conv(x, w) (v36's 3×3 stride 1 pad 1, or v39's strided stems), no bias (the caller adds it); scratch:
-    ``workspace_size``."""
+            pad: int = 1, phases: bool = False) -> None:
+    """out = conv(x, w) (v36's 3×3 stride 1 pad 1, or v39's strided stems, ``phases``: v47's columns), no bias (the
+    caller adds it); scratch: ``workspace_size``."""
     n, c_out = x.shape[0], w.shape[0]
     per_thread = workspace_size(x.shape, 1, w.shape, stride, pad)
     chunks = chunk_count(n, 2, threads)
@@ -233,21 +342,26 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch
     kernel, out_h, out_w = w.shape[2], out.shape[2], out.shape[3]
 
     def work(chunk: int, slot: int) -> None:
-        cols = scratch[slot * per_thread : (slot + 1) * per_thread]
+        mine = scratch[slot * per_thread : (slot + 1) * per_thread]
         first, last = chunk * n // chunks, (chunk + 1) * n // chunks
         if stride == 1:
-            _images(x, w_flat, out_flat, _NOTHING, c_out, first, last, 0, cols, False)
+            _images(x, w_flat, out_flat, _NOTHING, c_out, first, last, 0, mine, False)
+        elif phases:
+            cols, phase, acc_t = _buffers(mine, x.shape, w.shape, stride, pad)
+            _phase_images(x, w_flat, out_flat, _NOTHING, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
+                          cols, phase, acc_t, False)
         else:
             _strided_images(x, w_flat, out_flat, _NOTHING, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
-                            0, cols, False)
+                            0, mine, False)
 
     run_chunks(work, chunks, threads)
 
 
 def weight_share(x, dout, k_block: int, w_shape: tuple = (0, 0, 3, 3), stride: int = 1,
-                 pad: int = 1) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
+                 pad: int = 1, phases: bool = False) -> Callable[[int, int, np.ndarray, np.ndarray], None]:
     """``conv.sum_image_shares``' ``share`` for the stem's weight gradient: images [first, last) into ``acc``,
-    in sgemms of ≤ ``k_block`` output channels (``conv.STEM_WEIGHT_K_BLOCK``: v26's measured block)."""
+    in sgemms of ≤ ``k_block`` output channels (``conv.STEM_WEIGHT_K_BLOCK``: v26's measured block), or with
+    ``phases`` (v47, strided) one transposed sgemm of all of them per block (``_phase_images``)."""
     dout_flat, c_out, size = dout.reshape(-1), dout.shape[1], workspace_size(x.shape, 1, w_shape, stride, pad)
     rows = block_rows(x.shape, w_shape, stride, pad)
     kernel, out_h, out_w = w_shape[2], dout.shape[2], dout.shape[3]
@@ -255,6 +369,10 @@ def weight_share(x, dout, k_block: int, w_shape: tuple = (0, 0, 3, 3), stride: i
     def share(first: int, last: int, acc, mine) -> None:
         if stride == 1:
             _images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, first, last, k_block, mine[:size], True)
+        elif phases:
+            cols, phase, acc_t = _buffers(mine, x.shape, w_shape, stride, pad)
+            _phase_images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, kernel, stride, pad, out_h, out_w, rows,
+                          first, last, cols, phase, acc_t, True)
         else:
             _strided_images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, kernel, stride, pad, out_h, out_w, rows,
                             first, last, k_block, mine[:size], True)

@@ -183,7 +183,7 @@ from kernels.cpu.conv_winograd import _output_transform as _woutput
 from kernels.cpu.threads import run_shares
 
 _SINCE_2 = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 23, 25, 26, 27, 28, 29, 30, 31, 32, 33,
-            34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46)
+            34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47)
 VERSIONS = {"forward": (1, *_SINCE_2), "data": _SINCE_2, "weight": _SINCE_2}
 """The numbered versions per direction (v1 exists for forward only)."""
 
@@ -214,6 +214,7 @@ ADDED_IN = {
     44: ("depthwise_planes_large_s2",),
     45: ("depthwise_imagenet_planes",),
     46: ("pointwise_pixel_blocks",),
+    47: ("stem_phases",),
 }
 """The ``conv.Paths`` flags each version from v26 on added: off in every version before it (``_paths``). A new
 version is one line here and its number in ``_SINCE_2``."""

@@ -820,13 +820,18 @@ def test_stems_take_their_own_path_and_backward_data_stays_on_im2col(direction):
     stem, wide = ((32, 3, 32, 32), (64, 3, 3, 3)), ((32, 8, 32, 32), (64, 8, 3, 3))
     assert cpu.path(*stem, 1, 1, 1, direction) == ("gemm" if direction == "data" else "stem")
     assert cpu.path(*stem, 1, 1, 1, direction, conv_study._paths(35)) == "gemm"
-    # the ImageNet stems (stride 2): their own columns by output rows in v39–v41 (test_conv_stem); since v42 only
-    # the 7×7 forward, where they measured faster than im2col (conv.STEM_STRIDED_MIN_KERNEL)
+    # the ImageNet stems (stride 2): their own columns by output rows in v39–v41 (test_conv_stem); in v42–v46 only
+    # the 7×7 forward, where they measured faster than im2col (conv.STEM_STRIDED_MIN_KERNEL); since v47 (columns
+    # from the phase-split image, the weight gradient in one transposed sgemm) the weight gradients too
     assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(41)) == (
         "gemm" if direction == "data" else "stem-strided")
-    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == "gemm"
-    assert cpu.path((32, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, direction) == (
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(46)) == "gemm"
+    assert cpu.path((32, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, direction, conv_study._paths(46)) == (
         "stem-strided" if direction == "forward" else "gemm")
+    assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction) == (
+        "stem-strided" if direction == "weight" else "gemm")
+    assert cpu.path((32, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, direction) == (
+        "gemm" if direction == "data" else "stem-strided")
     assert cpu.path((32, 3, 224, 224), (32, 3, 3, 3), 2, 1, 1, direction, conv_study._paths(38)) == "gemm"
     assert cpu.path((32, 3, 32, 32), (64, 3, 3, 3), 1, 0, 1, direction) == "gemm"  # "valid": not a stem shape
     assert cpu.path(*wide, 1, 1, 1, direction, conv_study._paths(13)) == "shifted"

@@ -20,14 +20,18 @@ STEMS = [
 ]
 
 
-V41 = conv.Paths(imagenet_measured=False)
-"""v39–v41's routes: every strided stem's forward and weight gradient on ``conv_stem`` (since v42 only the 7×7
+V41 = conv.Paths(imagenet_measured=False, stem_phases=False)
+"""v39–v41's routes: every strided stem's forward and weight gradient on ``conv_stem`` (in v42–v46 only the 7×7
 forward, where it measured faster than im2col); the kernels are checked here on every stem shape."""
 
+PHASES = conv.Paths(imagenet_measured=False)
+"""The same routes with v47's kernel: columns copied from the phase-split image, the weight gradient in one
+transposed sgemm per block (since v47 the 7×7 forward and both weight gradients take it)."""
 
-@pytest.fixture(autouse=True)
-def stems_on_their_columns(monkeypatch):
-    monkeypatch.setattr(conv, "EXPORTED", V41)  # what every call without its own paths reads
+
+@pytest.fixture(autouse=True, params=[V41, PHASES], ids=["v39-columns", "v47-phases"])
+def stems_on_their_columns(request, monkeypatch):
+    monkeypatch.setattr(conv, "EXPORTED", request.param)  # what every call without its own paths reads
 
 
 def _case(shape, seed=0):
@@ -110,3 +114,16 @@ def test_only_narrow_strided_convs_take_the_stem_path():
     assert conv.path((2, 3, 32, 32), (16, 3, 1, 1), 2, 0, 1, "forward") == "pointwise-strided"  # 1×1: v33's
     before = conv.Paths(stem_strided=False)
     assert conv.path((2, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1, "forward", before) == "gemm"
+
+
+@pytest.mark.parametrize("shape", STEMS, ids=[str(s) for s in STEMS])
+def test_phase_columns_give_the_bits_of_v39s(shape, monkeypatch):
+    # the same columns, copied from the phase-split image instead of gathered per tap: the same forward bits; the
+    # weight gradient's transposed sgemm sums the same products (equal to float32 rounding)
+    x, w, dout, stride, pad = _case(shape, seed=1)
+    monkeypatch.setattr(conv, "EXPORTED", V41)
+    before = _run(x, w, dout, stride, pad)
+    monkeypatch.setattr(conv, "EXPORTED", PHASES)
+    after = _run(x, w, dout, stride, pad)
+    assert np.array_equal(before[0], after[0])
+    _close(after[1], before[1].astype(np.float64))
