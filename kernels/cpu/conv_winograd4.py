@@ -116,7 +116,11 @@ def _g6(x0, x1, x2):
 @njit(cache=True, nogil=True)
 def _filter_transform(w, lo, hi, u, flipped):
     """u[ξ][k, c] = (G w[k, c] Gᵀ)[ξ] for k in [lo, hi) (36 planes of K × C); flipped (backward-data):
-    u[ξ][c, k] = (G w[k, c, ::-1, ::-1] Gᵀ)[ξ] for c in [lo, hi) (planes of C × K)."""
+    u[ξ][c, k] = (G w[k, c, ::-1, ::-1] Gᵀ)[ξ] for c in [lo, hi) (planes of C × K).
+
+    The scalar form, kept as the reference ``_filter_rows`` is tested against (the same bits): since 2026-11-28
+    ``forward`` transforms its U with ``_filter_rows`` too, so no warm-up compiles this one (0.42 s of the CIFAR
+    warm-up's exclusive compile CPU)."""
     k, c = w.shape[0], w.shape[1]
     plane = k * c + SKEW
     g = w.reshape(w.size)
@@ -373,9 +377,14 @@ def forward(x, w, out, flipped: bool, threads: int, rows: int, scratch, limit: i
     total = n * ((height + 3) // 4)
     u = scratch[: 36 * (c_in * c_out + SKEW)]
     outer = w.shape[1] if flipped else w.shape[0]
-    run_shares(lambda t: _filter_transform(w, t * outer // threads, (t + 1) * outer // threads, u, flipped), threads)
     per_thread = _per_thread(c_in, c_out, width, rows)
     start = 36 * (c_in * c_out + SKEW)
+
+    def filters(t: int) -> None:  # each thread's share of U, ``forward_by_k``'s transform (the thread's V as scratch)
+        lo, hi = t * outer // threads, (t + 1) * outer // threads
+        _filter_rows(w, lo, hi, u[lo * c_in :], c_in * c_out + SKEW, flipped, scratch[start + t * per_thread :])
+
+    run_shares(filters, threads)
 
     def work(t: int) -> None:
         mine = scratch[start + t * per_thread : start + (t + 1) * per_thread]
