@@ -411,6 +411,8 @@ def test_jobs_that_share_compiled_pieces_run_in_one_family_largest_first():
     assert {job.path for job in by_family["winograd4"]} >= {"winograd4", "winograd4-by-k"}
     assert {job.path for job in by_family["winograd-s2"]} == {"winograd-s2"} and len(by_family["winograd-s2"]) == 3
     assert warmup.family(warmup.Job("relu_forward")) == "relu_forward"
+    # but the two dropout ops are one compiled kernel (warmup.OP_FAMILIES)
+    assert warmup.family(warmup.Job("dropout_forward")) == warmup.family(warmup.Job("dropout_backward"))
     assert warmup.run_jobs([warmup.Job("sgd_update"), warmup.Job("no_such_kernel"), warmup.Job("add_forward")]) == [
         "no_such_kernel: KeyError: 'no_such_kernel'"]  # a failure does not stop the family
 
@@ -446,3 +448,41 @@ def test_under_a_tight_limit_the_workers_are_gone_before_training(monkeypatch, f
     monkeypatch.setattr(warmup, "is_warm", lambda jobs: True)
     assert warmup.ensure_compiled([warmup.Job("sgd_update")], "tiny", pool=Pool()) is None
     assert Pool.waited is wait
+
+
+@pytest.mark.parametrize(("weight", "x_shape", "w_shape"), [
+    (True, (32, 256, 14, 14), (512, 256, 3, 3)),  # ResNet-18's 256→512 stride-2 weight gradient at 224, batch 32
+    (False, (32, 8, 16, 16), (16, 8, 3, 3)),  # an im2col forward whose tiles hold several images
+], ids=["weight", "forward"])
+def test_im2col_jobs_compile_the_tile_copies_of_the_real_calls(weight, x_shape, w_shape, monkeypatch):
+    # im2col's tiles of several images gather dout (weight gradient) or scatter the result (forward); the job's
+    # two-image shape makes one-image tiles, so the job compiles the copy itself, with the types the real call passes
+    import numpy as np
+    from numba import typeof
+
+    from kernels.cpu import conv as cpu_conv
+
+    name = "gather_tile" if weight else "scatter_tile"
+    original, seen = getattr(cpu_conv, name), []
+
+    def recorded(*args):
+        seen.append(tuple(typeof(a) for a in args))
+        return original(*args)
+
+    monkeypatch.setattr(cpu_conv, name, recorded)
+    direction = "weight" if weight else "forward"
+    assert cpu_conv.path(x_shape, w_shape, 2, 1, 1, direction) == "gemm"
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(x_shape, dtype=np.float32), rng.standard_normal(w_shape, dtype=np.float32)
+    out = rng.standard_normal((x_shape[0], w_shape[0], (x_shape[2] + 1) // 2, (x_shape[3] + 1) // 2), np.float32)
+    op = "conv2d_backward_weight" if weight else "conv2d_forward"
+    scratch = np.empty(getattr(cpu_conv, f"{op}_workspace_size")(x_shape, w_shape, 2, 1, 1), np.float32)
+    if weight:
+        cpu_conv.conv2d_backward_weight(x, out, np.empty_like(w), None, 2, 1, 1, scratch)
+    else:
+        cpu_conv.conv2d_forward(x, w, None, out, 2, 1, 1, scratch)
+    real = set(seen)
+    assert real, f"the real call made no {name}: the shape no longer tests the tiles"
+    seen.clear()
+    warmup._im2col_tile_copies(weight)
+    assert set(seen) == real
