@@ -282,6 +282,18 @@ def _filter_transform_flipped(w, c_lo, c_hi, u):
             _g_row_swapped(u, at, plane, w20, w21, w22, half)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _split(dst, row, count, nr):
+    """dst[m·nr] = row[2m] for m < ``count``: one phase of an input row into a block's column-major rows.
+
+    Views from the first element and no test per column (the edges are set apart by the caller): the input
+    transform's phase split took 5.3 of its 7.3 ms (64 @56×56, one thread, 16 images) as a loop over every column
+    with an edge test. Same values. One thread, 16 images, the transform, ms, median of 5 alternating rounds:
+    64 @56×56 7.02 → 5.83, 128 @28×28 4.49 → 3.79, 64 @32×32 2.11 → 1.96, 256 @14×14 2.34 → 2.39."""
+    for m in range(count):
+        dst[m * nr] = row[2 * m]
+
+
 @njit(cache=True, nogil=True)
 def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
     """v[ξ][c][j] = (Bᵀ d B)[ξ] for the channels [c_lo, c_hi) and the tiles of tile rows [r0, r0 + nr),
@@ -314,12 +326,11 @@ def _input_transform(src, r0, nr, c_lo, c_hi, channels, height, width, v, tmp):
                 if 0 <= y < height:
                     b = s0 + y * width
                     pe[0] = zero  # x = −1
-                    for m in range(1, half):
-                        x = 2 * m - 1
-                        pe[m * nr] = src[b + x] if x < width else zero
-                    for m in range(half):
-                        x = 2 * m
-                        po[m * nr] = src[b + x] if x < width else zero
+                    _split(pe[nr:], src[b + 1 :], width // 2, nr)  # x = 2m − 1 for m = 1 … ⌊W/2⌋
+                    _split(po, src[b:], half - 1, nr)  # x = 2m for m < ⌈W/2⌉ = half − 1
+                    if width % 2 == 1:  # the last even-phase column lies past the edge
+                        pe[(half - 1) * nr] = zero
+                    po[(half - 1) * nr] = zero  # x = 2·tw ≥ width
                 else:
                     for m in range(half):
                         pe[m * nr] = zero
