@@ -1,9 +1,11 @@
-"""Rounding of Winograd F(4×4, 3×3) for other interpolation points than Lavin's 0, ±1, ±2, simulated in float32
-(kernels/README.md, "Rounding per path": tried and dropped). The Toom-Cook matrices are built exactly (fractions) for
-each point set; 4,000 2-D tiles of 64 channels, inputs |N(0, 1)| half zero, He-scaled weights; the transforms and the
-channel sum in float32; printed: the relative error against float64, and that over a float32 direct sum's.
+"""Rounding of Winograd F(m×m, 3×3) for other interpolation points than Lavin's 0, ±1, ±2, and for other tile sizes,
+simulated in float32 (kernels/README.md, "Rounding per path": tried and dropped). The Toom-Cook matrices are built
+exactly (fractions) for each point set; 4,000 2-D tiles of 64 channels, inputs |N(0, 1)| half zero, He-scaled weights;
+the transforms and the channel sum in float32; printed: the relative error against float64, and that over a float32
+direct sum's.
 
-    python benchmarks/winograd_points.py
+    python benchmarks/winograd_points.py             # F(4×4, 3×3), the point sets below
+    python benchmarks/winograd_points.py --tile 3    # F(3×3, 3×3): five points; --tile 2: F(2×2)'s 0, ±1
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from fractions import Fraction as F
 
 import numpy as np
 
-M, R = 4, 3  # F(4, 3): six points, the five finite ones given, plus infinity
+M, R = 4, 3  # F(M, 3): M + 2 points, the M + 1 finite ones given, plus infinity (``--tile`` sets M)
 
 
 def _poly(roots: list[F]) -> list[F]:
@@ -49,7 +51,7 @@ def matrices(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check(at: np.ndarray, g: np.ndarray, bt: np.ndarray) -> float:
     """Max error of the 1-D algorithm in float64 against the direct correlation (the matrices are right)."""
     rng = np.random.default_rng(0)
-    d, w = rng.standard_normal(6), rng.standard_normal(3)
+    d, w = rng.standard_normal(M + 2), rng.standard_normal(3)
     want = np.array([d[i:i + 3] @ w for i in range(M)])
     return float(np.abs(at @ ((g @ w) * (bt @ d)) - want).max())
 
@@ -58,7 +60,8 @@ def errors(at: np.ndarray, g: np.ndarray, bt: np.ndarray, channels: int = 64, ti
     """(Winograd's, a float32 direct sum's) relative error against float64 on the same tiles."""
     rng = np.random.default_rng(0)
     f32 = np.float32
-    d = np.abs(rng.standard_normal((tiles, channels, 6, 6))) * (rng.random((tiles, channels, 6, 6)) > 0.5)
+    side = M + 2
+    d = np.abs(rng.standard_normal((tiles, channels, side, side))) * (rng.random((tiles, channels, side, side)) > 0.5)
     w = rng.standard_normal((channels, 3, 3)) * np.sqrt(2 / (9 * channels))
     want = np.zeros((tiles, M, M))
     for a in range(3):
@@ -77,24 +80,41 @@ def errors(at: np.ndarray, g: np.ndarray, bt: np.ndarray, channels: int = 64, ti
 
 
 POINT_SETS = {
-    "0, ±1, ±2 (Lavin)": [0, 1, -1, 2, -2],
-    "0, ±1, ±1/2": [0, 1, -1, F(1, 2), F(-1, 2)],
-    "0, ±1, 1/2, −2": [0, 1, -1, F(1, 2), -2],
-    "0, ±1, 2, −1/2": [0, 1, -1, 2, F(-1, 2)],
-    "0, ±1/2, ±2": [0, F(1, 2), F(-1, 2), 2, -2],
-    "0, ±1, ±3/2": [0, 1, -1, F(3, 2), F(-3, 2)],
-    "0, ±1, ±2/3": [0, 1, -1, F(2, 3), F(-2, 3)],
+    4: {
+        "0, ±1, ±2 (Lavin)": [0, 1, -1, 2, -2],
+        "0, ±1, ±1/2": [0, 1, -1, F(1, 2), F(-1, 2)],
+        "0, ±1, 1/2, −2": [0, 1, -1, F(1, 2), -2],
+        "0, ±1, 2, −1/2": [0, 1, -1, 2, F(-1, 2)],
+        "0, ±1/2, ±2": [0, F(1, 2), F(-1, 2), 2, -2],
+        "0, ±1, ±3/2": [0, 1, -1, F(3, 2), F(-3, 2)],
+        "0, ±1, ±2/3": [0, 1, -1, F(2, 3), F(-2, 3)],
+    },
+    3: {
+        "0, ±1, 2": [0, 1, -1, 2],
+        "0, ±1, −2": [0, 1, -1, -2],
+        "0, ±1, 1/2": [0, 1, -1, F(1, 2)],
+        "0, ±1, −1/2": [0, 1, -1, F(-1, 2)],
+        "0, 1, ±1/2": [0, 1, F(1, 2), F(-1, 2)],
+        "0, ±1/2, 2": [0, F(1, 2), F(-1, 2), 2],
+    },
+    2: {"0, ±1 (F(2×2))": [0, 1, -1]},
 }
+"""Finite points per tile size M (M + 1 of them; infinity is the last)."""
 
 
 def main() -> None:
-    for name, points in POINT_SETS.items():
+    import argparse
+
+    global M
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tile", type=int, choices=sorted(POINT_SETS), default=4, help="m of F(m×m, 3×3)")
+    M = parser.parse_args().tile
+    for name, points in POINT_SETS[M].items():
         at, g, bt = matrices(points)
         ours, direct = errors(at, g, bt)
         print(f"{name:20s} check {check(at, g, bt):.1e}  error {ours:.2e}  float32 direct {direct:.2e}  "
               f"ratio {ours / direct:.1f}×  largest |Aᵀ| {abs(at).max():.3g} |Bᵀ| {abs(bt).max():.3g} "
               f"|G| {abs(g).max():.3g}")
-
 
 if __name__ == "__main__":
     main()
