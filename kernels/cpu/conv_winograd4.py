@@ -152,15 +152,7 @@ def _bt_runs(d0, d1, d2, d3, d4, d5, o0, o1, o2, o3, o4, o5, length):
     Written out four times before (both passes of both transforms); as two inlined helpers the same
     bits and the same time (batch 32, two threads, best of 15, three alternating rounds, ms before /
     after: 64 @32×32 forward 6.60, 6.45, 6.64 / 6.78, 6.50, 6.60; weight 9.20, 9.24, 9.19 / 9.16,
-    9.19, 9.26; 256 @8×8 weight 7.09, 6.75, 6.89 / 6.91, 6.96, 7.02).
-
-    Each transform calls it (and ``_dout_transform`` its twin ``_a_runs``) from one call site, a loop over the
-    pass down the rows and the six across: inlined at two call sites, its six loops were compiled twice. Cold
-    compile of the F(4×4) forward and weight-gradient kernels (one process each, empty cache, CPU s): 5.84, 5.91
-    → 4.66, 4.70. The same bits; the speed level (two threads, batch 32, four alternating rounds in one
-    process, medians, ms, before / after: 64 @32 backward-data 6.67 / 7.18, weight 10.03 / 9.07; 128 @28 18.98 /
-    18.80, 20.48 / 19.00; 256 @14 25.93 / 25.30, 21.54 / 22.18; 128 @16 6.67 / 6.28, 7.18 / 6.55; runs ±10%).
-    Not inlined at all, the compile fell as far but the calls slowed 4% (64 @32 forward 6.28 → 6.52 ms)."""
+    9.19, 9.26; 256 @8×8 weight 7.09, 6.75, 6.89 / 6.91, 6.96, 7.02)."""
     four, five, two = np.float32(4.0), np.float32(5.0), np.float32(2.0)
     for e in range(length):
         o0[e] = four * d0[e] - five * d2[e] + d4[e]
@@ -239,28 +231,23 @@ def _input_transform(src, r0, nr, channels, height, width, v, buf, c_lo=0, c_hi=
                         pq = p[i * row + q * span + r :]
                         for m in range(ph):
                             pq[m * nr] = zero
-        # Bᵀ down the rows (pass −1: p → t, runs of ``row``), then across each row i of t (passes 0–5: t → v, runs
-        # of ``cols``): one call site, so ``_bt_runs`` is compiled into this function once, not twice
-        for i in range(-1, 6):
-            if i < 0:
-                e0, e1, e2 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row]
-                e3, f0, f1 = p[3 * row : 4 * row], p[4 * row : 5 * row], p[5 * row : 6 * row]
-                o0, o1, o2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
-                o3, o4, o5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
-                length = row
-            else:
-                ti = t[i * row : (i + 1) * row]
-                # phase q at tile column tx: ti[q·span + tx·nr + r] = eq[j]; at tx + 1: eq[j + nr]; the tile's six
-                # columns: e0, e1, e2, e3 (phases 0-3 at tx), f0, f1 (phases 0-1 at tx + 1)
-                e0, e1 = ti[0:cols], ti[span : span + cols]
-                e2, e3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
-                f0, f1 = ti[nr : nr + cols], ti[span + nr : span + nr + cols]
-                b = 6 * i * step + c * cols
-                o0, o1, o2 = v[b : b + cols], v[b + step : b + step + cols], v[b + 2 * step : b + 2 * step + cols]
-                o3, o4 = v[b + 3 * step : b + 3 * step + cols], v[b + 4 * step : b + 4 * step + cols]
-                o5 = v[b + 5 * step : b + 5 * step + cols]
-                length = cols
-            _bt_runs(e0, e1, e2, e3, f0, f1, o0, o1, o2, o3, o4, o5, length)
+        d0, d1, d2 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row]
+        d3, d4, d5 = p[3 * row : 4 * row], p[4 * row : 5 * row], p[5 * row : 6 * row]
+        t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+        t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+        _bt_runs(d0, d1, d2, d3, d4, d5, t0, t1, t2, t3, t4, t5, row)
+        for i in range(6):
+            ti = t[i * row : (i + 1) * row]
+            # phase q at tile column tx: ti[q·span + tx·nr + r] = eq[j]; at tx + 1: eq[j + nr]
+            e0, e1 = ti[0 : span], ti[span : 2 * span]
+            e2, e3 = ti[2 * span : 2 * span + cols], ti[3 * span : 3 * span + cols]
+            f0, f1 = ti[nr : nr + cols], ti[span + nr : span + nr + cols]
+            b = 6 * i * step + c * cols
+            o0, o1, o2 = v[b : b + cols], v[b + step : b + step + cols], v[b + 2 * step : b + 2 * step + cols]
+            o3, o4 = v[b + 3 * step : b + 3 * step + cols], v[b + 4 * step : b + 4 * step + cols]
+            o5 = v[b + 5 * step : b + 5 * step + cols]
+            # the tile's six columns: e0, e1, e2, e3 (phases 0-3 at tx), f0, f1 (phases 0-1 at tx + 1)
+            _bt_runs(e0, e1, e2, e3, f0, f1, o0, o1, o2, o3, o4, o5, cols)
 
 
 @njit(cache=True, nogil=True)
@@ -424,22 +411,16 @@ def _filter_rows(w, lo, hi, u, plane, flipped, tmp):
             for r in range(inner):
                 for e in range(9):
                     taps[e * inner + r] = g[b + 9 * r + e]
+        for j in range(3):  # G down column j: rows i = 0..5 of column j at col[(3i + j)·R]
+            _g6_runs(taps[j * inner :], taps[(3 + j) * inner :], taps[(6 + j) * inner :], col[j * inner :],
+                     col[(3 + j) * inner :], col[(6 + j) * inner :], col[(9 + j) * inner :], col[(12 + j) * inner :],
+                     col[(15 + j) * inner :], inner)
         at = (o - lo) * inner
-        # passes 0–2: G down column j = pass (rows i = 0..5 of column j at col[(3i + j)·R]); passes 3–8: G across row
-        # i = pass − 3 into u. One call site: ``_g6_runs`` is compiled into this function once, not twice
-        for step in range(9):
-            if step < 3:
-                j = step
-                x0, x1, x2 = taps[j * inner :], taps[(3 + j) * inner :], taps[(6 + j) * inner :]
-                y0, y1, y2 = col[j * inner :], col[(3 + j) * inner :], col[(6 + j) * inner :]
-                y3, y4, y5 = col[(9 + j) * inner :], col[(12 + j) * inner :], col[(15 + j) * inner :]
-            else:
-                i = step - 3
-                b = 6 * i * plane + at
-                x0, x1, x2 = col[3 * i * inner :], col[(3 * i + 1) * inner :], col[(3 * i + 2) * inner :]
-                y0, y1, y2 = u[b:], u[b + plane :], u[b + 2 * plane :]
-                y3, y4, y5 = u[b + 3 * plane :], u[b + 4 * plane :], u[b + 5 * plane :]
-            _g6_runs(x0, x1, x2, y0, y1, y2, y3, y4, y5, inner)
+        for i in range(6):  # then G across row i
+            b = 6 * i * plane + at
+            _g6_runs(col[3 * i * inner :], col[(3 * i + 1) * inner :], col[(3 * i + 2) * inner :], u[b:],
+                     u[b + plane :], u[b + 2 * plane :], u[b + 3 * plane :], u[b + 4 * plane :], u[b + 5 * plane :],
+                     inner)
 
 
 BY_K_BLOCK = 16
@@ -624,23 +605,18 @@ def _dout_transform(src, r0, nr, k_lo, k_hi, channels, height, width, m, buf):
                     for q in range(4):
                         for tx in range(tw):
                             pa[q * cols + tx * nr] = zero
-        # A down the rows (pass −1: p → t, runs of ``row``), then across each row i of t (passes 0–5: t → m, runs of
-        # ``cols``): one call site, ``_a_runs`` compiled in once (as ``_input_transform``'s ``_bt_runs``)
-        for i in range(-1, 6):
-            if i < 0:
-                e0, e1, e2, e3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
-                o0, o1, o2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
-                o3, o4, o5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
-                length = row
-            else:
-                ti = t[i * row : (i + 1) * row]
-                e0, e1, e2, e3 = ti[0:cols], ti[cols : 2 * cols], ti[2 * cols : 3 * cols], ti[3 * cols : 4 * cols]
-                b = 6 * i * step + k * cols
-                o0, o1, o2 = m[b : b + cols], m[b + step : b + step + cols], m[b + 2 * step : b + 2 * step + cols]
-                o3, o4 = m[b + 3 * step : b + 3 * step + cols], m[b + 4 * step : b + 4 * step + cols]
-                o5 = m[b + 5 * step : b + 5 * step + cols]
-                length = cols
-            _a_runs(e0, e1, e2, e3, o0, o1, o2, o3, o4, o5, length)
+        y0, y1, y2, y3 = p[0:row], p[row : 2 * row], p[2 * row : 3 * row], p[3 * row : 4 * row]
+        t0, t1, t2 = t[0:row], t[row : 2 * row], t[2 * row : 3 * row]
+        t3, t4, t5 = t[3 * row : 4 * row], t[4 * row : 5 * row], t[5 * row : 6 * row]
+        _a_runs(y0, y1, y2, y3, t0, t1, t2, t3, t4, t5, row)
+        for i in range(6):
+            ti = t[i * row : (i + 1) * row]
+            e0, e1, e2, e3 = ti[0:cols], ti[cols : 2 * cols], ti[2 * cols : 3 * cols], ti[3 * cols : 4 * cols]
+            b = 6 * i * step + k * cols
+            o0, o1, o2 = m[b : b + cols], m[b + step : b + step + cols], m[b + 2 * step : b + 2 * step + cols]
+            o3, o4 = m[b + 3 * step : b + 3 * step + cols], m[b + 4 * step : b + 4 * step + cols]
+            o5 = m[b + 5 * step : b + 5 * step + cols]
+            _a_runs(e0, e1, e2, e3, o0, o1, o2, o3, o4, o5, cols)
 
 
 @njit(cache=True, nogil=True, inline="always")
