@@ -405,7 +405,7 @@ class Paths:
     depthwise_planes_large_s2: bool = True  # v44: depthwise stride-2 forwards on ≥ 80×80 plane by plane, not direct
     depthwise_imagenet_planes: bool = True  # v45: depthwise plane by plane from 14×14, weight by groups from 7×7
     pointwise_pixel_blocks: bool = True  # v46: 1×1 GEMMs on ≥ 56×56 planes cut into pixels (all directions)
-    stem_phases: bool = True  # v47: the strided stems' columns from a phase-split image, all directions (``conv_stem``)
+    stem_phases: bool = True  # v47: the strided stems' columns from a phase-split image; their weight gradients too
 
 
 CONV_MODES = ("auto", "exact", "fast")
