@@ -44,7 +44,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit
 
-from kernels.cpu.checks import check_array
+from kernels.cpu.checks import check_array, same_memory
 from kernels.cpu.threads import run_ranges
 
 GAMMA_MIN = 1e-5
@@ -160,11 +160,6 @@ def _over_channels(kernel, x3: np.ndarray, *args) -> None:
     """``kernel(*args, lo, hi)`` over the threads' ranges of the channels of ``x3`` ([N, C, H·W])."""
     N, C, area = x3.shape
     run_ranges(lambda lo, hi: kernel(*args, lo, hi), C, get_num_threads(), N * area)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """``a`` and ``b`` are the same elements (one array, or views of the same memory and layout)."""
-    return a.shape == b.shape and a.strides == b.strides and a.ctypes.data == b.ctypes.data
 
 
 def _channels(op: str, x: np.ndarray) -> tuple[int, int, int]:
@@ -496,7 +491,7 @@ def batchnorm_chunk_apply(z: np.ndarray, scale_shift: np.ndarray, activation: st
     z3 = z.reshape(N, C, area)
     act = _ACTIVATIONS[activation]
     none = np.empty((0, C, area), np.float32)
-    y_over, out_over = y is not None and _same(y, z), _same(out, z)
+    y_over, out_over = y is not None and same_memory(y, z), same_memory(out, z)
     if out_over and y is not None and (not y_over or activation is not None):
         raise ValueError(f"{op}: out may be z only when y is None or z with no activation (y would be lost)")
     if y_over or out_over:  # written over z: the kernel that keeps its vectors (_chunk_apply_over)
@@ -537,7 +532,7 @@ def batchnorm_chunk_dx(y: np.ndarray, dy: np.ndarray, gamma: np.ndarray, beta: n
         check_array(op, name, array, (C,))
     y3 = y.reshape(N, C, area)
     args = (y3, dy.reshape(N, C, area), gamma, beta, save_invstd, sums, int(count), _ACTIVATIONS[activation])
-    if _same(dx, y) or _same(dx, dy):  # written over a read array: _chunk_dx_over says why
-        _over_channels(_chunk_dx_over, y3, *args, _same(dx, y))
+    if same_memory(dx, y) or same_memory(dx, dy):  # written over a read array: _chunk_dx_over says why
+        _over_channels(_chunk_dx_over, y3, *args, same_memory(dx, y))
     else:
         _over_channels(_chunk_dx, y3, *args, dx.reshape(N, C, area))

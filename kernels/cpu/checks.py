@@ -23,3 +23,11 @@ def check_array(
     if shape is not None and array.shape != tuple(shape):
         raise ValueError(f"{op}: {name} has shape {array.shape}, expected {tuple(shape)}")
     return array
+
+
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the same elements: one array, or views of the same memory and layout. The kernels
+    with an in-place branch (element-wise, batch norm's chunk kernels) take it when the written array is a read one;
+    an array that overlaps another only in part is not a supported argument of any of them."""
+    return (a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])

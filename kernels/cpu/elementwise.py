@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, uint64
 
-from kernels.cpu.checks import check_array
+from kernels.cpu.checks import check_array, same_memory
 from kernels.cpu.threads import run_ranges
 
 _NO_CAP = np.float32(np.inf)
@@ -147,11 +147,6 @@ def _flat(
     return check_array(op, name, array, shape, dtype).reshape(-1)
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two flat arrays of one length are the same memory (the kernels' in-place case)."""
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-
-
 def _over_ranges(kernel, *args) -> None:
     """``kernel(*args, lo, hi)`` over the flat length of ``args[0]``, split by ``run_ranges``."""
     run_ranges(lambda lo, hi: kernel(*args, lo, hi), args[0].size, get_num_threads())
@@ -160,7 +155,7 @@ def _over_ranges(kernel, *args) -> None:
 def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
     """out = max(x, 0); ``out`` may be ``x``."""
     xf, of = _flat("relu_forward", "x", x), _flat("relu_forward", "out", out, x.shape)
-    _over_ranges(_clamp, xf, of, _NO_CAP, _same(xf, of))
+    _over_ranges(_clamp, xf, of, _NO_CAP, same_memory(xf, of))
 
 
 def relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
@@ -171,7 +166,7 @@ def relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
 def relu6_forward(x: np.ndarray, out: np.ndarray) -> None:
     """out = min(max(x, 0), 6); ``out`` may be ``x``."""
     xf, of = _flat("relu6_forward", "x", x), _flat("relu6_forward", "out", out, x.shape)
-    _over_ranges(_clamp, xf, of, np.float32(6.0), _same(xf, of))
+    _over_ranges(_clamp, xf, of, np.float32(6.0), same_memory(xf, of))
 
 
 def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
@@ -181,7 +176,7 @@ def relu6_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray) -> None:
 
 def _masked(op: str, out: np.ndarray, dout: np.ndarray, dx: np.ndarray, limit: np.float32) -> None:
     o, d, g = _flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape)
-    _over_ranges(_mask, o, d, g, limit, _same(d, g))
+    _over_ranges(_mask, o, d, g, limit, same_memory(d, g))
 
 
 def _forward_checksum(op: str, x: np.ndarray, out: np.ndarray, cap: np.float32) -> tuple[int, int]:
@@ -219,23 +214,23 @@ def leaky_relu_forward(x: np.ndarray, out: np.ndarray, negative_slope: float) ->
     """out = x where x > 0, else negative_slope · x; ``out`` may be ``x``."""
     op = "leaky_relu_forward"
     xf, of = _flat(op, "x", x), _flat(op, "out", out, x.shape)
-    _over_ranges(_leaky_relu_forward, xf, _slope(op, negative_slope), of, _same(xf, of))
+    _over_ranges(_leaky_relu_forward, xf, _slope(op, negative_slope), of, same_memory(xf, of))
 
 
 def leaky_relu_backward(out: np.ndarray, dout: np.ndarray, dx: np.ndarray, negative_slope: float) -> None:
     """dx = dout where out > 0, else negative_slope · dout; ``dx`` may be ``dout``."""
     op = "leaky_relu_backward"
     o, d, g = _flat(op, "out", out), _flat(op, "dout", dout, out.shape), _flat(op, "dx", dx, out.shape)
-    _over_ranges(_leaky_relu_backward, o, d, _slope(op, negative_slope), g, _same(d, g))
+    _over_ranges(_leaky_relu_backward, o, d, _slope(op, negative_slope), g, same_memory(d, g))
 
 
 def add_forward(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a + b (the residual add); ``out`` may be ``a`` or ``b``."""
     op = "add_forward"
     af, bf, of = _flat(op, "a", a), _flat(op, "b", b, a.shape), _flat(op, "out", out, a.shape)
-    if _same(bf, of):
+    if same_memory(bf, of):
         af, bf = bf, af
-    _over_ranges(_add, af, bf, of, _same(af, of))
+    _over_ranges(_add, af, bf, of, same_memory(af, of))
 
 
 def dropout_forward(x: np.ndarray, mask: np.ndarray, scale: float, out: np.ndarray) -> None:
@@ -251,4 +246,4 @@ def dropout_backward(dout: np.ndarray, mask: np.ndarray, scale: float, dx: np.nd
 def _dropout_call(op: str, x_name: str, x: np.ndarray, mask: np.ndarray, scale: float, out_name: str,
                   out: np.ndarray) -> None:
     xf, of = _flat(op, x_name, x), _flat(op, out_name, out, x.shape)
-    _over_ranges(_dropout, xf, _flat(op, "mask", mask, x.shape, np.uint8), float(scale), of, _same(xf, of))
+    _over_ranges(_dropout, xf, _flat(op, "mask", mask, x.shape, np.uint8), float(scale), of, same_memory(xf, of))
