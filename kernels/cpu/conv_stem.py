@@ -119,12 +119,17 @@ def workspace_size(x_shape: tuple, threads: int, w_shape: tuple = (0, 0, 3, 3), 
     since v47 one image split into its stride² phases and the weight gradient's transposed sum (C·R·S × K)."""
     if stride == 1:
         return threads * 9 * x_shape[1] * x_shape[2] * x_shape[3]
+    return threads * sum(_slot_parts(x_shape, w_shape, stride, pad))
+
+
+def _slot_parts(x_shape: tuple, w_shape: tuple, stride: int, pad: int) -> tuple[int, int, int]:
+    """A thread's slot of a strided stem's scratch, float32 elements: one block of output rows' columns (v39), one
+    image split into its stride² phases (v47) and the weight gradient's transposed sum, C·R·S × K (v47)."""
+    depth = x_shape[1] * w_shape[2] * w_shape[3]
     out_w = _out_size(x_shape[3], w_shape[3], stride, pad)
-    cols = x_shape[1] * w_shape[2] * w_shape[3] * out_w * block_rows(x_shape, w_shape, stride, pad)
     ph, pw = phase_shape(x_shape, w_shape, stride, pad)
-    phases = x_shape[1] * stride * stride * ph * pw
-    transposed = x_shape[1] * w_shape[2] * w_shape[3] * w_shape[0]
-    return threads * (cols + phases + transposed)
+    return depth * out_w * block_rows(x_shape, w_shape, stride, pad), x_shape[1] * stride * stride * ph * pw, \
+        depth * w_shape[0]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -279,16 +284,16 @@ def _copy(run, src):
 
 @njit(cache=True, nogil=True)
 def _phase_images(x, w_flat, y_flat, acc_flat, c_out, kernel, stride, pad, out_h, out_w, rows, first, last, cols,
-                  phase, acc_t, weight):
+                  phase, ph, pw, acc_t, weight):
     """v47: ``_strided_images`` with each image split into its phases first (``_phases``): tap (r, q) of output
     row oy reads phase (r mod s, q mod s) at row oy + r // s from column q // s on, so every row of a block's
     columns is a plain copy of ``out_w`` values. The weight gradient is one sgemm per block, ``acc_t (C·R·S × K)
     += cols @ dout[n][:, block]ᵀ`` (β = 1 after the first), written out transposed into ``acc_flat`` at the end
-    (zero when there are no images). Measured: kernels/README.md's v47 row."""
+    (zero when there are no images). ``ph`` × ``pw``: a phase's size (``phase_shape``). Measured: kernels/README.md's
+    v47 row."""
     depth = x.shape[1] * kernel * kernel
     pixels = out_h * out_w
     s = stride
-    ph, pw = out_h + (kernel - 1) // s, out_w + (kernel - 1) // s
     scalars = np.empty(2, np.float32)
     for n in range(first, last):
         _phases(x, n, s, pad, ph, pw, phase)
@@ -320,14 +325,10 @@ _NOTHING = np.empty(1, np.float32)
 
 
 def _buffers(mine: np.ndarray, x_shape: tuple, w_shape: tuple, stride: int, pad: int):
-    """A thread's slot of a strided stem's scratch (``workspace_size`` with one thread): a block's columns, the
-    phase-split image (v47) and the transposed weight-gradient sum (v47)."""
-    out_w = _out_size(x_shape[3], w_shape[3], stride, pad)
-    depth = x_shape[1] * w_shape[2] * w_shape[3]
-    cols = depth * out_w * block_rows(x_shape, w_shape, stride, pad)
-    ph, pw = phase_shape(x_shape, w_shape, stride, pad)
-    phases = x_shape[1] * stride * stride * ph * pw
-    return mine[:cols], mine[cols : cols + phases], mine[cols + phases : cols + phases + depth * w_shape[0]]
+    """``mine``, a thread's slot, as its ``_slot_parts``: a block's columns, the phase-split image, the transposed
+    weight-gradient sum."""
+    cols, phases, transposed = _slot_parts(x_shape, w_shape, stride, pad)
+    return mine[:cols], mine[cols : cols + phases], mine[cols + phases : cols + phases + transposed]
 
 
 def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch: np.ndarray, stride: int = 1,
@@ -349,7 +350,7 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int, scratch
         elif phases:
             cols, phase, acc_t = _buffers(mine, x.shape, w.shape, stride, pad)
             _phase_images(x, w_flat, out_flat, _NOTHING, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
-                          cols, phase, acc_t, False)
+                          cols, phase, *phase_shape(x.shape, w.shape, stride, pad), acc_t, False)
         else:
             _strided_images(x, w_flat, out_flat, _NOTHING, c_out, kernel, stride, pad, out_h, out_w, rows, first, last,
                             0, mine, False)
@@ -372,7 +373,7 @@ def weight_share(x, dout, k_block: int, w_shape: tuple = (0, 0, 3, 3), stride: i
         elif phases:
             cols, phase, acc_t = _buffers(mine, x.shape, w_shape, stride, pad)
             _phase_images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, kernel, stride, pad, out_h, out_w, rows,
-                          first, last, cols, phase, acc_t, True)
+                          first, last, cols, phase, *phase_shape(x.shape, w_shape, stride, pad), acc_t, True)
         else:
             _strided_images(x, _NOTHING, dout_flat, acc.reshape(-1), c_out, kernel, stride, pad, out_h, out_w, rows,
                             first, last, k_block, mine[:size], True)
