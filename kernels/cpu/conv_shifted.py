@@ -165,6 +165,11 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False, tra
         raise ValueError("conv_shifted.gemm: a, b and c must be C-contiguous (pass np.ascontiguousarray copies)")
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
+    op_a = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    op_b = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if op_a != (m, k) or op_b != (k, n):  # sgemm would read or write past the arrays
+        raise ValueError(f"conv_shifted.gemm: op(a) {op_a} @ op(b) {op_b} does not make c {c.shape}; pass operands "
+                         f"whose shapes agree (trans_a={bool(trans_a)}, trans_b={bool(trans_b)})")
     table = _one_gemm(bool(trans_a), bool(trans_b), m, n, k, a.shape[1], b.shape[1], n)
     gemm_list(a.reshape(-1), b.reshape(-1), c.reshape(-1), table)
 

@@ -1662,7 +1662,7 @@ def test_pointwise_strided_scratch_is_what_the_drivers_use(direction):
 
 
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, False), (False, True)])
-def test_the_gemm_helper_matches_numpy_on_views_and_refuses_strided_operands(trans_a, trans_b):
+def test_the_gemm_helper_matches_numpy_on_views_and_refuses_strided_or_mismatched_operands(trans_a, trans_b):
     """``conv_shifted.gemm`` (the dense layers' and im2col's GEMM): op(a) @ op(b) into c, each a C-contiguous view at
     an offset of a larger array as im2col passes them, within float32 rounding of float64; a strided operand is
     refused (its reshape would be a copy, and c's result lost)."""
@@ -1680,3 +1680,7 @@ def test_the_gemm_helper_matches_numpy_on_views_and_refuses_strided_operands(tra
     assert np.isnan(c_big[0]).all() and np.isnan(c_big[2]).all()  # nothing outside c written
     with pytest.raises(ValueError, match="C-contiguous"):
         gemm(a, b, np.empty((n, m), np.float32).T, trans_a=trans_a, trans_b=trans_b)
+    with pytest.raises(ValueError, match="does not make c"):  # shapes that disagree: refused, nothing written
+        gemm(a, b, c_big[0][:, : n - 1].copy(), trans_a=trans_a, trans_b=trans_b)
+    with pytest.raises(ValueError, match="does not make c"):
+        gemm(a, b[:-1], c, trans_a=trans_a, trans_b=trans_b)  # one row short: k (or n, transposed) disagrees
