@@ -5,6 +5,7 @@ from kernels.cpu import elementwise
 from kernels.reference import elementwise as reference
 
 SHAPES = [(1,), (7, 3), (2, 3, 5, 5), (1, 1, 1, 1)]
+LARGE = (3, 17, 64, 64)  # 208,896 values: past threads.RANGE_MIN_VALUES, so two and three threads split it
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -81,12 +82,15 @@ def test_wrong_arrays_are_named():
 
 
 def _reference_sums(x):
-    """(Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over the 32-bit words of x, with Python's integers."""
-    words = [int(w) for w in x.reshape(-1).view(np.uint32)]
-    return sum(words) % 2**64, sum((i + 1) * w for i, w in enumerate(words)) % 2**64
+    """(Σ wᵢ, Σ (i+1)·wᵢ) mod 2⁶⁴ over the 32-bit words of x, in NumPy's uint64 (whose sums and products wrap mod
+    2⁶⁴, the kernel's arithmetic written another way)."""
+    words = x.reshape(-1).view(np.uint32).astype(np.uint64)
+    index = np.arange(1, words.size + 1, dtype=np.uint64)
+    return int(words.sum(dtype=np.uint64)), int((index * words).sum(dtype=np.uint64))
 
 
-@pytest.mark.parametrize("shape", SHAPES + [(3, 17, 9, 9)])
+# LARGE: past threads.RANGE_MIN_VALUES, so the sums of two or three ranges are combined (``_forward_checksum``)
+@pytest.mark.parametrize("shape", SHAPES + [(3, 17, 9, 9), LARGE])
 @pytest.mark.parametrize("name", ["relu", "relu6"])
 def test_activation_with_checksum_gives_the_same_bits_and_the_sums(name, shape, rng):
     """The offload rebuild's fused pass: the activation's exact bits, and the word sums of its input at any
@@ -118,8 +122,6 @@ def test_activation_with_checksum_gives_the_same_bits_and_the_sums(name, shape, 
     assert getattr(elementwise, f"{name}_forward_checksum")(in_place, in_place) == sums
     np.testing.assert_array_equal(in_place.view(np.uint32), expected.view(np.uint32))
 
-
-LARGE = (3, 17, 64, 64)  # 208,896 values: past threads.RANGE_MIN_VALUES, so two and three threads split it
 
 
 def _edge_values(x: np.ndarray) -> np.ndarray:
