@@ -14,7 +14,7 @@ from fractions import Fraction as F
 
 import numpy as np
 
-M, R = 4, 3  # F(M, 3): M + 2 points, the M + 1 finite ones given, plus infinity (``--tile`` sets M)
+R = 3  # F(m, 3): m + 2 points, the m + 1 finite ones given, plus infinity (m, the tile, from the points)
 
 
 def _poly(roots: list[F]) -> list[F]:
@@ -32,7 +32,8 @@ def _poly(roots: list[F]) -> list[F]:
 def matrices(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Aᵀ (4 × 6), G (6 × 3), Bᵀ (6 × 6) of the Toom-Cook algorithm on ``points`` and infinity, exact."""
     pts = [F(p) for p in points]
-    at = [[p**i for p in pts] + [F(1) if i == M - 1 else F(0)] for i in range(M)]
+    m = len(pts) - 1
+    at = [[p**i for p in pts] + [F(1) if i == m - 1 else F(0)] for i in range(m)]
     g = []
     for k, p in enumerate(pts):
         norm = F(1)
@@ -51,8 +52,9 @@ def matrices(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check(at: np.ndarray, g: np.ndarray, bt: np.ndarray) -> float:
     """Max error of the 1-D algorithm in float64 against the direct correlation (the matrices are right)."""
     rng = np.random.default_rng(0)
-    d, w = rng.standard_normal(M + 2), rng.standard_normal(3)
-    want = np.array([d[i:i + 3] @ w for i in range(M)])
+    m = at.shape[0]
+    d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
+    want = np.array([d[i:i + 3] @ w for i in range(m)])
     return float(np.abs(at @ ((g @ w) * (bt @ d)) - want).max())
 
 
@@ -60,20 +62,21 @@ def errors(at: np.ndarray, g: np.ndarray, bt: np.ndarray, channels: int = 64, ti
     """(Winograd's, a float32 direct sum's) relative error against float64 on the same tiles."""
     rng = np.random.default_rng(0)
     f32 = np.float32
-    side = M + 2
+    m = at.shape[0]  # the tile
+    side = m + 2
     d = np.abs(rng.standard_normal((tiles, channels, side, side))) * (rng.random((tiles, channels, side, side)) > 0.5)
     w = rng.standard_normal((channels, 3, 3)) * np.sqrt(2 / (9 * channels))
-    want = np.zeros((tiles, M, M))
+    want = np.zeros((tiles, m, m))
     for a in range(3):
         for b in range(3):
-            want += np.einsum("tcij,c->tij", d[:, :, a:a + M, b:b + M], w[:, a, b])
+            want += np.einsum("tcij,c->tij", d[:, :, a:a + m, b:b + m], w[:, a, b])
     d32, w32 = d.astype(f32), w.astype(f32)
     at32, g32, bt32 = at.astype(f32), g.astype(f32), bt.astype(f32)
     u = np.einsum("ij,cjk,lk->cil", g32, w32, g32).astype(f32)
     v = np.einsum("ij,tcjk,lk->tcil", bt32, d32, bt32).astype(f32)
     m = np.einsum("tcil,cil->til", v, u).astype(f32)  # the channel sum in float32
     y = np.einsum("ij,tjk,lk->til", at32, m, at32).astype(f32)
-    columns = np.stack([d32[:, :, a:a + M, b:b + M] for a in range(3) for b in range(3)], 2)
+    columns = np.stack([d32[:, :, a:a + m, b:b + m] for a in range(3) for b in range(3)], 2)
     direct = np.einsum("tcsij,cs->tij", columns, w32.reshape(channels, 9)).astype(f32)
     norm = np.linalg.norm(want)
     return float(np.linalg.norm(y - want) / norm), float(np.linalg.norm(direct - want) / norm)
@@ -99,17 +102,15 @@ POINT_SETS = {
     },
     2: {"0, ±1 (F(2×2))": [0, 1, -1]},
 }
-"""Finite points per tile size M (M + 1 of them; infinity is the last)."""
+"""Finite points per tile size m (m + 1 of them; infinity is the last)."""
 
 
 def main() -> None:
     import argparse
 
-    global M
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tile", type=int, choices=sorted(POINT_SETS), default=4, help="m of F(m×m, 3×3)")
-    M = parser.parse_args().tile
-    for name, points in POINT_SETS[M].items():
+    for name, points in POINT_SETS[parser.parse_args().tile].items():
         at, g, bt = matrices(points)
         ours, direct = errors(at, g, bt)
         print(f"{name:20s} check {check(at, g, bt):.1e}  error {ours:.2e}  float32 direct {direct:.2e}  "
