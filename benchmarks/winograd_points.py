@@ -32,8 +32,8 @@ def _poly(roots: list[F]) -> list[F]:
 def matrices(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Aᵀ (4 × 6), G (6 × 3), Bᵀ (6 × 6) of the Toom-Cook algorithm on ``points`` and infinity, exact."""
     pts = [F(p) for p in points]
-    m = len(pts) - 1
-    at = [[p**i for p in pts] + [F(1) if i == m - 1 else F(0)] for i in range(m)]
+    tile = len(pts) - 1
+    at = [[p**i for p in pts] + [F(1) if i == tile - 1 else F(0)] for i in range(tile)]
     g = []
     for k, p in enumerate(pts):
         norm = F(1)
@@ -52,9 +52,9 @@ def matrices(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check(at: np.ndarray, g: np.ndarray, bt: np.ndarray) -> float:
     """Max error of the 1-D algorithm in float64 against the direct correlation (the matrices are right)."""
     rng = np.random.default_rng(0)
-    m = at.shape[0]
-    d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
-    want = np.array([d[i:i + 3] @ w for i in range(m)])
+    tile = at.shape[0]
+    d, w = rng.standard_normal(tile + 2), rng.standard_normal(3)
+    want = np.array([d[i:i + 3] @ w for i in range(tile)])
     return float(np.abs(at @ ((g @ w) * (bt @ d)) - want).max())
 
 
@@ -62,21 +62,21 @@ def errors(at: np.ndarray, g: np.ndarray, bt: np.ndarray, channels: int = 64, ti
     """(Winograd's, a float32 direct sum's) relative error against float64 on the same tiles."""
     rng = np.random.default_rng(0)
     f32 = np.float32
-    m = at.shape[0]  # the tile
-    side = m + 2
+    tile = at.shape[0]
+    side = tile + 2
     d = np.abs(rng.standard_normal((tiles, channels, side, side))) * (rng.random((tiles, channels, side, side)) > 0.5)
     w = rng.standard_normal((channels, 3, 3)) * np.sqrt(2 / (9 * channels))
-    want = np.zeros((tiles, m, m))
+    want = np.zeros((tiles, tile, tile))
     for a in range(3):
         for b in range(3):
-            want += np.einsum("tcij,c->tij", d[:, :, a:a + m, b:b + m], w[:, a, b])
+            want += np.einsum("tcij,c->tij", d[:, :, a:a + tile, b:b + tile], w[:, a, b])
     d32, w32 = d.astype(f32), w.astype(f32)
     at32, g32, bt32 = at.astype(f32), g.astype(f32), bt.astype(f32)
     u = np.einsum("ij,cjk,lk->cil", g32, w32, g32).astype(f32)
     v = np.einsum("ij,tcjk,lk->tcil", bt32, d32, bt32).astype(f32)
     m = np.einsum("tcil,cil->til", v, u).astype(f32)  # the channel sum in float32
     y = np.einsum("ij,tjk,lk->til", at32, m, at32).astype(f32)
-    columns = np.stack([d32[:, :, a:a + m, b:b + m] for a in range(3) for b in range(3)], 2)
+    columns = np.stack([d32[:, :, a:a + tile, b:b + tile] for a in range(3) for b in range(3)], 2)
     direct = np.einsum("tcsij,cs->tij", columns, w32.reshape(channels, 9)).astype(f32)
     norm = np.linalg.norm(want)
     return float(np.linalg.norm(y - want) / norm), float(np.linalg.norm(direct - want) / norm)
