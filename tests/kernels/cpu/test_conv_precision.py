@@ -289,3 +289,30 @@ def test_the_twin_max_pool_takes_the_engines_winners():
         r, s = divmod(int(place), 3)
         expected[n, c, 2 * oh - 1 + r, 2 * ow - 1 + s] += 1
     assert np.array_equal(xt.grad.numpy(), expected)
+
+
+def _points_benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "winograd_points.py"
+    spec = importlib.util.spec_from_file_location("winograd_points", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("tile", [2, 3, 4])
+def test_the_winograd_points_simulation_builds_right_matrices_and_ranks_the_tiles(tile):
+    # kernels/README.md's "other interpolation points" and "a smaller tile" figures come from this script: every
+    # point set's exact matrices compute the correlation, and F(2×2) rounds less than any point set of F(4×4)
+    points = _points_benchmark()
+    for name, finite in points.POINT_SETS[tile].items():
+        at, g, bt = points.matrices(finite)
+        assert at.shape == (tile, tile + 2), name
+        assert points.check(at, g, bt) < 1e-12, name
+    ratio = {m: (lambda e: e[0] / e[1])(points.errors(*points.matrices(next(iter(points.POINT_SETS[m].values()))),
+                                                       channels=16, tiles=200)) for m in (2, tile)}
+    assert ratio[2] <= ratio[tile]
+    if tile == 4:
+        assert ratio[4] > 2.0 > ratio[2]  # Lavin's F(4×4) past float32's level, F(2×2) at it
