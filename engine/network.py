@@ -487,16 +487,24 @@ class Network:
             elif op is Op.BACKWARD:
                 with mgr.layer(step.node):
                     gradients = self._parameter_gradients(step, mgr)
-                    results = node.layer.backward(registers[step.inputs[0]], list(step.need), step.reuse_dout)
+                    args = (registers[step.inputs[0]], list(step.need), step.reuse_dout)
+                    if step.accumulate:  # the program's pending gradients the layer adds into
+                        into = [registers[b] if added else None for b, added in zip(step.results, step.accumulate)]
+                        results = node.layer.backward(*args, accumulate=into)
+                    else:
+                        results = node.layer.backward(*args)
                 if gradients is not None:
                     self._call_hooks("after_parameter_gradients", step.time, node, gradients)
                     if self.gradient_storage == "per_layer":
                         node.layer.grads = {}  # the buffer's bytes belong to later moments
             elif op is Op.GRAD_SUM:
-                made = buffers[step.creates[0]]
-                with mgr.layer(step.node):
-                    total = mgr.create(made.array_type, made.shape, dtype=made.dtype)
-                    self.backend.kernels.add_forward(registers[step.inputs[0]], registers[step.inputs[1]], total)
+                if step.creates:
+                    made = buffers[step.creates[0]]
+                    with mgr.layer(step.node):
+                        total = mgr.create(made.array_type, made.shape, dtype=made.dtype)
+                else:  # over the earlier contribution (the program's rule)
+                    total = registers[step.inputs[0]]
+                self.backend.kernels.add_forward(registers[step.inputs[0]], registers[step.inputs[1]], total)
                 results = [total]
             elif op is Op.LOSS_BACKWARD:
                 results = [self.loss_head.backward(mgr)]

@@ -80,6 +80,7 @@ class Layer:
     input_gradients: InputGradients = InputGradients.NEW
     inference_passes_input: bool = False  # inference forward returns its input itself (Dropout): no new output
     recomputable: bool = False  # recompute_output rebuilds the output bit for bit from the input (offload plan)
+    accumulates_input_gradients: bool = False  # backward(..., accumulate=) adds into a pending gradient (program)
 
     def __init__(self) -> None:
         self.name = "<unnamed>"  # set by the graph to the node's name (torchvision's module path)
@@ -156,7 +157,9 @@ class Layer:
         """Gradients with respect to each input (None where not needed); parameter gradients go to
         ``self.grads`` (the kernels overwrite them). ``reuse_dout`` is True when nothing else will read
         ``dout``: a layer whose kernel allows it may then write its input gradient over it (ReLU does),
-        which saves one ACTIVATION_GRAD tensor."""
+        which saves one ACTIVATION_GRAD tensor. A layer that ``accumulates_input_gradients`` also takes
+        ``accumulate``: per input, None or an existing gradient tensor to add that input's gradient into
+        (returned as the input's gradient), where the step program sums a fan-out's contributions."""
         raise NotImplementedError
 
     def clear_saved(self) -> None:

@@ -118,6 +118,7 @@ class ChunkedConvBN(Layer):
 
     keeps_input = True
     input_gradients = InputGradients.NEW
+    accumulates_input_gradients = True  # pass 2 adds each chunk's dx into a pending gradient (``backward``)
     qualified_names = True  # parameters keep the separate layers' names (conv1.weight, bn1.bias, ...)
 
     def __init__(self, conv: Conv2d, bn: BatchNorm2d, act: ReLU | None = None, pool: MaxPool2d | None = None,
@@ -278,8 +279,9 @@ class ChunkedConvBN(Layer):
     def _chunk_shape(self, shape: Shape, n: int) -> Shape:
         return (min(n, CHUNK_IMAGES), *shape[1:])
 
-    def _scratch_layout(self, x_shape: Shape, phase: str) -> list[tuple[str, Shape, Any]]:
-        """The views the scratch buffer is carved into, in order; ``phase`` "forward", "backward", "infer"."""
+    def _scratch_layout(self, x_shape: Shape, phase: str, accumulate: bool = False) -> list[tuple[str, Shape, Any]]:
+        """The views the scratch buffer is carved into, in order; ``phase`` "forward", "backward", "infer";
+        ``accumulate``: backward adds dx into a pending gradient (a chunk of dx in the scratch first)."""
         n = x_shape[0]
         z, out = self.shapes(x_shape)
         zc = self._chunk_shape(z, n)
@@ -309,14 +311,19 @@ class ChunkedConvBN(Layer):
                 layout.append(("y", z if self._wide(n, "backward") else zc, np.float32))
             if self.pool is not None or self.mode == "keep":  # recompute without a pool: dz goes over its y
                 layout.append(("d", zc, np.float32))
+            if accumulate:
+                layout.append(("dx", self._chunk_shape(x_shape, n), np.float32))
         return layout
 
-    def _scratch_elements(self, x_shape: Shape, phase: str) -> int:
-        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase))
+    def _scratch_elements(self, x_shape: Shape, phase: str, accumulate: bool = False) -> int:
+        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase,
+                                                                                             accumulate))
 
-    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str) -> dict[str, np.ndarray]:
+    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str,
+               accumulate: bool = False) -> dict[str, np.ndarray]:
         carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
-        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase)}
+        return {name: carver.take(shape, dtype)
+                for name, shape, dtype in self._scratch_layout(x_shape, phase, accumulate)}
 
     def forward_scratch(self, input_shapes: list[Shape]) -> int:
         return self._scratch_elements(tuple(input_shapes[0]), "forward")
@@ -324,8 +331,9 @@ class ChunkedConvBN(Layer):
     def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
         return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
 
-    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None) -> int:
-        return self._scratch_elements(tuple(input_shapes[0]), "backward")
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None,
+                         accumulate: tuple[bool, ...] | None = None) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "backward", bool(accumulate and accumulate[0]))
 
     # ---- wiring ------------------------------------------------------------------------------------
 
@@ -441,17 +449,24 @@ class ChunkedConvBN(Layer):
         self.saved = {"x": x, "y": y, "scale_shift": scale_shift, "save_invstd": save_invstd, "argmax": argmax}
         return out
 
-    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False) -> list[Tensor | None]:
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False,
+                 accumulate: list[Tensor | None] | None = None) -> list[Tensor | None]:
+        """Two passes over the chunks (module docstring). ``accumulate``: [a pending gradient of the input or
+        None]; given one, pass 2 writes each chunk's dx into the scratch and adds it into that chunk of the pending
+        gradient (``add_forward``: the bits of the step program's sum of two whole tensors), so the input gradient
+        needs no tensor of its own: ResNet-18's first conv of each block, whose input also feeds the skip."""
         saved = self.saved
         x = saved["x"]
         x_shape = tuple(x.shape)
         z_shape, _ = self.shapes(x_shape)
         k = self.backend.kernels
         conv, bn = self.conv, self.bn
-        dx = self.input_grad(x_shape) if need_input_grads[0] else None
+        into = accumulate[0] if accumulate else None
+        dx = (into if into is not None else self.input_grad(x_shape)) if need_input_grads[0] else None
         dxa = None if dx is None else self._array(dx, "dx")
-        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward"))
-        s = self._carve(scratch, x_shape, "backward")
+        adding = dx is not None and into is not None
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", adding))
+        s = self._carve(scratch, x_shape, "backward", adding)
         xa, da = self._array(x, "x"), self._array(dout, "dout")
         ya = None if saved["y"] is None else self._array(saved["y"], "y")
         ss = self._array(saved["scale_shift"], "scale_shift")
@@ -500,8 +515,11 @@ class ChunkedConvBN(Layer):
             d = s["d"][:b - a] if "d" in s else y
             k.batchnorm_chunk_dx(y, g, gamma, beta, save_invstd, s["sums"], count, d, act)
             if dx is not None:
-                k.conv2d_backward_data(d, conv.params["weight"], dxa[a:b], conv.stride, conv.padding,
+                target = s["dx"][:b - a] if adding else dxa[a:b]
+                k.conv2d_backward_data(d, conv.params["weight"], target, conv.stride, conv.padding,
                                        conv.groups, s["conv"])
+                if adding:
+                    k.add_forward(dxa[a:b], target, dxa[a:b])
             first = i == 0
             k.conv2d_backward_weight(xa[a:b], d, dw if first else partial_w, dbias if first else partial_b,
                                      conv.stride, conv.padding, conv.groups, s["conv"])

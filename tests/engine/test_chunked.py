@@ -14,6 +14,7 @@ from engine.memory import ArrayType
 from engine.network import PLANNED_TYPES, Network
 from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer
+from engine.program import Op
 from engine.train import Trainer
 
 SIZE = 56  # the smallest plane that is chunked (CHUNK_MIN_PIXELS)
@@ -175,6 +176,59 @@ def test_any_mode_with_offload_on_or_off_trains_the_same_weights(tmp_path):
         weights = fit(tmp_path, recompute, offload, wide=wide)
         for key, value in reference.items():
             assert np.array_equal(weights[key], value), (recompute, offload, wide, key)
+    # a chain that adds its input gradient into the skip's (block_graph), with offload on and off
+    reference = fit(tmp_path, [], offload=False, make=block_graph)
+    for recompute, offload in [([], True), (["c1+b1+r1", "c2+b2"], True), (["c1+b1+r1"], False)]:
+        weights = fit(tmp_path, recompute, offload, make=block_graph)
+        for key, value in reference.items():
+            assert np.array_equal(weights[key], value), (recompute, offload, key)
+
+
+def block_graph() -> Graph:
+    """ResNet's basic block on a chunked plane: the block's input r0 feeds the first chain (c1+b1+r1) and the skip,
+    so that chain's input gradient is the second contribution to a pending one (the Add's dout): the chain adds it
+    in (``accumulates_input_gradients``), no buffer of its own and no sum after it."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU(), ["b0"]),
+        ("c1", Conv2d(8, 8, 3, 1, 1, bias=False), ["r0"]),
+        ("b1", BatchNorm2d(8), ["c1"]),
+        ("r1", ReLU(), ["b1"]),
+        ("c2", Conv2d(8, 8, 3, 1, 1, bias=False), ["r1"]),
+        ("b2", BatchNorm2d(8), ["c2"]),
+        ("add", Add(), ["b2", "r0"]),
+        ("r2", ReLU(), ["add"]),
+        ("gap", GlobalAvgPool(), ["r2"]),
+        ("fc", Dense(8, 4), ["gap"]),
+    ], (3, SIZE, SIZE))
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute"])
+def test_a_chain_adds_its_input_gradient_into_the_pending_one_with_the_bits_of_a_sum(mode):
+    batch = 13  # chunks of 8 and 5
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((batch, 3, SIZE, SIZE), dtype=np.float32)
+    labels = np.arange(batch) % 4
+    nets = [Network(block_graph(), get_backend("cpu"), seed=6) for _ in range(2)]
+    for node in nets[1].chunked:  # the other network sums into a new buffer (the GRAD_SUM step)
+        node.layer.accumulates_input_gradients = False
+    for net in nets:
+        net.set_recomputed([n.name for n in net.chunked] if mode == "recompute" else [])
+    adding, summing = (net.program(batch) for net in nets)
+    into = [s for s in adding.steps if s.accumulate]
+    assert [adding.node_names[s.node] for s in into] == ["c1+b1+r1"] and into[0].accumulate == (True,)
+    pending = adding.buffers[into[0].results[0]]
+    assert pending.name == "r2:grad@gap" and into[0].writes == (pending.id,)  # r2 over it, Add handed it on
+    assert not [b for b in into[0].creates if adding.buffers[b].array_type is ArrayType.ACTIVATION_GRAD]
+    assert not [s for s in adding.steps if s.op is Op.GRAD_SUM and s.node == into[0].node]
+    assert [s for s in summing.steps if s.op is Op.GRAD_SUM]  # the other sums it in a step of its own
+    grads = (ArrayType.ACTIVATION_GRAD,)
+    worst = [max(p.live_bytes(m, grads) for m in range(p.moments)) for p in (adding, summing)]
+    assert worst[0] == worst[1] - batch * 8 * SIZE * SIZE * 4  # one input gradient fewer at the worst moment
+    for _ in range(2):
+        assert one_step(nets[0], x, labels) == one_step(nets[1], x, labels)
+        assert np.array_equal(nets[0].gradients.flat, nets[1].gradients.flat)
 
 
 def test_offload_rebuilds_a_chunked_layers_output_from_its_y_instead_of_swapping_it():

@@ -62,9 +62,8 @@ def test_lifespans_of_a_residual_graph(backend):
         "fc:grad": (8, 8),  # made by the loss head
         "flat:grad@fc": (8, 9),
         "pool:grad@flat": (9, 10),
-        "add:grad@pool": (10, 12),  # Add hands it to both inputs: c2's backward reads it, then the sum
-        "r1:grad@c2": (12, 12),
-        "r1:grad_sum@c2": (12, 14),  # r1 writes its gradient over it (13), bn reads it (14)
+        "add:grad@pool": (10, 14),  # Add hands it to both inputs: c2's backward reads it, r1's contribution
+        "r1:grad@c2": (12, 12),  # from c2 is added into it (12), r1 writes its gradient over it (13), bn reads it
         "c1:grad@bn": (14, 15),  # the network input needs no gradient: c1 makes none
     }
     by_name = {b.name: b for b in program.buffers}
@@ -76,13 +75,38 @@ def test_lifespans_of_a_residual_graph(backend):
     add, relu = steps[(Op.BACKWARD, 4)], steps[(Op.BACKWARD, 2)]
     grad = by_name["add:grad@pool"].id
     assert add.results == (grad, grad) and add.aliases == (grad,) and not add.creates
-    total = by_name["r1:grad_sum@c2"].id
-    assert relu.reuse_dout and relu.writes == (total,) and relu.results == (total,)
+    assert relu.reuse_dout and relu.writes == (grad,) and relu.results == (grad,)
     summed = steps[(Op.GRAD_SUM, 3)]
     assert summed.time == 12 and summed.inputs == (grad, by_name["r1:grad@c2"].id) and summed.closes
+    assert summed.writes == summed.results == summed.aliases == (grad,) and not summed.creates  # over the earlier
     assert not steps[(Op.BACKWARD, 3)].closes  # the sum runs in c2's moment and scope
     bn = steps[(Op.BACKWARD, 1)]
-    assert [program.buffers[i].name for i in bn.reads] == ["r1:grad_sum@c2", "bn:out", "bn:save_invstd"]
+    assert [program.buffers[i].name for i in bn.reads] == ["add:grad@pool", "bn:out", "bn:save_invstd"]
+
+
+def test_a_sum_whose_earlier_gradient_is_another_inputs_makes_a_new_buffer(backend):
+    # add(r, r): Add hands its dout to both inputs, which are one node: the second contribution is the first's
+    # buffer itself, so the sum cannot go over it; a new buffer, and the step's result is right
+    graph = Graph([("c", Conv2d(3, 2, 3, 1, 1), ["input"]), ("r", ReLU(), ["c"]), ("add", Add(), ["r", "r"]),
+                   ("flat", Flatten(), ["add"]), ("fc", Dense(32, 3), ["flat"])], input_shape=(3, 4, 4))
+    net = Network(graph, backend)
+    program = net.program(2)
+    summed = [s for s in program.steps if s.op is Op.GRAD_SUM]
+    assert len(summed) == 1 and [program.buffers[i].name for i in summed[0].creates] == ["r:grad_sum@add"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    net.forward(x, training=True)
+    net.loss(np.array([0, 2]))
+    net.backward()
+    import torch
+    c, fc = graph.nodes[0].layer, graph.nodes[4].layer
+    xt = torch.tensor(x)
+    w = torch.tensor(np.array(c.params["weight"]), requires_grad=True)
+    r = torch.relu(torch.nn.functional.conv2d(xt, w, torch.tensor(np.array(c.params["bias"])), padding=1))
+    logits = (r + r).flatten(1) @ torch.tensor(np.array(fc.params["weight"])).T + torch.tensor(
+        np.array(fc.params["bias"]))
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 2])).backward()
+    np.testing.assert_allclose(np.array(c.grads["weight"]), w.grad.numpy(), rtol=1e-5, atol=1e-6)
+    net.close()
 
 
 def test_inference_program_is_forwards_only_and_dropout_hands_its_input_on(backend):
@@ -118,7 +142,7 @@ def test_a_layer_that_breaks_its_aliasing_declaration_is_caught(backend):
 def test_the_program_table_names_every_step(backend):
     program = Network(residual_graph(), backend).program(2)
     table = program.table()
-    assert "r1:grad_sum@c2 ACTIVATION_GRAD 2×4×4×4" in table and "over r1:grad_sum@c2" in table
+    assert "r1:grad@c2 ACTIVATION_GRAD 2×4×4×4" in table and "over add:grad@pool" in table
     assert "→ add:grad@pool" in table and "(held) fc:out" in table
     assert f"{len(program.steps)} steps, {len(program.buffers)} buffers" in table
 
