@@ -48,6 +48,17 @@ With chunked layers recomputing (``--chunks recompute``, engine/layers/chunked.p
 each prediction trained (cgroup peaks 482, 1,244, 623, 1,983 MiB). The allowance was left as it is: every
 prediction stays above the truth, and ResNet-18's larger margin is its setup (169 MiB anonymous at plan time,
 some of it freed before the first step).
+Recalibrated to **40 MiB** (2026-11-28, after a fan-out's gradients were summed in place and the chunked chains
+added their input gradient into the pending one, engine/program.py): the same bisections, the planned figures
+without the allowance against the truth, in MiB: ResNet-18 batch 32 395 / 398 (short by 3), batch 128 991 / 942;
+MobileNetV2 547 / 568 (short by 21), 1,859 / 1,828. With 48 MiB ResNet-18's predictions were 11.4% and 10.3% above
+the truth (issue 30 asks for 10%); with 40 every one stays above it, by 19 MiB or more (MobileNetV2 batch 32: the
+largest shortfall, 21, plus the bisection's 8, plus 11 of growth). ResNet-18's setup is not what is over:
+measured at plan time it is 82 MiB beside MobileNetV2's 57 (anonymous 168 and 74, less the planned blocks
+already resident, 85 and 17); its planned arenas are (the anonymous resident set of an unlimited run stays flat at
+430 MiB through every moment of its steps, above the 398 MiB it trains under). JSON in benchmarks/results/:
+``cgroup-proof-2026-11-28-accumulate-652dc50.json`` (both models), ``-accumulate-r18.json`` (ResNet-18 after
+the stem's scratch fix).
 ``FILE_SHARE`` = 0: the cgroup peaks of unlimited runs (677 and 846 MiB) sit 90 MiB below their RSS
 peaks (769 and 930 MiB): the libraries' file pages are in the page cache already, charged to whoever
 read them first, and are reclaimed, not killed for, under a limit. Handing the heap's free pages back
@@ -67,7 +78,7 @@ from typing import Any
 from engine.memory.limits import MemoryLimit, memory_limit, resident_array_bytes, resident_parts
 from engine.report import format_bytes
 
-RUNTIME_BYTES = 48 * 2**20
+RUNTIME_BYTES = 40 * 2**20
 """What the first training step adds to the resident set beyond the planned tensors (calibrated, module docstring)."""
 FILE_SHARE = 0.0
 """The share of the file-backed resident set (libraries' code) a run needs to keep charged under a limit."""
