@@ -374,6 +374,22 @@ def test_recompute_holds_less_at_its_worst_moment():
     assert recompute.memory_report(batch).planned_peak_bytes < keep.memory_report(batch).planned_peak_bytes
 
 
+def test_a_chain_on_the_network_input_declares_no_backward_data_workspace():
+    """ResNet-18's stem at 224 (its input needs no gradient): the backward's working memory is the weight
+    gradient's workspace, not the larger backward-data one (14.1 against 3.2 MiB), and the program plans that."""
+    from models import build_model
+
+    net = build_model("resnet18", 10, get_backend("cpu"), variant="imagenet", image_size=224)
+    stem = net.chunked[0]
+    layer, x = stem.layer, (32, 3, 224, 224)
+    data, weight = (4 * layer._conv_workspace(x, d) for d in ("backward_data", "backward_weight"))
+    assert data > weight
+    assert 4 * (layer.backward_scratch([x]) - layer.backward_scratch([x], (False,))) == data - weight
+    program = net.program(32)
+    step = next(s for s in program.steps if s.op is Op.BACKWARD and s.node == stem.index)
+    assert step.need == (False,) and step.scratch_bytes == 4 * layer.backward_scratch([x], (False,))
+
+
 def test_the_convs_each_pass_runs_in_each_mode(monkeypatch):
     """How often each chunked layer's conv runs forward in a training step, on a batch of three chunks (8, 8, 3):
     keep mode once per chunk in forward and never in backward. Recompute mode, forward: once per chunk without a
