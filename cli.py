@@ -651,9 +651,14 @@ def _offload_session(options, net, opt, root: bool, world=None):
         click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
                    f"backward ({', '.join(needs.recomputed)})"
                    + (" to fit the limit" if chosen.chunks == "auto" else ""))
+    if resolved.window is not None and root:
+        click.echo(f"offload: --offload-n auto at its floor runs N={resolved.window}, its units in the bytes the "
+                   "step's own tensors leave free (the limit leaves no room for a window of their own)")
     try:
-        offload = session_from_options(net, options.batch_size, chosen.n, resolved.budget_bytes, chosen.directory,
-                                       chosen.params, chosen.verify, chosen.host_memory_bytes)
+        offload = session_from_options(net, options.batch_size,
+                                       chosen.n if resolved.window is None else str(resolved.window),
+                                       resolved.budget_bytes, chosen.directory, chosen.params, chosen.verify,
+                                       chosen.host_memory_bytes)
     except (ValueError, OffloadError, OffloadStorageError) as exc:
         fail(str(exc))
     if offload is not None and root:

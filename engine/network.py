@@ -738,6 +738,8 @@ class Network:
         }
         return report
 
+    arena_types = PLANNED_TYPES  # what the training arena plans (an offload scheduler takes over two of them)
+
     def arena_plan(self, batch_size: int, types: Iterable[ArrayType] = PLANNED_TYPES) -> ArenaPlan:
         """The static plan of the training tensors of ``types`` (default: all the arena can provide): the
         program's buffers, and each step's working memory (``Step.scratch_bytes``: one FF_WORKING_MEM or

@@ -142,6 +142,11 @@ class PlannedArena:
         self._live: list[_Slot] = []
         self._block: Any = None
         self._numpy_block = False
+        # Another owner of the block: ``host.shared_block(batch_size, nbytes)`` hands it out each iteration (an offload
+        # scheduler places its units in the bytes our tensors leave free: engine.offload.plan.place_around). None: ours.
+        self.host: Any = None
+        self._hosted = False
+        self._batch = 0
         self.capacity = 0
         self.block_allocations = 0
         self.generation = 0
@@ -162,10 +167,11 @@ class PlannedArena:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan_for(int(batch_size), types)
+        self._batch = int(batch_size)
         if plan is not self.plan:
             self._use(plan, types)
-        elif self.lender is not None:
-            self._place(plan.planned_peak, types)  # the lender's block may have grown or be in use now
+        elif self.lender is not None or self.host is not None or self._hosted:
+            self._place(plan.planned_peak, types)  # the lender's (or host's) block may have moved or be in use now
         self.generation += 1
         self._made = {}
         self._made_by = {}
@@ -193,6 +199,13 @@ class PlannedArena:
     def _place(self, need: int, types: frozenset) -> None:
         """Point the block at ``need`` bytes: the lender's block when it lends, else one of our own (allocated
         when it is too small, or when the types changed and it is larger than the plan needs)."""
+        if self.host is not None:
+            self._block = self.host.shared_block(self._batch, need)
+            self._numpy_block = isinstance(self._block, np.ndarray)
+            self.capacity, self.borrowed, self._hosted = need, False, True
+            return
+        if self._hosted:  # the host let go of us: a block of our own
+            self._hosted, self._block, self.capacity = False, None, 0
         lent = self._lent_block(need)
         if lent is not None:
             self._block, self.capacity, self.borrowed = lent, need, True

@@ -201,13 +201,14 @@ class RunNeeds:
     no_offload_step_bytes: int  # the step's tensors without offload (liveness peak), beyond the long-lived
     offload_step_bytes: int  # with offload: what the scheduler does not place, at its worst moment
     evaluation_bytes: int  # inference peak + its ring
-    min_arena_bytes: int  # the offload arena of N=1
+    min_arena_bytes: int  # what the offload plan of N=1 adds to the step (its units share the step arena's bytes)
     evaluation_ring_bytes: int = 0  # the evaluation's INPUT ring (in evaluation_bytes)
     runtime_bytes: int = RUNTIME_BYTES
     arenas: dict[str, int] = field(default_factory=dict)  # arena bytes of the configurations checked
     chunked: tuple[str, ...] = ()  # the layers that run in chunks (engine/layers/chunked.py)
     recomputed: tuple[str, ...] = ()  # those of them that recompute their chunks in backward
     smallest_ring_bytes: int | None = None  # the shallowest INPUT ring the run may take (None: input_ring_bytes)
+    min_units_arena_bytes: int | None = None  # N=1's units in an arena of their own (what a byte budget counts)
 
     @property
     def floor_ring_bytes(self) -> int:
@@ -321,6 +322,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
         offload_step_bytes=peaks["not_offloaded_peak_bytes"],
         evaluation_bytes=inference_peak_bytes(net.graph, batch_size) + evaluation_ring_bytes,
         min_arena_bytes=peaks["offload_arena_bytes"],
+        min_units_arena_bytes=peaks["offload_units_arena_bytes"],
         evaluation_ring_bytes=evaluation_ring_bytes,
         chunked=tuple(node.name for node in chunked),
         recomputed=tuple(node.name for node in chunked if node.layer.mode == "recompute"),
@@ -407,6 +409,7 @@ class Resolved:
     needs: RunNeeds | None
     from_limit: bool = False
     ring: int = 0
+    window: int | None = None  # ``auto`` at its floor: this fixed window, no budget (its units share the step arena)
 
 
 def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
@@ -493,6 +496,11 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
         else:
             check_no_offload(needs)
     if auto:
+        units = needs.min_units_arena_bytes
+        if units is not None and needs.arena_budget < units and needs.min_arena_bytes < units:
+            # the floor: N=1's units fit only in the step arena's free bytes, which a byte budget does not count
+            # (OffloadScheduler.sharing): run N=1 fixed, without one
+            return Resolved(None, needs, from_limit=True, ring=ring, window=1)
         return Resolved(max(needs.arena_budget, needs.min_arena_bytes), needs, from_limit=True, ring=ring)
     return Resolved(budget_bytes, needs, ring=ring)
 

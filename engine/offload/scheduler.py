@@ -260,15 +260,20 @@ from engine.memory.tensor import CLOSED, Tensor
 from engine.offload.affinity import io_thread_cpus, pin_threads
 from engine.offload.plan import (
     NETWORK_INPUT,
+    PAGE,
     OffloadPlan,
     Recompute,
+    SharedLayout,
     StepProgram,
+    StepTensor,
     TensorSpec,
     UnitPlan,
     UnitSpec,
+    align,
     budget_refusal,
     build_plan,
     largest_window,
+    place_around,
     program_units,
     recompute_candidates,
 )
@@ -522,6 +527,17 @@ def cpu_per_mib(cpu_s: float, nbytes: int) -> float:
     return 1e6 * cpu_s / (nbytes / 2**20) if nbytes > 0 else 0.0
 
 
+def step_arena_tensors(net: Any, batch_size: int) -> tuple[list[StepTensor], int] | None:
+    """What the network's planned arena holds while a scheduler provides ACTIVATIONS and FF_CACHE: its tensors
+    (offsets, moments) and planned peak at ``batch_size``; None where no region is shared (a device backend, no
+    arena). One home for what ``OffloadScheduler`` places its units around and ``planned_peaks`` predicts."""
+    arena = getattr(net, "arena", None)
+    if arena is None or net.backend.is_device or not hasattr(arena, "host"):
+        return None
+    plan = net.arena_plan(batch_size, [t for t in net.arena_types if t not in OFFLOADED_TYPES])
+    return [StepTensor(t.offset, align(t.nbytes), t.first, t.last) for t in plan.tensors], int(plan.planned_peak)
+
+
 class OffloadScheduler:
     """Network hook + memory provider that swaps layer windows to disk (module docstring)."""
 
@@ -544,6 +560,7 @@ class OffloadScheduler:
         io_cpus: str | Iterable[int] | None = "auto",
         history: int = 1024,
         host_swap_bytes: int | str | None = "auto",
+        share_arena: bool = True,
     ):
         if verify not in VERIFY_MODES:
             raise ValueError(f"--offload-verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
@@ -574,6 +591,13 @@ class OffloadScheduler:
         # a device run's swap tier: pinned host memory up to this many bytes, the disk past it (None or 0:
         # always the disk; "auto": half the host memory the run may use, ``host_swap_limit``)
         self.host_swap_bytes = host_swap_bytes
+        # one region for the units and the step arena's tensors (``plan.place_around``), on the cpu backend
+        self.share_arena = share_arena
+        self._hosted: Any = None  # the network's PlannedArena whose block is the start of our arena
+        self._layouts: dict[int, tuple[OffloadPlan, SharedLayout]] = {}  # per plan: its units placed around the step
+        self._step_tensors: tuple[Any, list[StepTensor], int] | None = None  # (program, tensors, step bytes)
+        self._gates: dict[tuple[tuple[int, str], int], int] = {}  # the current layout's (SharedLayout)
+        self._waits: dict[int, tuple[tuple[tuple[int, str], int], ...]] = {}
         self._inline = False  # the executor queues the copies itself (pinned tier: staging.DeviceStaging.inline)
         self._issue_cursor = 0  # inline: the next unit of the load order whose copy is not queued yet
         self.io_cpus: frozenset[int] | None = None  # the CPUs the IO threads were restricted to, if any
@@ -611,6 +635,7 @@ class OffloadScheduler:
         self._creations: dict[int, list[tuple[tuple[int, str], TensorSpec]]] = {}
         self._steps = 0
         self._plan: OffloadPlan | None = None
+        self._placed: OffloadPlan | None = None  # the plan's units at their offsets in our arena (``layout``)
         self._units: dict[tuple[int, str], _Unit] = {}
         self._by_forward_end: dict[int, list[_Unit]] = {}
         self._by_backward_end: dict[int, list[_Unit]] = {}
@@ -677,6 +702,11 @@ class OffloadScheduler:
         self._program_for = net.program
         net.hooks.append(self)
         self.mgr.set_provider(set(OFFLOADED_TYPES), self)
+        arena = getattr(net, "arena", None)
+        if (self.share_arena and self.budget_bytes is None and not self.adaptive and not self.backend.is_device
+                and arena is not None and hasattr(arena, "host")):  # ``sharing``: why these conditions
+            arena.host = self  # its block is the start of ours from its next iteration (shared_block)
+            self._hosted = arena
         if batch_size is not None:
             self.prepare(batch_size)
         return self
@@ -691,6 +721,9 @@ class OffloadScheduler:
                 if self.mgr.provider_for(array_type) is self:
                     self.mgr.set_provider(array_type, None)
         self._stop_summing()
+        if self._hosted is not None:
+            self._hosted.host = None  # its own block again from its next iteration
+            self._hosted = None
         self.net = None
 
     def close(self) -> None:
@@ -775,10 +808,12 @@ class OffloadScheduler:
                 self.window = max(self.window, self._floor)
         # Room for the largest window this run may use (pages are touched only as the window needs them);
         # with a budget, any window's plan fills it up to the budget (and never past every unit's bytes).
+        step = self._step_part(batch_size)  # sharing: the step arena's bytes come first (untouched pages cost nothing)
         if self.adaptive and self.budget_bytes is not None:
-            self._ensure_arena(min(self.budget_bytes, plan.total_bytes))
+            self._ensure_arena(step + min(self.budget_bytes, plan.total_bytes))
         else:
-            self._ensure_arena(self.plan_for(batch_size, self.max_window if self.adaptive else self.window).arena_bytes)
+            widest = self.plan_for(batch_size, self.max_window if self.adaptive else self.window)
+            self._ensure_arena(step + widest.arena_bytes)
         if self._transfer is None:
             self._transfer = transfer_for(self.backend, max(u.footprint for u in self._unit_specs))
         self._ensure_file(self.plan_for(batch_size).file_bytes_used)  # what the starting window writes
@@ -796,6 +831,62 @@ class OffloadScheduler:
         if wanted is not None and pin_threads(self.io_thread_ids, wanted):
             self.io_cpus = wanted
             log.info("offload: IO threads on CPUs %s", ",".join(map(str, sorted(wanted))))
+
+    # -- one region with the step arena (plan.place_around) ----------------------------------------
+
+    def _step_part(self, batch_size: int) -> int:
+        """The step arena's bytes at the region's start when the arena is shared (0 when not)."""
+        found = self._step_arena(batch_size) if self.sharing else None
+        return 0 if found is None else -(-found[1] // PAGE) * PAGE
+
+    def _step_arena(self, batch_size: int) -> tuple[list[StepTensor], int] | None:
+        """The hosted step arena's tensors and planned peak at ``batch_size`` (None: not shared); per program."""
+        if self._hosted is None or self.net is None:
+            return None
+        program = self._program_for(batch_size)
+        cached = self._step_tensors
+        if cached is None or cached[0] is not program:
+            found = step_arena_tensors(self.net, batch_size)
+            if found is None:
+                return None
+            cached = self._step_tensors = (program, found[0], found[1])
+        return cached[1], cached[2]
+
+    @property
+    def sharing(self) -> bool:
+        """Whether the units share one region with the step arena: on the cpu backend, with a fixed window and no
+        byte budget (a budget counts the units' own arena: ``keep_within`` fills it, ``largest_window`` grows the
+        window into it; ``engine.offload.budget`` runs ``auto`` at its floor as N=1 without one, shared)."""
+        return self._hosted is not None
+
+    def layout(self, plan: OffloadPlan) -> SharedLayout | None:
+        """``plan``'s units placed around the hosted step arena's tensors (cached); None when not shared."""
+        if not self.sharing:
+            return None
+        found = self._step_arena(self._batch_size) if self._batch_size is not None else None
+        if found is None:
+            return None
+        cached = self._layouts.get(id(plan))
+        if cached is None or cached[0] is not plan or cached[1].step_bytes != found[1]:
+            cached = self._layouts[id(plan)] = (plan, place_around(plan, found[0], found[1]))
+        return cached[1]
+
+    def shared_block(self, batch_size: int, nbytes: int) -> Any:
+        """The step arena's block (``PlannedArena.host``): the first ``nbytes`` of our arena, planned and sized
+        for ``batch_size`` first (the arena must not move after the step arena took its block)."""
+        if self._batch_size != batch_size or self.max_window is None or self._arena is None:
+            self.prepare(batch_size)
+        self._ensure_arena(nbytes)
+        return self._arena[:nbytes]
+
+    def _wait_for_step_bytes(self, moment: int) -> None:
+        """Before the step arena makes the tensors of ``moment``: the units that held their bytes have left them."""
+        pending = self._waits.get(moment)
+        if not pending or self._needs_plan:
+            return
+        units = self._units
+        with self._cond:
+            self._current.room_wait_s += self._wait_for(lambda: all(units[k].vacated[i] for k, i in pending))
 
     def _ensure_arena(self, nbytes: int) -> None:
         nbytes = max(int(nbytes), 64)
@@ -816,11 +907,16 @@ class OffloadScheduler:
         self._arena_touched = 0
 
     def _use_plan(self, plan: OffloadPlan) -> None:
-        """Switch to ``plan`` (between steps: no tensor of the old one is alive)."""
-        self._ensure_arena(plan.arena_bytes)
-        self._plan = plan
+        """Switch to ``plan`` (between steps: no tensor of the old one is alive); with the step arena hosted, to
+        its layout around the step's tensors (``layout``)."""
+        layout = self.layout(plan)
+        placed = plan if layout is None else layout.plan  # the units' offsets (in the region, when shared)
+        self._gates, self._waits = ({}, {}) if layout is None else (layout.gates, layout.waits)
+        self._ensure_arena(placed.arena_bytes)
+        self._plan = plan  # the units' own plan: what the reports and the budget read
+        self._placed = placed
         self._units = {}
-        for key, unit_plan in plan.units.items():
+        for key, unit_plan in placed.units.items():
             region = self._regions.get(key)
             if region is None:
                 region = self._regions[key] = UnitRegion(unit_plan.spec.label)
@@ -831,17 +927,17 @@ class OffloadScheduler:
             self._by_forward_end.setdefault(unit.spec.forward_end, []).append(unit)
             if unit.plan.offloaded or unit.spec.backward_start is not None:
                 self._by_backward_end.setdefault(unit.spec.backward_end, []).append(unit)
-        counts, self._successors = self._blockers(plan)
+        counts, self._successors = self._blockers(placed)
         for key, unit in self._units.items():
             unit.blocked = [counts.get((key, 0), 0), counts.get((key, 1), 0)]
         self._load_order = [self._units[u.key] for u in plan.load_order]
         self._recompute_order = [self._units[u.key] for u in plan.recomputed]
         self._use_fused_checks(plan)
-        if self._arena_map is not None and self._arena_touched > plan.arena_bytes:
-            start = (plan.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._arena_map is not None and self._arena_touched > placed.arena_bytes:
+            start = (placed.arena_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if start < self._arena_capacity:  # the window shrank: give the tail's pages back
                 self._arena_map.madvise(mmap.MADV_DONTNEED, start, self._arena_capacity - start)
-        self._arena_touched = plan.arena_bytes
+        self._arena_touched = placed.arena_bytes
 
     def _use_fused_checks(self, plan: OffloadPlan) -> None:
         """The checks the executor does itself under ``plan`` (``_FusedCheck``), handed to the storage."""
@@ -982,7 +1078,9 @@ class OffloadScheduler:
         self._use_plan(self.plan_for(batch_size))
         self._needs_plan = False
         self._current.window = self.window
-        self._current.bound_bytes = self._plan.arena_bytes
+        # the units' arena, or shared with the step's tensors the region (a unit whose save lags past its span keeps
+        # bytes no one else needs then: the units alone may hold more than their own plan's arena, never the region)
+        self._current.bound_bytes = self._placed.arena_bytes
         self._transfer.begin_step()
         if self._inline:  # the executor queues the loads itself, as their time and room come (_issue_loads)
             self._issue_cursor = 0
@@ -1030,6 +1128,10 @@ class OffloadScheduler:
         self._advance(step)
 
     def after_forward(self, step: int, node: Any = None) -> None:
+        self._end_forward(step)
+        self._wait_for_step_bytes(step + 1)  # the next moment's step tensors (the loss backward's, after the last)
+
+    def _end_forward(self, step: int) -> None:
         if self._needs_plan:
             return
         ready: list[Any] = []  # one device event for every unit this forward ends (a GPU: ~5 µs each)
@@ -1102,7 +1204,7 @@ class OffloadScheduler:
             out = self._tensor(unit, recompute.tensor)
             scratch = None
             if recompute.scratch_bytes:  # the arena's tail (OffloadPlan.rebuild_scratch_offset): one rebuild at a time
-                start = self._plan.rebuild_scratch_offset
+                start = self._placed.rebuild_scratch_offset
                 scratch = self._arena[start:start + recompute.scratch_bytes].view(np.float32)
             for node in recompute.nodes:  # the first reads the sources, later ones rewrite out in place
                 self._layers[node].recompute_output(inputs, out, scratch)
@@ -1137,6 +1239,10 @@ class OffloadScheduler:
         return Tensor(view, tensor_spec.array_type, unit.region, self._generation, start)
 
     def after_backward(self, step: int, node: Any = None) -> None:
+        self._end_backward(step)
+        self._wait_for_step_bytes(step + 1)
+
+    def _end_backward(self, step: int) -> None:
         if self._needs_plan:
             return
         ready: list[Any] = []  # one device event for every unit this backward ends
@@ -1416,8 +1522,9 @@ class OffloadScheduler:
             self._issue_cursor += 1
 
     def _room_free(self, unit: _Unit, occupation: int) -> bool:
-        """Every earlier occupant of the unit's bytes for this occupation has left them."""
-        return unit.blocked[occupation] == 0
+        """Every earlier occupant of the unit's bytes for this occupation has left them: the units (``blocked``), and
+        with a shared arena the step tensors (the executor is past their last moment: ``SharedLayout.gates``)."""
+        return unit.blocked[occupation] == 0 and self._t > self._gates.get((unit.spec.key, occupation), -1)
 
     def _wait_for(self, predicate: Callable[[], bool]) -> float:
         """Wait (holding the condition) until ``predicate``; returns the seconds waited."""
@@ -1624,7 +1731,7 @@ class OffloadScheduler:
         with self._cond:
             self._set_state(unit, LayerState.WAIT_FOR_EXEC)
             vacated = [self._units[key].vacated_event[index]
-                       for key, index in self._plan.predecessors[(unit.spec.key, 1)]]
+                       for key, index in self._placed.predecessors[(unit.spec.key, 1)]]
         if unit.copied is not None:
             vacated.append(unit.copied)
         records, span, file_offset = self._records(unit)

@@ -198,7 +198,15 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     loss head buffers, and working memory), plus the offload arena, which holds every ACTIVATIONS and
     FF_CACHE buffer a node makes.
     """
-    from engine.offload.plan import NETWORK_INPUT, budget_refusal, build_plan, program_units, recompute_candidates
+    from engine.offload.plan import (
+        NETWORK_INPUT,
+        budget_refusal,
+        build_plan,
+        place_around,
+        program_units,
+        recompute_candidates,
+    )
+    from engine.offload.scheduler import step_arena_tensors
 
     report = net.memory_report(batch_size)
     program = net.program(batch_size)
@@ -219,6 +227,10 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     plan = build_plan(units, window, steps, candidates, budget_bytes) if budget_bytes is not None else window_only
     swap_only = build_plan(units, window, steps)
     long_lived = report.parameter_bytes + report.gradient_bytes + report.buffer_bytes
+    # without a byte budget the scheduler places the units in the step arena's free bytes (one region): what offload
+    # adds is the region beyond the step's own bytes (OffloadScheduler.sharing; engine.offload.plan.place_around)
+    step = step_arena_tensors(net, batch_size) if budget_bytes is None else None
+    arena = place_around(plan, *step).extra_bytes if step is not None else plan.arena_bytes
     layers = []
     for unit in sorted(plan.units.values(), key=lambda u: (u.spec.owner, u.spec.part)):
         if unit.spec.backward_start is None:
@@ -235,12 +247,13 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
         "window": window,
         "budget_bytes": budget_bytes,
         "planned_peak_bytes_no_offload": report.planned_peak_bytes,
-        "planned_peak_bytes_offload": long_lived + rest + plan.arena_bytes,
+        "planned_peak_bytes_offload": long_lived + rest + arena,
         "long_lived_bytes": long_lived,
         "not_offloaded_peak_bytes": rest,  # gradients, input, loss head, working memory at their worst step
         "offloadable_bytes_no_offload": offloadable_resident_bytes(net, batch_size),
         "offloadable_bytes_all_kept": plan.total_bytes,
-        "offload_arena_bytes": plan.arena_bytes,
+        "offload_arena_bytes": arena,  # what the plan adds to the step: its units' arena, less what they share
+        "offload_units_arena_bytes": plan.arena_bytes,  # the units' own arena (what a byte budget counts)
         "offload_lower_bound_bytes": plan.lower_bound_bytes,
         "swap_file_bytes": plan.file_bytes,
         "written_per_step_bytes": plan.offloaded_bytes,

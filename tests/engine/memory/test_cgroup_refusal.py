@@ -76,8 +76,8 @@ def test_a_too_large_batch_under_ulimit_v_is_a_refusal_not_a_traceback(tmp_path)
 
 def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(proof, tmp_path):
     """``--workers 2`` starts both ranks in this cgroup: each gets half of it. Batch 56 of the cnn at 224 needs
-    ~0.45 GiB in one process with every chunked layer recomputing (``engine memory``), so 800 MiB would hold
-    one run but not two. Both ranks refuse together (``refuse_together``): one line, exit 1, no MPI_Abort."""
+    400 MiB without offload in one process with every chunked layer recomputing (``engine memory``), so 720 MiB
+    would hold one run but not two. Both ranks refuse together (``refuse_together``): one line, exit 1, no MPI_Abort."""
     pytest.importorskip("mpi4py")
     from engine.parallel.comm import mpiexec_path
 
@@ -89,10 +89,10 @@ def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(p
                "--batch-size", "56", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap),
                "--workers", "2"]
     env = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "PMI_RANK", "ENGINE_WORKERS_LAUNCHED")}
-    result = proof.run_in_cgroup(command, 800 << 20, f"engine-test-{os.getpid()}-ranks", timeout=300, env=env)
+    result = proof.run_in_cgroup(command, 720 << 20, f"engine-test-{os.getpid()}-ranks", timeout=300, env=env)
     assert result["returncode"] == 1 and not result.get("oom_kills"), result
     lines = [line for line in (result["stdout"] + result["stderr"]).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: needs a limit of"), lines  # said once, no MPI_Abort
-    assert "the limit is 0.39 GiB (cgroup v" in lines[0] and "shared by 2 ranks on this host" in lines[0]
+    assert "the limit is 0.35 GiB (cgroup v" in lines[0] and "shared by 2 ranks on this host" in lines[0]
     assert lines[0].endswith("(the 2 ranks on this host share its limit: fewer --workers leave each more)")
     assert os.listdir(swap) == []

@@ -430,7 +430,7 @@ def test_a_load_waits_for_the_kernels_that_last_read_its_bytes(cpu, tmp_path, mo
 
     monkeypatch.setattr(scheduler_module.OffloadScheduler, "_release", release)
     _, stats, scheduler = train(cpu, "resnet18", 1, 1, 2, RESNET, tmp_path, (3, 8, 8))
-    plan = scheduler._plan
+    plan = scheduler._placed  # the offsets the run used (around the step arena: plan.place_around)
     by_name = {u.spec.name: u for u in plan.units.values()}
     assert loads and any(after for _, after in loads)
     for name, after in loads:
@@ -539,3 +539,59 @@ def test_the_inline_schedule_keeps_the_bits_with_any_window(cpu, tmp_path, monke
         assert scheduler._inline and all(s.stall_s == 0 and s.bytes_read == s.bytes_written for s in stats)
         assert all(s.offload_s == s.onload_s == 0 for s in stats)  # the IO threads did nothing
         assert_bounded(stats)
+
+
+def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slow_disk(cpu, tmp_path):
+    """Without a byte budget the units sit in the bytes the step arena's tensors leave free (``plan.place_around``):
+    no unit shares bytes with a step tensor alive at the same moment, the region is smaller than the two arenas
+    side by side, and on a disk slow enough that saves lag past their spans (the executor then waits before a step
+    tensor moves into their bytes) and loads start early (``predict_leads``: the loader waits until the executor
+    has passed the step tensors that held the bytes), the weights keep their bits."""
+    from engine.offload.plan import check_plan, place_around
+    from engine.offload.scheduler import step_arena_tensors
+
+    shape = (3, 8, 8)
+    net = build_model("resnet18", num_classes=10, backend=cpu, seed=0, **RESNET)
+    scheduler = OffloadScheduler(cpu, 1, directory=str(tmp_path)).attach(net)
+    try:
+        tensors, step_bytes = step_arena_tensors(net, 2)
+        plan = scheduler.plan_for(2)
+        layout = place_around(plan, tensors, step_bytes)
+        check_plan(layout.plan)
+        assert layout.region_bytes < -(-step_bytes // 4096) * 4096 + plan.arena_bytes
+        assert layout.waits and layout.gates
+        for unit in layout.plan.units.values():
+            lo, hi = unit.arena_offset, unit.arena_offset + unit.nbytes
+            for t in tensors:
+                if t.offset < hi and lo < t.offset + t.nbytes:
+                    assert all(t.last < o.start or o.end < t.first for o in unit.occupations), unit.spec.label
+                    for o in unit.occupations:
+                        if t.last < o.start:
+                            assert layout.gates[(unit.key, o.index)] >= t.last
+                        else:
+                            assert (unit.key, o.index) in layout.waits[t.first]
+        x, y = next(batches(1, 2, shape))
+        net.forward(cpu.to_device(x), training=True)
+        net.loss(cpu.to_device(y))
+        net.backward()
+        base = scheduler._arena.__array_interface__["data"][0]
+        assert net.arena._block.__array_interface__["data"][0] == base  # the step arena's block: our region's start
+    finally:
+        scheduler.close()
+        net.close()
+    assert net.arena.host is None  # detached: the arena takes a block of its own again
+
+    def slow(operation, nbytes):
+        time.sleep(0.01 + nbytes / 20e6)
+
+    reference, _, _ = train_once(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
+    weights, stats, shared = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, delay=slow, predict_leads=True)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    assert shared._waits and shared._placed.arena_bytes == stats[-1].bound_bytes
+    assert any(s.room_wait_s > 0 for s in stats)  # saves lagged: a step tensor (or a unit) waited for their bytes
+    _, _, apart = train(cpu, "resnet18", 1, 1, 2, RESNET, tmp_path, shape, share_arena=False)
+    assert apart._placed is apart._plan and not apart._waits  # off: the units' own arena, as before
+    budgeted = OffloadScheduler(cpu, 1, budget_bytes=1 << 30, directory=str(tmp_path))
+    assert not budgeted.attach(build_model("resnet18", num_classes=10, backend=cpu, seed=0, **RESNET)).sharing
+    budgeted.close()

@@ -158,7 +158,8 @@ def test_engine_memory_shows_what_a_budget_keeps():
         refused = CliRunner().invoke(main, [*arguments, "--offload-budget", budget])
         assert refused.exit_code != 0 and message in refused.output, refused.output
     # a window the budget cannot hold: the scheduler's words, naming the window that fits
-    wider = CliRunner().invoke(main, [*arguments[:-1], "4", "--offload-budget", str(plain["offload_arena_bytes"])])
+    wider = CliRunner().invoke(main, [*arguments[:-1], "4", "--offload-budget",  # a budget counts the units' own arena
+                                      str(plain["offload_units_arena_bytes"])])
     allowed = re.search(r"the budget allows N=(\d+)$", wider.output.strip())
     assert wider.exit_code != 0 and "--offload-n 4 needs" in wider.output and allowed and 1 <= int(allowed[1]) < 4
     alone = CliRunner().invoke(main, arguments[:-2] + ["--offload-budget", "0.5x"])
