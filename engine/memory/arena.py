@@ -168,6 +168,8 @@ class PlannedArena:
         if plan is None:
             plan = self._plans[key] = self._plan_for(int(batch_size), types)
         self._batch = int(batch_size)
+        if self.host is not None:  # its tensors may sit elsewhere in the host's region (placed with its own)
+            plan = self.host.step_plan(int(batch_size), plan)
         if plan is not self.plan:
             self._use(plan, types)
         elif self.lender is not None or self.host is not None or self._hosted:

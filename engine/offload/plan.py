@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.memory.array_type import ArrayType
-from engine.memory.planner import first_fit
+from engine.memory.planner import first_fit, greedy_order
 from engine.report import format_bytes
 
 ALIGN = 64  # tensor alignment inside a unit, as the workspaces use
@@ -529,9 +529,11 @@ class SharedLayout:
     still be writing them out)."""
 
     plan: OffloadPlan  # the plan's units at their offsets in the region; ``arena_bytes`` the region's bytes
-    step_bytes: int  # the step arena's planned peak: its part of the region, from offset 0
+    step_bytes: int  # the step arena's bytes: its tensors end below this (from offset 0)
     gates: dict[tuple[tuple[int, str], int], int]  # (unit, occupation) -> the last moment of a step tensor before it
     waits: dict[int, tuple[tuple[tuple[int, str], int], ...]]  # moment -> occupations to be vacated before it
+    step_offsets: tuple[int, ...] | None = None  # the step tensors' offsets when placed with the units (None: theirs)
+    own_step_bytes: int = 0  # the step arena's planned peak alone (what a run's other figures count it as)
 
     @property
     def region_bytes(self) -> int:
@@ -539,8 +541,33 @@ class SharedLayout:
 
     @property
     def extra_bytes(self) -> int:
-        """What the offload plan adds to the step arena: the region beyond the step's own bytes."""
-        return max(0, self.region_bytes - self.step_bytes)
+        """What the offload plan adds to the step arena: the region beyond the step arena's own planned peak."""
+        return max(0, self.region_bytes - self.own_step_bytes)
+
+
+def _first_fit_pages(sizes: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]], pages: Sequence[bool],
+                     order: Sequence[int], fixed: Sequence[tuple[int, int, int, int]] = ()) -> list[int]:
+    """First fit in ``order`` (``engine.memory.planner.first_fit``) where the items marked ``pages`` (units) take
+    page-aligned offsets and keep whole pages apart from the others; ``fixed``: (lo, hi, first, last) already placed."""
+    offsets: list[int | None] = [None] * len(sizes)
+    placed: list[int] = []
+    for item in order:
+        size, page = int(sizes[item]), pages[item]
+
+        def out(lo: int, hi: int, page: bool = page) -> tuple[int, int]:
+            return ((lo // PAGE) * PAGE, align(hi, PAGE)) if page else (lo, hi)
+
+        busy = [out(lo, hi) for lo, hi, first, last in fixed if any(first <= e and s <= last for s, e in spans[item])]
+        busy += [out(offsets[o], offsets[o] + int(sizes[o])) for o in placed  # type: ignore[operator]
+                 if any(a <= d and c <= b for a, b in spans[item] for c, d in spans[o])]
+        offset = 0
+        for lo, hi in sorted(busy):
+            if offset + size <= lo:
+                break
+            offset = max(offset, align(hi, PAGE) if page else hi)
+        offsets[item] = offset
+        placed.append(item)
+    return [int(o) for o in offsets]  # type: ignore[arg-type]
 
 
 def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: int) -> SharedLayout:
@@ -556,25 +583,30 @@ def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: i
     every chunked layer recomputing, N=1, step arena + offload arena, MiB: ResNet-18 batch 32 79.9 + 106.6 → 135.1 in
     one region, batch 128 253.5 + 419.0 → 534.8; MobileNetV2 batch 32 208.3 + 223.1 → 417.7."""
     units = sorted(plan.units.values(), key=lambda u: (-u.nbytes, u.spec.created, u.key))
-    walls = [((t.offset // PAGE) * PAGE, align(t.offset + t.nbytes, PAGE), t.first, t.last) for t in tensors]
-    placed: list[tuple[int, int, tuple[Occupation, ...]]] = []
-    offsets: dict[tuple[int, str], int] = {}
-    for u in units:
-        spans = [(o.start, o.end) for o in u.occupations]
-        busy = sorted([(lo, hi) for lo, hi, first, last in walls if any(first <= e and s <= last for s, e in spans)]
-                      + [(lo, lo + size) for lo, size, occupations in placed
-                         if _spans_overlap(occupations, u.occupations)])
-        offset = 0
-        for lo, hi in busy:
-            if offset + u.nbytes <= lo:
-                break
-            offset = max(offset, hi)
-        offsets[u.key] = offset
-        placed.append((offset, u.nbytes, u.occupations))
-    top = align(max([step_bytes] + [offsets[u.key] + u.nbytes for u in units]), PAGE)
+    unit_spans = [[(o.start, o.end) for o in u.occupations] for u in units]
+    # around: the step tensors where the step arena put them, the units in what they leave
+    fixed = [(t.offset, t.offset + t.nbytes, t.first, t.last) for t in tensors]
+    around = _first_fit_pages([u.nbytes for u in units], unit_spans, [True] * len(units), range(len(units)), fixed)
+    # together: both placed at once, TFLite's order over all of them (MobileNetV2's step arena and its units overlap
+    # little as the step arena lays itself out alone)
+    sizes = [t.nbytes for t in tensors] + [u.nbytes for u in units]
+    spans = [[(t.first, t.last)] for t in tensors] + unit_spans
+    together = _first_fit_pages(sizes, spans, [False] * len(tensors) + [True] * len(units), greedy_order(sizes, spans))
+    n = len(tensors)
+    step_end = max((o + t.nbytes for o, t in zip(together[:n], tensors)), default=0)
+    candidates = [  # (region without the rebuilds' tail, step tensors' offsets or None, their bytes, units' offsets)
+        (align(max([step_bytes] + [o + u.nbytes for o, u in zip(around, units)]), PAGE), None, step_bytes,
+         dict(zip((u.key for u in units), around))),
+        (align(max([step_end] + [o + u.nbytes for o, u in zip(together[n:], units)]), PAGE), tuple(together[:n]),
+         step_end, dict(zip((u.key for u in units), together[n:]))),
+    ]
+    own = step_bytes
+    top, step_offsets, step_bytes, offsets = min(candidates, key=lambda c: c[0])
     base = align(step_bytes, PAGE)
-    apart = base + plan.arena_bytes
+    apart = align(candidates[0][2], PAGE) + plan.arena_bytes
     if top + plan.rebuild_scratch_bytes >= apart:  # no better than side by side: side by side
+        step_offsets, step_bytes = None, candidates[0][2]
+        base = align(step_bytes, PAGE)
         offsets = {key: base + p.arena_offset for key, p in plan.units.items()}
         scratch_offset = base + plan.rebuild_scratch_offset
         region = apart
@@ -584,6 +616,8 @@ def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: i
     units_placed = {key: replace(p, arena_offset=offsets[key]) for key, p in plan.units.items()}
     shared = replace(plan, units=units_placed, arena_bytes=region, predecessors=_predecessors(units_placed.values()),
                      rebuild_scratch_offset=scratch_offset if plan.rebuild_scratch_bytes else 0)
+    if step_offsets is not None:
+        tensors = [replace(t, offset=o) for t, o in zip(tensors, step_offsets)]
     gates: dict[tuple[tuple[int, str], int], int] = {}
     waits: dict[int, list[tuple[tuple[int, str], int]]] = {}
     for p in units_placed.values():
@@ -598,8 +632,8 @@ def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: i
                     waits.setdefault(t.first, []).append((p.key, o.index))
                 else:
                     raise AssertionError(f"unit {p.spec.label!r} shares bytes with a live step tensor")  # first fit
-    return SharedLayout(shared, int(step_bytes), gates,
-                        {m: tuple(sorted(set(v))) for m, v in waits.items()})
+    return SharedLayout(shared, int(step_bytes), gates, {m: tuple(sorted(set(v))) for m, v in waits.items()},
+                        step_offsets, int(own))
 
 
 def check_plan(plan: OffloadPlan) -> None:

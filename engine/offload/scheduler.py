@@ -25,6 +25,21 @@ for the offload that frees its room, and the executor waits for a save only when
 is still being saved. A tensor of a unit that is not in memory has its (pseudo-)workspace closed: a
 kernel handed such a tensor raises instead of reading someone else's bytes.
 
+**One region with the step arena** (``sharing``: the cpu backend, a fixed N, no byte budget). The network's
+planned arena (activation gradients, working memory, per-layer gradients) peaks late in the backward, on the
+largest planes; this arena early in the forward, while the first layers' units are written. Side by side a run
+holds both peaks; so the units are placed in the bytes the step arena's tensors leave free while they are alive
+(``plan.place_around``), in one region whose start is the step arena's block (``PlannedArena.host``,
+``shared_block``). Two more orders keep it safe: a unit's occupation moves in only after the executor has passed
+the last moment of every step tensor that held its bytes before (``SharedLayout.gates``, in ``_room_free``: the
+loader may start early), and before a moment's step tensors are made the executor waits until the units that held
+their bytes have left them (``SharedLayout.waits``, in the after-hooks: a save may lag past its span). ImageNet
+variants at 224, N=1, every chunked layer recomputing (``engine memory --batch-size 32,128``): ResNet-18's
+smallest limit 448 → 384 MiB at batch 32 and 1.02 GiB → 896 MiB at batch 128; MobileNetV2's step arena and its
+units overlap less (592 → 576 MiB). A byte budget counts the units' own arena (``keep_within`` fills it, ``auto``
+grows the window into it), so a run with one keeps the arenas apart; ``auto`` at its floor runs N=1 without one
+(``engine.offload.budget.resolve_budget``).
+
 The window N (lag of the saver and lookahead of the loader, in steps) is fixed, or ``"auto"``: after
 a step in which the executor waited, N grows; after ``shrink_after`` steps in which the executor never
 waited and both IO threads were idle most of the time, it shrinks; never past the byte budget. Under a
@@ -239,6 +254,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import enum
 import functools
 import logging
@@ -317,7 +333,9 @@ class ProviderHost(Protocol):
 class OffloadTarget(Protocol):
     """What the scheduler needs of a network (``engine.network.Network`` has it), so offload imports
     neither the network nor the trainer: its backend, its training manager (the scheduler becomes the
-    provider of ACTIVATIONS and FF_CACHE), its hook list, and its step program per batch size."""
+    provider of ACTIVATIONS and FF_CACHE), its hook list, and its step program per batch size. Where it also
+    has a planned ``arena`` (with ``host``), ``arena_types`` and ``arena_plan``, the two arenas share one region
+    (``sharing``)."""
 
     @property
     def backend(self) -> Any: ...
@@ -595,6 +613,7 @@ class OffloadScheduler:
         self.share_arena = share_arena
         self._hosted: Any = None  # the network's PlannedArena whose block is the start of our arena
         self._layouts: dict[int, tuple[OffloadPlan, SharedLayout]] = {}  # per plan: its units placed around the step
+        self._step_plans: dict[int, tuple[SharedLayout, Any, Any]] = {}  # per layout: the step arena's plan in it
         self._step_tensors: tuple[Any, list[StepTensor], int] | None = None  # (program, tensors, step bytes)
         self._gates: dict[tuple[tuple[int, str], int], int] = {}  # the current layout's (SharedLayout)
         self._waits: dict[int, tuple[tuple[tuple[int, str], int], ...]] = {}
@@ -867,9 +886,25 @@ class OffloadScheduler:
         if found is None:
             return None
         cached = self._layouts.get(id(plan))
-        if cached is None or cached[0] is not plan or cached[1].step_bytes != found[1]:
+        if cached is None or cached[0] is not plan or cached[1].own_step_bytes != found[1]:
             cached = self._layouts[id(plan)] = (plan, place_around(plan, found[0], found[1]))
         return cached[1]
+
+    def step_plan(self, batch_size: int, own: Any) -> Any:
+        """The hosted step arena's plan in the region (``PlannedArena.host``): ``own`` (its plan alone, an
+        ``ArenaPlan``) with the offsets the layout of this step's plan gave its tensors, or ``own`` where the layout
+        kept them (the same object for the same layout: the arena rebuilds its slots only when it changes)."""
+        if self._batch_size != batch_size or self.max_window is None or self._arena is None:
+            self.prepare(batch_size)
+        layout = self.layout(self.plan_for(batch_size))
+        if layout is None or layout.step_offsets is None:
+            return own
+        cached = self._step_plans.get(id(layout))
+        if cached is None or cached[0] is not layout or cached[1] is not own:
+            tensors = [dataclasses.replace(t, offset=o) for t, o in zip(own.tensors, layout.step_offsets)]
+            placed = dataclasses.replace(own, tensors=tensors, planned_peak=layout.step_bytes)
+            cached = self._step_plans[id(layout)] = (layout, own, placed)
+        return cached[2]
 
     def shared_block(self, batch_size: int, nbytes: int) -> Any:
         """The step arena's block (``PlannedArena.host``): the first ``nbytes`` of our arena, planned and sized

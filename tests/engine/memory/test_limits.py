@@ -318,3 +318,28 @@ def test_engine_memory_prints_the_smallest_limit_per_plan_and_batch_size():
     assert limits[0]["needed_no_offload_bytes"] < limits[1]["needed_no_offload_bytes"]
     refused = CliRunner().invoke(main, ["memory", "--model", "cnn", "--batch-size", "2,x"])
     assert refused.exit_code == 1 and "comma-separated" in refused.output
+
+
+def test_auto_at_its_floor_runs_n1_in_the_step_arenas_free_bytes(resnet_224, monkeypatch):
+    """``--offload-n auto`` under a limit where N=1's units fit only in the bytes the step arena's tensors leave free
+    (a byte budget counts the units' own arena, which does not fit): N=1, no budget, so the scheduler shares one
+    region (``OffloadScheduler.sharing``); with room for the units' own arena, a budget as before."""
+    from engine.offload import budget
+    from engine.offload.budget import resolve_budget
+
+    monkeypatch.setattr(budget.Setup, "measure", classmethod(lambda cls, blocks=(): cls(0, 0, 0)))  # exact limits
+    resnet_224.set_recomputed([n.name for n in resnet_224.chunked])
+
+    def resolve(limit):
+        return resolve_budget(resnet_224, 32, 45 << 20, 18 << 20, 37 << 20, "auto", None, MemoryLimit(limit, "test"),
+                              chunks="recompute")
+
+    roomy = resolve(64 << 30).needs
+    assert roomy.min_arena_bytes < roomy.min_units_arena_bytes  # sharing saves bytes at N=1
+    floor = resolve(roomy.needed_min_offload + (1 << 20))
+    assert (floor.window, floor.budget_bytes) == (1, None)
+    apart = resolve(roomy.needed(roomy.min_units_arena_bytes) + (1 << 20))
+    assert apart.window is None and apart.budget_bytes >= roomy.min_units_arena_bytes
+    with pytest.raises(budget.DoesNotFit):
+        resolve(roomy.needed_min_offload - (1 << 20))
+    resnet_224.set_recomputed([])

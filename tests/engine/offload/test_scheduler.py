@@ -1,5 +1,6 @@
 """OffloadScheduler end to end: the same bits with any window, bounded memory, adaptive N, failures, cleanup."""
 
+import dataclasses
 import logging
 import os
 import signal
@@ -560,6 +561,9 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
         check_plan(layout.plan)
         assert layout.region_bytes < -(-step_bytes // 4096) * 4096 + plan.arena_bytes
         assert layout.waits and layout.gates
+        if layout.step_offsets is not None:  # placed together with the units: the step tensors moved too
+            tensors = [dataclasses.replace(t, offset=o) for t, o in zip(tensors, layout.step_offsets)]
+        assert max(t.offset + t.nbytes for t in tensors) <= layout.step_bytes <= layout.region_bytes
         for unit in layout.plan.units.values():
             lo, hi = unit.arena_offset, unit.arena_offset + unit.nbytes
             for t in tensors:
@@ -576,6 +580,7 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
         net.backward()
         base = scheduler._arena.__array_interface__["data"][0]
         assert net.arena._block.__array_interface__["data"][0] == base  # the step arena's block: our region's start
+        assert [t.offset for t in net.arena.plan.tensors] == [t.offset for t in tensors]  # where the layout put them
     finally:
         scheduler.close()
         net.close()
@@ -590,7 +595,16 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
         assert np.array_equal(reference[key], weights[key]), key
     assert shared._waits and shared._placed.arena_bytes == stats[-1].bound_bytes
     assert any(s.room_wait_s > 0 for s in stats)  # saves lagged: a step tensor (or a unit) waited for their bytes
-    _, _, apart = train(cpu, "resnet18", 1, 1, 2, RESNET, tmp_path, shape, share_arena=False)
+    # MobileNetV2 on 16×16 planes: its step tensors and its units are placed together (the step arena's own
+    # offsets move: PlannedArena.host's step_plan), with the same bits
+    small, shape = dict(image_size=16), (3, 16, 16)
+    reference, _, _ = train(cpu, "mobilenetv2", None, 2, 4, small, tmp_path, shape)
+    weights, stats, together = train(cpu, "mobilenetv2", 1, 2, 4, small, tmp_path, shape,
+                                     delay=lambda operation, nbytes: time.sleep(0.002), predict_leads=True)
+    for key in reference:
+        assert np.array_equal(reference[key], weights[key]), key
+    assert [layout.step_offsets is not None for _, layout in together._layouts.values()] == [True]
+    _, _, apart = train(cpu, "resnet18", 1, 1, 2, RESNET, tmp_path, (3, 8, 8), share_arena=False)
     assert apart._placed is apart._plan and not apart._waits  # off: the units' own arena, as before
     budgeted = OffloadScheduler(cpu, 1, budget_bytes=1 << 30, directory=str(tmp_path))
     assert not budgeted.attach(build_model("resnet18", num_classes=10, backend=cpu, seed=0, **RESNET)).sharing
