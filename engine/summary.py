@@ -141,7 +141,8 @@ def offload_table(offload: dict[str, Any]) -> Table:
     resident = format_bytes(offload["resident_peak_bytes"])
     notes = []
     if offload.get("bound_bytes"):  # the arena reserves each unit's span ahead of its load: a ceiling, not a floor
-        notes.append(f"within the {format_bytes(offload['bound_bytes'])} planned arena")
+        notes.append(f"within the {format_bytes(offload['bound_bytes'])} planned "
+                     + ("region it shares with the step's own tensors" if offload.get("shared_region") else "arena"))
     base = offload.get("no_offload_bytes")
     if base:
         notes.append(f"without offload, planned: {format_bytes(base)}; "

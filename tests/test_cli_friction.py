@@ -126,7 +126,8 @@ def test_the_resident_peak_is_shown_within_the_planned_arena_and_no_false_lower_
     assert result.exit_code == 0, result.output
     offload = json.loads((tmp_path / "s.json").read_text())["offload"]
     assert 0 < offload["resident_peak_bytes"] <= offload["bound_bytes"]  # the arena is a ceiling
-    assert "lower bound" not in result.output and "planned arena" in result.output
+    assert "lower bound" not in result.output and "planned arena" in result.output  # the first line: the units'
+    assert offload["shared_region"] and "planned region it shares with the step's own tensors" in result.output
     line = next(line for line in result.output.splitlines() if line.startswith("offload: "))
     assert "saved-for-backward arena" in line and "swap file 4.0 KiB" not in line  # N=1 writes: a real file
 

@@ -612,6 +612,7 @@ class OffloadScheduler:
         # one region for the units and the step arena's tensors (``plan.place_around``), on the cpu backend
         self.share_arena = share_arena
         self._hosted: Any = None  # the network's PlannedArena whose block is the start of our arena
+        self.shared_region = False  # whether it ever hosted one (``sharing``)
         self._layouts: dict[int, tuple[OffloadPlan, SharedLayout]] = {}  # per plan: its units placed around the step
         self._step_plans: dict[int, tuple[SharedLayout, Any, Any]] = {}  # per layout: the step arena's plan in it
         self._step_tensors: tuple[Any, list[StepTensor], int] | None = None  # (program, tensors, step bytes)
@@ -726,6 +727,7 @@ class OffloadScheduler:
                 and arena is not None and hasattr(arena, "host")):  # ``sharing``: why these conditions
             arena.host = self  # its block is the start of ours from its next iteration (shared_block)
             self._hosted = arena
+            self.shared_region = True  # stays after detach: what the run did (the training summary's words)
         if batch_size is not None:
             self.prepare(batch_size)
         return self
