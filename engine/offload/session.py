@@ -137,7 +137,7 @@ class OffloadSession:
             "read_bytes_per_step": int(steady.bytes_read / steady.steps),
             "resident_peak_bytes": totals.peak_resident_bytes,
             "bound_bytes": totals.bound_bytes,
-            "shared_region": scheduler.shared_region,  # bound_bytes is then the region shared with the step's own tensors
+            "shared_region": scheduler.shared_region,  # bound_bytes: the shared region
             "no_offload_bytes": self.no_offload_bytes,
             "page_cache_bytes": totals.page_cache_bytes if totals.page_cache_bytes >= 0 else None,
         }
