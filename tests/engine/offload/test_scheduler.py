@@ -587,7 +587,7 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
     assert net.arena.host is None  # detached: the arena takes a block of its own again
 
     def slow(operation, nbytes):
-        time.sleep(0.01 + nbytes / 20e6)
+        time.sleep(0.004 + nbytes / 40e6)
 
     reference, _, _ = train_once(cpu, "resnet18", None, 2, 2, RESNET, tmp_path, shape)
     weights, stats, shared = train(cpu, "resnet18", 1, 2, 2, RESNET, tmp_path, shape, delay=slow, predict_leads=True)
