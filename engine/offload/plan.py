@@ -577,11 +577,15 @@ def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: i
     the step arena late in the backward (the activation gradients of the largest planes): planned apart, a run needs
     the sum of both peaks; in one region, the most both hold at once. Units are placed as ``plan_with_chains`` places
     them (largest first, first fit, one page-aligned offset for both spans), around the step tensors alive during
-    their spans; the rebuilds' working memory goes on top, as before. When that is not smaller than the two arenas
-    side by side, they are put side by side (the units above the step's bytes): never worse than apart.
-    ``python /tmp/exp/joint.py``-style figures (``engine memory`` reads ``extra_bytes``), ImageNet variants at 224,
-    every chunked layer recomputing, N=1, step arena + offload arena, MiB: ResNet-18 batch 32 79.9 + 106.6 → 135.1 in
-    one region, batch 128 253.5 + 419.0 → 534.8; MobileNetV2 batch 32 208.3 + 223.1 → 417.7."""
+    their spans; or both placed together in TFLite's order, whichever region is smaller (then the step arena takes
+    its offsets from here: ``step_offsets``); the rebuilds' working memory goes on top, as before. When neither is
+    smaller than the two arenas side by side, they are put side by side (the units above the step's bytes): never
+    worse than apart. ``python benchmarks/shared_region.py`` (``engine memory`` reads ``extra_bytes``), ImageNet
+    variants at 224, every chunked layer recomputing, N=1, step arena + units' arena → one region (the most both
+    hold at one moment), MiB: ResNet-18 batch 32 79.9 + 106.6 → 137.5 (125.1), batch 128 253.5 + 419.0 → 492.5
+    (441.0); MobileNetV2 batch 32 208.3 + 223.1 → 394.6 (368.7), batch 128 748.4 + 884.6 → 1,472.6 (1,434.4).
+    Around the step arena's own layout alone, MobileNetV2 batch 32 needed 417.7 and batch 128 no less than apart:
+    its step arena, laid out alone, leaves its free bytes where the units cannot use them."""
     units = sorted(plan.units.values(), key=lambda u: (-u.nbytes, u.spec.created, u.key))
     unit_spans = [[(o.start, o.end) for o in u.occupations] for u in units]
     # around: the step tensors where the step arena put them, the units in what they leave

@@ -609,3 +609,18 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
     budgeted = OffloadScheduler(cpu, 1, budget_bytes=1 << 30, directory=str(tmp_path))
     assert not budgeted.attach(build_model("resnet18", num_classes=10, backend=cpu, seed=0, **RESNET)).sharing
     budgeted.close()
+
+
+def test_shared_region_benchmark_reports_regions_within_their_bounds():
+    """``benchmarks/shared_region.py`` (the figures in ``place_around``'s docstring): one region never more than the
+    two arenas side by side, never less than the most both hold at one moment."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))), "benchmarks",
+                        "shared_region.py")
+    spec = importlib.util.spec_from_file_location("shared_region", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for row in module.rows(["resnet18", "mobilenetv2"], [2], [1, 2], "recompute", 16):
+        assert row["lower_bound_bytes"] <= row["region_bytes"] <= row["apart_bytes"], row
+        assert row["extra_bytes"] == max(0, row["region_bytes"] - row["step_arena_bytes"]), row
