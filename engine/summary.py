@@ -273,12 +273,16 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
     rows = [("parameters, buffers, gradients", [long_lived]),
             ("activations and saved for backward", [saved]),
             ("the rest of the worst step", [rest])]
+    units = offload.get("offload_units_arena_bytes", offload["offload_arena_bytes"]) if offload else 0
+    shared = units - offload["offload_arena_bytes"] if offload else 0  # one region with the step's own tensors
     if offload:
         rows[0][1].append(offload["long_lived_bytes"])
-        rows[1][1].append(offload["offload_arena_bytes"])
+        rows[1][1].append(units)
         rows[2][1].append(offload["not_offloaded_peak_bytes"])
     for label, values in rows:
         table.add_row(label, *(format_bytes(v) for v in values))
+    if shared:
+        table.add_row("less the bytes the two share (one region)", "", f"-{format_bytes(shared)}")
     table.add_section()
     peaks = [report.planned_peak_bytes] + ([offload["planned_peak_bytes_offload"]] if offload else [])
     table.add_row("planned peak", *(format_bytes(v) for v in peaks))
@@ -296,8 +300,10 @@ def planned_peak_table(report: Any, offload: dict[str, Any] | None = None) -> Ta
     if offload:
         table.notes.append(f"  activations and saved for backward at their own peak (not at the worst step): "
                            f"{format_bytes(offload['offloadable_bytes_no_offload'])} without offload, "
-                           f"{format_bytes(offload['offload_arena_bytes'])} with: what engine train's summary and "
-                           "engine bench compare")
+                           f"{format_bytes(units)} with: what engine train's summary and engine bench compare")
+        if shared:
+            table.notes.append("  one region: the offload units sit in the bytes the rest leaves free while they are "
+                               "alive (engine.offload.plan.place_around; without a byte budget)")
     if gradient_note(report):
         table.notes.append(f"  {gradient_note(report)}")
     table.notes.append("  not included: the optimizer's state (momentum: as large as the parameters), the INPUT "
