@@ -285,6 +285,7 @@ class RunNeeds:
             "evaluation_bytes": self.evaluation_bytes,
             "evaluation_ring_bytes": self.evaluation_ring_bytes,
             "min_arena_bytes": self.min_arena_bytes,
+            "min_units_arena_bytes": self.min_units_arena_bytes,
             "needed_no_offload_bytes": self.needed_no_offload,
             "needed_min_offload_bytes": self.needed_min_offload,
             "arena_budget_bytes": self.arena_budget,

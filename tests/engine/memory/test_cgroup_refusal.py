@@ -96,3 +96,28 @@ def test_two_ranks_share_the_limit_and_are_refused_where_one_process_would_fit(p
     assert "the limit is 0.35 GiB (cgroup v" in lines[0] and "shared by 2 ranks on this host" in lines[0]
     assert lines[0].endswith("(the 2 ranks on this host share its limit: fewer --workers leave each more)")
     assert os.listdir(swap) == []
+
+
+def test_auto_at_its_floor_trains_where_only_the_shared_region_fits(proof, tmp_path):
+    """``--offload-n auto`` under a real limit between what N=1 needs with its units in the step arena's free bytes
+    and what it needs in an arena of their own: it says it takes its floor, and trains, not OOM-killed."""
+    import json
+
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    base = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
+            "--batch-size", "56", "--steps", "2", "--no-progress", "--threads", "1", "--offload-dir", str(swap)]
+    summary = tmp_path / "needs.json"
+    free = proof.run_in_cgroup(base + ["--offload-n", "auto", "--chunks", "recompute", "--prefetch", "0",
+                                       "--summary-json", str(summary)], None, "unused", timeout=300)
+    assert free["returncode"] == 0, free
+    needs = json.loads(summary.read_text())["memory_needs"]
+    shared = needs["needed_min_offload_bytes"]  # the floor: N=1 sharing, every chunked layer recomputing, no prefetch
+    apart = shared + needs["min_units_arena_bytes"] - needs["min_arena_bytes"]
+    limit = shared + (apart - shared) // 2
+    assert apart - shared > 16 << 20 and limit > shared + (8 << 20), needs  # room on both sides
+    result = proof.run_in_cgroup(base + ["--offload-n", "auto"], limit, f"engine-test-{os.getpid()}-floor",
+                                 timeout=300)
+    assert result["returncode"] == 0 and not result.get("oom_kills"), result
+    assert "--offload-n auto at its floor runs N=1" in result["stdout"], result["stdout"]
+    assert result["cgroup_peak_bytes"] <= limit
