@@ -106,7 +106,7 @@ def test_auto_at_its_floor_trains_where_only_the_shared_region_fits(proof, tmp_p
     swap = tmp_path / "swap"
     swap.mkdir()
     base = [sys.executable, "-m", "cli", "train", "--model", "cnn", "--data", "synthetic", "--image-size", "224",
-            "--batch-size", "56", "--steps", "2", "--no-progress", "--threads", "1", "--offload-dir", str(swap)]
+            "--batch-size", "56", "--steps", "1", "--no-progress", "--threads", "1", "--offload-dir", str(swap)]
     summary = tmp_path / "needs.json"
     free = proof.run_in_cgroup(base + ["--offload-n", "auto", "--chunks", "recompute", "--prefetch", "0",
                                        "--summary-json", str(summary)], None, "unused", timeout=300)
