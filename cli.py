@@ -640,7 +640,7 @@ def _offload_session(options, net, opt, root: bool, world=None):
     if refusal is not None:
         fail(refusal)
     if resolved.from_limit:  # the budget is the machine's: say where it came from
-        click.echo(describe_needs(resolved.needs))
+        click.echo(describe_needs(resolved.needs, resolved.budget_bytes))
     needs = resolved.needs
     prefetch = depths[resolved.ring]
     if resolved.ring and root:

@@ -336,6 +336,7 @@ class ChunkedConvBN(Layer):
 
     @staticmethod
     def _dx_kind(need: Any, accumulate: Any) -> str:
+        """The input gradient: "none" (not asked for), "add" (into a pending one) or "new" (a tensor of its own)."""
         if need is not None and not need[0]:
             return "none"
         return "add" if accumulate and accumulate[0] else "new"
@@ -466,11 +467,10 @@ class ChunkedConvBN(Layer):
         z_shape, _ = self.shapes(x_shape)
         k = self.backend.kernels
         conv, bn = self.conv, self.bn
-        into = accumulate[0] if accumulate else None
-        dx = (into if into is not None else self.input_grad(x_shape)) if need_input_grads[0] else None
+        kind = self._dx_kind(need_input_grads, accumulate and [a is not None for a in accumulate])
+        adding = kind == "add"
+        dx = None if kind == "none" else (accumulate[0] if adding else self.input_grad(x_shape))
         dxa = None if dx is None else self._array(dx, "dx")
-        adding = dx is not None and into is not None
-        kind = self._dx_kind(need_input_grads, accumulate)
         scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", kind))
         s = self._carve(scratch, x_shape, "backward", kind)
         xa, da = self._array(x, "x"), self._array(dout, "dout")

@@ -142,11 +142,11 @@ class PlannedArena:
         self._live: list[_Slot] = []
         self._block: Any = None
         self._numpy_block = False
-        # Another owner of the block: ``host.shared_block(batch_size, nbytes)`` hands it out each iteration (an offload
-        # scheduler places its units in the bytes our tensors leave free: engine.offload.plan.place_around). None: ours.
+        # Another owner of the block: ``host.step_plan(batch_size, plan)`` then ``host.shared_block(nbytes)`` each
+        # iteration (an offload scheduler places its units in the bytes our tensors leave free:
+        # engine.offload.plan.place_around). None: the block is ours.
         self.host: Any = None
         self._hosted = False
-        self._batch = 0
         self.capacity = 0
         self.block_allocations = 0
         self.generation = 0
@@ -167,7 +167,6 @@ class PlannedArena:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan_for(int(batch_size), types)
-        self._batch = int(batch_size)
         if self.host is not None:  # its tensors may sit elsewhere in the host's region (placed with its own)
             plan = self.host.step_plan(int(batch_size), plan)
         if plan is not self.plan:
@@ -202,7 +201,7 @@ class PlannedArena:
         """Point the block at ``need`` bytes: the lender's block when it lends, else one of our own (allocated
         when it is too small, or when the types changed and it is larger than the plan needs)."""
         if self.host is not None:
-            self._block = self.host.shared_block(self._batch, need)
+            self._block = self.host.shared_block(need)
             self._numpy_block = isinstance(self._block, np.ndarray)
             self.capacity, self.borrowed, self._hosted = need, False, True
             return

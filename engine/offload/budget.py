@@ -515,8 +515,6 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
         # (measured under 510 MiB, ResNet-18 224: taking the floor while a window of its own still fit wrote every
         # unit with no budget to keep them, 2.10 s a step against 1.85-1.98)
         floor = True
-        if chunks != "auto" and chunked:
-            net.set_recomputed(chunked if chunks == "recompute" else [])
         needs, ring = search()
     if checks_enabled():
         if auto:
@@ -564,11 +562,13 @@ def offload_arena(net: Any, batch_size: int, n_text: str | None, budget_bytes: i
     return int(peaks["offload_arena_bytes"]), option
 
 
-def describe_needs(needs: RunNeeds) -> str:
-    """One line: the limit, the smallest limits without offload and with N=1, the window's budget."""
+def describe_needs(needs: RunNeeds, budget_bytes: int | None) -> str:
+    """One line: the limit, the smallest limits without offload and with N=1, and the window's budget
+    (``budget_bytes``, what ``resolve_budget`` gave the scheduler; None: ``auto`` at its floor, none)."""
+    budget = ("no window budget: N=1 at its floor" if budget_bytes is None
+              else f"offload window budget {_gib(max(budget_bytes, 0))}")
     return (f"memory limit {needs.limit.describe()}: needs {_gib(round_up_mib(needs.needed_no_offload))} without "
-            f"offload, {_gib(round_up_mib(needs.needed_min_offload))} with offload N=1; offload window budget "
-            f"{_gib(max(needs.arena_budget, 0))}")
+            f"offload, {_gib(round_up_mib(needs.needed_min_offload))} with offload N=1; {budget}")
 
 
 # -- engine memory: the smallest limit per plan --------------------------------------------------------

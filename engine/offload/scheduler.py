@@ -908,11 +908,9 @@ class OffloadScheduler:
             cached = self._step_plans[id(layout)] = (layout, own, placed)
         return cached[2]
 
-    def shared_block(self, batch_size: int, nbytes: int) -> Any:
-        """The step arena's block (``PlannedArena.host``): the first ``nbytes`` of our arena, planned and sized
-        for ``batch_size`` first (the arena must not move after the step arena took its block)."""
-        if self._batch_size != batch_size or self.max_window is None or self._arena is None:
-            self.prepare(batch_size)
+    def shared_block(self, nbytes: int) -> Any:
+        """The step arena's block (``PlannedArena.host``): the first ``nbytes`` of our arena, which ``step_plan``
+        prepared for this batch size just before (the arena must not move after the step arena took its block)."""
         self._ensure_arena(nbytes)
         return self._arena[:nbytes]
 

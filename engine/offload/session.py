@@ -197,7 +197,9 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     Without offload: ``net.memory_report``'s liveness plan. With offload: the same long-lived blocks,
     the largest moment of everything the scheduler does not place (the program's gradients, input and
     loss head buffers, and working memory), plus the offload arena, which holds every ACTIVATIONS and
-    FF_CACHE buffer a node makes.
+    FF_CACHE buffer a node makes; without ``budget_bytes`` only what that arena adds to the step's own (the
+    scheduler places the units in the bytes the step's tensors leave free: ``OffloadScheduler.sharing``),
+    ``offload_units_arena_bytes`` the units' own.
     """
     from engine.offload.plan import (
         NETWORK_INPUT,

@@ -7,21 +7,19 @@ no memory controller)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 LIMIT = 400 << 20  # above what the process holds before it plans (~150 MiB), far below what the step needs
 
 
 def proof_module():
-    spec = importlib.util.spec_from_file_location("cgroup_proof", os.path.join(ROOT, "benchmarks", "cgroup_proof.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cgroup_proof")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from engine.offload import OffloadError, OffloadScheduler
 from engine.offload.storage import DIR_PREFIX
 from engine.optim import SGD
 from models import build_model
+from tests.scripts import load_script
 
 MLP = dict(input_shape=(3, 8, 8), hidden=32, depth=8)
 RESNET = dict(image_size=8)
@@ -614,13 +615,6 @@ def test_units_share_one_region_with_the_step_arena_and_keep_their_bits_on_a_slo
 def test_shared_region_benchmark_reports_regions_within_their_bounds():
     """``benchmarks/shared_region.py`` (the figures in ``place_around``'s docstring): one region never more than the
     two arenas side by side, never less than the most both hold at one moment."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))), "benchmarks",
-                        "shared_region.py")
-    spec = importlib.util.spec_from_file_location("shared_region", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for row in module.rows(["resnet18", "mobilenetv2"], [2], [1, 2], "recompute", 16):
+    for row in load_script("shared_region").rows(["resnet18", "mobilenetv2"], [2], [1, 2], "recompute", 16):
         assert row["lower_bound_bytes"] <= row["region_bytes"] <= row["apart_bytes"], row
         assert row["extra_bytes"] == max(0, row["region_bytes"] - row["step_arena_bytes"]), row

@@ -18,6 +18,7 @@ import pytest
 
 from kernels.cpu import conv
 from kernels.reference import conv as ref
+from tests.scripts import load_script
 
 GEMM_LEVEL = 2.5
 
@@ -203,14 +204,7 @@ def test_use_paths_is_what_the_table_runs():
 
 
 def _benchmark():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "conv_precision.py"
-    spec = importlib.util.spec_from_file_location("conv_precision", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("conv_precision")
 
 
 def test_the_benchmark_mixes_route_as_named():
@@ -292,14 +286,7 @@ def test_the_twin_max_pool_takes_the_engines_winners():
 
 
 def _points_benchmark():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "winograd_points.py"
-    spec = importlib.util.spec_from_file_location("winograd_points", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("winograd_points")
 
 
 @pytest.mark.parametrize("tile", [2, 3, 4])
