@@ -47,11 +47,15 @@ def _overlap(a: Sequence[Span], b: Sequence[Span]) -> bool:
     return any(x0 <= y1 and y0 <= x1 for x0, x1 in a for y0, y1 in b)
 
 
-def first_fit(sizes: Sequence[int], spans: Sequence[Sequence[Span]], order: Sequence[int]) -> list[int]:
+def first_fit(sizes: Sequence[int], spans: Sequence[Sequence[Span]], order: Sequence[int],
+              granules: Sequence[int] | None = None, fixed: Sequence[tuple[int, int, int, int]] = ()) -> list[int]:
     """Place items in ``order`` at the lowest offset free of every placed item whose spans overlap theirs.
 
     Returns one offset per item (in the items' order, not ``order``). Sizes are used as given: align
-    them first if the arena needs aligned offsets.
+    them first if the arena needs aligned offsets. ``granules``: per item, the unit its offset and the extent it
+    keeps clear of others are whole multiples of (the offload plan's units take whole pages among 64-byte
+    tensors: ``engine.offload.plan.place_around``); ``fixed``: (start, end, first, last) bytes and moments already
+    taken.
     """
     if sorted(order) != list(range(len(sizes))) or len(spans) != len(sizes):
         raise ValueError("first_fit: order must be a permutation of the items, with one span list per size")
@@ -64,13 +68,16 @@ def first_fit(sizes: Sequence[int], spans: Sequence[Sequence[Span]], order: Sequ
     for item in order:
         size = int(sizes[item])
         lo, hi = hulls[item]
-        busy = sorted(
-            (offsets[other], offsets[other] + int(sizes[other]))  # type: ignore[operator]
-            for other in placed
-            if hulls[other][0] <= hi and lo <= hulls[other][1] and _overlap(spans[item], spans[other])
-        )
+        granule = int(granules[item]) if granules is not None else 1
+        taken = [(start, end) for start, end, first, last in fixed
+                 if first <= hi and lo <= last and _overlap(spans[item], [(first, last)])]
+        taken += [(offsets[other], offsets[other] + int(sizes[other]))  # type: ignore[operator]
+                  for other in placed
+                  if hulls[other][0] <= hi and lo <= hulls[other][1] and _overlap(spans[item], spans[other])]
+        if granule > 1:
+            taken = [(start // granule * granule, align(end, granule)) for start, end in taken]
         offset = 0
-        for start, end in busy:
+        for start, end in sorted(taken):
             if offset + size <= start:
                 break
             offset = max(offset, end)

@@ -545,31 +545,6 @@ class SharedLayout:
         return max(0, self.region_bytes - self.own_step_bytes)
 
 
-def _first_fit_pages(sizes: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]], pages: Sequence[bool],
-                     order: Sequence[int], fixed: Sequence[tuple[int, int, int, int]] = ()) -> list[int]:
-    """First fit in ``order`` (``engine.memory.planner.first_fit``) where the items marked ``pages`` (units) take
-    page-aligned offsets and keep whole pages apart from the others; ``fixed``: (lo, hi, first, last) already placed."""
-    offsets: list[int | None] = [None] * len(sizes)
-    placed: list[int] = []
-    for item in order:
-        size, page = int(sizes[item]), pages[item]
-
-        def out(lo: int, hi: int, page: bool = page) -> tuple[int, int]:
-            return ((lo // PAGE) * PAGE, align(hi, PAGE)) if page else (lo, hi)
-
-        busy = [out(lo, hi) for lo, hi, first, last in fixed if any(first <= e and s <= last for s, e in spans[item])]
-        busy += [out(offsets[o], offsets[o] + int(sizes[o])) for o in placed  # type: ignore[operator]
-                 if any(a <= d and c <= b for a, b in spans[item] for c, d in spans[o])]
-        offset = 0
-        for lo, hi in sorted(busy):
-            if offset + size <= lo:
-                break
-            offset = max(offset, align(hi, PAGE) if page else hi)
-        offsets[item] = offset
-        placed.append(item)
-    return [int(o) for o in offsets]  # type: ignore[arg-type]
-
-
 def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: int) -> SharedLayout:
     """``plan``'s units placed in one region with the step arena's ``tensors`` (``SharedLayout``).
 
@@ -590,12 +565,12 @@ def place_around(plan: OffloadPlan, tensors: Sequence[StepTensor], step_bytes: i
     unit_spans = [[(o.start, o.end) for o in u.occupations] for u in units]
     # around: the step tensors where the step arena put them, the units in what they leave
     fixed = [(t.offset, t.offset + t.nbytes, t.first, t.last) for t in tensors]
-    around = _first_fit_pages([u.nbytes for u in units], unit_spans, [True] * len(units), range(len(units)), fixed)
+    around = first_fit([u.nbytes for u in units], unit_spans, range(len(units)), [PAGE] * len(units), fixed)
     # together: both placed at once, TFLite's order over all of them (MobileNetV2's step arena and its units overlap
     # little as the step arena lays itself out alone)
     sizes = [t.nbytes for t in tensors] + [u.nbytes for u in units]
     spans = [[(t.first, t.last)] for t in tensors] + unit_spans
-    together = _first_fit_pages(sizes, spans, [False] * len(tensors) + [True] * len(units), greedy_order(sizes, spans))
+    together = first_fit(sizes, spans, greedy_order(sizes, spans), [1] * len(tensors) + [PAGE] * len(units))
     n = len(tensors)
     step_end = max((o + t.nbytes for o, t in zip(together[:n], tensors)), default=0)
     candidates = [  # (region without the rebuilds' tail, step tensors' offsets or None, their bytes, units' offsets)
