@@ -16,6 +16,7 @@ from engine.offload import OffloadConfig, OffloadSession
 from engine.optim import make_optimizer
 from engine.program import Op
 from engine.train import Trainer
+from tests.scripts import load_script
 
 SIZE = 56  # the smallest plane that is chunked (CHUNK_MIN_PIXELS)
 
@@ -551,3 +552,15 @@ def test_a_chain_without_an_activation_keeps_its_output_not_a_copy():
     assert not layers["c1+b1"].keeps_output and "y" not in saved("c1+b1", (4, 8, SIZE, SIZE))
     net.set_recomputed([])
     net.close()
+
+
+def test_two_chained_chains_run_as_one_give_their_bits_and_hold_less():
+    """benchmarks/pair_study.py (issue 30, studied before building): MobileNetV2's three pairs of chunked chains run
+    chunk by chunk as one give the separate chains' bits (every gradient, the running statistics; 21 images: chunks
+    of 8, 8 and 5, so that the weight gradients' order of three sums shows), both near PyTorch float64, and hold
+    less at their worst moment."""
+    study = load_script("pair_study")
+    assert study.check(verbose=False) == []
+    for spec in study.CASES.values():
+        case = study.make_case(spec, 21, 12)
+        assert study.pair(*case)["peak"] < study.separate(*case)["peak"]
