@@ -1,6 +1,6 @@
 """The README's headline table: the engine's training step and peak RSS against PyTorch's, at 32×32 and 224×224.
 
-    python benchmarks/headline.py                 # prints the Markdown table (about 6 minutes on two cores)
+    python benchmarks/headline.py                 # prints the Markdown table (about 8 minutes on two cores)
     python benchmarks/regenerate_docs.py --match headline   # the same, written into README.md with the date
 
 Each row is one ``benchmarks/bench_train.py`` command (printed in the row): ResNet-18 and MobileNetV2,
@@ -9,7 +9,9 @@ batch 32, SGD with momentum, synthetic images; at 32×32 the CIFAR variants agai
 a fresh process; a cell is the median over the runs (step: of each run's mean step after the warm-up
 steps; peak RSS: of each process's high-water mark; both sides make their synthetic batches one at a
 time, so neither holds the whole data set). Run it on a quiet machine: the step times are the
-machine's, the ratios mean something only when both sides saw the same load.
+machine's, the ratios mean something only when both sides saw the same load. Four runs per row, not two: on
+2026-11-28, with the probe of a calm machine (a 2-thread 1024² sgemm in 11.2–11.5 ms), two runs gave ResNet-18 at
+32×32 0.73× where four runs of the same row in the next minutes gave 0.69× (and 0.66× in a slower sitting).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def format_row(model: str, image_size: int, results: list[dict], command: list[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=2, help="alternating runs per framework and row")
+    parser.add_argument("--runs", type=int, default=4, help="alternating runs per framework and row")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rows", default="all", help="'all', or e.g. resnet18:32,mobilenetv2:224")
