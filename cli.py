@@ -245,11 +245,13 @@ def _load_data(spec: str, num_classes: int | None, seed: int, image_size: int | 
         fail(str(exc))
 
 
-def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled", variant: str | None = None):
+def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "enabled", variant: str | None = None,
+                   chunkable: bool | str = True):
     from models import build_network
 
     try:
-        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode, variant=variant)
+        return build_network(model, data, backend, seed=seed, workspace_mode=workspace_mode, variant=variant,
+                             chunkable=chunkable)
     except ValueError as exc:
         fail(str(exc))
 
@@ -332,11 +334,13 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="GPU runs: swap to pinned host memory while the swapped bytes fit this many (e.g. 8GB; 'auto': "
                    "half of what the run may use of the host's RAM; 0: always the swap file on disk).")
 @click.option("--chunks", "chunks", default="auto", show_default=True,
-              type=click.Choice(["auto", "keep", "recompute"]),
+              type=click.Choice(["auto", "keep", "recompute", "pairs"]),
               help="The conv + batch norm chains on 112- and 56-pixel planes run 8 images at a time: 'keep' their "
                    "batch norm's output for backward, 'recompute' their chunks in backward instead (less memory, "
                    "at most two more conv passes each in backward), 'auto': recompute the fewest, largest first, "
-                   "that let the run fit its memory limit. The same weights either way.")
+                   "that let the run fit its memory limit; 'pairs': recompute, and two chains where the second "
+                   "is the only reader of the first run as one, so the tensor between them is never whole (the "
+                   "least memory; three passes over both). The same weights every way.")
 # --- end of offload options ---
 # --- data parallel options (issue 12) ---
 @click.option("--workers", type=int, default=None,
@@ -401,7 +405,8 @@ def train(**params) -> None:
     if options.batch_size * K > len(data.y_train):
         fail(f"--batch-size must be between 1 and the training split's size ({len(data.y_train)})"
              + (f" divided by {K} workers" if K > 1 else "") + f", got {options.batch_size}")
-    net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant)
+    net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant,
+                         chunkable="pairs" if options.offload.chunks == "pairs" else True)
     total_steps = options.total_steps(len(data.y_train), K)
     run = options.run_record(data.num_classes, net.variant, net.graph.input_shape[-1])
     hyper = options.hyper(total_steps)
@@ -794,9 +799,13 @@ def evaluate_command(
 @click.option("--update-after-backward", is_flag=True,  # issue 13: as engine train
               help="Plan every layer's gradients kept to the end of backward (engine train's default keeps one "
                    "layer's: the update runs in backward).")
+@click.option("--pairs", is_flag=True,
+              help="Plan the network engine train --chunks pairs runs: two chunked chains where the second is the "
+                   "only reader of the first as one node (recomputing).")
 def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_json: bool,
            offload_n: int | str | None = None, measure: bool = False, show_program: bool = False,
-           variant: str | None = None, update_after_backward: bool = False, offload_budget: str | None = None) -> None:
+           variant: str | None = None, update_after_backward: bool = False, offload_budget: str | None = None,
+           pairs: bool = False) -> None:
     """Per-layer memory of one training step (parameters, kept for backward, working memory) and the planned peak.
 
     Computed from the step program (shapes and buffer lifespans); nothing is run.
@@ -816,7 +825,8 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
     batch_size = sizes[0]
     options = {"input_shape": (3, image_size, image_size)} if model == "mlp" else {"image_size": image_size}
     try:
-        net = build_model(model, num_classes, get_backend("cpu"), variant=variant, **options)
+        net = build_model(model, num_classes, get_backend("cpu"), variant=variant,
+                          chunkable="pairs" if pairs else True, **options)
     except ValueError as exc:
         fail(str(exc))
     if show_program:  # step program: the table every memory figure below is computed from

@@ -29,8 +29,9 @@ Memory at the pair's worst moment (its backward), counted from the buffers each 
 the intermediate and its gradient whole plus a chain's chunk buffers; the pair holds two chunks of the intermediate,
 one of the second chain's output, and the conv workspaces.
 
-This is a study (llm.c's dev/ style): the production layer would be a ``ChunkedConvBN`` of two stages with the step
-program, the offload plan and ``--chunks auto`` reading it. Not built yet; docs/offload.md says what was measured.
+This is the study (llm.c's dev/ style) the production layer follows call for call:
+``engine.layers.chunked.ChunkedPair``, ``engine train --chunks pairs``; docs/offload.md ("Two chained chains as
+one") has what was measured.
 """
 
 from __future__ import annotations

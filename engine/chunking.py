@@ -12,7 +12,7 @@ import numpy as np
 from engine.graph import INPUT_NAME, Graph, Node
 from engine.layers.activation import ReLU, ReLU6
 from engine.layers.batchnorm import BatchNorm2d
-from engine.layers.chunked import CHUNK_MIN_PIXELS, ChunkedConvBN
+from engine.layers.chunked import CHUNK_MIN_PIXELS, ChunkedConvBN, ChunkedPair
 from engine.layers.conv import Conv2d
 from engine.layers.pool import MaxPool2d
 
@@ -47,26 +47,64 @@ def chunkable_chains(graph: Graph) -> list[list[Node]]:
     return chains
 
 
-def fuse_chunkable(graph: Graph) -> Graph:
+def chained_pairs(graph: Graph, chains: list[list[Node]]) -> list[tuple[list[Node], list[Node]]]:
+    """Pairs of ``chains`` without a pool where the second is the only reader of the first (``ChunkedPair``),
+    the largest tensor between them first, none in two pairs. Largest first, not left to right: MobileNetV2 at
+    224 would otherwise pair features.1's projection with features.2's expansion and leave the 147 MiB tensor
+    between the expansion and its depthwise conv (batch 32) whole."""
+    shapes = graph.shapes(1)
+    head = {chain[0].index: chain for chain in chains}
+    candidates = []
+    for chain in chains:
+        last = chain[-1]
+        if len(chain) == 4 or len(last.consumers) != 1:  # a pool, or a second reader
+            continue
+        second = head.get(last.consumers[0])
+        if second is not None and len(second) < 4:
+            candidates.append((int(np.prod(shapes[last.index])), chain, second))
+    taken: set[int] = set()
+    pairs = []
+    for _, chain, second in sorted(candidates, key=lambda c: -c[0]):
+        if chain[0].index in taken or second[0].index in taken:
+            continue
+        taken |= {chain[0].index, second[0].index}
+        pairs.append((chain, second))
+    return sorted(pairs, key=lambda pair: pair[0][0].index)
+
+
+def fuse_chunkable(graph: Graph, pairs: bool = False) -> Graph:
     """``graph`` with each of its ``chunkable_chains`` one ``ChunkedConvBN`` node named by its layers
-    ("conv1+bn1+relu+maxpool"); the same graph when it has none. The layers are shared, not copied."""
+    ("conv1+bn1+relu+maxpool"); with ``pairs``, each of its ``chained_pairs`` one ``ChunkedPair`` node named by
+    both chains' layers. The same graph when it has no chain. The layers are shared, not copied."""
     chains = chunkable_chains(graph)
     if not chains:
         return graph
+    paired = chained_pairs(graph, chains) if pairs else []
+    second_of = {first[0].index: second for first, second in paired}
     head = {chain[0].index: chain for chain in chains}
     member = {node.index: chain for chain in chains for node in chain}
+    for first, second in paired:  # a pair's nodes are one node: its name and its output the second chain's
+        for node in (*first, *second):
+            member[node.index] = first + second
     name_of = {-1: INPUT_NAME}
     for node in graph.nodes:
         chain = member.get(node.index)
         name_of[node.index] = "+".join(n.name for n in chain) if chain else node.name
+
+    def chunked(chain: list[Node]) -> ChunkedConvBN:
+        conv, bn, *rest = (n.layer for n in chain)
+        layer = ChunkedConvBN(conv, bn, rest[0] if rest else None, rest[1] if len(rest) > 1 else None)
+        layer.name = "+".join(n.name for n in chain)  # a pair's stages keep their chains' names
+        return layer
+
     declarations = []
     for node in graph.nodes:
         inputs = [name_of[i] for i in node.inputs]
-        if node.index in head:
-            conv, bn, *rest = (n.layer for n in head[node.index])
-            act = rest[0] if rest else None
-            pool = rest[1] if len(rest) > 1 else None
-            declarations.append((name_of[node.index], ChunkedConvBN(conv, bn, act, pool), inputs))
+        if node.index in second_of:
+            layer = ChunkedPair(chunked(head[node.index]), chunked(second_of[node.index]))
+            declarations.append((name_of[node.index], layer, inputs))
+        elif node.index in head and len(member[node.index]) == len(head[node.index]):
+            declarations.append((name_of[node.index], chunked(head[node.index]), inputs))
         elif node.index not in member:
             declarations.append((node.name, node.layer, inputs))
     return Graph(declarations, graph.input_shape)

@@ -61,7 +61,7 @@ import numpy as np
 from engine.backend import ComputeBackend
 from engine.chunking import fuse_chunkable
 from engine.graph import Graph, Node
-from engine.layers.chunked import ChunkedConvBN
+from engine.layers.chunked import ChunkedConvBN, ChunkedPair
 from engine.layers.dropout import Dropout
 from engine.layers.loss import SoftmaxCrossEntropy
 from engine.memory import ArrayType, ContiguousBlock, WorkspaceManager
@@ -182,15 +182,19 @@ class Network:
         seed: int = 0,
         name: str = "network",
         workspace_mode: str = "enabled",
-        chunkable: bool = True,
+        chunkable: bool | str = True,
     ) -> None:
         """``workspace_mode`` "enabled" uses workspaces; "none" gives every tensor its own allocation.
         ``chunkable``: the graph's conv → batch norm → activation → max-pool chains on large planes run as one
-        layer over chunks of images (``engine.layers.chunked``), where the backend has its kernels."""
+        layer over chunks of images (``engine.layers.chunked``), where the backend has its kernels; "pairs":
+        and two such chains where the second is the only reader of the first as one ``ChunkedPair``
+        (``--chunks pairs``)."""
         if workspace_mode not in ("enabled", "none"):
             raise ValueError(f"workspace_mode must be 'enabled' or 'none', got {workspace_mode!r}")
+        if chunkable not in (True, False, "pairs"):
+            raise ValueError(f"chunkable must be True, False or 'pairs', got {chunkable!r}")
         if chunkable and "batchnorm_chunk_apply" in backend.kernels:
-            graph = fuse_chunkable(graph)
+            graph = fuse_chunkable(graph, pairs=chunkable == "pairs")
         self.graph = graph
         self.backend = backend
         self.name = name
@@ -312,8 +316,8 @@ class Network:
 
     @property
     def chunked(self) -> list[Node]:
-        """The nodes that run their batch in chunks (``ChunkedConvBN``), in graph order."""
-        return [node for node in self.graph.nodes if isinstance(node.layer, ChunkedConvBN)]
+        """The nodes that run their batch in chunks (``ChunkedConvBN``, ``ChunkedPair``), in graph order."""
+        return [node for node in self.graph.nodes if isinstance(node.layer, (ChunkedConvBN, ChunkedPair))]
 
     def set_recomputed(self, names: Iterable[str]) -> None:
         """Chunked nodes of ``names`` recompute their chunks in backward; the others keep their batch norm's
@@ -324,8 +328,8 @@ class Network:
         unknown = names - {node.name for node in self.chunked}
         if unknown:
             raise ValueError(f"{self.name}: no chunked layer named {', '.join(sorted(unknown))}")
-        for node in self.chunked:
-            node.layer.mode = "recompute" if node.name in names else "keep"
+        for node in self.chunked:  # a pair always recomputes (it has no keep mode)
+            node.layer.mode = "recompute" if node.name in names or isinstance(node.layer, ChunkedPair) else "keep"
         self._programs.clear()
         if self.arena is not None:
             self.arena.forget_plans()
@@ -599,9 +603,8 @@ class Network:
             for spec in layer.buffer_specs():
                 key = node.layer.tensor_key(node.name, spec.name)
                 state[key] = np.array(self.backend.to_host(self.buffers.views[key]), dtype=np.float32)
-            if hasattr(layer, "num_batches_tracked"):
-                key = layer.tensor_key(node.name, "num_batches_tracked")
-                state[key] = np.array(layer.num_batches_tracked, dtype=np.int64)
+            for key, counter in _counters(node).items():
+                state[key] = np.array(counter.num_batches_tracked, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> LoadResult:
@@ -618,8 +621,7 @@ class Network:
             for spec in layer.buffer_specs():
                 key = node.layer.tensor_key(node.name, spec.name)
                 targets[key] = self.buffers.views[key]
-            if hasattr(layer, "num_batches_tracked"):
-                counters[node.layer.tensor_key(node.name, "num_batches_tracked")] = layer
+            counters.update(_counters(node))
         missing = [k for k in targets if k not in state]
         unexpected = [k for k in state if k not in targets and k not in counters]
         mismatched = []
@@ -806,6 +808,17 @@ class _Spec(NamedTuple):
     first: int
     last: int
     late: bool = False  # placed after the others (engine.memory.planner.greedy_order)
+
+
+def _counters(node: Node) -> dict[str, Any]:
+    """A node's num_batches_tracked names (torchvision's) and the layers that count them: a batch norm (or a
+    chunked chain) counts its own; a ``ChunkedPair`` has two batch norms (``counters``)."""
+    layer = node.layer
+    if hasattr(layer, "counters"):
+        return layer.counters()
+    if hasattr(layer, "num_batches_tracked"):
+        return {layer.tensor_key(node.name, "num_batches_tracked"): layer}
+    return {}
 
 
 def _host_array(value: Any) -> np.ndarray:

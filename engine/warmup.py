@@ -99,6 +99,8 @@ LAYER_OPS: dict[str, tuple[str, ...]] = {
     # its conv, activation and pool are listed as theirs (model_jobs walks a layer's parts)
     "ChunkedConvBN": ("batchnorm_chunk_statistics", "batchnorm_chunk_finish", "batchnorm_chunk_apply",
                       "batchnorm_chunk_gradient_sums", "batchnorm_chunk_dx", "batchnorm_forward_infer"),
+    "ChunkedPair": ("batchnorm_chunk_statistics", "batchnorm_chunk_finish", "batchnorm_chunk_apply",
+                    "batchnorm_chunk_gradient_sums", "batchnorm_chunk_dx", "batchnorm_forward_infer"),
 }
 """Table ops each layer type calls (conv is listed per shape by ``conv_jobs``). A layer type not
 listed here makes ``model_jobs`` warm every non-conv op: slower, never wrong."""
@@ -168,8 +170,11 @@ def model_jobs(graph: Any, optimizer: str = "sgd") -> list[Job]:
         if kind == "Conv2d":
             k, r = layer.out_channels, layer.kernel_size
             w_shape = (k, layer.in_channels // layer.groups, r, r)
-            convs.append((shapes[node.inputs[0]], w_shape, layer.stride, layer.padding, layer.groups, layer.has_bias,
-                          node.inputs[0] != GRAPH_INPUT))
+            x_shape, on_input = shapes[node.inputs[0]], node.inputs[0] == GRAPH_INPUT
+            if layer is not node.layer and hasattr(node.layer, "part_input_shape"):  # a ChunkedPair's second conv
+                on_input = on_input and layer in node.layer.stages[0].parts
+                x_shape = node.layer.part_input_shape(layer, x_shape)
+            convs.append((x_shape, w_shape, layer.stride, layer.padding, layer.groups, layer.has_bias, not on_input))
         elif kind in LAYER_OPS:
             ops += LAYER_OPS[kind]
         else:

@@ -534,3 +534,316 @@ class ChunkedConvBN(Layer):
                 if dbias is not None:
                     np.add(dbias, partial_b, out=dbias)
         return [dx]
+
+
+class ChunkedPair(Layer):
+    """Two chunked chains, the second the only reader of the first, run chunk by chunk as one node
+    (``--chunks pairs``): the tensor between them and its gradient are never whole.
+
+    Why: at 224 the tensor between two chunked chains is the step's largest and exists twice in backward (the
+    second chain keeps it for its weight gradient, and makes its gradient whole before the first chain's backward
+    starts). MobileNetV2's 112-pixel expansion: 147 MiB at batch 32, 588 MiB at 128, each. Here each pass
+    recomputes the first chain's chunk from the pair's input (``benchmarks/pair_study.py``, which this layer
+    follows call for call): MobileNetV2's features.2 pair holds 368.7 → 172.7 MiB at its worst moment at batch 32
+    (1,434 → 430 MiB at 128), for ~70 ms more than the separate chains with their intermediate rebuilt (docs/offload.md,
+    "Two chained chains as one").
+
+    * forward: pass A the first conv per chunk, its statistics carried; pass B the first conv again, normalized
+      and activated in the scratch, the second conv into the output, its statistics carried; pass C (last chunk
+      first) the output normalized and activated in place;
+    * backward, three passes over the rebuilt chunks (both chains' y from the input, with the saved scales and
+      shifts): (1) the second batch norm's (Σdy, Σdy·x̂); (2) the second chain's dx, its conv's backward-data
+      and the first batch norm's sums; (3) last chunk first, both chains' dx, the first conv's backward-data
+      into dx and both weight gradients.
+
+    The same bits as the two chains in either mode: every kernel runs on the same chunks of the same values, the
+    carried sums in image order and the weight gradients last chunk first (``tests/engine/test_chunked.py``).
+    Recompute only: it keeps nothing of the intermediate, so a keep mode would be the separate chains."""
+
+    keeps_input = True
+    input_gradients = InputGradients.NEW
+    accumulates_input_gradients = True
+    qualified_names = True
+    keeps_output = False
+
+    def __init__(self, first: ChunkedConvBN, second: ChunkedConvBN) -> None:
+        super().__init__()
+        if first.pool is not None or second.pool is not None:
+            raise ValueError("a pair of chunked chains has no pool")
+        self.stages = (first, second)
+        self.parts = [*first.parts, *second.parts]
+        first.mode = second.mode = "recompute"
+        self.wide: dict[int, frozenset[str]] = {}  # never widened (``widenable``); Network clears it
+
+    @property
+    def mode(self) -> str:
+        return "recompute"
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        if mode != "recompute":
+            raise ValueError(f"{self.describe()}: a pair of chunked chains recomputes its chunks; it has no "
+                             f"{mode!r} mode (leave out --chunks pairs to keep)")
+
+    def widenable(self) -> tuple[str, ...]:
+        return ()
+
+    def output_rebuilt_from(self, x_shape: Shape) -> str | None:
+        return None  # the offload plan swaps (or keeps) the pair's output
+
+    def part_input_shape(self, part: Layer, x_shape: Shape) -> Shape:
+        """The input shape ``part`` (a conv of either stage) sees on an input of ``x_shape`` (the warm-up's jobs)."""
+        return tuple(x_shape) if part in self.stages[0].parts else self.stages[0].shapes(tuple(x_shape))[1]
+
+    # ---- declarations ------------------------------------------------------------------------------
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        return [s for stage in self.stages for s in stage.parameter_specs()]
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        return [s for stage in self.stages for s in stage.buffer_specs()]
+
+    def init_parameters(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        values: dict[str, np.ndarray] = {}
+        for stage in self.stages:  # in graph order: the separate chains' draws
+            values.update(stage.init_parameters(rng))
+        return values
+
+    def counters(self) -> dict[str, Any]:
+        """torchvision's num_batches_tracked names and the batch norms that count them (``Network.state_dict``)."""
+        return {f"{stage.bn.name}.num_batches_tracked": stage.bn for stage in self.stages}
+
+    def tensor_key(self, node_name: str, name: str) -> str:
+        return name
+
+    def shapes(self, x_shape: Shape) -> tuple[Shape, Shape]:
+        """(the first chain's output shape, the pair's output shape)."""
+        mid = self.stages[0].shapes(tuple(x_shape))[1]
+        return mid, self.stages[1].shapes(mid)[1]
+
+    def output_shape(self, input_shapes: list[Shape]) -> Shape:
+        self.check_num_inputs(input_shapes)
+        return self.shapes(input_shapes[0])[1]
+
+    def saved_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        mid, out = self.shapes(tuple(input_shapes[0]))
+        return [SavedSpec("scale_shift1", (mid[1], 2), np.float64), SavedSpec("save_invstd1", (mid[1],)),
+                SavedSpec("scale_shift2", (out[1], 2), np.float64), SavedSpec("save_invstd2", (out[1],))]
+
+    def _workspace(self, x_shape: Shape, directions: tuple[tuple[int, str], ...]) -> int:
+        mid = self.shapes(x_shape)[0]
+        inputs = (x_shape, mid)
+        return max(self.stages[i]._conv_workspace(inputs[i], d) for i, d in directions)
+
+    def _partial(self, stage: ChunkedConvBN, z_channels: int) -> int:
+        return int(np.prod(stage.conv.weight_shape)) + (z_channels if stage.conv.has_bias else 0)
+
+    def _scratch_layout(self, x_shape: Shape, phase: str, dx: str = "new") -> list[tuple[str, Shape, Any]]:
+        """Views of the scratch, float64 first: "forward" (training), "infer", "backward" (``dx`` as
+        ``ChunkedConvBN._scratch_layout``'s)."""
+        n = x_shape[0]
+        mid, out = self.shapes(x_shape)
+        chunk = (min(n, CHUNK_IMAGES), *mid[1:])
+        if phase in ("forward", "infer"):
+            layout: list[tuple[str, Shape, Any]] = []
+            if phase == "forward":
+                layout += [("sums1", (mid[1], 3), np.float64), ("sums2", (out[1], 3), np.float64)]
+            return layout + [("conv", (self._workspace(x_shape, ((0, "forward"), (1, "forward"))),), np.float32),
+                             ("z1", chunk, np.float32)]
+        directions = ((0, "forward"), (1, "forward"), (1, "backward_data"), (1, "backward_weight"),
+                      (0, "backward_weight")) + (((0, "backward_data"),) if dx != "none" else ())
+        first, second = self.stages
+        layout = [("g1", (mid[1], 2), np.float64), ("g2", (out[1], 2), np.float64),
+                  ("conv", (self._workspace(x_shape, directions),), np.float32),
+                  ("partial1", (self._partial(first, mid[1]),), np.float32),
+                  ("partial2", (self._partial(second, out[1]),), np.float32),
+                  ("y1", chunk, np.float32), ("a1", chunk, np.float32),
+                  ("y2", (min(n, CHUNK_IMAGES), *out[1:]), np.float32)]
+        if dx == "add":
+            layout.append(("dx", (min(n, CHUNK_IMAGES), *x_shape[1:]), np.float32))
+        return layout
+
+    def _scratch_elements(self, x_shape: Shape, phase: str, dx: str = "new") -> int:
+        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase, dx))
+
+    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str, dx: str = "new") -> dict[str, np.ndarray]:
+        carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
+        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase, dx)}
+
+    def forward_scratch(self, input_shapes: list[Shape]) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "forward")
+
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
+
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None,
+                         accumulate: tuple[bool, ...] | None = None) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "backward", ChunkedConvBN._dx_kind(need, accumulate))
+
+    # ---- wiring ------------------------------------------------------------------------------------
+
+    params = property(lambda self: self._params,
+                      lambda self, v: (setattr(self, "_params", v), self._share("params", v)))
+    grads = property(lambda self: self._grads,
+                     lambda self, v: (setattr(self, "_grads", v), self._share("grads", v)))
+    buffers = property(lambda self: self._buffers,
+                       lambda self, v: (setattr(self, "_buffers", v), self._share("buffers", v)))
+
+    def _share(self, kind: str, tensors: dict[str, Any]) -> None:
+        for stage in getattr(self, "stages", ()):  # each stage hands its parts their own (by qualified name)
+            setattr(stage, kind, tensors)
+
+    def bind(self, backend: Any, mgr: Any, params: dict[str, Any], grads: dict[str, Any],
+             buffers: dict[str, Any]) -> None:
+        for stage in self.stages:
+            stage.bind(backend, mgr, params, grads, buffers)
+        super().bind(backend, mgr, params, grads, buffers)
+
+    def use_manager(self, mgr: Any) -> None:
+        super().use_manager(mgr)
+        for stage in self.stages:
+            stage.use_manager(mgr)
+
+    # ---- compute -----------------------------------------------------------------------------------
+
+    def _array(self, tensor: Tensor | np.ndarray, argument: str) -> np.ndarray:
+        return checked_array(tensor, self.describe(), argument)
+
+    def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
+        first, second = self.stages
+        k = self.backend.kernels
+        x = inputs[0]
+        x_shape = tuple(x.shape)
+        mid, out_shape = self.shapes(x_shape)
+        out = self.output(out_shape)
+        xa, oa = self._array(x, "x"), self._array(out, "out")
+        N = x_shape[0]
+        if not training:  # each chunk through both chains, as the separate chains' inference does
+            scratch = self.mgr.create(ArrayType.FF_WORKING_MEM, (self._scratch_elements(x_shape, "infer"),))
+            s = self._carve(scratch, x_shape, "infer")
+            for a, b in _chunks(N):
+                z1, z2 = s["z1"][:b - a], oa[a:b]
+                for stage, source, z in ((first, xa[a:b], z1), (second, z1, z2)):
+                    bn = stage.bn
+                    stage._conv_forward(source, z, s["conv"])
+                    k.batchnorm_forward_infer(z, bn.params["weight"], bn.params["bias"], bn.buffers["running_mean"],
+                                              bn.buffers["running_var"], z, bn.eps)
+                    if stage.activation is not None:
+                        getattr(k, f"{stage.activation}_forward")(z, z)
+            return out
+        kept = {name: self.keep(name, (shape[1], 2), np.float64) if name.startswith("scale")
+                else self.keep(name, (shape[1],))
+                for name, shape in (("scale_shift1", mid), ("save_invstd1", mid), ("scale_shift2", out_shape),
+                                    ("save_invstd2", out_shape))}
+        ss1, ss2 = self._array(kept["scale_shift1"], "scale_shift1"), self._array(kept["scale_shift2"], "scale_shift2")
+        scratch = self.scratch(ArrayType.FF_WORKING_MEM, self._scratch_elements(x_shape, "forward"))
+        s = self._carve(scratch, x_shape, "forward")
+
+        def finish(stage: ChunkedConvBN, sums: np.ndarray, shape: Shape, ss: np.ndarray, invstd: str) -> None:
+            bn = stage.bn
+            k.batchnorm_chunk_finish(sums, N * shape[2] * shape[3], bn.params["weight"], bn.params["bias"],
+                                     bn.buffers["running_mean"], bn.buffers["running_var"], ss,
+                                     self._array(kept[invstd], invstd), bn.momentum, bn.eps)
+            bn.num_batches_tracked += 1
+
+        for a, b in _chunks(N):  # pass A: the first batch norm's statistics
+            z1 = s["z1"][:b - a]
+            first._conv_forward(xa[a:b], z1, s["conv"])
+            k.batchnorm_chunk_statistics(z1, s["sums1"], a == 0)
+        finish(first, s["sums1"], mid, ss1, "save_invstd1")
+        for a, b in _chunks(N):  # pass B: the first chain's chunk, the second conv into the output, its statistics
+            z1 = s["z1"][:b - a]
+            first._conv_forward(xa[a:b], z1, s["conv"])
+            k.batchnorm_chunk_apply(z1, ss1, first.activation, None, z1)
+            second._conv_forward(z1, oa[a:b], s["conv"])
+            k.batchnorm_chunk_statistics(oa[a:b], s["sums2"], a == 0)
+        finish(second, s["sums2"], out_shape, ss2, "save_invstd2")
+        for a, b in reversed(list(_chunks(N))):  # pass C: normalized and activated in place
+            k.batchnorm_chunk_apply(oa[a:b], ss2, second.activation, None, oa[a:b])
+        self.saved = {"x": x, **kept}
+        return out
+
+    def backward(self, dout: Tensor, need_input_grads: list[bool], reuse_dout: bool = False,
+                 accumulate: list[Tensor | None] | None = None) -> list[Tensor | None]:
+        first, second = self.stages
+        k = self.backend.kernels
+        saved = self.saved
+        x = saved["x"]
+        x_shape = tuple(x.shape)
+        mid, out_shape = self.shapes(x_shape)
+        N = x_shape[0]
+        kind = ChunkedConvBN._dx_kind(need_input_grads, accumulate and [a is not None for a in accumulate])
+        adding = kind == "add"
+        dx = None if kind == "none" else (accumulate[0] if adding else self.input_grad(x_shape))
+        dxa = None if dx is None else self._array(dx, "dx")
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", kind))
+        s = self._carve(scratch, x_shape, "backward", kind)
+        xa, da = self._array(x, "x"), self._array(dout, "dout")
+        ss1, ss2, inv1, inv2 = (self._array(saved[name], name)
+                                for name in ("scale_shift1", "scale_shift2", "save_invstd1", "save_invstd2"))
+        bn1, bn2 = first.bn, second.bn
+        count1, count2 = N * mid[2] * mid[3], N * out_shape[2] * out_shape[3]
+
+        def rebuild(a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Both chains' batch-norm outputs y of the chunk (before their activations) and the first chain's
+            output, from the input with the saved scales and shifts."""
+            n = b - a
+            y1, a1, y2 = s["y1"][:n], s["a1"][:n], s["y2"][:n]
+            first._conv_forward(xa[a:b], y1, s["conv"])
+            k.batchnorm_chunk_apply(y1, ss1, None, None, y1)
+            if first.activation is None:
+                a1[...] = y1
+            else:
+                getattr(k, f"{first.activation}_forward")(y1, a1)
+            second._conv_forward(a1, y2, s["conv"])
+            k.batchnorm_chunk_apply(y2, ss2, None, None, y2)
+            return y1, a1, y2
+
+        def conv_data(stage: ChunkedConvBN, d: np.ndarray, target: np.ndarray) -> None:
+            c = stage.conv
+            k.conv2d_backward_data(d, c.params["weight"], target, c.stride, c.padding, c.groups, s["conv"])
+
+        def conv_weight(stage: ChunkedConvBN, source: np.ndarray, d: np.ndarray, first_chunk: bool,
+                        partial: np.ndarray) -> None:
+            c = stage.conv
+            dw, dbias = c.grads["weight"], c.grads.get("bias")
+            partial_w = partial[:dw.size].reshape(dw.shape)
+            partial_b = None if dbias is None else partial[dw.size:dw.size + dbias.size]
+            k.conv2d_backward_weight(source, d, dw if first_chunk else partial_w, dbias if first_chunk else partial_b,
+                                     c.stride, c.padding, c.groups, s["conv"])
+            if not first_chunk:  # the chunks' sums, last chunk first, as ChunkedConvBN's
+                np.add(dw, partial_w, out=dw)
+                if dbias is not None:
+                    np.add(dbias, partial_b, out=dbias)
+
+        g1, g2 = s["g1"], s["g2"]
+        for a, b in _chunks(N):  # pass 1: the second batch norm's sums
+            _, _, y2 = rebuild(a, b)
+            k.batchnorm_chunk_gradient_sums(y2, da[a:b], bn2.params["weight"], bn2.params["bias"], g2, a == 0,
+                                            second.activation)
+        bn2.grads["bias"][...] = g2[:, 0]
+        bn2.grads["weight"][...] = g2[:, 1]
+        for a, b in _chunks(N):  # pass 2: the second chain's dx and backward-data, the first batch norm's sums
+            y1, a1, y2 = rebuild(a, b)
+            k.batchnorm_chunk_dx(y2, da[a:b], bn2.params["weight"], bn2.params["bias"], inv2, g2, count2, y2,
+                                 second.activation)
+            conv_data(second, y2, a1)  # a1 is read by nothing more in this pass: its gradient goes over it
+            k.batchnorm_chunk_gradient_sums(y1, a1, bn1.params["weight"], bn1.params["bias"], g1, a == 0,
+                                            first.activation)
+        bn1.grads["bias"][...] = g1[:, 0]
+        bn1.grads["weight"][...] = g1[:, 1]
+        for i, (a, b) in enumerate(reversed(list(_chunks(N)))):  # pass 3, last chunk first: dx, the weights
+            y1, a1, y2 = rebuild(a, b)
+            k.batchnorm_chunk_dx(y2, da[a:b], bn2.params["weight"], bn2.params["bias"], inv2, g2, count2, y2,
+                                 second.activation)
+            conv_weight(second, a1, y2, i == 0, s["partial2"])  # a1's last read: its gradient goes over it next
+            conv_data(second, y2, a1)
+            k.batchnorm_chunk_dx(y1, a1, bn1.params["weight"], bn1.params["bias"], inv1, g1, count1, y1,
+                                 first.activation)
+            if dxa is not None:
+                target = s["dx"][:b - a] if adding else dxa[a:b]
+                conv_data(first, y1, target)
+                if adding:
+                    k.add_forward(dxa[a:b], target, dxa[a:b])
+            conv_weight(first, xa[a:b], y1, i == 0, s["partial1"])
+        return [dx]

@@ -344,8 +344,9 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
     )
 
 
-CHUNK_CHOICES = ("auto", "keep", "recompute")
-"""``--chunks``: what the chunked layers keep for backward (``engine.layers.chunked.ChunkedConvBN.mode``)."""
+CHUNK_CHOICES = ("auto", "keep", "recompute", "pairs")
+"""``--chunks``: what the chunked layers keep for backward (``engine.layers.chunked.ChunkedConvBN.mode``); "pairs"
+is "recompute" on a network built with ``chunkable="pairs"`` (``ChunkedPair``, which always recomputes)."""
 
 
 def recompute_order(net: Any) -> list[str]:
@@ -458,7 +459,7 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     if chunks not in CHUNK_CHOICES:
         raise ValueError(f"--chunks must be one of {', '.join(CHUNK_CHOICES)}, got {chunks!r}")
     if chunked:
-        net.set_recomputed(chunked if chunks == "recompute" else [])
+        net.set_recomputed(chunked if chunks in ("recompute", "pairs") else [])
     n_text = None if offload_n is None else str(offload_n).strip().lower()
     auto = (budget is not None and budget.auto) or (budget is None and n_text == "auto")
     if net.backend.is_device:

@@ -155,10 +155,10 @@ def depthwise_graph() -> Graph:
     ], (3, SIZE, SIZE))
 
 
-def fit(tmp_path, recompute, offload, steps=3, make=None, wide=None):
+def fit(tmp_path, recompute, offload, steps=3, make=None, wide=None, chunkable=True):
     data = synthetic(num_classes=4, seed=0, train=26, test=4, shape=(3, SIZE, SIZE))
     backend = get_backend("cpu")
-    net = Network((make or graph)(), backend, seed=3)
+    net = Network((make or graph)(), backend, seed=3, chunkable=chunkable)
     if recompute:
         net.set_recomputed(recompute)
     widen(net, 13, wide)
@@ -564,3 +564,81 @@ def test_two_chained_chains_run_as_one_give_their_bits_and_hold_less():
     for spec in study.CASES.values():
         case = study.make_case(spec, 21, 12)
         assert study.pair(*case)["peak"] < study.separate(*case)["peak"]
+
+
+def pair_graph() -> Graph:
+    """An expansion chain whose only reader is a depthwise chain: one ``ChunkedPair`` with ``--chunks pairs``. Its
+    input r0 also feeds the skip (the pair adds its input gradient into the pending one); the projection after it
+    and the chain on the input stay single."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU(), ["b0"]),
+        ("c1", Conv2d(8, 16, 1, bias=False), ["r0"]),
+        ("b1", BatchNorm2d(16), ["c1"]),
+        ("r1", ReLU6(), ["b1"]),
+        ("c2", Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), ["r1"]),
+        ("b2", BatchNorm2d(16), ["c2"]),
+        ("r2", ReLU6(), ["b2"]),
+        ("c3", Conv2d(16, 8, 1, bias=False), ["r2"]),
+        ("b3", BatchNorm2d(8), ["c3"]),
+        ("add", Add(), ["b3", "r0"]),
+        ("r4", ReLU(), ["add"]),
+        ("gap", GlobalAvgPool(), ["r4"]),
+        ("fc", Dense(8, 4), ["gap"]),
+    ], (3, SIZE, SIZE))
+
+
+def input_pair_graph() -> Graph:
+    """A pair on the network's input (no input gradient) whose second chain has no activation."""
+    return Graph([
+        ("c0", Conv2d(3, 8, 3, 1, 1, bias=False), ["input"]),
+        ("b0", BatchNorm2d(8), ["c0"]),
+        ("r0", ReLU6(), ["b0"]),
+        ("c1", Conv2d(8, 4, 1, bias=True), ["r0"]),
+        ("b1", BatchNorm2d(4), ["c1"]),
+        ("gap", GlobalAvgPool(), ["b1"]),
+        ("fc", Dense(4, 4), ["gap"]),
+    ], (3, SIZE, SIZE))
+
+
+@pytest.mark.parametrize("make", [pair_graph, input_pair_graph])
+def test_a_pair_of_chains_gives_the_separate_chains_bits_and_holds_less(make):
+    from engine import warmup
+    from engine.layers.chunked import ChunkedPair
+
+    batch = 21  # chunks of 8, 8 and 5: the weight gradients' order of three sums shows
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((batch, 3, SIZE, SIZE), dtype=np.float32)
+    labels = np.arange(batch) % 4
+    paired = Network(make(), get_backend("cpu"), seed=8, chunkable="pairs")
+    pairs = [n for n in paired.chunked if isinstance(n.layer, ChunkedPair)]
+    assert len(pairs) == 1 and pairs[0].name.startswith("c1+b1+r1+c2" if make is pair_graph else "c0+b0+r0+c1")
+    keep = Network(make(), get_backend("cpu"), seed=8)
+    recompute = Network(make(), get_backend("cpu"), seed=8)
+    recompute.set_recomputed([n.name for n in recompute.chunked])
+    for _ in range(2):
+        losses = [one_step(net, x, labels) for net in (paired, keep, recompute)]
+        assert losses[0] == losses[1] == losses[2]
+        assert np.array_equal(paired.gradients.flat, keep.gradients.flat)
+        assert np.array_equal(paired.gradients.flat, recompute.gradients.flat)
+    for key, value in keep.state_dict().items():  # running statistics and both batch norms' counters
+        assert np.array_equal(paired.state_dict()[key], value), key
+    assert np.array_equal(paired.predict(x), keep.predict(x))
+    assert paired.arena_plan(batch).planned_peak < recompute.arena_plan(batch).planned_peak  # never whole
+    # the pair's convs run on the separate chains' shapes: the same warm-up jobs, no kernel of its own
+    assert set(warmup.model_jobs(paired.graph)) == set(warmup.model_jobs(recompute.graph))
+    with pytest.raises(ValueError, match="has no 'keep' mode"):
+        pairs[0].layer.mode = "keep"
+    paired.set_recomputed([])  # a pair always recomputes
+    assert pairs[0].layer.mode == "recompute"
+
+
+def test_a_pair_trains_the_same_weights_with_offload_on_or_off(tmp_path):
+    """``--chunks pairs`` with a window of one layer on disk: the pair's saved scales and its input are units like any
+    chunked layer's (its output is swapped, not rebuilt: ``output_rebuilt_from`` is None)."""
+    reference = fit(tmp_path, [], offload=False, make=pair_graph)
+    for offload in (False, True):
+        weights = fit(tmp_path, [], offload=offload, make=pair_graph, chunkable="pairs")
+        for key, value in reference.items():
+            assert np.array_equal(weights[key], value), (offload, key)
