@@ -593,6 +593,12 @@ def _make_optimizer(options, net, backend, total_steps: int, checkpoint, workers
     return schedule, opt, start_step
 
 
+def _pairable(net) -> bool:
+    from engine.chunking import has_chained_pairs
+
+    return has_chained_pairs(net.graph)
+
+
 def _offload_session(options, net, opt, root: bool, world=None):
     """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; what the
     run needs against its memory limit (issue 30: every run is checked before anything is written); and the
@@ -641,6 +647,9 @@ def _offload_session(options, net, opt, root: bool, world=None):
                             "layers recompute their chunks in backward)")
             except ValueError:
                 pass
+        if isinstance(exc, DoesNotFit) and chosen.chunks != "pairs" and _pairable(net):
+            refusal += ("; --chunks pairs holds less (engine memory --pairs with this model, image size and batch "
+                        "prints its smallest limit)")
     refuse_together(world, refusal)
     if refusal is not None:
         fail(refusal)

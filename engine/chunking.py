@@ -108,3 +108,16 @@ def fuse_chunkable(graph: Graph, pairs: bool = False) -> Graph:
         elif node.index not in member:
             declarations.append((node.name, node.layer, inputs))
     return Graph(declarations, graph.input_shape)
+
+
+def has_chained_pairs(graph: Graph) -> bool:
+    """Whether ``graph`` (already fused) has two chunked chains without a pool, the second the only reader of the
+    first: what ``fuse_chunkable(..., pairs=True)`` would make one ``ChunkedPair`` (``--chunks pairs``)."""
+    nodes = graph.nodes
+    for node in nodes:
+        layer = node.layer
+        if type(layer) is ChunkedConvBN and layer.pool is None and len(node.consumers) == 1:
+            reader = nodes[node.consumers[0]].layer
+            if type(reader) is ChunkedConvBN and reader.pool is None:
+                return True
+    return False

@@ -642,3 +642,23 @@ def test_a_pair_trains_the_same_weights_with_offload_on_or_off(tmp_path):
         weights = fit(tmp_path, [], offload=offload, make=pair_graph, chunkable="pairs")
         for key, value in reference.items():
             assert np.array_equal(weights[key], value), (offload, key)
+
+
+def test_a_refusal_names_chunks_pairs_where_the_graph_has_a_pair(monkeypatch):
+    """Under a limit nothing fits, engine train names --chunks pairs where two chunked chains could run as one
+    (MobileNetV2 at 112: its stem and first depthwise chain); a graph whose pairs are made already has none left
+    to name (``has_chained_pairs``: what engine train asks, so --chunks pairs given names nothing)."""
+    from click.testing import CliRunner
+
+    from cli import main
+    from engine.chunking import has_chained_pairs
+    from engine.memory.limits import MemoryLimit
+    from engine.offload import budget
+
+    assert has_chained_pairs(fuse_chunkable(pair_graph())) and not has_chained_pairs(fuse_chunkable(graph()))
+    assert not has_chained_pairs(fuse_chunkable(pair_graph(), pairs=True))  # made one already
+    monkeypatch.setattr(budget, "memory_limit", lambda: MemoryLimit(1 << 20, "test limit"))
+    train = ["train", "--model", "mobilenetv2", "--image-size", "112", "--batch-size", "2", "--data", "synthetic",
+             "--steps", "1", "--no-progress", "--offload-n", "1", "--chunks", "recompute"]  # auto searches for seconds
+    refused = CliRunner().invoke(main, train)
+    assert refused.exit_code == 1 and "--chunks pairs holds less (engine memory --pairs" in refused.output
