@@ -113,7 +113,68 @@ class _Carver:
         return view.view(dtype).reshape(shape)
 
 
-class ChunkedConvBN(Layer):
+class _Carved(Layer):
+    """What the chunked layers share: working memory carved from one scratch buffer by ``_scratch_layout(x_shape,
+    phase, dx)`` (the views in order), and parameters handed on to their parts by ``_share`` whenever the network
+    sets them."""
+
+    def _scratch_layout(self, x_shape: Shape, phase: str, dx: str = "new") -> list[tuple[str, Shape, Any]]:
+        raise NotImplementedError
+
+    def _share(self, kind: str, tensors: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _scratch_elements(self, x_shape: Shape, phase: str, dx: str = "new") -> int:
+        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase, dx))
+
+    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str, dx: str = "new") -> dict[str, np.ndarray]:
+        carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
+        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase, dx)}
+
+    def forward_scratch(self, input_shapes: list[Shape]) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "forward")
+
+    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
+        return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
+
+    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None,
+                         accumulate: tuple[bool, ...] | None = None) -> int:
+        return self._scratch_elements(tuple(input_shapes[0]), "backward", self._dx_kind(need, accumulate))
+
+    def _backward_start(self, x_shape: Shape, need_input_grads: list[bool], accumulate: Any) -> tuple:
+        """(adding, dx, its array, the carved scratch) of a backward: the input gradient not asked for (None),
+        added into ``accumulate``'s pending one (``adding``: each chunk through the scratch's "dx" first), or a
+        tensor of its own."""
+        kind = self._dx_kind(need_input_grads, accumulate and [a is not None for a in accumulate])
+        adding = kind == "add"
+        dx = None if kind == "none" else (accumulate[0] if adding else self.input_grad(x_shape))
+        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", kind))
+        carved = self._carve(scratch, x_shape, "backward", kind)
+        return adding, dx, None if dx is None else self._array(dx, "dx"), carved
+
+    @staticmethod
+    def _dx_kind(need: Any, accumulate: Any) -> str:
+        """The input gradient: "none" (not asked for), "add" (into a pending one) or "new" (a tensor of its own)."""
+        if need is not None and not need[0]:
+            return "none"
+        return "add" if accumulate and accumulate[0] else "new"
+
+    # params, grads and buffers are set by the network (bind, the gradient storage, each backward's
+    # per-layer gradients): the parts follow every assignment
+    params = property(lambda self: self._params,
+                      lambda self, v: (setattr(self, "_params", v), self._share("params", v)))
+    grads = property(lambda self: self._grads,
+                     lambda self, v: (setattr(self, "_grads", v), self._share("grads", v)))
+    buffers = property(lambda self: self._buffers,
+                       lambda self, v: (setattr(self, "_buffers", v), self._share("buffers", v)))
+
+    def _array(self, tensor: Tensor | np.ndarray, argument: str) -> np.ndarray:
+        """What the chunk loops slice: the tensor's array, checked as the kernel table checks its arguments (a
+        swapped-out or retired tensor raises here, not after a chunk read stale bytes)."""
+        return checked_array(tensor, self.describe(), argument)
+
+
+class ChunkedConvBN(_Carved):
     """conv → batch norm → [activation] → [max-pool] over chunks of images (module docstring)."""
 
     keeps_input = True
@@ -317,30 +378,6 @@ class ChunkedConvBN(Layer):
                 layout.append(("dx", self._chunk_shape(x_shape, n), np.float32))
         return layout
 
-    def _scratch_elements(self, x_shape: Shape, phase: str, dx: str = "new") -> int:
-        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase, dx))
-
-    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str, dx: str = "new") -> dict[str, np.ndarray]:
-        carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
-        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase, dx)}
-
-    def forward_scratch(self, input_shapes: list[Shape]) -> int:
-        return self._scratch_elements(tuple(input_shapes[0]), "forward")
-
-    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
-        return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
-
-    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None,
-                         accumulate: tuple[bool, ...] | None = None) -> int:
-        return self._scratch_elements(tuple(input_shapes[0]), "backward", self._dx_kind(need, accumulate))
-
-    @staticmethod
-    def _dx_kind(need: Any, accumulate: Any) -> str:
-        """The input gradient: "none" (not asked for), "add" (into a pending one) or "new" (a tensor of its own)."""
-        if need is not None and not need[0]:
-            return "none"
-        return "add" if accumulate and accumulate[0] else "new"
-
     # ---- wiring ------------------------------------------------------------------------------------
 
     def tensor_key(self, node_name: str, name: str) -> str:
@@ -351,15 +388,6 @@ class ChunkedConvBN(Layer):
         for part in getattr(self, "parts", ()):
             prefix = f"{part.name}."
             setattr(part, kind, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-
-    # params, grads and buffers are set by the network (bind, the gradient storage, each backward's
-    # per-layer gradients): the parts follow every assignment
-    params = property(lambda self: self._params,
-                      lambda self, v: (setattr(self, "_params", v), self._share("params", v)))
-    grads = property(lambda self: self._grads,
-                     lambda self, v: (setattr(self, "_grads", v), self._share("grads", v)))
-    buffers = property(lambda self: self._buffers,
-                       lambda self, v: (setattr(self, "_buffers", v), self._share("buffers", v)))
 
     def bind(self, backend: Any, mgr: Any, params: dict[str, Any], grads: dict[str, Any],
              buffers: dict[str, Any]) -> None:
@@ -373,11 +401,6 @@ class ChunkedConvBN(Layer):
             part.use_manager(mgr)
 
     # ---- compute -----------------------------------------------------------------------------------
-
-    def _array(self, tensor: Tensor | np.ndarray, argument: str) -> np.ndarray:
-        """What the chunk loops slice: the tensor's array, checked as the kernel table checks its arguments (a
-        swapped-out or retired tensor raises here, not after a chunk read stale bytes)."""
-        return checked_array(tensor, self.describe(), argument)
 
     def _conv_forward(self, x: np.ndarray, z: np.ndarray, scratch: np.ndarray) -> None:
         c = self.conv
@@ -467,12 +490,7 @@ class ChunkedConvBN(Layer):
         z_shape, _ = self.shapes(x_shape)
         k = self.backend.kernels
         conv, bn = self.conv, self.bn
-        kind = self._dx_kind(need_input_grads, accumulate and [a is not None for a in accumulate])
-        adding = kind == "add"
-        dx = None if kind == "none" else (accumulate[0] if adding else self.input_grad(x_shape))
-        dxa = None if dx is None else self._array(dx, "dx")
-        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", kind))
-        s = self._carve(scratch, x_shape, "backward", kind)
+        adding, dx, dxa, s = self._backward_start(x_shape, need_input_grads, accumulate)
         xa, da = self._array(x, "x"), self._array(dout, "dout")
         ya = None if saved["y"] is None else self._array(saved["y"], "y")
         ss = self._array(saved["scale_shift"], "scale_shift")
@@ -536,7 +554,7 @@ class ChunkedConvBN(Layer):
         return [dx]
 
 
-class ChunkedPair(Layer):
+class ChunkedPair(_Carved):
     """Two chunked chains, the second the only reader of the first, run chunk by chunk as one node
     (``--chunks pairs``): the tensor between them and its gradient are never whole.
 
@@ -663,31 +681,7 @@ class ChunkedPair(Layer):
             layout.append(("dx", (min(n, CHUNK_IMAGES), *x_shape[1:]), np.float32))
         return layout
 
-    def _scratch_elements(self, x_shape: Shape, phase: str, dx: str = "new") -> int:
-        return sum(_Carver.elements(shape, dtype) for _, shape, dtype in self._scratch_layout(x_shape, phase, dx))
-
-    def _carve(self, scratch: Tensor | None, x_shape: Shape, phase: str, dx: str = "new") -> dict[str, np.ndarray]:
-        carver = _Carver(None if scratch is None else checked_array(scratch, self.describe(), "scratch"))
-        return {name: carver.take(shape, dtype) for name, shape, dtype in self._scratch_layout(x_shape, phase, dx)}
-
-    def forward_scratch(self, input_shapes: list[Shape]) -> int:
-        return self._scratch_elements(tuple(input_shapes[0]), "forward")
-
-    def inference_working_specs(self, input_shapes: list[Shape]) -> list[SavedSpec]:
-        return [SavedSpec("scratch", (self._scratch_elements(tuple(input_shapes[0]), "infer"),))]
-
-    def backward_scratch(self, input_shapes: list[Shape], need: tuple[bool, ...] | None = None,
-                         accumulate: tuple[bool, ...] | None = None) -> int:
-        return self._scratch_elements(tuple(input_shapes[0]), "backward", ChunkedConvBN._dx_kind(need, accumulate))
-
     # ---- wiring ------------------------------------------------------------------------------------
-
-    params = property(lambda self: self._params,
-                      lambda self, v: (setattr(self, "_params", v), self._share("params", v)))
-    grads = property(lambda self: self._grads,
-                     lambda self, v: (setattr(self, "_grads", v), self._share("grads", v)))
-    buffers = property(lambda self: self._buffers,
-                       lambda self, v: (setattr(self, "_buffers", v), self._share("buffers", v)))
 
     def _share(self, kind: str, tensors: dict[str, Any]) -> None:
         for stage in getattr(self, "stages", ()):  # each stage hands its parts their own (by qualified name)
@@ -705,9 +699,6 @@ class ChunkedPair(Layer):
             stage.use_manager(mgr)
 
     # ---- compute -----------------------------------------------------------------------------------
-
-    def _array(self, tensor: Tensor | np.ndarray, argument: str) -> np.ndarray:
-        return checked_array(tensor, self.describe(), argument)
 
     def forward(self, inputs: list[Tensor], training: bool) -> Tensor:
         first, second = self.stages
@@ -772,12 +763,7 @@ class ChunkedPair(Layer):
         x_shape = tuple(x.shape)
         mid, out_shape = self.shapes(x_shape)
         N = x_shape[0]
-        kind = ChunkedConvBN._dx_kind(need_input_grads, accumulate and [a is not None for a in accumulate])
-        adding = kind == "add"
-        dx = None if kind == "none" else (accumulate[0] if adding else self.input_grad(x_shape))
-        dxa = None if dx is None else self._array(dx, "dx")
-        scratch = self.scratch(ArrayType.BP_WORKING_MEM, self._scratch_elements(x_shape, "backward", kind))
-        s = self._carve(scratch, x_shape, "backward", kind)
+        adding, dx, dxa, s = self._backward_start(x_shape, need_input_grads, accumulate)
         xa, da = self._array(x, "x"), self._array(dout, "dout")
         ss1, ss2, inv1, inv2 = (self._array(saved[name], name)
                                 for name in ("scale_shift1", "scale_shift2", "save_invstd1", "save_invstd2"))
