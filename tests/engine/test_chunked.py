@@ -625,6 +625,10 @@ def test_a_pair_of_chains_gives_the_separate_chains_bits_and_holds_less(make):
     for key, value in keep.state_dict().items():  # running statistics and both batch norms' counters
         assert np.array_equal(paired.state_dict()[key], value), key
     assert np.array_equal(paired.predict(x), keep.predict(x))
+    loaded = Network(make(), get_backend("cpu"), seed=9, chunkable="pairs")  # a checkpoint goes either way
+    loaded.load_state_dict(keep.state_dict())
+    for key, value in keep.state_dict().items():
+        assert np.array_equal(loaded.state_dict()[key], value), key
     assert paired.arena_plan(batch).planned_peak < recompute.arena_plan(batch).planned_peak  # never whole
     # the pair's convs run on the separate chains' shapes: the same warm-up jobs, no kernel of its own
     assert set(warmup.model_jobs(paired.graph)) == set(warmup.model_jobs(recompute.graph))
