@@ -201,6 +201,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     scheduler places the units in the bytes the step's tensors leave free: ``OffloadScheduler.sharing``),
     ``offload_units_arena_bytes`` the units' own.
     """
+    from engine.memory.planner import lower_bound
     from engine.offload.plan import (
         NETWORK_INPUT,
         budget_refusal,
@@ -239,8 +240,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
         # counts them by moment, and where their placement leaves gaps (MobileNetV2 224 batch 128 with
         # --chunks pairs: placed 49 MiB above its most at one moment) the region still holds those bytes
         tensors, _ = step
-        ends = sorted({t.last for t in tensors})
-        most = max((sum(t.nbytes for t in tensors if t.first <= m <= t.last) for m in ends), default=0)
+        most = lower_bound([t.nbytes for t in tensors], [[(t.first, t.last)] for t in tensors])
         arena = max(0, place_around(plan, *step).region_bytes - most)
     layers = []
     for unit in sorted(plan.units.values(), key=lambda u: (u.spec.owner, u.spec.part)):
