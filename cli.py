@@ -7,9 +7,11 @@ Each command imports the engine lazily, inside its body: `engine --help` stays i
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 import tempfile
+from typing import Any
 
 import click
 
@@ -410,11 +412,29 @@ def train(**params) -> None:
     total_steps = options.total_steps(len(data.y_train), K)
     run = options.run_record(data.num_classes, net.variant, net.graph.input_shape[-1])
     hyper = options.hyper(total_steps)
-    checkpoint = _read_initial_weights(options, net, data, run, hyper)
     graph = _cuda_graph_mode(options, backend.name, K)
-    schedule, opt, start_step = _make_optimizer(options, net, backend, total_steps, checkpoint, K,
-                                                in_backward=graph is None)
-    offload, needs, prefetch = _offload_session(options, net, opt, root, world)
+
+    def weights_and_optimizer(net, say: bool = True):  # the checkpoint or --weights read into net, its optimizer
+        checkpoint = _read_initial_weights(options, net, data, run, hyper, say=say)
+        return (checkpoint, *_make_optimizer(options, net, backend, total_steps, checkpoint, K,
+                                             in_backward=graph is None))
+
+    checkpoint, schedule, opt, start_step = weights_and_optimizer(net)
+    fitted = _fit_limit(options, net, opt, world)
+    if fitted.refusal is not None and _pairs_may_fit(options, net, world):
+        # --chunks auto under --offload-n auto: where nothing fits, the chained chunked chains run as one
+        # (--chunks pairs, the least the run can hold); the network is built again with them, after this one is
+        # gone (its blocks would count in the measured setup)
+        del checkpoint, opt, net
+        gc.collect()
+        net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant,
+                             chunkable="pairs")
+        checkpoint, schedule, opt, start_step = weights_and_optimizer(net, say=False)
+        paired = _fit_limit(options, net, opt, world, pairs_taken=True)
+        if paired.refusal is None or (paired.floor_bytes or 0) < (fitted.floor_bytes or 0):
+            fitted = paired  # it fits, or its refusal names the smaller limit (pairs hold more on some shapes:
+            # MobileNetV2 112, batch 16, 200 MiB against 188 planned at the floor)
+    offload, needs, prefetch = _offload_session(options, net, opt, root, world, fitted)
     if prefetch != options.prefetch_depth:  # the memory limit took a shallower INPUT ring (resolve_budget)
         options = dataclasses.replace(options, prefetch=prefetch)
     from engine.checkpoint import checkpoint_nbytes
@@ -518,14 +538,15 @@ def _progress_listeners(options, console, workers: int) -> list:
     return [LineProgressListener(interval_s=options.progress_interval, workers=workers)]
 
 
-def _read_initial_weights(options, net, data, run: dict, hyper: dict):
+def _read_initial_weights(options, net, data, run: dict, hyper: dict, say: bool = True):
     """The --resume checkpoint (checked against this run; restored later, with the optimizer), or the
-    --weights loaded into ``net``; returns the checkpoint or None."""
+    --weights loaded into ``net``; returns the checkpoint or None. ``say``: print its notes (not when the network
+    is built a second time)."""
     from engine.checkpoint import CheckpointError, check_resume, load_weights, read_checkpoint
 
     try:
         if options.resume:
-            if options.weights:  # the original command plus the stop's hint: the checkpoint carries on from it
+            if options.weights and say:  # the original command plus the stop's hint: the checkpoint carries on
                 click.echo(f"note: --resume {options.resume} continues from its checkpoint; --weights "
                            f"{options.weights}, where the run started, is not read again")
             checkpoint = read_checkpoint(options.resume)
@@ -533,7 +554,7 @@ def _read_initial_weights(options, net, data, run: dict, hyper: dict):
             return checkpoint
         if options.weights:  # imagenet issue: fine-tuning draws a fresh classifier for another class count
             loaded = load_weights(options.weights, net, fresh_classifier=True)
-            if loaded.redrawn:
+            if loaded.redrawn and say:
                 click.echo(f"{options.weights}: classifier {', '.join(loaded.redrawn)} drawn fresh for "
                            f"{data.num_classes} classes (the file's has another shape); every other tensor loaded")
     except CheckpointError as exc:
@@ -599,24 +620,49 @@ def _pairable(net) -> bool:
     return has_chained_pairs(net.graph)
 
 
-def _offload_session(options, net, opt, root: bool, world=None):
-    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; what the
-    run needs against its memory limit (issue 30: every run is checked before anything is written); and the
-    prefetch depth it takes (``--prefetch``, or without it the default, shallower when the limit needs it).
-    With ``--workers`` (``world``) the ranks on this host share its limit (``memory_limit``), and a rank that
-    does not fit stops every rank with one line (``refuse_together``)."""
+def _pairs_may_fit(options, net, world) -> bool:
+    """Whether a refused run may take ``--chunks pairs`` itself: ``--chunks auto`` with the limit choosing the
+    window (``--offload-n auto``, ``--offload-budget auto``), in one process (data-parallel ranks would have to
+    agree on the graph), where the network has chained chunked chains. A fixed window or no offload keeps its
+    refusal, which names ``--chunks pairs`` (pairs are slower: MobileNetV2 224 batch 32 under 610 MiB 1.75 s a
+    step against 1.36-1.43 without them, so they are taken only where nothing else fits)."""
+    from engine.offload.budget import limit_decides, parse_budget
+
+    if options.offload.chunks != "auto" or world is not None or net.backend.is_device:
+        return False
+    try:
+        chosen = limit_decides(options.offload.n, parse_budget(options.offload.budget))
+    except ValueError:  # a malformed --offload-budget: its refusal says so
+        return False
+    return chosen and _pairable(net)
+
+
+@dataclasses.dataclass
+class _Fitted:
+    """What ``_fit_limit`` decided: ``resolved`` (``resolve_budget``'s) or the ``refusal``'s line, the prefetch
+    depths offered (the first asked for), and whether the network's chained chains run as pairs because nothing
+    else fitted (``pairs_taken``)."""
+
+    resolved: Any
+    refusal: str | None
+    depths: list[int]
+    pairs_taken: bool = False
+    floor_bytes: int | None = None  # a refusal's smallest limit (``DoesNotFit.floor_bytes``)
+
+
+def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False) -> _Fitted:
+    """What the run needs against its memory limit (issue 30: every run is checked before anything is written)
+    and the prefetch depth it may take (``--prefetch``, or without it the default, shallower when the limit needs
+    it), or the refusal's one line. With ``--workers`` (``world``) the ranks on this host share its limit
+    (``memory_limit``)."""
     from engine.data.prefetch import ring_bytes
     from engine.memory.limits import memory_limit
-    from engine.offload import OffloadError, OffloadStorageError, offload_summary
-    from engine.offload.budget import DoesNotFit, describe_needs, parse_budget, resolve_budget
-    from engine.offload.session import session_from_options
-    from engine.parallel.comm import refuse_together
+    from engine.offload.budget import DoesNotFit, parse_budget, resolve_budget
     from engine.report import format_bytes
 
     chosen = options.offload
     batch = (options.batch_size, *net.graph.input_shape)
     ranks = world.local_size if world is not None else 1
-    refusal = None
     depths = [options.prefetch_depth] + ([] if options.prefetch is not None else
                                          list(range(options.prefetch_depth - 1, -1, -1)))  # given: that one only
 
@@ -629,30 +675,53 @@ def _offload_session(options, net, opt, root: bool, world=None):
                               last_ring=ring_bytes(batch, 1) if 0 in shallower else None)
 
     try:
-        resolved = resolve(depths[0], depths[1:])
+        return _Fitted(resolve(depths[0], depths[1:]), None, depths, pairs_taken)
     except ValueError as exc:  # DoesNotFit, or a malformed --offload-budget
         refusal = str(exc) + (f" (the {ranks} ranks on this host share its limit: fewer --workers leave each more)"
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
-        if isinstance(exc, DoesNotFit) and options.prefetch:  # the --prefetch given holds it back: say so
+        if not isinstance(exc, DoesNotFit):
+            return _Fitted(None, refusal, depths, pairs_taken)
+        floor = exc.floor_bytes
+        if pairs_taken:
+            refusal += " (with two chained chunked chains run as one, --chunks pairs: the least this run can hold)"
+        if options.prefetch:  # the --prefetch given holds it back: say so
             try:
                 resolve(0, [])
                 refusal += f"; with --prefetch 0 it fits (--prefetch {options.prefetch} holds " \
                            f"{format_bytes(ring_bytes(batch, options.prefetch + 1) - ring_bytes(batch, 1))} more)"
             except ValueError:
                 pass
-        if isinstance(exc, DoesNotFit) and chosen.chunks == "keep" and getattr(net, "chunked", None):
+        if chosen.chunks == "keep" and getattr(net, "chunked", None):
             try:  # the --chunks keep given holds it back: say so, and how many layers auto would recompute
                 found = resolve(depths[0], depths[1:], chunks="auto").needs
                 refusal += (f"; with --chunks auto it fits ({len(found.recomputed)} of {len(found.chunked)} chunked "
                             "layers recompute their chunks in backward)")
             except ValueError:
                 pass
-        if isinstance(exc, DoesNotFit) and chosen.chunks != "pairs" and _pairable(net):
-            refusal += ("; --chunks pairs holds less (engine memory --pairs with this model, image size and batch "
+        if chosen.chunks in ("keep", "recompute") and _pairable(net):
+            refusal += ("; --chunks pairs may hold less (engine memory --pairs with this model, image size and batch "
                         "prints its smallest limit)")
-    refuse_together(world, refusal)
-    if refusal is not None:
-        fail(refusal)
+        return _Fitted(None, refusal, depths, pairs_taken, floor)
+
+
+def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
+    """The offload session (planned and attached, so a bad directory or a full disk fails now), or None; what the
+    run needs against its memory limit (``fitted``, ``_fit_limit``'s); and the prefetch depth it takes. A run
+    that does not fit ends here with its one line; with ``--workers`` a rank that does not fit stops every rank
+    (``refuse_together``)."""
+    from engine.data.prefetch import ring_bytes
+    from engine.offload import OffloadError, OffloadStorageError, offload_summary
+    from engine.offload.budget import describe_needs
+    from engine.offload.session import session_from_options
+    from engine.parallel.comm import refuse_together
+    from engine.report import format_bytes
+
+    chosen = options.offload
+    batch = (options.batch_size, *net.graph.input_shape)
+    refuse_together(world, fitted.refusal)
+    if fitted.refusal is not None:
+        fail(fitted.refusal)
+    resolved, depths = fitted.resolved, fitted.depths
     if resolved.from_limit:  # the budget is the machine's: say where it came from
         click.echo(describe_needs(resolved.needs, resolved.budget_bytes))
     needs = resolved.needs
@@ -661,6 +730,10 @@ def _offload_session(options, net, opt, root: bool, world=None):
         click.echo(f"prefetch: {prefetch} batch{'es' if prefetch != 1 else ''} ahead, not {depths[0]}, to fit the "
                    f"limit (the INPUT ring {format_bytes(ring_bytes(batch, prefetch + 1))} instead of "
                    f"{format_bytes(ring_bytes(batch, depths[0] + 1))}; --prefetch sets it)")
+    if fitted.pairs_taken and root:
+        pairs = [node.name for node in net.chunked if type(node.layer).__name__ == "ChunkedPair"]
+        click.echo(f"chunked pairs: {len(pairs)} pairs of chained chunked layers run as one to fit the limit "
+                   "(--chunks pairs: the tensor between them is never whole; three passes over both)")
     if needs is not None and needs.recomputed and root:
         click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
                    f"backward ({', '.join(needs.recomputed)})"

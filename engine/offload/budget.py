@@ -315,7 +315,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
     from engine.offload.session import planned_peaks
 
     limit = limit if limit is not None else memory_limit()
-    report = net.memory_report(batch_size)
+    report = net.memory_report(batch_size, arena=False)  # the peak and the blocks: no arena plan
     state_bytes = int(optimizer_state) if isinstance(optimizer_state, int) else (
         int(optimizer_state.nbytes) if optimizer_state is not None else 0)
     setup = setup if setup is not None else measure_setup(net, optimizer_state)
@@ -351,31 +351,49 @@ is "recompute" on a network built with ``chunkable="pairs"`` (``ChunkedPair``, w
 
 def recompute_order(net: Any) -> list[str]:
     """The chunked layers in the order ``auto`` makes them recompute: the largest batch-norm output first (what
-    each stops keeping), ties in graph order."""
+    each stops keeping), ties in graph order. Not the pairs (``ChunkedPair``): they always recompute."""
+    from engine.layers.chunked import ChunkedPair
     from engine.memory.sizes import nbytes
 
     shapes = net.graph.shapes(1)  # node -> output shape; the network input under its index (GRAPH_INPUT)
     sizes = {node.name: nbytes(node.layer.shapes(shapes[node.inputs[0]])[0], "float32")
-             for node in getattr(net, "chunked", [])}
+             for node in getattr(net, "chunked", []) if not isinstance(node.layer, ChunkedPair)}
     return sorted(sizes, key=lambda name: -sizes[name])
 
 
 def fit_by_recompute(net: Any, needs: RunNeeds, fits: Callable[[RunNeeds], bool],
                      measure: Callable[[], RunNeeds]) -> RunNeeds:
     """``--chunks auto``: the fewest chunked layers recompute (``recompute_order``) for the run to ``fit``; when
-    none fits, all of them (the smallest the run can need: what a refusal names). ``measure()``: the needs of
-    the network as it is set now."""
+    none fits, all of them (the smallest the run can need: what a refusal names). ``needs``: the network's as it
+    is set now (none recomputing); ``measure()``: the needs of the network as it is set now.
+
+    By bisection over the count: recomputing one layer more never needs more (its batch-norm output is no longer
+    kept), so the count found fits and one fewer was measured not to. Each measure compiles the step program and
+    plans its arenas (0.5 s at MobileNetV2 224, batch 32); counting up one by one took up to 10 of them there."""
+    if fits(needs):
+        return needs
     order = recompute_order(net)
-    for count in range(1, len(order) + 1):
-        if fits(needs):
-            return needs
-        net.set_recomputed(order[:count])
-        needs = measure()
-    return needs
+    low, high = 0, len(order)  # low: measured not to fit; high: the answer when nothing below it fits
+    found: RunNeeds | None = None  # the needs at ``high`` once measured
+    while high - low > 1:
+        middle = (low + high) // 2
+        net.set_recomputed(order[:middle])
+        trial = measure()
+        if fits(trial):
+            high, found = middle, trial
+        else:
+            low = middle
+    net.set_recomputed(order[:high])
+    return found if found is not None else measure()
 
 
 class DoesNotFit(ValueError):
-    """The run cannot train under the limit: the message says what it needs and what would work."""
+    """The run cannot train under the limit: the message says what it needs and what would work; ``floor_bytes``
+    the smallest limit it names (offload N=1 at its least)."""
+
+    def __init__(self, message: str, floor_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.floor_bytes = floor_bytes
 
 
 def _limit_text(limit: MemoryLimit) -> str:
@@ -392,7 +410,7 @@ def check_no_offload(needs: RunNeeds) -> None:
     else:
         hint = f"with --offload-n 1 it needs a limit of at least {_gib(floor)}: raise the limit or lower --batch-size"
     raise DoesNotFit(f"needs a limit of {_gib(round_up_mib(needs.needed_no_offload))} without offload, the limit is "
-                     f"{_limit_text(needs.limit)}; {hint}")
+                     f"{_limit_text(needs.limit)}; {hint}", needs.needed_min_offload)
 
 
 def check_offload(needs: RunNeeds, arena_bytes: int, option: str) -> None:
@@ -406,7 +424,7 @@ def check_offload(needs: RunNeeds, arena_bytes: int, option: str) -> None:
         hint = (f"the smallest window (--offload-n 1) needs a limit of at least {_gib(floor)}: raise the limit "
                 "or lower --batch-size")
     raise DoesNotFit(f"{option} needs a limit of {_gib(round_up_mib(needs.needed(arena_bytes)))}, the limit is "
-                     f"{_limit_text(needs.limit)}; {hint}")
+                     f"{_limit_text(needs.limit)}; {hint}", needs.needed_min_offload)
 
 
 def checks_enabled() -> bool:
@@ -425,6 +443,13 @@ class Resolved:
     from_limit: bool = False
     ring: int = 0
     window: int | None = None  # ``auto`` at its floor: this fixed window, no budget (its units share the step arena)
+
+
+def limit_decides(offload_n: str | None, budget: Budget | None) -> bool:
+    """Whether the memory limit chooses the offload window: ``--offload-budget auto``, or ``--offload-n auto``
+    without a budget."""
+    n_text = None if offload_n is None else str(offload_n).strip().lower()
+    return (budget is not None and budget.auto) or (budget is None and n_text == "auto")
 
 
 def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes: int,
@@ -461,7 +486,7 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     if chunked:
         net.set_recomputed(chunked if chunks in ("recompute", "pairs") else [])
     n_text = None if offload_n is None else str(offload_n).strip().lower()
-    auto = (budget is not None and budget.auto) or (budget is None and n_text == "auto")
+    auto = limit_decides(offload_n, budget)
     if net.backend.is_device:
         if budget is not None and budget.auto:
             raise DoesNotFit(f"--offload-budget auto reads host memory limits; on the {net.backend.name} backend "
@@ -473,7 +498,15 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     limit = limit if limit is not None else memory_limit()
     setup = measure_setup(net, optimizer_state)  # once: every plan below is of this same process
 
+    measured: dict[tuple[int, tuple[str, ...]], RunNeeds] = {}  # the search meets some plans twice
+
     def measure(ring: int) -> RunNeeds:
+        key = (ring, tuple(node.name for node in getattr(net, "chunked", []) if node.layer.mode == "recompute"))
+        if key not in measured:
+            measured[key] = _measure(ring)
+        return measured[key]
+
+    def _measure(ring: int) -> RunNeeds:
         found = run_needs(net, batch_size, optimizer_state, rings[ring], evaluation_ring_bytes, limit, setup,
                           smallest_ring_bytes=rings[-1])
         if fixed_window:  # its arena, as the chunked layers are set now (``arenas``: its one entry)
@@ -511,12 +544,24 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
                 needs = fit_by_recompute(net, needs, fits, lambda: measure(ring))
         return needs, ring
 
-    needs, ring = search()
-    if auto and not fits(needs):  # 4. auto's floor: the same search with N=1 sharing the step arena's bytes
-        # (measured under 510 MiB, ResNet-18 224: taking the floor while a window of its own still fit wrote every
-        # unit with no budget to keep them, 2.10 s a step against 1.85-1.98)
-        floor = True
-        needs, ring = search()
+    if adapt:
+        net.set_recomputed([])
+    needs, ring = measure(0), 0
+    if not fits(needs) and (adapt or auto or len(rings) > 1):
+        # the least the run can need first (the shallowest ring, every chunked layer recomputing, auto at its floor):
+        # where even that does not fit, it is the refusal, without the search (which measured up to 46 plans, 24 s,
+        # for MobileNetV2 224 at batch 32 before refusing)
+        if adapt:
+            net.set_recomputed(chunked)
+        needs, ring = measure(len(rings) - 1), len(rings) - 1
+        floor = auto
+        if fits(needs):  # something fits: the cheapest that does
+            # 4. auto's floor (N=1 sharing the step arena's bytes) only where nothing else fits, which the least says
+            # with the floor off (measured under 510 MiB, ResNet-18 224: taking the floor while a window of its own
+            # still fit wrote every unit with no budget to keep them, 2.10 s a step against 1.85-1.98)
+            floor = False
+            floor = auto and not fits(needs)
+            needs, ring = search()
     if checks_enabled():
         if auto:
             check_offload(needs, needs.min_arena_bytes, "--offload-n auto")
@@ -688,5 +733,5 @@ def limits_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple
 
 __all__ = ["CHUNK_CHOICES", "Budget", "DoesNotFit", "Resolved", "RunNeeds", "Setup", "check_no_offload",
            "check_offload", "chunks_label", "describe_needs", "fit_by_recompute", "inference_peak_bytes",
-           "limits_for_cli", "limits_table", "needs_for_cli", "offload_arena", "parse_budget", "recompute_order",
-           "resolve_budget", "run_needs"]
+           "limit_decides", "limits_for_cli", "limits_table", "needs_for_cli", "offload_arena", "parse_budget",
+           "recompute_order", "resolve_budget", "run_needs"]

@@ -212,7 +212,7 @@ def planned_peaks(net: Any, batch_size: int, window: int, budget_bytes: int | No
     )
     from engine.offload.scheduler import step_arena_tensors
 
-    report = net.memory_report(batch_size)
+    report = net.memory_report(batch_size, arena=False)  # the peak and the blocks: no arena plan
     program = net.program(batch_size)
     scratch = program.scratch_at()
     kept = [b for b in program.buffers if not b.offloadable]
