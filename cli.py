@@ -340,7 +340,8 @@ def _build_network(model: str, data, backend, seed: int, workspace_mode: str = "
               help="The conv + batch norm chains on 112- and 56-pixel planes run 8 images at a time: 'keep' their "
                    "batch norm's output for backward, 'recompute' their chunks in backward instead (less memory, "
                    "at most two more conv passes each in backward), 'auto': recompute the fewest, largest first, "
-                   "that let the run fit its memory limit; 'pairs': recompute, and two chains where the second "
+                   "that let the run fit its memory limit (and with --offload-n auto, pairs where nothing else "
+                   "fits); 'pairs': recompute, and two chains where the second "
                    "is the only reader of the first run as one, so the tensor between them is never whole (the "
                    "least memory; three passes over both). The same weights every way.")
 # --- end of offload options ---
@@ -424,13 +425,13 @@ def train(**params) -> None:
     if fitted.refusal is not None and _pairs_may_fit(options, net, world):
         # --chunks auto under --offload-n auto: where nothing fits, the chained chunked chains run as one
         # (--chunks pairs, the least the run can hold); the network is built again with them, after this one is
-        # gone (its blocks would count in the measured setup)
+        # gone, and planned from the setup measured before this one's plans (the same layers and blocks)
         del checkpoint, opt, net
         gc.collect()
         net = _build_network(options.model, data, backend, options.seed, options.workspace_mode, options.variant,
                              chunkable="pairs")
         checkpoint, schedule, opt, start_step = weights_and_optimizer(net, say=False)
-        paired = _fit_limit(options, net, opt, world, pairs_taken=True)
+        paired = _fit_limit(options, net, opt, world, pairs_taken=True, setup=fitted.setup)
         if paired.refusal is None or (paired.floor_bytes or 0) < (fitted.floor_bytes or 0):
             fitted = paired  # it fits, or its refusal names the smaller limit (pairs hold more on some shapes:
             # MobileNetV2 112, batch 16, 200 MiB against 188 planned at the floor)
@@ -648,9 +649,10 @@ class _Fitted:
     depths: list[int]
     pairs_taken: bool = False
     floor_bytes: int | None = None  # a refusal's smallest limit (``DoesNotFit.floor_bytes``)
+    setup: Any = None  # what the process held before the plan (``budget.Setup``): a refusal's, for a second network
 
 
-def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False) -> _Fitted:
+def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False, setup=None) -> _Fitted:
     """What the run needs against its memory limit (issue 30: every run is checked before anything is written)
     and the prefetch depth it may take (``--prefetch``, or without it the default, shallower when the limit needs
     it), or the refusal's one line. With ``--workers`` (``world``) the ranks on this host share its limit
@@ -672,7 +674,7 @@ def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False) -> _Fit
                               ring_bytes(batch, first + 1), ring_bytes(batch, 2), chosen.n, parse_budget(chosen.budget),
                               memory_limit(ranks_on_host=ranks) if ranks > 1 else None,  # None: this process's
                               chunks=chunks, shallower_rings=[ring_bytes(batch, d + 1) for d in prefetching],
-                              last_ring=ring_bytes(batch, 1) if 0 in shallower else None)
+                              last_ring=ring_bytes(batch, 1) if 0 in shallower else None, setup=setup)
 
     try:
         return _Fitted(resolve(depths[0], depths[1:]), None, depths, pairs_taken)
@@ -681,7 +683,7 @@ def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False) -> _Fit
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
         if not isinstance(exc, DoesNotFit):
             return _Fitted(None, refusal, depths, pairs_taken)
-        floor = exc.floor_bytes
+        floor, setup = exc.floor_bytes, exc.needs.setup if exc.needs is not None else None
         if pairs_taken:
             refusal += " (with two chained chunked chains run as one, --chunks pairs: the least this run can hold)"
         if options.prefetch:  # the --prefetch given holds it back: say so
@@ -701,7 +703,7 @@ def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False) -> _Fit
         if chosen.chunks in ("keep", "recompute") and _pairable(net):
             refusal += ("; --chunks pairs may hold less (engine memory --pairs with this model, image size and batch "
                         "prints its smallest limit)")
-        return _Fitted(None, refusal, depths, pairs_taken, floor)
+        return _Fitted(None, refusal, depths, pairs_taken, floor, setup)
 
 
 def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
@@ -731,8 +733,7 @@ def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
                    f"limit (the INPUT ring {format_bytes(ring_bytes(batch, prefetch + 1))} instead of "
                    f"{format_bytes(ring_bytes(batch, depths[0] + 1))}; --prefetch sets it)")
     if fitted.pairs_taken and root:
-        pairs = [node.name for node in net.chunked if type(node.layer).__name__ == "ChunkedPair"]
-        click.echo(f"chunked pairs: {len(pairs)} pairs of chained chunked layers run as one to fit the limit "
+        click.echo(f"chunked pairs: {len(needs.paired)} pairs of chained chunked layers run as one to fit the limit "
                    "(--chunks pairs: the tensor between them is never whole; three passes over both)")
     if needs is not None and needs.recomputed and root:
         click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "

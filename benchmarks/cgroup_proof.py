@@ -216,9 +216,12 @@ def bisect_limit(command: list[str], low: int, high: int, resolution: int = 16 <
 
 PLANS = {"n1": ["--offload-n", "1"], "none": [],
          # every chunked layer recomputing (engine/layers/chunked.py): the smallest each plan can need
-         "n1-recompute": ["--offload-n", "1", "--chunks", "recompute"], "none-recompute": ["--chunks", "recompute"]}
+         "n1-recompute": ["--offload-n", "1", "--chunks", "recompute"], "none-recompute": ["--chunks", "recompute"],
+         # two chained chunked chains run as one (ChunkedPair): the least a run can hold, what auto takes last
+         "n1-pairs": ["--offload-n", "1", "--chunks", "pairs"]}
 PLAN_NEEDS = {"n1": "needed_min_offload_bytes", "none": "needed_no_offload_bytes",
-              "n1-recompute": "needed_min_offload_bytes", "none-recompute": "needed_no_offload_bytes"}
+              "n1-recompute": "needed_min_offload_bytes", "none-recompute": "needed_no_offload_bytes",
+              "n1-pairs": "needed_min_offload_bytes"}
 UNLIMITED = 1 << 40
 
 
@@ -325,6 +328,7 @@ def print_bisect_table(rows: list[dict]) -> None:
     for r in autos:
         a = r["auto"]
         chunks = f", {a['recomputed']} chunked layers recomputed" if a.get("recomputed") else ""
+        chunks += f" ({a['paired']} of them pairs)" if a.get("paired") else ""
         engine = (f"{a['step_s']:.2f} s, {mib(a['cgroup_peak_bytes'])} (N={a['window']}{chunks})"
                   if a["step_s"] is not None
                   else ("OOM-killed" if a["oom_kills"] else f"exit {a['returncode']}"))
@@ -355,6 +359,8 @@ def auto_run(model: str, batch: int, steps: int, limit: int | None, swap_dir: st
             "stall_ms": offload.get("stall_ms_per_step"), "written_bytes": offload.get("written_bytes_per_step"),
             "recomputed": (len(((summary or {}).get("memory_needs") or {}).get("recomputed_layers") or [])
                            if summary else None),
+            "paired": (len(((summary or {}).get("memory_needs") or {}).get("paired_layers") or [])
+                       if summary else None),
             "swap_left": sorted(os.listdir(swap_dir)) if os.path.isdir(swap_dir) else [],
             "tail": "" if summary else (result["stdout"] + result["stderr"])[-1500:]}
 
@@ -410,7 +416,7 @@ def print_goal_table(runs: dict, batch: int) -> None:
 
 
 PLAN_WORDS = {"n1": "`--offload-n 1`", "none": "no offload", "n1-recompute": "`--offload-n 1 --chunks recompute`",
-              "none-recompute": "`--chunks recompute`"}
+              "none-recompute": "`--chunks recompute`", "n1-pairs": "`--offload-n 1 --chunks pairs`"}
 
 
 def mib(n: float | None) -> str:
@@ -513,7 +519,8 @@ def main() -> int:
     parser.add_argument("--batch-sizes", default="32", help="--bisect: batch sizes, comma-separated (e.g. 32,128).")
     parser.add_argument("--plans", default="n1-recompute",
                         help="--bisect: n1 (--offload-n 1), none (no offload), n1-recompute, none-recompute (the same "
-                             "with --chunks recompute: the smallest each can need), comma-separated.")
+                             "with --chunks recompute: the smallest each can need), n1-pairs (--offload-n 1 --chunks "
+                             "pairs: the least a run can hold), comma-separated.")
     parser.add_argument("--resolution", type=parse_size, default=8 << 20, help="--bisect: stop at this gap.")
     parser.add_argument("--timeout", type=float, default=900, help="--bisect: a trial past it fails (thrashing).")
     parser.add_argument("--torch", action="store_true", help="--bisect: PyTorch under the same limit and without.")
