@@ -686,7 +686,8 @@ def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(mo
     from engine.offload import budget
     from models import build_model
 
-    monkeypatch.setattr(budget.Setup, "measure", classmethod(lambda cls, blocks=(): cls(0, 0, 0)))
+    setups = []  # the second network is planned from the first one's setup, not measured again (13 MiB more there)
+    monkeypatch.setattr(budget.Setup, "measure", classmethod(lambda cls, blocks=(): setups.append(1) or cls(0, 0, 0)))
 
     def floors(size: int) -> dict[bool, int]:
         found = {}
@@ -713,9 +714,11 @@ def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(mo
     monkeypatch.setattr(budget, "run_needs", lambda *a, **k: measured.append(1) or run_needs(*a, **k))
     at_224 = floors(224)
     assert at_224[True] < at_224[False]
+    setups.clear()
     result = train(224, at_224[True])
     assert result.exit_code == 0, result.output
     assert "chunked pairs: 3 pairs of chained chunked layers run as one to fit the limit" in result.output
+    assert len(setups) == 1
     result = train(224, at_224[True] - 1)
     assert result.exit_code == 1 and "(with two chained chunked chains run as one, --chunks pairs" in result.output
     assert "may hold less" not in result.output and len(measured) == 4  # each network: as asked, then the least

@@ -156,11 +156,11 @@ def test_chunks_option_sets_every_chunked_layer(resnet_224):
 def test_a_fixed_window_recomputes_what_its_limit_needs(resnet_224):
     """``--offload-n 1`` with ``--chunks auto`` under a limit between what keep and recompute need: some chunked
     layers recompute and the run fits; below what recompute needs, the refusal names that smallest limit."""
-    from engine.offload.budget import DoesNotFit, resolve_budget
+    from engine.offload.budget import DoesNotFit, Setup, resolve_budget
 
-    def resolve(limit, chunks):
+    def resolve(limit, chunks):  # the setup fixed: this process's resident set moves between the calls
         return resolve_budget(resnet_224, 32, 45 << 20, 55 << 20, 37 << 20, "1", None, MemoryLimit(limit, "test"),
-                              chunks=chunks).needs
+                              chunks=chunks, setup=Setup(0, 0, 0)).needs
 
     def needed(needs):
         (arena,) = needs.arenas.values()
