@@ -671,64 +671,48 @@ def test_a_refusal_names_chunks_pairs_where_the_graph_has_a_pair(monkeypatch):
 
 
 def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(monkeypatch, tmp_path):
-    """``engine train --offload-n auto`` (``--chunks auto``) under a limit below the separate chains' floor and at
-    the pairs': the network is built again with ``--chunks pairs`` and trains. Below the pairs' floor it refuses,
-    naming the limit with pairs, after measuring the least each network can need and nothing more (the search before
-    measured up to 46 plans, 24 s, at MobileNetV2 224). Where pairs hold more (MobileNetV2 at 112) the refusal names
-    the separate chains' smaller floor. The setup is fixed at 0 so the floors are the plan's alone, computed here as
-    ``engine memory`` does (``needed_min_offload`` with every chunked layer recomputing, momentum's state)."""
+    """``engine train --offload-n auto`` (``--chunks auto``) under a limit nothing fits: it measures what the run needs
+    as asked, then the least it can need, and nothing more (the search before measured up to 46 plans, 24 s, at
+    MobileNetV2 224), then the same with the network built again with ``--chunks pairs``; it refuses naming the
+    smaller floor of the two. At the pairs' floor (MobileNetV2 224, batch 16: below the separate chains') it trains
+    with them, planned from the first network's setup. Where pairs hold more (MobileNetV2 at 112) the refusal names
+    the separate chains' floor. The setup is fixed at 0 so the floors are the plan's alone."""
     from click.testing import CliRunner
 
     from cli import main
-    from engine.backend import get_backend
-    from engine.data.prefetch import ring_bytes
     from engine.memory.limits import MemoryLimit
     from engine.offload import budget
-    from models import build_model
 
     setups = []  # the second network is planned from the first one's setup, not measured again (13 MiB more there)
     monkeypatch.setattr(budget.Setup, "measure", classmethod(lambda cls, blocks=(): setups.append(1) or cls(0, 0, 0)))
+    measured = []
+    run_needs = budget.run_needs
+    monkeypatch.setattr(budget, "run_needs", lambda *a, **k: measured.append(run_needs(*a, **k)) or measured[-1])
 
-    def floors(size: int) -> dict[bool, int]:
-        found = {}
-        for pairs in (False, True):
-            net = build_model("mobilenetv2", 10, get_backend("cpu"), chunkable="pairs" if pairs else True,
-                              image_size=size)
-            net.set_gradient_storage("per_layer")  # engine train's in one process (update_in_backward)
-            net.set_recomputed([node.name for node in net.chunked])
-            shape = (16, *net.graph.input_shape)
-            found[pairs] = budget.run_needs(net, 16, int(net.parameters.flat.nbytes), ring_bytes(shape, 1),
-                                            ring_bytes(shape, 2), MemoryLimit(1 << 40, "test"), budget.Setup(0, 0, 0),
-                                            smallest_ring_bytes=ring_bytes(shape, 1)).needed_min_offload
-        return found
-
-    def train(size: int, limit: int, *options: str):
+    def train(size: int, limit: int):
         measured.clear()
+        setups.clear()
         monkeypatch.setattr(budget, "memory_limit", lambda: MemoryLimit(limit, "test limit"))
         return CliRunner().invoke(main, ["train", "--model", "mobilenetv2", "--image-size", str(size), "--batch-size",
                                          "16", "--data", "synthetic", "--steps", "1", "--no-progress", "--offload-dir",
-                                         str(tmp_path), *(options or ("--offload-n", "auto"))])
+                                         str(tmp_path), "--offload-n", "auto"])
 
-    measured = []
-    run_needs = budget.run_needs
-    monkeypatch.setattr(budget, "run_needs", lambda *a, **k: measured.append(1) or run_needs(*a, **k))
-    at_224 = floors(224)
-    assert at_224[True] < at_224[False]
-    setups.clear()
-    result = train(224, at_224[True])
+    def floors() -> tuple[int, int]:  # the least of the separate chains and of the pairs, as measured
+        assert len(measured) == 4 and [bool(n.paired) for n in measured] == [False, False, True, True]
+        return measured[1].needed_min_offload, measured[3].needed_min_offload
+
+    result = train(224, 1 << 20)
+    separate, pairs = floors()
+    assert pairs < separate and len(setups) == 1
+    assert result.exit_code == 1 and "(with two chained chunked chains run as one, --chunks pairs" in result.output
+    assert f"needs a limit of {budget.round_up_mib(pairs) / 2**30:.2f} GiB" in result.output.replace("\n", "")
+    assert os.listdir(tmp_path) == []
+    result = train(224, pairs)
     assert result.exit_code == 0, result.output
     assert "chunked pairs: 3 pairs of chained chunked layers run as one to fit the limit" in result.output
-    assert len(setups) == 1
-    result = train(224, at_224[True] - 1)
-    assert result.exit_code == 1 and "(with two chained chunked chains run as one, --chunks pairs" in result.output
-    assert "may hold less" not in result.output and len(measured) == 4  # each network: as asked, then the least
-    assert f"needs a limit of {at_224[True] / 2**30:.2f}" in result.output.replace("\n", "")
-    assert os.listdir(tmp_path) == []
-    fixed = train(224, at_224[True] - 1, "--offload-n", "1", "--chunks", "recompute")
-    assert fixed.exit_code == 1 and "--chunks pairs may hold less" in fixed.output  # a fixed window: named, not taken
-    assert len(measured) == 2  # as asked, then the least (no prefetch), and no search
-    at_112 = floors(112)
-    assert at_112[True] > at_112[False]  # the pairs at 112 hold more: the refusal names the separate chains' floor
+    assert len(setups) == 1 and measured[-1].paired and measured[-1].needed_min_offload == pairs
     result = train(112, 1 << 20)
+    separate, pairs = floors()
+    assert pairs > separate  # the pairs at 112 hold more: the refusal names the separate chains' floor
     assert result.exit_code == 1 and "--chunks pairs" not in result.output
-    assert f"needs a limit of {at_112[False] / 2**30:.2f}" in result.output.replace("\n", "")
+    assert f"needs a limit of {budget.round_up_mib(separate) / 2**30:.2f} GiB" in result.output.replace("\n", "")
