@@ -922,11 +922,20 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
     import kernels.cpu  # noqa: F401
     from engine.data.prefetch import ring_bytes
 
+    pairs_network = None
+    if not pairs and _pairable(net):  # what engine train --offload-n auto takes where nothing else fits
+        def pairs_network():
+            paired = build_model(model, num_classes, get_backend("cpu"), variant=variant, chunkable="pairs", **options)
+            if not update_after_backward:
+                paired.set_gradient_storage("per_layer")
+            return paired
+
     if len(sizes) > 1:  # issue 30: the smallest limit per plan and batch size
         from engine.offload.budget import limits_for_cli
 
         try:
-            limits_for_cli(net, sizes, ring_bytes, 1 if offload_n == "auto" else offload_n, offload_budget, as_json)
+            limits_for_cli(net, sizes, ring_bytes, 1 if offload_n == "auto" else offload_n, offload_budget, as_json,
+                           pairs_network)
         except ValueError as exc:
             fail(str(exc))
         return
@@ -956,7 +965,7 @@ def memory(model: str, batch_sizes: str, num_classes: int, image_size: int, as_j
     from engine.summary import memory_tables
 
     try:
-        needs = needs_for_cli(net, [batch_size], ring_bytes, window, offload_budget)
+        needs = needs_for_cli(net, [batch_size], ring_bytes, window, offload_budget, pairs_network)
     except ValueError as exc:
         fail(str(exc))
     shown = f"{model} ({net.variant} variant)" if net.variant else model

@@ -643,7 +643,8 @@ def describe_needs(needs: RunNeeds, budget_bytes: int | None) -> str:
 
 
 def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[int, ...], int], int],
-                  offload_n: int | None = None, offload_budget: str | None = None) -> list[tuple[int, RunNeeds]]:
+                  offload_n: int | None = None, offload_budget: str | None = None,
+                  pairs: Callable[[], Any] | None = None) -> list[tuple[int, RunNeeds]]:
     """``engine memory``: what ``engine train`` with its defaults (SGD with momentum, the default prefetch: 2
     batches ahead, 0 under a tight limit, so its smallest limits hold a ring of one batch) needs per batch size,
     for no offload, N=1 and the ``--offload-n``/``--offload-budget`` asked for (``RunNeeds.arenas``).
@@ -651,7 +652,11 @@ def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[
 
     The setup is measured in this process; the caller imports what ``engine train`` has imported when it
     plans, so it stands for a training process with its network built. A data set held in memory (CIFAR,
-    MNIST, npz) is not in it (synthetic data and image folders hold none)."""
+    MNIST, npz) is not in it (synthetic data and image folders hold none).
+
+    ``pairs``: builds the same network with its chained chunked chains as pairs (``--chunks pairs``), planned too,
+    every chain recomputing, from the same setup (built after it is measured): ``engine train --offload-n auto``
+    takes that network where nothing else fits, so its floor is the least a run can need."""
     budget = parse_budget(offload_budget)
     if budget is not None and budget.auto:
         raise ValueError("engine memory takes --offload-budget as bytes or a share (e.g. 0.3x); auto is engine train's")
@@ -676,16 +681,31 @@ def needs_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[
                     arena, option = offload_arena(net, batch, str(offload_n), budget_bytes)
                     needs.arenas[option] = arena
                 found.append((batch, needs))
+        if pairs is not None:
+            paired = pairs()
+            try:
+                paired.set_recomputed([node.name for node in paired.chunked])
+                for batch in batch_sizes:
+                    shape = (batch, *paired.graph.input_shape)
+                    needs = run_needs(paired, batch, state_bytes, ring_bytes(shape, 3), ring_bytes(shape, 2), limit,
+                                      setup, smallest_ring_bytes=ring_bytes(shape, 1))
+                    needs.arenas["--offload-n 1"] = needs.min_arena_bytes
+                    found.append((batch, needs))
+            finally:
+                paired.close()
     finally:
         if chunked:
             net.set_recomputed(before)
-    return found
+    return sorted(found, key=lambda entry: entry[0])  # per batch size: keep, recompute, pairs
 
 
 def chunks_label(needs: RunNeeds) -> str:
     """How a plan's chunked layers run: "-" (none), "keep", "recompute" (all) or "recompute k/n"."""
     if not needs.chunked:
         return "-"
+    if needs.paired:  # a pair always recomputes: the rest of the chunked layers beside them
+        rest = len(needs.recomputed) - len(needs.paired)
+        return f"pairs ({len(needs.paired)})" + (f" + recompute ({rest})" if rest else "")
     if not needs.recomputed:
         return "keep"
     if len(needs.recomputed) == len(needs.chunked):
@@ -727,6 +747,10 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
                                "(at most two more conv passes each in backward, less a chunk; with a pool, "
                                "three less two); "
                                "engine train's auto recomputes the fewest that fit, largest first")
+            if any(n.paired for _, n in found):
+                table.notes.append("--chunks pairs: two chunked chains where the second is the only reader of the "
+                                   "first run as one, so the tensor between them is never whole (three passes over "
+                                   "both); engine train --offload-n auto takes them where nothing else fits")
             table.notes.append("what still grows with the batch: the tensors between layers, and every layer on "
                                "smaller planes")
         else:
@@ -736,13 +760,14 @@ def limits_table(found: list[tuple[int, RunNeeds]]) -> Any:
 
 
 def limits_for_cli(net: Any, batch_sizes: list[int], ring_bytes: Callable[[tuple[int, ...], int], int],
-                   offload_n: int | None, offload_budget: str | None, as_json: bool) -> None:
+                   offload_n: int | None, offload_budget: str | None, as_json: bool,
+                   pairs: Callable[[], Any] | None = None) -> None:
     """``engine memory --batch-size 32,128``: the table (or its JSON with every part of each prediction)."""
     import json
 
     from engine.report import render_table, table_dict
 
-    found = needs_for_cli(net, batch_sizes, ring_bytes, offload_n, offload_budget)
+    found = needs_for_cli(net, batch_sizes, ring_bytes, offload_n, offload_budget, pairs)
     if as_json:
         print(json.dumps({"limits": [{"batch_size": b, **n.as_dict(),
                                       "arenas": dict(n.arenas),

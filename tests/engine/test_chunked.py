@@ -676,7 +676,10 @@ def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(mo
     MobileNetV2 224), then the same with the network built again with ``--chunks pairs``; it refuses naming the
     smaller floor of the two. At the pairs' floor (MobileNetV2 224, batch 16: below the separate chains') it trains
     with them, planned from the first network's setup. Where pairs hold more (MobileNetV2 at 112) the refusal names
-    the separate chains' floor. The setup is fixed at 0 so the floors are the plan's alone."""
+    the separate chains' floor. ``engine memory`` names the pairs' floor too. The setup is fixed at 0 so the floors
+    are the plan's alone."""
+    import json
+
     from click.testing import CliRunner
 
     from cli import main
@@ -704,6 +707,11 @@ def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(mo
     result = train(224, 1 << 20)
     separate, pairs = floors()
     assert pairs < separate and len(setups) == 1
+    shown = CliRunner().invoke(main, ["memory", "--model", "mobilenetv2", "--image-size", "224", "--batch-size",
+                                      "16,17", "--json"])  # engine memory plans the pairs too, to the byte
+    assert shown.exit_code == 0, shown.output
+    assert [e["needed_min_offload_bytes"] for e in json.loads(shown.output)["limits"]
+            if e["batch_size"] == 16 and e["paired_layers"]] == [pairs]
     assert result.exit_code == 1 and "(with two chained chunked chains run as one, --chunks pairs" in result.output
     assert f"needs a limit of {budget.round_up_mib(pairs) / 2**30:.2f} GiB" in result.output.replace("\n", "")
     assert os.listdir(tmp_path) == []
