@@ -607,7 +607,12 @@ class ChunkedPair(_Carved):
         return ()
 
     def output_rebuilt_from(self, x_shape: Shape) -> str | None:
-        return None  # the offload plan swaps (or keeps) the pair's output
+        """None: the offload plan swaps (or keeps) the pair's output. Rebuilding it from x would run both chains'
+        forward again per chunk, with one chunk of the intermediate in the arena's tail (``rebuild_scratch_bytes``,
+        "the price of any rebuild" in ``build_plan``, a few MiB for a conv's workspace; here 38.5 MiB for MobileNetV2's
+        features.2 pair at 224, 8 images of 96×112×112): the bytes a pair exists to avoid, at the limits where it is
+        taken. Not built (2026-11-28)."""
+        return None
 
     def part_input_shape(self, part: Layer, x_shape: Shape) -> Shape:
         """The input shape ``part`` (a conv of either stage) sees on an input of ``x_shape`` (the warm-up's jobs)."""
