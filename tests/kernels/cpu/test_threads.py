@@ -8,6 +8,7 @@ runs in a fresh process and reads back the runtime's own settings (OMP_DISPLAY_E
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -89,6 +90,10 @@ def test_a_refused_affinity_call_turns_the_pinning_off_and_the_shares_still_run(
         raise PermissionError("not allowed here")
 
     threads.run_shares(lambda t: None, 3)  # the pool's two workers started
+    deadline = time.monotonic() + 30  # and registered: a worker not yet run has no id to pin, so no refusal came
+    while len(threads._worker_ids) < 2 and time.monotonic() < deadline:  # (2026-11-28, a loaded clean-clone run)
+        time.sleep(0.01)
+    assert len(threads._worker_ids) >= 2
     monkeypatch.setattr(threads, "_kept_off", None)
     monkeypatch.setattr(threads, "_pinning", True)
     monkeypatch.setattr(threads, "_stepping_aside", threads._stepping_aside)  # (a refusal clears it too)
