@@ -371,17 +371,20 @@ def _step_aside(cpu: int) -> None:
     behind its share."""
     global _stepping_aside
     try:
-        allowed = frozenset(os.sched_getaffinity(0))
-        others = allowed - {cpu}
-        if others:
-            if _setaffinity is None:  # no libc call to reach: the GIL-holding one
-                os.sched_setaffinity(0, others)
-                os.sched_setaffinity(0, allowed)
-                return
-            for cpus in (others, allowed):
-                mask = _cpu_mask(cpus)
-                if _setaffinity(0, ctypes.sizeof(mask), mask) != 0:
-                    raise OSError(ctypes.get_errno(), "sched_setaffinity")
+        with _lock:  # not across ``_keep_workers_off_caller``: a pin set between the two calls was undone by the
+            # second (a worker that woke late for a call the caller had finished alone stepped aside while the
+            # next call pinned it: ENGINE_PIN_SHARES=1's test failed 2 of 16 runs under load, 2026-11-28)
+            allowed = frozenset(os.sched_getaffinity(0))
+            others = allowed - {cpu}
+            if others:
+                if _setaffinity is None:  # no libc call to reach: the GIL-holding one
+                    os.sched_setaffinity(0, others)
+                    os.sched_setaffinity(0, allowed)
+                    return
+                for cpus in (others, allowed):
+                    mask = _cpu_mask(cpus)
+                    if _setaffinity(0, ctypes.sizeof(mask), mask) != 0:
+                        raise OSError(ctypes.get_errno(), "sched_setaffinity")
     except OSError:
         _stepping_aside = False
 
