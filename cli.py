@@ -736,8 +736,9 @@ def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
         click.echo(f"chunked pairs: {len(needs.paired)} pairs of chained chunked layers run as one to fit the limit "
                    "(--chunks pairs: the tensor between them is never whole; three passes over both)")
     if needs is not None and needs.recomputed and root:
+        pairs = f", {len(needs.paired)} of them pairs, which always do" if needs.paired else ""
         click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
-                   f"backward ({', '.join(needs.recomputed)})"
+                   f"backward{pairs} ({', '.join(needs.recomputed)})"
                    + (" to fit the limit" if chosen.chunks == "auto" else ""))
     if resolved.window is not None and root:
         click.echo(f"offload: --offload-n auto at its floor runs N={resolved.window}, its units in the bytes the "
