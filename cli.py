@@ -648,8 +648,15 @@ class _Fitted:
     refusal: str | None
     depths: list[int]
     pairs_taken: bool = False
-    floor_bytes: int | None = None  # a refusal's smallest limit (``DoesNotFit.floor_bytes``)
-    setup: Any = None  # what the process held before the plan (``budget.Setup``): a refusal's, for a second network
+    refused: Any = None  # a refusal's figures (``DoesNotFit.needs``): its floor, and its setup for a second network
+
+    @property
+    def floor_bytes(self) -> int | None:
+        return None if self.refused is None else self.refused.needed_min_offload
+
+    @property
+    def setup(self) -> Any:
+        return None if self.refused is None else self.refused.setup
 
 
 def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False, setup=None) -> _Fitted:
@@ -683,7 +690,6 @@ def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False, setup=N
                               if ranks > 1 and isinstance(exc, DoesNotFit) else "")
         if not isinstance(exc, DoesNotFit):
             return _Fitted(None, refusal, depths, pairs_taken)
-        floor, setup = exc.floor_bytes, exc.needs.setup if exc.needs is not None else None
         if pairs_taken:
             refusal += " (with two chained chunked chains run as one, --chunks pairs: the least this run can hold)"
         if options.prefetch:  # the --prefetch given holds it back: say so
@@ -703,7 +709,7 @@ def _fit_limit(options, net, opt, world=None, pairs_taken: bool = False, setup=N
         if chosen.chunks in ("keep", "recompute") and _pairable(net):
             refusal += ("; --chunks pairs may hold less (engine memory --pairs with this model, image size and batch "
                         "prints its smallest limit)")
-        return _Fitted(None, refusal, depths, pairs_taken, floor, setup)
+        return _Fitted(None, refusal, depths, pairs_taken, exc.needs)
 
 
 def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
@@ -735,10 +741,12 @@ def _offload_session(options, net, opt, root: bool, world, fitted: _Fitted):
     if fitted.pairs_taken and root:
         click.echo(f"chunked pairs: {len(needs.paired)} pairs of chained chunked layers run as one to fit the limit "
                    "(--chunks pairs: the tensor between them is never whole; three passes over both)")
-    if needs is not None and needs.recomputed and root:
-        pairs = f", {len(needs.paired)} of them pairs, which always do" if needs.paired else ""
-        click.echo(f"chunked layers: {len(needs.recomputed)} of {len(needs.chunked)} recompute their chunks in "
-                   f"backward{pairs} ({', '.join(needs.recomputed)})"
+    if needs is not None and needs.recomputed and root:  # counted as engine memory's --chunks column counts them
+        others = [name for name in needs.chunked if name not in needs.paired]
+        rest = [name for name in needs.recomputed if name not in needs.paired]
+        counted = (f"the {len(needs.paired)} pairs and {len(rest)} of {len(others)} other chunked layers"
+                   if needs.paired else f"{len(rest)} of {len(others)}")
+        click.echo(f"chunked layers: {counted} recompute their chunks in backward ({', '.join(needs.recomputed)})"
                    + (" to fit the limit" if chosen.chunks == "auto" else ""))
     if resolved.window is not None and root:
         click.echo(f"offload: --offload-n auto at its floor runs N={resolved.window}, its units in the bytes the "

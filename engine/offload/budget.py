@@ -314,6 +314,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
     ``input_ring_bytes`` / ``evaluation_ring_bytes``: the training and evaluation INPUT rings
     (``engine.data.prefetch.ring_bytes``); ``setup``: measured now unless given; ``smallest_ring_bytes``: the
     shallowest INPUT ring the run may take (``RunNeeds.floor_ring_bytes``; None: ``input_ring_bytes``, fixed)."""
+    from engine.layers.chunked import ChunkedPair
     from engine.offload.session import planned_peaks
 
     limit = limit if limit is not None else memory_limit()
@@ -342,7 +343,7 @@ def run_needs(net: Any, batch_size: int, optimizer_state: Any, input_ring_bytes:
         evaluation_ring_bytes=evaluation_ring_bytes,
         chunked=tuple(node.name for node in chunked),
         recomputed=tuple(node.name for node in chunked if node.layer.mode == "recompute"),
-        paired=tuple(node.name for node in chunked if type(node.layer).__name__ == "ChunkedPair"),
+        paired=tuple(node.name for node in chunked if isinstance(node.layer, ChunkedPair)),
         smallest_ring_bytes=smallest_ring_bytes,
     )
 
@@ -392,16 +393,12 @@ def fit_by_recompute(net: Any, needs: RunNeeds, fits: Callable[[RunNeeds], bool]
 
 class DoesNotFit(ValueError):
     """The run cannot train under the limit: the message says what it needs and what would work; ``needs`` the
-    figures it was decided from (None where none were planned)."""
+    figures it was decided from (None where none were planned): its ``needed_min_offload`` is the smallest limit
+    the message names."""
 
     def __init__(self, message: str, needs: RunNeeds | None = None) -> None:
         super().__init__(message)
         self.needs = needs
-
-    @property
-    def floor_bytes(self) -> int | None:
-        """The smallest limit the message names (offload N=1 at its least)."""
-        return None if self.needs is None else self.needs.needed_min_offload
 
 
 def _limit_text(limit: MemoryLimit) -> str:
@@ -578,11 +575,13 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
         needs, ring = measure(len(rings) - 1), len(rings) - 1
         floor = auto
         if fits(needs):  # something fits: the cheapest that does
-            # 4. auto's floor (N=1 sharing the step arena's bytes) only where nothing else fits, which the least says
-            # with the floor off (measured under 510 MiB, ResNet-18 224: taking the floor while a window of its own
-            # still fit wrote every unit with no budget to keep them, 2.10 s a step against 1.85-1.98)
+            # 4. auto's floor (N=1 sharing the step arena's bytes) only where nothing else fits: the least read with
+            # the floor off (``fits`` reads ``floor``) says (measured under 510 MiB, ResNet-18 224: taking the floor
+            # while a window of its own still fit wrote every unit with no budget to keep them, 2.10 s a step
+            # against 1.85-1.98)
             floor = False
-            floor = auto and not fits(needs)
+            fits_apart = fits(needs)
+            floor = auto and not fits_apart
             needs, ring = search()
     if checks_enabled():
         if auto:
@@ -703,9 +702,11 @@ def chunks_label(needs: RunNeeds) -> str:
     """How a plan's chunked layers run: "-" (none), "keep", "recompute" (all) or "recompute k/n"."""
     if not needs.chunked:
         return "-"
-    if needs.paired:  # a pair always recomputes: the rest of the chunked layers beside them
+    if needs.paired:  # a pair always recomputes: the other chunked layers beside them, in the words below
+        others = len(needs.chunked) - len(needs.paired)
         rest = len(needs.recomputed) - len(needs.paired)
-        return f"pairs ({len(needs.paired)})" + (f" + recompute ({rest})" if rest else "")
+        label = "keep" if not rest else (f"recompute ({others})" if rest == others else f"recompute {rest}/{others}")
+        return f"pairs ({len(needs.paired)})" + (f" + {label}" if others else "")
     if not needs.recomputed:
         return "keep"
     if len(needs.recomputed) == len(needs.chunked):

@@ -718,7 +718,8 @@ def test_auto_takes_pairs_where_nothing_else_fits_and_refuses_after_the_least(mo
     result = train(224, pairs)
     assert result.exit_code == 0, result.output
     assert "chunked pairs: 3 pairs of chained chunked layers run as one to fit the limit" in result.output
-    assert "3 of them pairs, which always do (" in result.output
+    assert "chunked layers: the 3 pairs and " in result.output and " of 4 other chunked layers recompute" in \
+        result.output  # engine memory's --chunks column counts the same way: "pairs (3) + recompute (4)"
     assert len(setups) == 1 and measured[-1].paired and measured[-1].needed_min_offload == pairs
     result = train(112, 1 << 20)
     separate, pairs = floors()
