@@ -493,10 +493,12 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     layer recomputing, auto at its floor) is measured next. Where even that does not fit, it is the refusal, with no
     search; else the search above finds the cheapest that fits, at auto's floor only where the least does not fit
     without it. A plan met twice is measured once, and the recompute count is bisected (``fit_by_recompute``).
-    MobileNetV2 224, batch 32, ``--offload-n auto``: a refusal measured 46 plans in 24 s, now 2 in 0.8 s; under 610
-    MiB 9 plans in 3.9 s, now 6 in 2.5 s, with the same choice (ResNet-18 at 400, 430 and 480 MiB: the same choices,
-    26 / 18 / 5 plans measured before, 11 / 5 / 5 now). Where ``auto`` refuses and the graph has chained chunked chains,
-    ``engine train`` builds the network again with them as pairs (``--chunks pairs``) and calls this again.
+    MobileNetV2 224, batch 32, ``--offload-n auto`` (medians of three rounds alternating with the tree before,
+    docs/offload.md): a refusal measured 46 plans in 30.4 s, now 4 in 1.44 s (the least of each network, the pairs'
+    included); under 610 MiB 9 plans in 4.92 s, now 6 in 2.44 s, with the same choice (ResNet-18 at 400, 430 and
+    480 MiB: the same choices, 26 / 18 / 5 plans measured before, 11 / 5 / 5 now). Where ``auto`` refuses and the
+    graph has chained chunked chains, ``engine train`` builds the network again with them as pairs (``--chunks
+    pairs``) and calls this again.
     """
     chunked = [node.name for node in getattr(net, "chunked", [])]
     if chunks not in CHUNK_CHOICES:
@@ -568,7 +570,7 @@ def resolve_budget(net: Any, batch_size: int, optimizer_state: Any, input_ring_b
     needs, ring = measure(0), 0
     if not fits(needs) and (adapt or auto or len(rings) > 1):
         # the least the run can need first (the shallowest ring, every chunked layer recomputing, auto at its floor):
-        # where even that does not fit, it is the refusal, without the search (which measured up to 46 plans, 24 s,
+        # where even that does not fit, it is the refusal, without the search (which measured up to 46 plans, 30 s,
         # for MobileNetV2 224 at batch 32 before refusing)
         if adapt:
             net.set_recomputed(chunked)
